@@ -1,0 +1,270 @@
+"""Batches: storing a submission all-or-nothing, reading it back, cancelling it.
+
+Every function takes the caller's tenant and answers :class:`NotFound` for a
+batch of another tenant, exactly as for one that does not exist.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from sqlalchemy import exists, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from app.admission import CHAT_COMPLETIONS, ItemDraft, Limits, parse_lines
+from app.config import Settings
+from app.deadlines import parse_duration_s
+from app.errors import NotFound, ValidationFailed
+from app.registry import Registry
+from app.schema import Batch, Item, Result, Tenant
+from app.status import TERMINAL, BatchStatus, ItemStatus, Priority, batch_status
+
+INSERT_CHUNK = 1000
+OPEN_STATUSES = [s.value for s in ItemStatus if s not in TERMINAL]
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    completion_window: str | float = "24h"
+    metadata: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+    priority: Priority = Priority.INTERACTIVE
+
+
+def new_batch_id() -> str:
+    return "batch_" + uuid.uuid4().hex
+
+
+def _find_idempotent(session: Session, tenant_id: int, key: str) -> Batch | None:
+    return session.scalar(
+        select(Batch).where(Batch.tenant_id == tenant_id, Batch.idempotency_key == key)
+    )
+
+
+def _item_rows(
+    drafts: Iterable[ItemDraft], batch: Batch, tenant_id: int
+) -> Iterator[dict[str, Any]]:
+    for d in drafts:
+        yield {
+            "batch_id": batch.id,
+            "tenant_id": tenant_id,
+            "line_no": d.line_no,
+            "custom_id": d.custom_id,
+            "model": d.model,
+            "priority_rank": Priority(batch.priority).rank,
+            "body": d.body,
+            "prompt_tokens_est": d.prompt_tokens_est,
+            "max_tokens": d.max_tokens,
+            "status": ItemStatus.PENDING.value,
+            "deadline_at": batch.deadline_at,
+        }
+
+
+def store_batch(
+    session: Session,
+    tenant: Tenant,
+    lines: Iterable[bytes],
+    options: SubmitOptions,
+    registry: Registry,
+    settings: Settings,
+) -> tuple[Batch, bool]:
+    """Validate and store a batch in the caller's transaction.
+
+    Returns ``(batch, created)``; ``created`` is False when the idempotency key
+    named an existing batch. Any error leaves the transaction to be rolled back,
+    so nothing of a bad batch is stored. Items are inserted in chunks while the
+    body is read, so a large file is neither held whole nor sent row by row.
+    """
+    if options.idempotency_key:
+        if len(options.idempotency_key) > 200:
+            raise ValidationFailed("Idempotency-Key longer than 200 characters")
+        existing = _find_idempotent(session, tenant.id, options.idempotency_key)
+        if existing is not None:
+            return existing, False
+    window_s = parse_duration_s(options.completion_window)
+    if options.metadata is not None and not isinstance(options.metadata, dict):
+        raise ValidationFailed("metadata must be an object", field="metadata")
+    now = session.scalar(select(func.now()))
+    assert now is not None
+    batch = Batch(
+        id=new_batch_id(),
+        tenant_id=tenant.id,
+        status=BatchStatus.IN_PROGRESS.value,
+        endpoint=CHAT_COMPLETIONS,
+        priority=Priority(options.priority).value,
+        completion_window_s=int(window_s),
+        deadline_at=now + dt.timedelta(seconds=window_s),
+        metadata_=options.metadata,
+        idempotency_key=options.idempotency_key,
+        total_items=0,
+        created_at=now,
+    )
+    session.add(batch)
+    session.flush()  # a concurrent twin with the same idempotency key waits here
+
+    limits = Limits(max_lines=settings.max_batch_lines, max_bytes=settings.max_body_bytes)
+    rows = _item_rows(parse_lines(lines, registry, limits), batch, tenant.id)
+    total = 0
+    while chunk := list(islice(rows, INSERT_CHUNK)):
+        session.execute(insert(Item), chunk)
+        total += len(chunk)
+    batch.total_items = total
+    session.flush()
+    return batch, True
+
+
+def get_owned_batch(session: Session, tenant: Tenant, batch_id: str) -> Batch:
+    batch = session.get(Batch, batch_id)
+    if batch is None or (batch.tenant_id != tenant.id and not tenant.is_admin):
+        raise NotFound(f"no batch {batch_id!r}")
+    return batch
+
+
+def request_counts(session: Session, batch_id: str) -> dict[str, int]:
+    """Items per status, every status present (0 when none)."""
+    rows = session.execute(
+        select(Item.status, func.count()).where(Item.batch_id == batch_id).group_by(Item.status)
+    )
+    counts = {s.value: 0 for s in ItemStatus}
+    for status, n in rows:
+        counts[status] = n
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def _ts(value: dt.datetime | None) -> int | None:
+    return int(value.timestamp()) if value else None
+
+
+def describe(session: Session, batch: Batch) -> dict[str, Any]:
+    """The batch as the API shows it (OpenAI batch object, plus our counts)."""
+    counts = request_counts(session, batch.id)
+    return {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "status": batch.status,
+        "priority": batch.priority,
+        "completion_window": f"{batch.completion_window_s}s",
+        "created_at": _ts(batch.created_at),
+        "expires_at": _ts(batch.deadline_at),
+        "cancel_requested_at": _ts(batch.cancel_requested_at),
+        "finished_at": _ts(batch.finished_at),
+        "metadata": batch.metadata_,
+        "request_counts": {
+            "total": counts["total"],
+            "completed": counts[ItemStatus.SUCCEEDED],
+            **{s.value: counts[s] for s in ItemStatus},
+        },
+    }
+
+
+def list_batches(
+    session: Session, tenant: Tenant, *, limit: int = 20, after: str | None = None
+) -> list[Batch]:
+    """The tenant's batches, newest first; ``after`` is the last id of the previous page."""
+    if not 1 <= limit <= 100:
+        raise ValidationFailed("limit must be between 1 and 100", field="limit")
+    query = select(Batch).where(Batch.tenant_id == tenant.id)
+    if after:
+        anchor = get_owned_batch(session, tenant, after)
+        query = query.where(
+            (Batch.created_at, Batch.id) < (anchor.created_at, anchor.id)  # type: ignore[operator]
+        )
+    query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit)
+    return list(session.scalars(query))
+
+
+def refresh_status(session: Session, batch_id: str) -> str:
+    """Finish a batch once none of its items is open; returns its status."""
+    batch = session.get(Batch, batch_id, with_for_update=True)
+    assert batch is not None
+    if batch.finished_at is not None:
+        return batch.status
+    has_open = session.scalar(
+        select(
+            exists().where(Item.batch_id == batch_id, Item.status.in_(OPEN_STATUSES))
+        )
+    )
+    counts = {ItemStatus.PENDING: 1} if has_open else {}
+    status = batch_status(counts, batch.cancel_requested_at is not None)
+    batch.status = status.value
+    if not has_open:
+        batch.finished_at = session.scalar(select(func.now()))
+    return batch.status
+
+
+def finish_if_done(session: Session, batch_id: str) -> None:
+    """Cheap check after an item ends: lock and finish the batch only if nothing is open."""
+    has_open = session.scalar(
+        select(exists().where(Item.batch_id == batch_id, Item.status.in_(OPEN_STATUSES)))
+    )
+    if not has_open:
+        refresh_status(session, batch_id)
+
+
+def cancel(session: Session, tenant: Tenant, batch_id: str) -> Batch:
+    """Cancel at once every item not yet running; running calls are told to stop.
+
+    After this commits, no new provider request starts for the batch: workers
+    re-check the item's status in the database when they claim it.
+    """
+    batch = get_owned_batch(session, tenant, batch_id)
+    if batch.finished_at is not None:
+        return batch
+    now = session.scalar(select(func.now()))
+    if batch.cancel_requested_at is None:
+        batch.cancel_requested_at = now
+    session.execute(
+        update(Item)
+        .where(
+            Item.batch_id == batch_id,
+            Item.status.in_([ItemStatus.PENDING.value, ItemStatus.QUEUED.value]),
+        )
+        .values(
+            status=ItemStatus.CANCELLED.value,
+            finished_at=now,
+            lease_expires_at=None,
+            error_code="cancelled",
+            last_error="batch cancelled",
+        )
+    )
+    session.flush()
+    refresh_status(session, batch_id)
+    return batch
+
+
+def iter_results(session: Session, batch: Batch) -> Iterator[dict[str, Any]]:
+    """Finished items in input order, in the OpenAI Batch output format."""
+    query = (
+        select(Item.id, Item.custom_id, Item.status, Item.error_code, Item.last_error,
+               Result.response, Result.provider_request_id)
+        .outerjoin(Result, Result.item_id == Item.id)
+        .where(Item.batch_id == batch.id, Item.status.in_([s.value for s in TERMINAL]))
+        .order_by(Item.line_no)
+        .execution_options(yield_per=1000)
+    )
+    for row in session.execute(query):
+        if row.status == ItemStatus.SUCCEEDED and row.response is not None:
+            yield {
+                "id": f"batch_req_{row.id}",
+                "custom_id": row.custom_id,
+                "response": {
+                    "status_code": 200,
+                    "request_id": row.provider_request_id,
+                    "body": row.response,
+                },
+                "error": None,
+            }
+        else:
+            yield {
+                "id": f"batch_req_{row.id}",
+                "custom_id": row.custom_id,
+                "response": None,
+                "error": {"code": row.error_code or row.status, "message": row.last_error},
+            }

@@ -1,0 +1,90 @@
+"""The one settings object, read by celeryconfig.py, the API, the CLI and the tasks.
+
+Service URLs use their conventional names (``DATABASE_URL``, ``REDIS_URL``,
+``CELERY_BROKER_URL``); everything else is ``BATCHGEN_*``. When
+``DATABASE_URL`` / ``REDIS_URL`` are unset, :mod:`app.embedded` starts real
+PostgreSQL and Redis servers from PyPI packages and fills them in.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODELS_FILE = Path(__file__).with_name("models.toml")
+
+
+class Settings(BaseSettings):
+    """Typed settings from the environment (prefix ``BATCHGEN_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="BATCHGEN_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("DATABASE_URL", "BATCHGEN_DATABASE_URL")
+    )
+    redis_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("REDIS_URL", "BATCHGEN_REDIS_URL")
+    )
+    celery_broker_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("CELERY_BROKER_URL", "BATCHGEN_CELERY_BROKER_URL"),
+    )
+
+    data_dir: Path = Path(".batchgen")
+    models_file: Path = DEFAULT_MODELS_FILE
+    log_json: bool = False
+    log_level: str = "INFO"
+
+    # Submission bounds.
+    max_batch_lines: int = 50_000
+    max_body_bytes: int = 200 * 1024 * 1024
+    default_completion_window_s: int = 24 * 3600
+
+    # Dispatch and leases.
+    dispatch_interval_s: float = 1.0
+    sweep_interval_s: float = 5.0
+    # How far ahead of a model's concurrency cap the dispatcher releases work.
+    dispatch_ahead_factor: float = 2.0
+    queued_lease_s: float = 120.0
+    running_lease_margin_s: float = 30.0
+    max_attempts: int = 5
+
+    # Provider calls.
+    call_timeout_s: float = 120.0
+    retry_base_s: float = 0.5
+    retry_max_s: float = 30.0
+
+    # Broker: unacked messages come back after this; longer than any countdown we use.
+    visibility_timeout_s: int = 3600
+    worker_concurrency: int = 16
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+
+    @property
+    def broker_url(self) -> str:
+        """The Celery broker: ``CELERY_BROKER_URL``, else the Redis server."""
+        url = self.celery_broker_url or self.redis_url
+        if not url:
+            raise RuntimeError("no broker: set CELERY_BROKER_URL or REDIS_URL")
+        return url
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """``DATABASE_URL`` with the psycopg 3 driver named, as SQLAlchemy wants it."""
+        if not self.database_url:
+            raise RuntimeError("DATABASE_URL is not set")
+        url = self.database_url
+        for prefix in ("postgresql://", "postgres://"):
+            if url.startswith(prefix):
+                return "postgresql+psycopg://" + url[len(prefix) :]
+        return url
+
+
+@functools.cache
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

@@ -1,0 +1,67 @@
+"""Engine and session factory (one pool per process), and running migrations."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.config import get_settings
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+
+@functools.cache
+def _engine_for(url: str) -> Engine:
+    return create_engine(
+        url,
+        pool_size=10,
+        max_overflow=20,
+        # A terminated backend (failover, restart) is detected before use.
+        pool_pre_ping=True,
+        # Bound parameters hold prompts: never put them in error messages or logs.
+        hide_parameters=True,
+        pool_recycle=1800,
+    )
+
+
+def get_engine(url: str | None = None) -> Engine:
+    """The process's engine for ``url`` (default: the settings' database)."""
+    return _engine_for(url or get_settings().sqlalchemy_url)
+
+
+@functools.cache
+def _factory(url: str) -> sessionmaker[Session]:
+    return sessionmaker(get_engine(url), expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(url: str | None = None) -> Iterator[Session]:
+    """A session in one transaction: committed on success, rolled back on error."""
+    session = _factory(url or get_settings().sqlalchemy_url)()
+    try:
+        with session.begin():
+            yield session
+    finally:
+        session.close()
+
+
+def alembic_config(url: str | None = None):  # type: ignore[no-untyped-def]
+    """An Alembic config pointing at migrations/ and the given database."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", (url or get_settings().sqlalchemy_url).replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> None:
+    """Apply migrations up to ``revision``."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)

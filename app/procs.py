@@ -1,0 +1,81 @@
+"""Starting Celery worker processes (for the demo, the tests and the benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def wait_ready(self, timeout_s: float = 60.0) -> WorkerProcess:
+        """Block until the worker logs that it consumes its queues."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited: {self.log_tail()}")
+            if b" ready." in self.log_path.read_bytes():
+                return self
+            time.sleep(0.1)
+        raise RuntimeError(f"worker {self.name} not ready after {timeout_s}s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group: no warm shutdown, no acks."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL if it takes too long."""
+        if self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+def start_worker(
+    queues: list[str],
+    *,
+    log_dir: Path,
+    concurrency: int = 8,
+    beat: bool = False,
+    env: dict[str, str] | None = None,
+    name: str | None = None,
+) -> WorkerProcess:
+    """Start ``celery worker`` (thread pool) in its own process group."""
+    name = name or f"w{uuid.uuid4().hex[:6]}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    argv = [
+        sys.executable, "-m", "celery", "-A", "tasks.celery_app", "worker",
+        "-Q", ",".join(queues), "-P", "threads", "-c", str(concurrency),
+        "-n", f"{name}@%h", "--without-mingle", "--without-gossip", "--loglevel", "INFO",
+    ]
+    if beat:
+        argv += ["-B", "-s", str(log_dir / f"{name}-beat-schedule")]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    return WorkerProcess(name, process, log_path)

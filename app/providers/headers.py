@@ -1,0 +1,69 @@
+"""Parsing providers' rate-limit headers (pure)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping
+
+from app.providers.base import RateLimitState
+
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_openai_duration_s(text: str | None) -> float | None:
+    """OpenAI's reset format: ``"1s"``, ``"6m0s"``, ``"120ms"``, ``"1h2m3.5s"``."""
+    if not text:
+        return None
+    parts = _PART.findall(text.strip())
+    if not parts:
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _lower(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items()}
+
+
+def openai_rate_limits(headers: Mapping[str, str]) -> RateLimitState:
+    h = _lower(headers)
+    return RateLimitState(
+        remaining_requests=_int(h.get("x-ratelimit-remaining-requests")),
+        remaining_tokens=_int(h.get("x-ratelimit-remaining-tokens")),
+        reset_requests_s=parse_openai_duration_s(h.get("x-ratelimit-reset-requests")),
+        reset_tokens_s=parse_openai_duration_s(h.get("x-ratelimit-reset-tokens")),
+    )
+
+
+def _rfc3339_in_s(text: str | None, now: dt.datetime) -> float | None:
+    if not text:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return max(0.0, (when - now).total_seconds())
+
+
+def anthropic_rate_limits(
+    headers: Mapping[str, str], now: dt.datetime | None = None
+) -> RateLimitState:
+    h = _lower(headers)
+    now = now or dt.datetime.now(dt.UTC)
+    return RateLimitState(
+        remaining_requests=_int(h.get("anthropic-ratelimit-requests-remaining")),
+        remaining_tokens=_int(h.get("anthropic-ratelimit-tokens-remaining")),
+        reset_requests_s=_rfc3339_in_s(h.get("anthropic-ratelimit-requests-reset"), now),
+        reset_tokens_s=_rfc3339_in_s(h.get("anthropic-ratelimit-tokens-reset"), now),
+    )

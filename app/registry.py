@@ -1,0 +1,128 @@
+"""The model registry: a declarative TOML file describing every model clients may use."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
+
+from app.errors import ConfigError
+
+QUEUE_PREFIX = "llm."
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ProviderKind(StrEnum):
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+
+
+class ChargePolicy(StrEnum):
+    """How the provider counts a call against its tokens/min limit."""
+
+    RESERVE = "reserve"  # prompt + max_tokens, at admission (OpenAI)
+    ACTUAL = "actual"  # prompt + the output actually produced (Anthropic)
+
+
+class ModelSpec(BaseModel):
+    """One model's provider, limits and prices."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    provider: ProviderKind
+    base_url: str
+    api_key_env: str
+    group: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    budget_key: str
+    context_window: PositiveInt
+    max_output_tokens: PositiveInt
+    tokens_per_min: PositiveInt
+    requests_per_min: PositiveInt
+    max_concurrency: PositiveInt
+    input_usd_per_1m: float = Field(ge=0)
+    output_usd_per_1m: float = Field(ge=0)
+    encoding: str = "cl100k_base"
+    charge_policy: ChargePolicy = ChargePolicy.RESERVE
+    max_attempts: PositiveInt = 5
+    call_timeout_s: PositiveFloat | None = None
+
+    @property
+    def queue(self) -> str:
+        """The Celery queue this model's tasks go to."""
+        return QUEUE_PREFIX + self.group
+
+    def api_key(self) -> str:
+        """The provider API key from the environment (the simulator accepts any)."""
+        return os.environ.get(self.api_key_env, "sk-batchgen-local")
+
+
+class Registry:
+    """All models, by name, with their queue groups."""
+
+    def __init__(self, models: dict[str, ModelSpec]):
+        self.models = models
+
+    def get(self, name: str) -> ModelSpec | None:
+        return self.models.get(name)
+
+    def __getitem__(self, name: str) -> ModelSpec:
+        return self.models[name]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.models.values())
+
+    @property
+    def groups(self) -> list[str]:
+        return sorted({m.group for m in self.models.values()})
+
+    @property
+    def queues(self) -> list[str]:
+        return [QUEUE_PREFIX + g for g in self.groups]
+
+
+def _expand_env(value: str) -> str:
+    def sub(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        return os.environ.get(name) or (default if default is not None else "")
+
+    return _ENV_REF.sub(sub, value)
+
+
+def parse_registry(text: str, source: str = "<string>") -> Registry:
+    """Parse registry TOML; raises :class:`ConfigError` naming the model and field."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: invalid TOML: {exc}") from exc
+    tables = data.get("models")
+    if not isinstance(tables, dict) or not tables:
+        raise ConfigError(f"{source}: no [models.\"<name>\"] tables")
+    models: dict[str, ModelSpec] = {}
+    for name, raw in tables.items():
+        fields = {k: _expand_env(v) if isinstance(v, str) else v for k, v in raw.items()}
+        try:
+            models[name] = ModelSpec(name=name, **fields)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise ConfigError(f"{source}: model {name!r}: {loc}: {first['msg']}") from exc
+    return Registry(models)
+
+
+@functools.cache
+def load_registry(path: Path) -> Registry:
+    """Load and validate the registry file at ``path`` (cached per path)."""
+    return parse_registry(Path(path).read_text(encoding="utf-8"), str(path))
+
+
+def get_registry() -> Registry:
+    """The registry named by the settings (``BATCHGEN_MODELS_FILE``)."""
+    from app.config import get_settings
+
+    return load_registry(get_settings().models_file)

@@ -1,0 +1,30 @@
+-- Pending items of one model, in weighted fair order across tenants.
+--
+-- Each tenant with pending work offers its first :limit items (interactive
+-- before bulk, then submission order). An item's rank is
+--   (items the tenant already has in flight on this model + its position) / weight
+-- so every release goes to the tenant furthest below its weighted share of
+-- the model's slots: weighted round-robin computed in one query.
+WITH inflight AS (
+    SELECT tenant_id, count(*) AS n
+    FROM items
+    WHERE model = :model
+      AND status IN ('queued', 'running')
+    GROUP BY tenant_id
+)
+SELECT c.id
+FROM tenants AS t
+LEFT JOIN inflight AS f ON f.tenant_id = t.id
+CROSS JOIN LATERAL (
+    SELECT i.id,
+           row_number() OVER (ORDER BY i.priority_rank, i.id) AS position
+    FROM items AS i
+    WHERE i.tenant_id = t.id
+      AND i.model = :model
+      AND i.status = 'pending'
+      AND (i.not_before IS NULL OR i.not_before <= now())
+    ORDER BY i.priority_rank, i.id
+    LIMIT :limit
+) AS c
+ORDER BY (coalesce(f.n, 0) + c.position)::float8 / t.weight, c.id
+LIMIT :limit

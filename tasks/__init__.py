@@ -1,0 +1,1 @@
+"""Celery tasks only: dispatch, generate, sweep. The logic lives in app/."""

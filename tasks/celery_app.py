@@ -1,0 +1,16 @@
+"""The Celery application; ``celery -A tasks.celery_app worker`` starts a worker."""
+
+from typing import Any
+
+from celery import Celery, signals
+
+celery_app = Celery("batchgen", include=["tasks.generate", "tasks.dispatch", "tasks.sweep"])
+celery_app.config_from_object("celeryconfig")
+
+
+@signals.setup_logging.connect
+def _setup_logging(**_: Any) -> None:
+    # Connecting here also stops Celery from replacing our handlers.
+    from app.logs import configure_logging
+
+    configure_logging()

@@ -1,0 +1,40 @@
+"""The dispatcher task: release pending items to their model group's queue."""
+
+from __future__ import annotations
+
+import logging
+
+from app.config import get_settings
+from app.db import session_scope
+from app.registry import get_registry
+from app.scheduling import release_all
+from tasks.celery_app import celery_app
+
+log = logging.getLogger(__name__)
+
+
+def dispatch_now() -> int:
+    """Release what fits now and publish it; returns how many items were released.
+
+    The release commits before publishing: if a publish is lost, the item's
+    queued lease runs out and the sweep hands it back to the dispatcher.
+    """
+    from tasks.generate import generate
+
+    with session_scope() as session:
+        releases = release_all(session, get_registry(), get_settings())
+    for r in releases:
+        generate.apply_async(args=[r.item_id], kwargs={"model": r.model})
+    if releases:
+        log.debug("dispatched %d items", len(releases))
+    return len(releases)
+
+
+@celery_app.task(name="batchgen.dispatch", ignore_result=True)
+def dispatch() -> int:
+    return dispatch_now()
+
+
+def wake() -> None:
+    """Ask a dispatcher to run soon (after a submit)."""
+    dispatch.apply_async()
