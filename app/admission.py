@@ -143,9 +143,7 @@ def iter_lines(stream: Iterable[bytes], limits: Limits) -> Iterator[tuple[int, b
         yield line_no, raw.rstrip(b"\r\n")
 
 
-def parse_lines(
-    stream: Iterable[bytes], registry: Registry, limits: Limits
-) -> Iterator[ItemDraft]:
+def parse_lines(stream: Iterable[bytes], registry: Registry, limits: Limits) -> Iterator[ItemDraft]:
     """Validate a JSONL body line by line; duplicates of custom_id are rejected."""
     seen: set[str] = set()
     any_line = False

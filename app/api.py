@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from flask import Blueprint, Flask, Response, g, jsonify, request, stream_with_context
+from sqlalchemy.orm import Session
 
 from app import batches, client
 from app.batches import SubmitOptions
@@ -38,6 +39,11 @@ def _caller() -> Tenant:
             g.tenant = authenticate(session, _bearer())
     tenant: Tenant = g.tenant
     return tenant
+
+
+def _reload(session: Session, tenant: Tenant) -> Tenant:
+    """The authenticated tenant, attached to ``session``."""
+    return session.merge(tenant, load=False)
 
 
 def _body_lines() -> Iterator[bytes]:
@@ -81,7 +87,7 @@ def create_batch() -> tuple[Response, int]:
     options = _submit_options()
     with session_scope() as session:
         described, created = client.submit_in_session(
-            session, session.get(Tenant, tenant.id), _body_lines(), options
+            session, _reload(session, tenant), _body_lines(), options
         )
     if created:
         client.wake_dispatcher()
@@ -98,8 +104,14 @@ def list_batches() -> Response:
     except ValueError as exc:
         raise ValidationFailed("limit must be an integer", field="limit") from exc
     data = client.list_batches(tenant=_caller(), limit=limit, after=request.args.get("after"))
-    return jsonify({"object": "list", "data": data, "has_more": len(data) == limit,
-                    "last_id": data[-1]["id"] if data else None})
+    return jsonify(
+        {
+            "object": "list",
+            "data": data,
+            "has_more": len(data) == limit,
+            "last_id": data[-1]["id"] if data else None,
+        }
+    )
 
 
 @blueprint.get("/v1/batches/<batch_id>")
@@ -111,7 +123,7 @@ def get_batch(batch_id: str) -> Response:
 def batch_results(batch_id: str) -> Response:
     tenant = _caller()
     with session_scope() as session:  # 404 before the stream starts
-        batches.get_owned_batch(session, session.get(Tenant, tenant.id), batch_id)
+        batches.get_owned_batch(session, _reload(session, tenant), batch_id)
 
     def lines() -> Iterator[bytes]:
         for row in client.iter_results(batch_id, tenant=tenant):

@@ -187,9 +187,7 @@ def refresh_status(session: Session, batch_id: str) -> str:
     if batch.finished_at is not None:
         return batch.status
     has_open = session.scalar(
-        select(
-            exists().where(Item.batch_id == batch_id, Item.status.in_(OPEN_STATUSES))
-        )
+        select(exists().where(Item.batch_id == batch_id, Item.status.in_(OPEN_STATUSES)))
     )
     counts = {ItemStatus.PENDING: 1} if has_open else {}
     status = batch_status(counts, batch.cancel_requested_at is not None)
@@ -242,8 +240,15 @@ def cancel(session: Session, tenant: Tenant, batch_id: str) -> Batch:
 def iter_results(session: Session, batch: Batch) -> Iterator[dict[str, Any]]:
     """Finished items in input order, in the OpenAI Batch output format."""
     query = (
-        select(Item.id, Item.custom_id, Item.status, Item.error_code, Item.last_error,
-               Result.response, Result.provider_request_id)
+        select(
+            Item.id,
+            Item.custom_id,
+            Item.status,
+            Item.error_code,
+            Item.last_error,
+            Result.response,
+            Result.provider_request_id,
+        )
         .outerjoin(Result, Result.item_id == Item.id)
         .where(Item.batch_id == batch.id, Item.status.in_([s.value for s in TERMINAL]))
         .order_by(Item.line_no)

@@ -80,8 +80,13 @@ def tenants_list(as_json: bool = typer.Option(False, "--json")) -> None:
 
     with _services(), db.session_scope() as session:
         rows = [
-            {"id": t.id, "name": t.name, "key_prefix": t.key_prefix, "weight": t.weight,
-             "revoked": t.revoked_at is not None}
+            {
+                "id": t.id,
+                "name": t.name,
+                "key_prefix": t.key_prefix,
+                "weight": t.weight,
+                "revoked": t.revoked_at is not None,
+            }
             for t in tenants.list_tenants(session)
         ]
     if as_json:
@@ -89,8 +94,13 @@ def tenants_list(as_json: bool = typer.Option(False, "--json")) -> None:
         return
     table = Table("id", "name", "key prefix", "weight", "revoked")
     for r in rows:
-        table.add_row(str(r["id"]), r["name"], r["key_prefix"], str(r["weight"]),
-                      "yes" if r["revoked"] else "")
+        table.add_row(
+            str(r["id"]),
+            str(r["name"]),
+            str(r["key_prefix"]),
+            str(r["weight"]),
+            "yes" if r["revoked"] else "",
+        )
     console.print(table)
 
 
@@ -117,19 +127,46 @@ def models(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         print(json.dumps([s.model_dump(mode="json") for s in specs]))
         return
-    table = Table("model", "provider", "queue", "tokens/min", "requests/min", "concurrency",
-                  "$ in/1M", "$ out/1M")
+    table = Table(
+        "model",
+        "provider",
+        "queue",
+        "tokens/min",
+        "requests/min",
+        "concurrency",
+        "$ in/1M",
+        "$ out/1M",
+    )
     for s in specs:
-        table.add_row(s.name, s.provider, s.queue, str(s.tokens_per_min), str(s.requests_per_min),
-                      str(s.max_concurrency), str(s.input_usd_per_1m), str(s.output_usd_per_1m))
+        table.add_row(
+            s.name,
+            s.provider,
+            s.queue,
+            str(s.tokens_per_min),
+            str(s.requests_per_min),
+            str(s.max_concurrency),
+            str(s.input_usd_per_1m),
+            str(s.output_usd_per_1m),
+        )
     console.print(table)
 
 
 def _celery_worker(queues: list[str], concurrency: int, beat: bool, name: str) -> None:
     from tasks.celery_app import celery_app
 
-    argv = ["worker", "-Q", ",".join(queues), "-P", "threads", "-c", str(concurrency),
-            "-n", f"{name}@%h", "--loglevel", get_settings().log_level]
+    argv = [
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "-P",
+        "threads",
+        "-c",
+        str(concurrency),
+        "-n",
+        f"{name}@%h",
+        "--loglevel",
+        get_settings().log_level,
+    ]
     if beat:
         argv.append("-B")
     celery_app.worker_main(argv)
@@ -137,8 +174,9 @@ def _celery_worker(queues: list[str], concurrency: int, beat: bool, name: str) -
 
 @cli.command()
 def worker(
-    group: list[str] = typer.Option(None, "--group", "-g",
-                                    help="Model group(s) to serve; default: all."),
+    group: list[str] = typer.Option(
+        None, "--group", "-g", help="Model group(s) to serve; default: all."
+    ),
     concurrency: int = typer.Option(0, help="Threads; default BATCHGEN_WORKER_CONCURRENCY."),
 ) -> None:
     """A Celery worker (thread pool) for one or more model groups."""
@@ -147,13 +185,13 @@ def worker(
     registry = get_registry()
     unknown = set(group or []) - set(registry.groups)
     if unknown:
-        err.print(f"[red]error:[/red] unknown group(s) {sorted(unknown)}; "
-                  f"known: {registry.groups}")
+        err.print(f"[red]error:[/red] unknown group(s) {sorted(unknown)}; known: {registry.groups}")
         raise typer.Exit(2)
     queues = ["llm." + g for g in (group or registry.groups)]
     with _services() as settings:
-        _celery_worker(queues, concurrency or settings.worker_concurrency, False,
-                       "-".join(group or ["all"]))
+        _celery_worker(
+            queues, concurrency or settings.worker_concurrency, False, "-".join(group or ["all"])
+        )
 
 
 @cli.command()
@@ -182,8 +220,9 @@ def api(host: str = "", port: int = 0) -> None:
     from app.api import create_app
 
     with _services() as settings:
-        run_simple(host or settings.api_host, port or settings.api_port, create_app(),
-                   threaded=True)
+        run_simple(
+            host or settings.api_host, port or settings.api_port, create_app(), threaded=True
+        )
 
 
 @cli.command()
@@ -201,8 +240,12 @@ def simulator(
     from app.simulator import SimulatorConfig, run_simulator
 
     config = SimulatorConfig(
-        tokens_per_min=tpm or None, requests_per_min=rpm or None, latency_base_ms=latency_ms,
-        latency_per_token_ms=per_token_ms, fault_rate=fault_rate, charge_mode=charge_mode,
+        tokens_per_min=tpm or None,
+        requests_per_min=rpm or None,
+        latency_base_ms=latency_ms,
+        latency_per_token_ms=per_token_ms,
+        fault_rate=fault_rate,
+        charge_mode=charge_mode,  # type: ignore[arg-type]  # validated by the config
     )
     console.print(f"simulator on http://{host}:{port} (OpenAI: /v1, Anthropic: /v1/messages)")
     run_simulator(host, port, config)
@@ -231,5 +274,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-

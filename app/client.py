@@ -112,8 +112,10 @@ def list_batches(
     """The tenant's batches, newest first."""
     with session_scope() as session:
         owner = _tenant(session, tenant)
-        return [batches.describe(session, b) for b in batches.list_batches(
-            session, owner, limit=limit, after=after)]
+        return [
+            batches.describe(session, b)
+            for b in batches.list_batches(session, owner, limit=limit, after=after)
+        ]
 
 
 def iter_results(batch_id: str, *, tenant: str | Tenant) -> Iterator[dict[str, Any]]:

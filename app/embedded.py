@@ -9,6 +9,7 @@ No SQLite stand-in, no fakeredis.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -18,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import redis
@@ -54,9 +56,19 @@ class RedisServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             [
-                redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--dir", str(self.directory),
-                "--logfile", str(self.directory / "redis.log"),
+                redis_server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+                "--logfile",
+                str(self.directory / "redis.log"),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -82,13 +94,23 @@ class RedisServer:
                 self.process.wait()
 
 
-def start_postgres(data_dir: Path) -> str:
-    """Start (or reuse) the embedded PostgreSQL in ``data_dir``; returns its URL."""
+def start_postgres(data_dir: Path) -> Any:
+    """Start (or reuse) the embedded PostgreSQL in ``data_dir``.
+
+    Returns the ``pgserver`` handle: ``.get_uri()`` is its URL, ``.cleanup()``
+    stops it once no other process of ours uses it (also done at exit).
+    """
     import pgserver
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
-    return str(server.get_uri())
+    return pgserver.get_server(str(data_dir), cleanup_mode="stop")
+
+
+def stop_postgres(server: Any) -> None:
+    """Stop an embedded PostgreSQL now rather than at interpreter exit."""
+    server.cleanup()
+    # pgserver also registered an atexit hook; by then logging streams may be closed.
+    atexit.unregister(server._cleanup)
 
 
 def ensure_database(url: str, name: str) -> str:
@@ -138,8 +160,10 @@ def services(data_dir: Path) -> Iterator[dict[str, str]]:
     started: list[RedisServer] = []
     env: dict[str, str] = {}
     data_dir = data_dir.resolve()
+    postgres = None
     if not os.environ.get("DATABASE_URL"):
-        env["DATABASE_URL"] = start_postgres(data_dir / "pg")
+        postgres = start_postgres(data_dir / "pg")
+        env["DATABASE_URL"] = str(postgres.get_uri())
         log.info("started embedded PostgreSQL in %s", data_dir / "pg")
     if not os.environ.get("REDIS_URL"):
         reused = _running_redis(data_dir / "redis")
@@ -157,5 +181,7 @@ def services(data_dir: Path) -> Iterator[dict[str, str]]:
     finally:
         for server in started:
             server.stop()
+        if postgres is not None:
+            stop_postgres(postgres)
         for key in env:
             os.environ.pop(key, None)

@@ -62,8 +62,16 @@ def claim(session: Session, item_id: int, lease_s: float) -> Claimed | None:
             lease_expires_at=now + dt.timedelta(seconds=lease_s),
         )
         .returning(
-            Item.id, Item.batch_id, Item.tenant_id, Item.model, Item.body, Item.attempts,
-            Item.deadline_at, Item.created_at, Item.started_at, Item.prompt_tokens_est,
+            Item.id,
+            Item.batch_id,
+            Item.tenant_id,
+            Item.model,
+            Item.body,
+            Item.attempts,
+            Item.deadline_at,
+            Item.created_at,
+            Item.started_at,
+            Item.prompt_tokens_est,
             Item.max_tokens,
         )
     ).one_or_none()
@@ -100,13 +108,19 @@ def _owned(item: Claimed) -> Any:
     )
 
 
-def finish_failed(session: Session, item: Claimed, code: str, message: str,
-                  status: ItemStatus = ItemStatus.FAILED) -> bool:
+def finish_failed(
+    session: Session, item: Claimed, code: str, message: str, status: ItemStatus = ItemStatus.FAILED
+) -> bool:
     result = session.execute(
         update(Item)
         .where(_owned(item))
-        .values(status=status.value, finished_at=func.now(), lease_expires_at=None,
-                error_code=code, last_error=message)
+        .values(
+            status=status.value,
+            finished_at=func.now(),
+            lease_expires_at=None,
+            error_code=code,
+            last_error=message,
+        )
         .returning(Item.id)
     )
     return result.scalar_one_or_none() is not None
@@ -129,8 +143,9 @@ def reschedule(session: Session, item: Claimed, wait_s: float, code: str, messag
     return result.scalar_one_or_none() is not None
 
 
-def handle_failure(session: Session, item: Claimed, exc: ProviderError, spec: ModelSpec,
-                   settings: Settings) -> str:
+def handle_failure(
+    session: Session, item: Claimed, exc: ProviderError, spec: ModelSpec, settings: Settings
+) -> str:
     """Retry a transient failure inside the deadline and the attempt cap, else fail it."""
     now = session.scalar(select(func.now()))
     assert now is not None
@@ -149,8 +164,9 @@ def handle_failure(session: Session, item: Claimed, exc: ProviderError, spec: Mo
         max_s=settings.retry_max_s,
     )
     if not retry.fits_deadline(wait, time_left_s(item.deadline_at, now)):
-        finish_failed(session, item, "expired", f"{message}; no time left to retry",
-                      ItemStatus.EXPIRED)
+        finish_failed(
+            session, item, "expired", f"{message}; no time left to retry", ItemStatus.EXPIRED
+        )
         return "expired"
     reschedule(session, item, wait, exc.kind, message)
     return "retry"
@@ -177,8 +193,9 @@ def run_item(item_id: int, registry: Registry, settings: Settings) -> str:
         if item is None:
             return "expired" if expire_if_due(session, item_id) else "skipped"
     spec = registry[item.model]
-    timeout = call_timeout_s(spec.call_timeout_s or settings.call_timeout_s,
-                             item.deadline_at, dt.datetime.now(dt.UTC))
+    timeout = call_timeout_s(
+        spec.call_timeout_s or settings.call_timeout_s, item.deadline_at, dt.datetime.now(dt.UTC)
+    )
     request = ProviderRequest(spec=spec, body=item.body, timeout_s=timeout, item_id=item_id)
     started = time.monotonic()
     try:
@@ -189,8 +206,15 @@ def run_item(item_id: int, registry: Registry, settings: Settings) -> str:
         if verdict != "retry":
             with session_scope() as session:
                 finish_if_done(session, item.batch_id)
-        log.warning("item %d attempt %d model %s %s: %s status=%s", item_id, item.attempt,
-                    spec.name, verdict, exc.kind, exc.status)
+        log.warning(
+            "item %d attempt %d model %s %s: %s status=%s",
+            item_id,
+            item.attempt,
+            spec.name,
+            verdict,
+            exc.kind,
+            exc.status,
+        )
         return verdict
     latency_s = time.monotonic() - started
     with session_scope() as session:
@@ -200,7 +224,12 @@ def run_item(item_id: int, registry: Registry, settings: Settings) -> str:
     log.info(
         "item %d attempt %d model %s succeeded prompt_tokens=%d completion_tokens=%d "
         "latency_ms=%d recorded=%s",
-        item_id, item.attempt, spec.name, response.prompt_tokens, response.completion_tokens,
-        latency_s * 1000, recorded,
+        item_id,
+        item.attempt,
+        spec.name,
+        response.prompt_tokens,
+        response.completion_tokens,
+        latency_s * 1000,
+        recorded,
     )
     return "succeeded" if recorded else "duplicate"

@@ -64,9 +64,24 @@ def start_worker(
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     argv = [
-        sys.executable, "-m", "celery", "-A", "tasks.celery_app", "worker",
-        "-Q", ",".join(queues), "-P", "threads", "-c", str(concurrency),
-        "-n", f"{name}@%h", "--without-mingle", "--without-gossip", "--loglevel", "INFO",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks.celery_app",
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "-P",
+        "threads",
+        "-c",
+        str(concurrency),
+        "-n",
+        f"{name}@%h",
+        "--without-mingle",
+        "--without-gossip",
+        "--loglevel",
+        "INFO",
     ]
     if beat:
         argv += ["-B", "-s", str(log_dir / f"{name}-beat-schedule")]

@@ -29,7 +29,9 @@ class SweepReport:
 def sweep(session: Session, settings: Settings) -> SweepReport:
     """One sweep pass in the caller's transaction."""
     expired = list(session.execute(query("sweep_expire")).scalars())
-    recovered = list(session.execute(query("sweep_requeue_lost"), {"max_attempts": settings.max_attempts}))
+    recovered = list(
+        session.execute(query("sweep_requeue_lost"), {"max_attempts": settings.max_attempts})
+    )
     requeued = sum(1 for r in recovered if r.status == "pending")
     failed = sum(1 for r in recovered if r.status == "failed")
     expired_count = len(expired) + sum(1 for r in recovered if r.status == "expired")
@@ -41,6 +43,9 @@ def sweep(session: Session, settings: Settings) -> SweepReport:
     if any((report.expired, report.requeued, report.failed, report.batches_finished)):
         log.info(
             "sweep expired=%d requeued=%d failed=%d batches_finished=%d",
-            report.expired, report.requeued, report.failed, report.batches_finished,
+            report.expired,
+            report.requeued,
+            report.failed,
+            report.batches_finished,
         )
     return report

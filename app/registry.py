@@ -102,12 +102,12 @@ def parse_registry(text: str, source: str = "<string>") -> Registry:
         raise ConfigError(f"{source}: invalid TOML: {exc}") from exc
     tables = data.get("models")
     if not isinstance(tables, dict) or not tables:
-        raise ConfigError(f"{source}: no [models.\"<name>\"] tables")
+        raise ConfigError(f'{source}: no [models."<name>"] tables')
     models: dict[str, ModelSpec] = {}
     for name, raw in tables.items():
         fields = {k: _expand_env(v) if isinstance(v, str) else v for k, v in raw.items()}
         try:
-            models[name] = ModelSpec(name=name, **fields)
+            models[name] = ModelSpec.model_validate({"name": name, **fields})
         except ValidationError as exc:
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])

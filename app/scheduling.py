@@ -49,19 +49,20 @@ def _lock_model(session: Session, model: str) -> bool:
 
 
 def _in_flight(session: Session, model: str) -> int:
-    return session.scalar(
-        select(func.count())
-        .select_from(Item)
-        .where(
-            Item.model == model,
-            Item.status.in_([ItemStatus.QUEUED.value, ItemStatus.RUNNING.value]),
+    return (
+        session.scalar(
+            select(func.count())
+            .select_from(Item)
+            .where(
+                Item.model == model,
+                Item.status.in_([ItemStatus.QUEUED.value, ItemStatus.RUNNING.value]),
+            )
         )
-    ) or 0
+        or 0
+    )
 
 
-def release_model(
-    session: Session, spec: ModelSpec, settings: Settings
-) -> list[Release]:
+def release_model(session: Session, spec: ModelSpec, settings: Settings) -> list[Release]:
     """Release up to the model's free slots, in fair order, in the caller's transaction."""
     if not _lock_model(session, spec.name):
         return []  # another dispatcher is releasing this model right now

@@ -46,8 +46,7 @@ def _offline_constructors() -> dict[str, Callable[[], dict[str, Any]]]:
     except ImportError:
         return {}
     return {
-        name.removesuffix("_offline"): ctor
-        for name, ctor in shipped.ENCODING_CONSTRUCTORS.items()
+        name.removesuffix("_offline"): ctor for name, ctor in shipped.ENCODING_CONSTRUCTORS.items()
     }
 
 
@@ -63,8 +62,7 @@ def get_encoding(encoding_name: str) -> tiktoken.Encoding | None:
     expected = PUBLISHED_SHA256.get(encoding_name)
     if ctor is None or expected is None:
         log.warning(
-            "no local tiktoken file for encoding %s; token counts are estimated "
-            "as utf8_bytes/%d",
+            "no local tiktoken file for encoding %s; token counts are estimated as utf8_bytes/%d",
             encoding_name,
             ESTIMATE_BYTES_PER_TOKEN,
         )

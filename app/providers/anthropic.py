@@ -12,15 +12,18 @@ import time
 from typing import Any
 
 import anthropic
-import httpx
 
 from app.errors import MalformedResponse, ProviderError, TransientProviderError
 from app.providers.base import ProviderRequest, ProviderResponse
 from app.providers.headers import anthropic_rate_limits
 from app.providers.openai import ITEM_HEADER, classify_status
 
-FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length",
-                  "tool_use": "tool_calls"}
+FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+}
 PASSED_THROUGH = ("temperature", "top_p", "metadata")
 
 
@@ -30,7 +33,6 @@ def _client(base_url: str, api_key: str) -> anthropic.Anthropic:
         base_url=base_url,
         api_key=api_key,
         max_retries=0,
-        http_client=httpx.Client(limits=httpx.Limits(max_connections=200)),
     )
 
 
@@ -82,8 +84,8 @@ class AnthropicProvider:
     def complete(self, request: ProviderRequest) -> ProviderResponse:
         spec = request.spec
         body = request.body
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or (
-            spec.max_output_tokens
+        max_tokens = (
+            body.get("max_completion_tokens") or body.get("max_tokens") or (spec.max_output_tokens)
         )
         headers = {ITEM_HEADER: str(request.item_id)} if request.item_id is not None else {}
         client = _client(spec.base_url, spec.api_key())
@@ -114,8 +116,11 @@ class AnthropicProvider:
                 "created": int(time.time()),
                 "model": message.model,
                 "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": text},
-                     "finish_reason": finish}
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": finish,
+                    }
                 ],
                 "usage": {
                     "prompt_tokens": usage.input_tokens,

@@ -10,7 +10,6 @@ import functools
 import json
 from typing import Any
 
-import httpx
 import openai
 
 from app.errors import (
@@ -36,7 +35,6 @@ def _client(base_url: str, api_key: str) -> openai.OpenAI:
         base_url=base_url,
         api_key=api_key,
         max_retries=0,
-        http_client=httpx.Client(limits=httpx.Limits(max_connections=200)),
     )
 
 

@@ -1,0 +1,21 @@
+"""Provider simulator: a small HTTP server speaking the OpenAI and Anthropic chat APIs.
+
+It enforces tokens/requests per window per (API key, model) with real 429
+answers and ``retry-after`` / rate-limit headers, answers with deterministic
+text after a configurable latency, and injects faults on demand. It is the
+default provider of the demo and the peer of the integration tests.
+"""
+
+from app.simulator.config import SimulatorConfig
+from app.simulator.runner import SimulatorThread, run_simulator
+from app.simulator.server import create_app
+from app.simulator.text import completion_text, request_digest
+
+__all__ = [
+    "SimulatorConfig",
+    "SimulatorThread",
+    "completion_text",
+    "create_app",
+    "request_digest",
+    "run_simulator",
+]

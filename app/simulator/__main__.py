@@ -1,0 +1,68 @@
+"""``python -m app.simulator``: run the provider simulator in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+from app.simulator.config import DEFAULT_FAULT_KINDS, SimulatorConfig
+from app.simulator.runner import run_simulator
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options (also used by the project CLI)."""
+    p = argparse.ArgumentParser(prog="python -m app.simulator", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8300)
+    p.add_argument("--tpm", type=int, default=None, help="tokens per window (default: unlimited)")
+    p.add_argument("--rpm", type=int, default=None, help="requests per window (default: unlimited)")
+    p.add_argument("--window-s", type=float, default=60.0)
+    p.add_argument("--charge-mode", choices=("reserve", "actual"), default="reserve")
+    p.add_argument("--latency-ms", type=float, default=0.0, help="base latency per answer")
+    p.add_argument("--per-token-ms", type=float, default=0.0, help="latency per output token")
+    p.add_argument("--jitter-ms", type=float, default=0.0, help="uniform jitter in [0, J]")
+    p.add_argument("--fault-rate", type=float, default=0.0)
+    p.add_argument(
+        "--fault-kinds",
+        default=",".join(DEFAULT_FAULT_KINDS),
+        help="comma-separated subset of 5xx,hang,reset,malformed,429",
+    )
+    p.add_argument("--hang-s", type=float, default=30.0)
+    p.add_argument("--context-window", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--models", default="", help="comma-separated model names for /v1/models")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
+    """A :class:`SimulatorConfig` from parsed options."""
+    return SimulatorConfig(
+        tokens_per_min=args.tpm,
+        requests_per_min=args.rpm,
+        window_s=args.window_s,
+        charge_mode=args.charge_mode,
+        latency_base_ms=args.latency_ms,
+        latency_per_token_ms=args.per_token_ms,
+        latency_jitter_ms=args.jitter_ms,
+        fault_rate=args.fault_rate,
+        fault_kinds=tuple(k for k in args.fault_kinds.split(",") if k),
+        hang_s=args.hang_s,
+        context_window=args.context_window,
+        seed=args.seed,
+        models=tuple(m for m in args.models.split(",") if m),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse options and serve until interrupted."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper())
+    config = config_from_args(args)
+    logging.getLogger(__name__).info("simulator on http://%s:%d", args.host, args.port)
+    run_simulator(args.host, args.port, config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Non-chat routes: ``GET /v1/models`` and the ``/_sim`` control endpoints.
+
+``GET /_sim/stats`` (counters and window maxima), ``GET /_sim/log`` (``?item=``,
+``?limit=``), ``POST /_sim/reset``, ``GET``/``POST /_sim/config`` (run-time changes).
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from app.simulator.state import STATE
+
+
+async def _models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    names = list(state.models)
+    if "anthropic-version" in request.headers:
+        data = [
+            {"type": "model", "id": m, "display_name": m, "created_at": "2024-01-01T00:00:00Z"}
+            for m in names
+        ]
+        return web.json_response(
+            {
+                "data": data,
+                "has_more": False,
+                "first_id": names[0] if names else None,
+                "last_id": names[-1] if names else None,
+            }
+        )
+    now = int(time.time())
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {"id": m, "object": "model", "created": now, "owned_by": "simulator"} for m in names
+            ],
+        }
+    )
+
+
+async def _sim_stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATE].stats())
+
+
+async def _sim_log(request: web.Request) -> web.Response:
+    entries = request.app[STATE].entries(request.query.get("item"))
+    if "limit" in request.query:
+        entries = entries[-int(request.query["limit"]) :]
+    return web.json_response(entries)
+
+
+async def _sim_reset(request: web.Request) -> web.Response:
+    request.app[STATE].reset()
+    return web.json_response({"ok": True})
+
+
+async def _sim_config(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if request.method == "POST":
+        try:
+            changes = await request.json()
+            if not isinstance(changes, dict):
+                raise ValueError("body must be a JSON object")
+            state.apply_config(changes)
+        except (ValueError, TypeError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+    return web.json_response(state.config.as_dict())
+
+
+def add_admin_routes(app: web.Application) -> None:
+    """Register ``/v1/models`` and ``/_sim/*`` on ``app``."""
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/_sim/stats", _sim_stats)
+    app.router.add_get("/_sim/log", _sim_log)
+    app.router.add_post("/_sim/reset", _sim_reset)
+    app.router.add_get("/_sim/config", _sim_config)
+    app.router.add_post("/_sim/config", _sim_config)

@@ -1,0 +1,119 @@
+"""Configuration of the provider simulator.
+
+Charge modes (what a request costs against ``tokens_per_min``):
+
+``"reserve"`` (OpenAI): at admission the request is charged
+    ``prompt_tokens + max_tokens`` and that charge is final, whatever the model
+    really writes.
+``"actual"`` (Anthropic-like): admission still *checks and reserves*
+    ``prompt_tokens + max_tokens`` (so the window can never be overrun by
+    outputs that are still being generated); when the answer ends (complete,
+    cancelled or failed) the charge is lowered to ``prompt_tokens +
+    completion_tokens actually sent``, which frees the unused part of the
+    reservation for later requests. Charges only ever go down, so the
+    guarantee "admitted tokens in any window <= tokens_per_min" holds on the
+    final charges too.
+
+Latency: an answer takes ``latency_base_ms + latency_per_token_ms *
+completion_tokens + jitter`` where jitter is drawn *uniformly* from
+``[0, latency_jitter_ms]`` by the seeded RNG. For streams, the base + jitter is
+the time to the first chunk and the per-token part is spread over the chunks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ChargeMode = Literal["reserve", "actual"]
+FAULT_KINDS: tuple[str, ...] = ("5xx", "hang", "reset", "malformed", "429")
+DEFAULT_FAULT_KINDS: tuple[str, ...] = ("5xx", "hang", "reset", "malformed")
+
+# Fields POST /_sim/config may change at run time.
+RUNTIME_FIELDS = frozenset(
+    {
+        "tokens_per_min",
+        "requests_per_min",
+        "charge_mode",
+        "latency_base_ms",
+        "latency_per_token_ms",
+        "latency_jitter_ms",
+        "fault_rate",
+        "fault_kinds",
+        "hang_s",
+        "context_window",
+        "default_max_tokens",
+    }
+)
+
+
+@dataclass
+class SimulatorConfig:
+    """Settings of one simulator instance (all limits are per API key and model).
+
+    ``tokens_per_min`` / ``requests_per_min``: ``None`` means unlimited (and the
+    matching ``x-ratelimit-*`` headers are then omitted). Despite the names,
+    the window length is ``window_s`` (60 s by default).
+    """
+
+    tokens_per_min: int | None = None
+    requests_per_min: int | None = None
+    charge_mode: ChargeMode = "reserve"
+    latency_base_ms: float = 0.0
+    latency_per_token_ms: float = 0.0
+    latency_jitter_ms: float = 0.0
+    fault_rate: float = 0.0
+    fault_kinds: tuple[str, ...] = DEFAULT_FAULT_KINDS
+    hang_s: float = 30.0
+    seed: int | None = None
+    window_s: float = 60.0
+    context_window: int | None = None
+    default_max_tokens: int = 1024
+    encoding: str = "cl100k_base"
+    models: tuple[str, ...] = field(default_factory=tuple)
+    log_size: int = 100_000
+
+    def __post_init__(self) -> None:
+        self.fault_kinds = tuple(self.fault_kinds)
+        self.models = tuple(self.models)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` if a field is out of range."""
+        for name in ("tokens_per_min", "requests_per_min", "context_window"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if self.charge_mode not in ("reserve", "actual"):
+            raise ValueError(f"charge_mode must be 'reserve' or 'actual', got {self.charge_mode!r}")
+        for name in ("latency_base_ms", "latency_per_token_ms", "latency_jitter_ms", "hang_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if not 0.0 <= self.fault_rate <= 1.0:
+            raise ValueError(f"fault_rate must be in [0, 1], got {self.fault_rate!r}")
+        unknown = set(self.fault_kinds) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")
+        if self.fault_rate > 0 and not self.fault_kinds:
+            raise ValueError("fault_rate > 0 needs at least one fault kind")
+        if self.window_s <= 0:
+            raise ValueError("window_s must be > 0")
+        if self.default_max_tokens < 1 or self.log_size < 1:
+            raise ValueError("default_max_tokens and log_size must be >= 1")
+
+    def updated(self, changes: dict[str, Any]) -> SimulatorConfig:
+        """A validated copy with ``changes`` (only :data:`RUNTIME_FIELDS`) applied."""
+        unknown = set(changes) - RUNTIME_FIELDS
+        if unknown:
+            raise ValueError(f"cannot change {sorted(unknown)} at run time")
+        if "fault_kinds" in changes:
+            changes = {**changes, "fault_kinds": tuple(changes["fault_kinds"])}
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly view."""
+        data = dataclasses.asdict(self)
+        data["fault_kinds"] = list(self.fault_kinds)
+        data["models"] = list(self.models)
+        return data

@@ -1,0 +1,342 @@
+"""The simulator's aiohttp application: OpenAI and Anthropic chat endpoints plus /_sim.
+
+Limits are enforced per (API key, model). Every answer of the chat endpoints
+carries the request id header and, once the model is known, the rate-limit
+headers of its API. Faults come from :class:`~app.simulator.faults.FaultInjector`
+(``x-sim-fault`` header forces one). Log lines carry ids, sizes and token
+counts only, never prompt or completion text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from app.simulator import formats as fmt
+from app.simulator.admin import add_admin_routes
+from app.simulator.config import SimulatorConfig
+from app.simulator.formats import BadRequest, ChatRequest
+from app.simulator.limits import Admission
+from app.simulator.state import STATE, LimitKey, SimState, key_id
+from app.simulator.text import completion_text, split_chunks
+from app.tokens import count_messages, count_text
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass
+class _Call:
+    """One chat request in progress."""
+
+    api: str
+    rid: str
+    entry: dict[str, Any]
+    headers: dict[str, str]
+    key: LimitKey | None = None
+    prompt_tokens: int = 0
+    delivered_tokens: int = 0
+    sent: list[str] = field(default_factory=list)
+
+    @property
+    def admitted(self) -> bool:
+        return bool(self.entry["admitted"])
+
+
+def _api_key(request: web.Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return request.headers.get("x-api-key") or None
+
+
+def _json(call: _Call, status: int, body: Any, extra: dict[str, str] | None = None) -> web.Response:
+    call.entry["status"] = status
+    call.entry["completed"] = True
+    return web.json_response(body, status=status, headers={**call.headers, **(extra or {})})
+
+
+def _error(call: _Call, status: int, message: str, **kw: Any) -> web.Response:
+    return _json(call, status, fmt.error_body(call.api, status, message, **kw))
+
+
+def _rl_headers(state: SimState, call: _Call, req: Admission, tok: Admission) -> None:
+    cfg = state.config
+    call.headers.update(
+        fmt.ratelimit_headers(call.api, (cfg.requests_per_min, req), (cfg.tokens_per_min, tok))
+    )
+
+
+def _parse(call: _Call, state: SimState, body: Any) -> ChatRequest:
+    if call.api == "anthropic":
+        return fmt.parse_anthropic(body)
+    return fmt.parse_openai(body, state.config.default_max_tokens)
+
+
+async def _chat(request: web.Request, api: str) -> web.StreamResponse:
+    state = request.app[STATE]
+    rid = fmt.new_id(api)
+    call = _Call(
+        api,
+        rid,
+        state.start(api, rid, request.headers.get("x-batchgen-item")),
+        {"request-id" if api == "anthropic" else "x-request-id": rid},
+    )
+    try:
+        return await _serve(request, state, call)
+    except asyncio.CancelledError:  # the client went away (handler cancellation)
+        call.entry["completed"] = False
+        raise
+    finally:
+        if call.admitted and call.key is not None:
+            if call.entry["stream"] and call.sent:
+                call.delivered_tokens = count_text("".join(call.sent), state.config.encoding)
+            call.entry["completion_tokens"] = call.delivered_tokens
+            call.entry["charged_tokens"] = state.settle(
+                call.key, rid, call.prompt_tokens, call.delivered_tokens
+            )
+        state.finish(call.entry)
+        e = call.entry
+        log.debug(
+            "sim %s api=%s model=%s item=%s status=%s stream=%s completed=%s fault=%s "
+            "prompt_tokens=%s completion_tokens=%s",
+            rid,
+            api,
+            e["model"],
+            e["item"],
+            e["status"],
+            e["stream"],
+            e["completed"],
+            e["fault"],
+            e["prompt_tokens"],
+            e["completion_tokens"],
+        )
+
+
+async def _serve(request: web.Request, state: SimState, call: _Call) -> web.StreamResponse:
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError):
+        state.counters["bad_requests"] += 1
+        return _error(call, 400, "request body is not valid UTF-8 JSON")
+    try:
+        req = _parse(call, state, body)
+    except BadRequest as exc:
+        state.counters["bad_requests"] += 1
+        return _error(call, 400, exc.message, param=exc.param, code=exc.code)
+    cfg = state.config
+    entry = call.entry
+    entry.update(model=req.model, stream=req.stream)
+    state.models.setdefault(req.model)
+    call.key = (key_id(_api_key(request)), req.model)
+    entry["key"] = call.key[0]
+    call.prompt_tokens = entry["prompt_tokens"] = count_messages(req.prompt_messages, cfg.encoding)
+    try:
+        fault = state.faults.choose(request.headers.get("x-sim-fault"))
+    except ValueError as exc:
+        state.counters["bad_requests"] += 1
+        return _error(call, 400, str(exc))
+    if cfg.context_window is not None and call.prompt_tokens > cfg.context_window:
+        state.counters["bad_requests"] += 1
+        _rl_headers(state, call, *state.peek(call.key))
+        return _error(
+            call,
+            400,
+            f"This model's maximum context length is {cfg.context_window}"
+            f" tokens. However, your messages resulted in {call.prompt_tokens} "
+            "tokens.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    entry["fault"] = fault
+    if fault:
+        state.counters[f"fault_{fault}"] += 1
+    if fault == "429":
+        state.counters["rate_limited"] += 1
+        _rl_headers(state, call, *state.peek(call.key))
+        body = fmt.error_body(
+            call.api, 429, "Rate limit reached (simulated).", code="rate_limit_exceeded"
+        )
+        return _json(call, 429, body, fmt.retry_headers(1.0))
+    return await _admit_and_answer(request, state, call, req, fault)
+
+
+async def _admit_and_answer(
+    request: web.Request, state: SimState, call: _Call, req: ChatRequest, fault: str | None
+) -> web.StreamResponse:
+    amount = call.prompt_tokens + req.max_tokens
+    req_adm, tok_adm = state.admit(call.key, amount, call.rid)  # type: ignore[arg-type]
+    _rl_headers(state, call, req_adm, tok_adm)
+    if not (req_adm.ok and tok_adm.ok):
+        state.counters["rate_limited"] += 1
+        return _rate_limited(state, call, req, amount, req_adm, tok_adm)
+    call.entry["admitted"] = True
+    state.counters["admitted"] += 1
+    state.counters["tokens_admitted"] += amount
+    cfg = state.config
+    text, ctoks, finish = completion_text(req.prompt_messages, req.max_tokens, cfg.encoding)
+    call.entry["finish_reason"] = finish
+    first_s = (cfg.latency_base_ms + state.faults.jitter_ms(cfg.latency_jitter_ms)) / 1000
+    tokens_s = cfg.latency_per_token_ms * ctoks / 1000
+    if fault == "hang":
+        await asyncio.sleep(cfg.hang_s)
+    if fault == "5xx":
+        await asyncio.sleep(first_s)
+        state.counters["errors"] += 1
+        status = state.faults.server_error_status(call.api)
+        return _error(
+            call, status, "The server had an error while processing your request (simulated)."
+        )
+    if req.stream:
+        return await _stream(request, state, call, req, (text, ctoks, finish), first_s, fault)
+    if fault == "reset":
+        await asyncio.sleep(first_s)
+        state.counters["errors"] += 1
+        return _abort(request, call)
+    await asyncio.sleep(first_s + tokens_s)
+    call.delivered_tokens = ctoks
+    if fault == "malformed":
+        state.counters["errors"] += 1
+        call.entry.update(status=200, completed=True)
+        return web.Response(
+            status=200,
+            headers=call.headers,
+            content_type="application/json",
+            text='{"id": "' + call.rid + '", "object": "chat.compl',
+        )
+    build = fmt.anthropic_message if call.api == "anthropic" else fmt.openai_completion
+    return _json(call, 200, build(call.rid, req.model, text, finish, call.prompt_tokens, ctoks))
+
+
+def _rate_limited(
+    state: SimState,
+    call: _Call,
+    req: ChatRequest,
+    amount: int,
+    req_adm: Admission,
+    tok_adm: Admission,
+) -> web.Response:
+    cfg = state.config
+    failing = [
+        (a.retry_after_s, what, limit, a, n)
+        for what, limit, a, n in (
+            ("requests", cfg.requests_per_min, req_adm, 1),
+            ("tokens", cfg.tokens_per_min, tok_adm, amount),
+        )
+        if not a.ok
+    ]
+    retry, what, limit, adm, requested = max(failing, key=lambda f: f[0])
+    if retry == float("inf"):
+        retry = cfg.window_s
+        message = fmt.rate_limit_message(req.model, what, limit, None, requested, None)
+    else:
+        used = (limit or 0) - adm.remaining
+        message = fmt.rate_limit_message(req.model, what, limit, used, requested, retry)
+    body = fmt.error_body(
+        call.api,
+        429,
+        message,
+        kind=None if call.api == "anthropic" else what,
+        code="rate_limit_exceeded",
+    )
+    return _json(call, 429, body, fmt.retry_headers(retry))
+
+
+def _abort(request: web.Request, call: _Call) -> web.StreamResponse:
+    """Reset the connection without an answer (the returned response is never sent)."""
+    if request.transport is not None:
+        request.transport.abort()
+    call.entry.update(status=None, completed=False)
+    return web.Response(status=500)
+
+
+async def _stream(
+    request: web.Request,
+    state: SimState,
+    call: _Call,
+    req: ChatRequest,
+    answer: tuple[str, int, str],
+    first_s: float,
+    fault: str | None,
+) -> web.StreamResponse:
+    text, ctoks, finish = answer
+    api, rid, model = call.api, call.rid, req.model
+    chunks = split_chunks(text)
+    per_chunk_s = state.config.latency_per_token_ms * ctoks / len(chunks) / 1000
+    resp = web.StreamResponse(
+        status=200,
+        headers={**call.headers, "content-type": "text/event-stream", "cache-control": "no-cache"},
+    )
+    await asyncio.sleep(first_s)
+    try:
+        await resp.prepare(request)
+        call.entry["status"] = 200
+        if api == "anthropic":
+            for name, data in fmt.anthropic_start_events(rid, model, call.prompt_tokens):
+                await resp.write(fmt.sse(api, name, data))
+        else:
+            first = fmt.openai_chunk(
+                rid, model, {"role": "assistant", "content": ""}, None, req.include_usage
+            )
+            await resp.write(fmt.sse(api, "", first))
+        for i, piece in enumerate(chunks):
+            await asyncio.sleep(per_chunk_s)
+            if fault == "reset" and i == len(chunks) // 2:
+                state.counters["errors"] += 1
+                _abort(request, call)
+                return resp
+            if fault == "malformed" and i == min(1, len(chunks) - 1):
+                state.counters["errors"] += 1
+                event = b"event: content_block_delta\n" if api == "anthropic" else b""
+                await resp.write(event + b'data: {"id": "' + rid.encode() + b'", "delta": {\n\n')
+                await resp.write_eof()
+                call.entry["completed"] = True
+                return resp
+            if api == "anthropic":
+                name, data = fmt.anthropic_delta_event(piece)
+                await resp.write(fmt.sse(api, name, data))
+            else:
+                chunk = fmt.openai_chunk(rid, model, {"content": piece}, None, req.include_usage)
+                await resp.write(fmt.sse(api, "", chunk))
+            call.sent.append(piece)
+        if api == "anthropic":
+            for name, data in fmt.anthropic_end_events(finish, call.prompt_tokens, ctoks):
+                await resp.write(fmt.sse(api, name, data))
+        else:
+            await resp.write(
+                fmt.sse(api, "", fmt.openai_chunk(rid, model, {}, finish, req.include_usage))
+            )
+            if req.include_usage:
+                usage = fmt.openai_usage_chunk(rid, model, call.prompt_tokens, ctoks)
+                await resp.write(fmt.sse(api, "", usage))
+            await resp.write(fmt.sse(api, "", "[DONE]"))
+        await resp.write_eof()
+        call.entry["completed"] = True
+    except ConnectionResetError:  # client closed the stream (no handler cancellation)
+        call.entry["completed"] = False
+    return resp
+
+
+async def _openai_chat(request: web.Request) -> web.StreamResponse:
+    return await _chat(request, "openai")
+
+
+async def _anthropic_messages(request: web.Request) -> web.StreamResponse:
+    return await _chat(request, "anthropic")
+
+
+def create_app(config: SimulatorConfig | None = None) -> web.Application:
+    """The simulator as an aiohttp application (the config is copied, not shared)."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[STATE] = SimState(dataclasses.replace(config or SimulatorConfig()))
+    app.router.add_post("/v1/chat/completions", _openai_chat)
+    app.router.add_post("/v1/messages", _anthropic_messages)
+    add_admin_routes(app)
+    return app

@@ -1,0 +1,56 @@
+"""Integration fixtures: the provider simulator and real Celery worker processes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from app.procs import WorkerProcess, start_worker
+
+pytestmark = pytest.mark.integration
+
+CONTROL_QUEUE = "batchgen.control"
+
+
+@pytest.fixture(scope="module")
+def simulator() -> Iterator[object]:
+    """The provider simulator over real HTTP (latency 50 ms + 0.5 ms per output token)."""
+    from app.config import get_settings
+    from app.simulator import SimulatorConfig, SimulatorThread
+
+    config = SimulatorConfig(latency_base_ms=50, latency_per_token_ms=0.5, seed=1)
+    with SimulatorThread(config) as sim:
+        os.environ["BATCHGEN_SIMULATOR_URL"] = sim.base_url
+        get_settings.cache_clear()
+        yield sim
+        os.environ.pop("BATCHGEN_SIMULATOR_URL", None)
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start worker processes on demand; all are stopped (or killed) after the test."""
+    started: list[WorkerProcess] = []
+
+    def start(
+        queues: list[str] | None = None,
+        *,
+        concurrency: int = 8,
+        beat: bool = True,
+        env: dict[str, str] | None = None,
+        name: str | None = None,
+    ) -> WorkerProcess:
+        from app.registry import get_registry
+
+        qs = queues or [*get_registry().queues, CONTROL_QUEUE]
+        w = start_worker(
+            qs, log_dir=tmp_path / "logs", concurrency=concurrency, beat=beat, env=env, name=name
+        )
+        started.append(w)
+        return w.wait_ready()
+
+    yield start
+    for w in started:
+        w.stop()

@@ -1,0 +1,138 @@
+"""Faults: duplicate deliveries and a SIGKILLed worker lose nothing and count nothing twice."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from app import client, db
+from app.accounting import CallOutcome, record_success
+from app.config import get_settings
+from app.execution import claim, run_item
+from app.registry import get_registry
+from app.scheduling import release_all
+from app.schema import Item, Result, UsageLedger
+from tests.helpers import chat_line, make_tenant, wait_batches
+
+pytestmark = pytest.mark.integration
+
+
+def _ledger_matches_results_plus_waste() -> None:
+    with db.session_scope() as s:
+        ledger = s.execute(
+            select(
+                func.sum(UsageLedger.prompt_tokens),
+                func.sum(UsageLedger.completion_tokens),
+                func.sum(UsageLedger.cost_usd),
+            )
+        ).one()
+        results = s.execute(
+            select(
+                func.sum(Result.prompt_tokens),
+                func.sum(Result.completion_tokens),
+                func.sum(Result.cost_usd),
+            )
+        ).one()
+        waste = s.execute(
+            select(
+                func.coalesce(func.sum(UsageLedger.prompt_tokens), 0),
+                func.coalesce(func.sum(UsageLedger.completion_tokens), 0),
+                func.coalesce(func.sum(UsageLedger.cost_usd), 0),
+            ).where(UsageLedger.waste_reason.is_not(None))
+        ).one()
+    assert [r + w for r, w in zip(results, waste, strict=True)] == list(ledger)
+
+
+def test_same_task_delivered_twice_records_once(clean_db, simulator, workers):
+    from tasks.generate import generate
+
+    make_tenant("dup")
+    batch = client.submit_batch([chat_line(f"d{i}") for i in range(20)], tenant="dup")
+    with db.session_scope() as s:
+        released = release_all(s, get_registry(), get_settings())
+    assert len(released) == 20
+    for r in released:  # every message published twice, as a broker redelivery would
+        generate.apply_async(args=[r.item_id], kwargs={"model": r.model})
+        generate.apply_async(args=[r.item_id], kwargs={"model": r.model})
+    workers(concurrency=8)
+    wait_batches([batch["id"]])
+    # A third, late delivery of one of them, run right here.
+    assert run_item(released[0].item_id, get_registry(), get_settings()) == "skipped"
+
+    with db.session_scope() as s:
+        assert s.scalar(select(func.count()).select_from(Result)) == 20
+        assert s.scalar(select(func.count()).select_from(UsageLedger)) == 20
+        assert s.scalar(select(func.max(Item.attempts))) == 1
+    stats = httpx.get(f"{simulator.base_url}/_sim/stats").json()
+    assert stats["requests"] >= 20
+
+
+def test_two_attempts_finishing_record_one_result_and_mark_waste(clean_db):
+    make_tenant("race")
+    client_batch = client.submit_batch([chat_line("r0")], tenant="race")
+    spec = get_registry()["sim-small"]
+    with db.session_scope() as s:
+        release_all(s, get_registry(), get_settings())
+        first = claim(s, s.scalar(select(Item.id)), lease_s=60)
+    assert first is not None
+
+    def outcome(attempt: int) -> CallOutcome:
+        return CallOutcome(first.item_id, attempt, 10, 20, {"choices": []}, f"req-{attempt}", 5, 1)
+
+    with db.session_scope() as s:
+        assert record_success(s, outcome(1), spec) is True
+    with db.session_scope() as s:  # the same attempt again: nothing new at all
+        assert record_success(s, outcome(1), spec) is False
+    with db.session_scope() as s:  # a second attempt that also reached the provider
+        assert record_success(s, outcome(2), spec) is False
+    with db.session_scope() as s:
+        assert s.scalar(select(func.count()).select_from(Result)) == 1
+        rows = s.execute(
+            select(UsageLedger.attempt, UsageLedger.waste_reason).order_by(UsageLedger.attempt)
+        ).all()
+    assert rows == [(1, None), (2, "item_already_succeeded")]
+    _ledger_matches_results_plus_waste()
+    assert client.get_batch(client_batch["id"], tenant="race")["request_counts"]["succeeded"] == 1
+
+
+def test_sigkill_worker_mid_call_loses_nothing(clean_db, simulator, workers):
+    fast_leases = {
+        "BATCHGEN_CALL_TIMEOUT_S": "5",
+        "BATCHGEN_RUNNING_LEASE_MARGIN_S": "1",
+        "BATCHGEN_QUEUED_LEASE_S": "8",
+        "BATCHGEN_SWEEP_INTERVAL_S": "1",
+    }
+    httpx.post(
+        f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 700}
+    ).raise_for_status()
+    try:
+        make_tenant("kill")
+        batch = client.submit_batch([chat_line(f"k{i}") for i in range(60)], tenant="kill")
+        victim = workers(
+            get_registry().queues, concurrency=8, beat=False, env=fast_leases, name="victim"
+        )
+        workers(concurrency=8, beat=True, env=fast_leases, name="survivor")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "succeeded prompt_tokens" not in victim.log_tail(200):
+            time.sleep(0.1)
+        time.sleep(0.3)  # the victim's threads are mid-call now
+        victim.kill()
+        wait_batches([batch["id"]], timeout_s=120)
+    finally:
+        httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
+
+    info = client.get_batch(batch["id"], tenant="kill")
+    assert info["request_counts"]["succeeded"] == 60
+    with db.session_scope() as s:
+        assert s.scalar(select(func.count()).select_from(Result)) == 60
+        assert s.scalar(select(func.count(func.distinct(Result.item_id)))) == 60
+        recorded = s.scalar(
+            select(func.count()).select_from(UsageLedger).where(UsageLedger.waste_reason.is_(None))
+        )
+        retried = s.scalar(select(func.count()).select_from(Item).where(Item.attempts > 1))
+    assert recorded == 60
+    assert retried > 0  # the kill really hit items in flight
+    _ledger_matches_results_plus_waste()

@@ -1,0 +1,45 @@
+"""Invariant 7: Celery messages carry ids only, never prompt text."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+import redis
+
+from app import client
+from app.config import get_settings
+from app.registry import get_registry
+from tests.helpers import chat_line, make_tenant
+
+pytestmark = pytest.mark.integration
+
+SECRET = "Top secret launch of the Zorblax 9000 hover-kettle"
+
+
+def test_broker_messages_carry_ids_only(clean_db):
+    from tasks.dispatch import dispatch_now
+
+    make_tenant("private")
+    client.submit_batch(
+        [chat_line(f"p{i}", text=f"{SECRET} #{i}") for i in range(5)], tenant="private"
+    )
+    assert dispatch_now() == 5  # no worker runs: the messages stay in the broker
+
+    r = redis.Redis.from_url(get_settings().redis_url)
+    queue = get_registry()["sim-small"].queue
+    raw_messages = r.lrange(queue, 0, -1)
+    assert len(raw_messages) == 5
+    for raw in raw_messages:
+        assert SECRET.encode() not in raw
+        envelope = json.loads(raw)
+        body = base64.b64decode(envelope["body"])
+        assert SECRET.encode() not in body
+        args, kwargs, _ = json.loads(body)
+        assert len(args) == 1 and isinstance(args[0], int)
+        assert kwargs == {"model": "sim-small"}
+        assert envelope["headers"]["task"] == "batchgen.generate"
+    # and the control queue's wake-up message carries nothing at all
+    for raw in r.lrange("batchgen.control", 0, -1):
+        assert SECRET.encode() not in raw

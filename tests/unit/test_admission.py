@@ -1,0 +1,77 @@
+"""Validation of batch input lines (pure, no services)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app import tokens
+from app.admission import Limits, parse_lines
+from app.errors import PayloadTooLarge, ValidationFailed
+from app.registry import get_registry
+
+LIMITS = Limits(max_lines=100, max_bytes=1 << 20)
+
+
+def line(custom_id="a", **body):
+    b = {"model": "sim-small", "messages": [{"role": "user", "content": "hi"}], **body}
+    return (
+        json.dumps(
+            {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": b}
+        ).encode()
+        + b"\n"
+    )
+
+
+def parse(*lines, limits=LIMITS):
+    return list(parse_lines(iter(lines), get_registry(), limits))
+
+
+def test_valid_lines_get_token_estimates_once():
+    drafts = parse(line("a", max_tokens=50), b"\n", line("b"))
+    assert [d.custom_id for d in drafts] == ["a", "b"]
+    assert [d.line_no for d in drafts] == [1, 3]  # blank lines keep their numbers
+    assert drafts[0].max_tokens == 50
+    assert drafts[1].max_tokens == get_registry()["sim-small"].max_output_tokens
+    expected = tokens.count_messages([{"role": "user", "content": "hi"}], "cl100k_base")
+    assert drafts[0].prompt_tokens_est == expected
+
+
+@pytest.mark.parametrize(
+    ("lines", "field", "line_no"),
+    [
+        ((line("a"), b"[1,2]"), None, 2),
+        ((line("a"), line("a")), "custom_id", 2),
+        ((line("a", max_tokens=True),), "body.max_tokens", 1),
+        ((line("a", max_completion_tokens=-1),), "body.max_completion_tokens", 1),
+        ((line("a", stream=True),), "body.stream", 1),
+        ((line("a", messages=[]),), "body.messages", 1),
+        ((line("a", messages=[{"content": "x"}]),), "body.messages[0].role", 1),
+    ],
+)
+def test_errors_name_line_and_field(lines, field, line_no):
+    with pytest.raises(ValidationFailed) as info:
+        parse(*lines)
+    assert info.value.line == line_no
+    assert info.value.field == field
+
+
+def test_limits():
+    with pytest.raises(PayloadTooLarge):
+        parse(line("a"), line("b"), limits=Limits(max_lines=1, max_bytes=1 << 20))
+    with pytest.raises(PayloadTooLarge):
+        parse(line("a"), limits=Limits(max_lines=10, max_bytes=10))
+
+
+def test_parse_is_lazy_so_big_files_stream():
+    seen = []
+
+    def lines():
+        for i in range(10**6):
+            seen.append(i)
+            yield line(f"id{i}")
+
+    gen = parse_lines(lines(), get_registry(), Limits(10**7, 1 << 40))
+    next(gen)
+    assert len(seen) == 1

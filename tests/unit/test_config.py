@@ -1,0 +1,75 @@
+"""Settings, registry and offline token counting."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from app import tokens
+from app.config import Settings
+from app.errors import ConfigError
+from app.registry import parse_registry
+
+
+def test_settings_read_conventional_urls(monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgresql://u@h:5432/d")
+    monkeypatch.setenv("REDIS_URL", "redis://h:6379/0")
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    monkeypatch.setenv("BATCHGEN_MAX_ATTEMPTS", "7")
+    s = Settings()
+    assert s.sqlalchemy_url == "postgresql+psycopg://u@h:5432/d"
+    assert s.broker_url == "redis://h:6379/0"  # the broker defaults to Redis
+    assert s.max_attempts == 7
+    monkeypatch.setenv("CELERY_BROKER_URL", "amqp://guest@h//")
+    assert Settings().broker_url == "amqp://guest@h//"
+
+
+MODEL = """
+[models."m"]
+provider = "openai"
+base_url = "${SIM_URL:-http://localhost:1}/v1"
+api_key_env = "K"
+group = "g"
+budget_key = "acct"
+context_window = 100
+max_output_tokens = 10
+tokens_per_min = 1000
+requests_per_min = 10
+max_concurrency = 2
+input_usd_per_1m = 1
+output_usd_per_1m = 2
+"""
+
+
+def test_registry_expands_env_and_names_bad_fields(monkeypatch):
+    monkeypatch.setenv("SIM_URL", "http://sim:9")
+    reg = parse_registry(MODEL)
+    assert reg["m"].base_url == "http://sim:9/v1"
+    assert reg["m"].queue == "llm.g"
+    assert reg.queues == ["llm.g"]
+    with pytest.raises(ConfigError, match="model 'm': max_concurrency"):
+        parse_registry(MODEL.replace("max_concurrency = 2", "max_concurrency = 0"))
+    with pytest.raises(ConfigError, match="provider"):
+        parse_registry(MODEL.replace('"openai"', '"cohere"'))
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        parse_registry("[models")
+
+
+def test_tiktoken_works_offline_and_is_verified():
+    enc = tokens.get_encoding("cl100k_base")
+    assert enc is not None
+    assert enc.encode("hello world") == [15339, 1917]  # the published cl100k ids
+    # OpenAI's documented overhead: 3 per message + 3 reply priming
+    assert (
+        tokens.count_messages([{"role": "user", "content": "hello world"}], "cl100k_base")
+        == 3 + 1 + 2 + 3
+    )
+
+
+def test_unknown_encoding_is_estimated_with_one_warning(caplog):
+    tokens.get_encoding.cache_clear()
+    with caplog.at_level(logging.WARNING):
+        assert tokens.count_text("abcdefgh", "no_such_encoding") == 2
+        assert tokens.count_text("abcd", "no_such_encoding") == 1
+    assert sum("no_such_encoding" in r.message for r in caplog.records) == 1

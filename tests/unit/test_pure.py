@@ -1,0 +1,107 @@
+"""Pure domain functions: retry timing, cost, status moves, deadlines, header parsing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from decimal import Decimal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app import retry
+from app.accounting import cost_usd
+from app.deadlines import call_timeout_s, parse_duration_s
+from app.errors import ValidationFailed
+from app.providers.headers import anthropic_rate_limits, openai_rate_limits, parse_openai_duration_s
+from app.registry import get_registry
+from app.status import TERMINAL, TRANSITIONS, BatchStatus, ItemStatus, batch_status, can_move
+
+
+def test_retry_after_headers_are_parsed():
+    assert retry.parse_retry_after_s({"retry-after-ms": "1500"}) == 1.5
+    assert retry.parse_retry_after_s({"Retry-After": "7"}) == 7.0
+    assert (
+        retry.parse_retry_after_s(
+            {"retry-after": "Sun, 29 Nov 2026 10:00:10 GMT"},
+            now_s=dt.datetime(2026, 11, 29, 10, 0, 0, tzinfo=dt.UTC).timestamp(),
+        )
+        == 10.0
+    )
+    assert retry.parse_retry_after_s({}) is None
+
+
+@given(attempt=st.integers(1, 30), seed=st.integers(0, 2**32))
+def test_backoff_is_full_jitter_under_the_cap(attempt, seed):
+    wait = retry.backoff_s(attempt, rng=random.Random(seed), initial_s=0.5, max_s=30)
+    assert 0 <= wait <= min(30, 0.5 * 2 ** (attempt - 1))
+
+
+def test_backoff_honours_retry_after_up_to_the_cap():
+    rng = random.Random(1)
+    assert 4.0 <= retry.backoff_s(1, retry_after_s=4.0, rng=rng) <= 4.4
+    # an absurd retry-after falls back to exponential backoff
+    assert retry.backoff_s(1, retry_after_s=10_000, rng=rng, initial_s=0.5) <= 0.5
+    assert retry.fits_deadline(5, 10) and not retry.fits_deadline(9.5, 10)
+
+
+def test_cost_is_exact_decimal_from_registry_prices():
+    spec = get_registry()["sim-small"]  # $0.15 in, $0.60 out per 1M
+    assert cost_usd(1_000_000, 0, spec) == Decimal("0.15")
+    assert cost_usd(1234, 567, spec) == Decimal("0.0001851") + Decimal("0.0003402")
+
+
+def test_status_moves():
+    assert can_move(ItemStatus.PENDING, ItemStatus.QUEUED)
+    assert can_move(ItemStatus.RUNNING, ItemStatus.PENDING)
+    assert not can_move(ItemStatus.SUCCEEDED, ItemStatus.RUNNING)
+    assert all(not TRANSITIONS[s] for s in TERMINAL)
+    assert batch_status({ItemStatus.RUNNING: 1}, False) is BatchStatus.IN_PROGRESS
+    assert batch_status({ItemStatus.RUNNING: 1}, True) is BatchStatus.CANCELLING
+    assert batch_status({}, True) is BatchStatus.CANCELLED
+    assert batch_status({ItemStatus.SUCCEEDED: 3}, False) is BatchStatus.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("24h", 86400), ("30m", 1800), ("90s", 90), ("2d", 172800), ("500ms", 0.5), (60, 60)],
+)
+def test_durations(text, seconds):
+    assert parse_duration_s(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "-1h", "0s", "9d", True])
+def test_bad_durations(text):
+    with pytest.raises(ValidationFailed):
+        parse_duration_s(text)
+
+
+def test_call_timeout_never_passes_the_deadline():
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    assert call_timeout_s(120, now + dt.timedelta(seconds=30), now) == 30
+    assert call_timeout_s(10, now + dt.timedelta(seconds=30), now) == 10
+    assert call_timeout_s(10, now - dt.timedelta(seconds=1), now) == 0
+
+
+def test_rate_limit_headers():
+    assert parse_openai_duration_s("6m0s") == 360
+    assert parse_openai_duration_s("1h2m3.5s") == 3723.5
+    assert parse_openai_duration_s("120ms") == pytest.approx(0.12)
+    state = openai_rate_limits(
+        {
+            "x-ratelimit-remaining-tokens": "5000",
+            "x-ratelimit-reset-tokens": "1s",
+            "x-ratelimit-remaining-requests": "9",
+        }
+    )
+    assert (state.remaining_tokens, state.reset_tokens_s, state.remaining_requests) == (5000, 1, 9)
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    a = anthropic_rate_limits(
+        {
+            "anthropic-ratelimit-tokens-remaining": "42",
+            "anthropic-ratelimit-tokens-reset": "2026-01-01T00:00:05Z",
+        },
+        now,
+    )
+    assert (a.remaining_tokens, a.reset_tokens_s) == (42, 5)
