@@ -57,6 +57,20 @@ class Settings(BaseSettings):
     retry_base_s: float = 0.5
     retry_max_s: float = 30.0
 
+    # Token budget (app/budget.py). The registry's tokens_per_min and
+    # requests_per_min apply to every window of budget_window_s seconds (60 in
+    # production; tests shorten it together with the simulator's window). A
+    # reservation counts budget_guard_s longer, covering the time from grant
+    # to the request reaching the provider.
+    budget_enabled: bool = True
+    budget_window_s: float = 60.0
+    budget_guard_s: float = 1.0
+    # Waits up to this go back to the broker as retry(countdown); longer ones
+    # return the item to PostgreSQL for the dispatcher.
+    max_countdown_s: float = 60.0
+    # How long a worker polls for a concurrency slot before handing the item back.
+    slot_wait_s: float = 2.0
+
     # Broker: unacked messages come back after this; longer than any countdown we use.
     visibility_timeout_s: int = 3600
     worker_concurrency: int = 16

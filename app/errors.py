@@ -14,8 +14,9 @@
     ├── ``TransientProviderError``   retry with backoff (408, 409, 5xx, reset, timeout)
     │   ├── ``RateLimited``          429, carries retry-after
     │   └── ``MalformedResponse``    an unreadable answer (retried once more)
-    └── ``PermanentProviderError``   fail the item (400, 401, 403, 404, 422)
-        └── ``ContextLengthExceeded``
+    ├── ``PermanentProviderError``   fail the item (400, 401, 403, 404, 422)
+    │   └── ``ContextLengthExceeded``
+    └── ``CallCancelled``            ``request.cancel`` was set: the call was abandoned
 """
 
 from __future__ import annotations
@@ -142,3 +143,29 @@ class MalformedResponse(TransientProviderError):
     """Unreadable answer: retried (usually a proxy or a truncated body)."""
 
     kind = "malformed_response"
+
+
+class CallCancelled(ProviderError):
+    """The call was abandoned because ``ProviderRequest.cancel`` was set.
+
+    Neither transient nor permanent: the item was cancelled, so it is not
+    retried. ``billed`` is True once the provider had started answering (it
+    may charge for what it generated); ``prompt_tokens`` / ``completion_tokens``
+    are what is known of the usage at that point (``completion_tokens``: the
+    tokens of the text received, counted locally), ``None`` when unknown.
+    """
+
+    kind = "cancelled"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        billed: bool = True,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+    ):
+        super().__init__(message, status=status, billed=billed)
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens

@@ -1,8 +1,9 @@
-"""Running one item: claim, call the provider, record the outcome exactly once.
+"""Running one delivery of an item: gate, claim, call, record exactly once.
 
 Celery-free, so it can be driven by the task in :mod:`tasks.generate` and by
-tests alike. Every state change is a conditional UPDATE on the item row: a
-duplicate delivery, a cancelled or a finished item simply finds nothing to do.
+tests alike. The path: peek (is it still queued?) → gate (concurrency slot,
+token budget) → claim (queued → running) → provider call → settle the budget →
+record the result, or retry through the dispatcher, or fail.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app import retry
@@ -23,6 +23,16 @@ from app.config import Settings
 from app.db import session_scope
 from app.deadlines import call_timeout_s, time_left_s
 from app.errors import PermanentProviderError, ProviderError, RateLimited
+from app.gate import Gate, Never, Pass, Wait
+from app.items import (
+    Claimed,
+    claim,
+    defer,
+    expire_if_due,
+    finish_failed,
+    reschedule,
+    unclaim,
+)
 from app.providers import get_provider
 from app.providers.base import ProviderRequest, ProviderResponse
 from app.registry import ModelSpec, Registry
@@ -30,117 +40,6 @@ from app.schema import Item
 from app.status import ItemStatus
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """What a worker needs of an item it now runs (``attempt`` counts from 1)."""
-
-    item_id: int
-    batch_id: str
-    tenant_id: int
-    model: str
-    body: dict[str, Any]
-    attempt: int
-    deadline_at: dt.datetime
-    created_at: dt.datetime
-    started_at: dt.datetime
-    prompt_tokens_est: int
-    max_tokens: int
-
-
-def claim(session: Session, item_id: int, lease_s: float) -> Claimed | None:
-    """``queued → running`` with a lease; None when the item is not ours to run."""
-    now = func.now()
-    row = session.execute(
-        update(Item)
-        .where(Item.id == item_id, Item.status == ItemStatus.QUEUED.value, Item.deadline_at > now)
-        .values(
-            status=ItemStatus.RUNNING.value,
-            attempts=Item.attempts + 1,
-            started_at=now,
-            lease_expires_at=now + dt.timedelta(seconds=lease_s),
-        )
-        .returning(
-            Item.id,
-            Item.batch_id,
-            Item.tenant_id,
-            Item.model,
-            Item.body,
-            Item.attempts,
-            Item.deadline_at,
-            Item.created_at,
-            Item.started_at,
-            Item.prompt_tokens_est,
-            Item.max_tokens,
-        )
-    ).one_or_none()
-    return Claimed(*row) if row is not None else None
-
-
-def expire_if_due(session: Session, item_id: int) -> bool:
-    """A queued item whose deadline passed becomes expired without any call."""
-    result = session.execute(
-        update(Item)
-        .where(
-            Item.id == item_id,
-            Item.status.in_([ItemStatus.QUEUED.value, ItemStatus.PENDING.value]),
-            Item.deadline_at <= func.now(),
-        )
-        .values(
-            status=ItemStatus.EXPIRED.value,
-            finished_at=func.now(),
-            lease_expires_at=None,
-            error_code="expired",
-            last_error="deadline passed before the item could run",
-        )
-        .returning(Item.id)
-    )
-    return result.scalar_one_or_none() is not None
-
-
-def _owned(item: Claimed) -> Any:
-    """WHERE clause: the item is still running under this very attempt."""
-    return (
-        (Item.id == item.item_id)
-        & (Item.status == ItemStatus.RUNNING.value)
-        & (Item.attempts == item.attempt)
-    )
-
-
-def finish_failed(
-    session: Session, item: Claimed, code: str, message: str, status: ItemStatus = ItemStatus.FAILED
-) -> bool:
-    result = session.execute(
-        update(Item)
-        .where(_owned(item))
-        .values(
-            status=status.value,
-            finished_at=func.now(),
-            lease_expires_at=None,
-            error_code=code,
-            last_error=message,
-        )
-        .returning(Item.id)
-    )
-    return result.scalar_one_or_none() is not None
-
-
-def reschedule(session: Session, item: Claimed, wait_s: float, code: str, message: str) -> bool:
-    """Back to pending, not before ``now + wait_s``: the retry goes through the dispatcher."""
-    result = session.execute(
-        update(Item)
-        .where(_owned(item))
-        .values(
-            status=ItemStatus.PENDING.value,
-            not_before=func.now() + dt.timedelta(seconds=wait_s),
-            lease_expires_at=None,
-            error_code=code,
-            last_error=message,
-        )
-        .returning(Item.id)
-    )
-    return result.scalar_one_or_none() is not None
 
 
 def handle_failure(
@@ -185,22 +84,68 @@ def _outcome(item: Claimed, response: ProviderResponse, latency_s: float) -> Cal
     )
 
 
-def run_item(item_id: int, registry: Registry, settings: Settings) -> str:
-    """Run one item end to end; returns what happened (for logs and tests)."""
+@dataclass(frozen=True)
+class Verdict:
+    """What happened to one delivery. ``countdown_s`` is set for a budget wait:
+    the task retries itself after that long without using up an attempt."""
+
+    outcome: str
+    countdown_s: float | None = None
+
+
+def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
+    """The gate said no: hand the item back (short wait, long wait) or end it."""
     with session_scope() as session:
-        lease_s = settings.call_timeout_s + settings.running_lease_margin_s
+        if isinstance(decision, Never):
+            finish_failed(session, item, "too_large", decision.reason)
+            verdict = Verdict("failed")
+        elif not retry.fits_deadline(decision.wait_s, time_left_s(item.deadline_at, item.now)):
+            finish_failed(
+                session,
+                item,
+                "expired",
+                f"{decision.reason}: the wait would pass the deadline",
+                ItemStatus.EXPIRED,
+            )
+            verdict = Verdict("expired")
+        elif decision.wait_s > settings.max_countdown_s:
+            defer(session, item, decision.wait_s, decision.reason)
+            return Verdict("deferred")
+        else:
+            unclaim(session, item, decision.wait_s, settings.queued_lease_s)
+            return Verdict("wait", decision.wait_s)
+    with session_scope() as session:
+        finish_if_done(session, item.batch_id)
+    return verdict
+
+
+def run_item(item_id: int, registry: Registry, settings: Settings, gate: Gate) -> Verdict:
+    """Run one delivery of an item end to end."""
+    with session_scope() as session:
+        model = session.scalar(select(Item.model).where(Item.id == item_id))
+        spec = registry.get(model or "")
+        if spec is None:
+            return Verdict("skipped")
+        lease_s = (spec.call_timeout_s or settings.call_timeout_s) + settings.running_lease_margin_s
         item = claim(session, item_id, lease_s)
-        if item is None:
-            return "expired" if expire_if_due(session, item_id) else "skipped"
-    spec = registry[item.model]
+        if item is None:  # duplicate, cancelled, finished, or past its deadline
+            return Verdict("expired" if expire_if_due(session, item_id) else "skipped")
+    decision = gate.enter(spec, item)
+    if not isinstance(decision, Pass):
+        return _wait(item, decision, settings)
+    return Verdict(_call(item, spec, decision, gate, settings))
+
+
+def _call(item: Claimed, spec: ModelSpec, admitted: Pass, gate: Gate, settings: Settings) -> str:
     timeout = call_timeout_s(
         spec.call_timeout_s or settings.call_timeout_s, item.deadline_at, dt.datetime.now(dt.UTC)
     )
-    request = ProviderRequest(spec=spec, body=item.body, timeout_s=timeout, item_id=item_id)
+    request = ProviderRequest(spec=spec, body=item.body, timeout_s=timeout, item_id=item.item_id)
     started = time.monotonic()
     try:
         response = get_provider(spec).complete(request)
     except ProviderError as exc:
+        gate.settle(spec, admitted, item.tenant_id, item.max_tokens, error=exc)
         with session_scope() as session:
             verdict = handle_failure(session, item, exc, spec, settings)
         if verdict != "retry":
@@ -208,7 +153,7 @@ def run_item(item_id: int, registry: Registry, settings: Settings) -> str:
                 finish_if_done(session, item.batch_id)
         log.warning(
             "item %d attempt %d model %s %s: %s status=%s",
-            item_id,
+            item.item_id,
             item.attempt,
             spec.name,
             verdict,
@@ -217,6 +162,7 @@ def run_item(item_id: int, registry: Registry, settings: Settings) -> str:
         )
         return verdict
     latency_s = time.monotonic() - started
+    gate.settle(spec, admitted, item.tenant_id, item.max_tokens, response=response)
     with session_scope() as session:
         recorded = record_success(session, _outcome(item, response, latency_s), spec)
     with session_scope() as session:
@@ -224,7 +170,7 @@ def run_item(item_id: int, registry: Registry, settings: Settings) -> str:
     log.info(
         "item %d attempt %d model %s succeeded prompt_tokens=%d completion_tokens=%d "
         "latency_ms=%d recorded=%s",
-        item_id,
+        item.item_id,
         item.attempt,
         spec.name,
         response.prompt_tokens,

@@ -14,3 +14,14 @@ def _setup_logging(**_: Any) -> None:
     from app.logs import configure_logging
 
     configure_logging()
+
+
+@signals.worker_ready.connect
+def _warm_up(**_: Any) -> None:
+    # Import the provider SDKs now rather than inside the first call: a call
+    # admitted by the budget must reach the provider promptly.
+    from app.providers import get_provider
+    from app.registry import get_registry
+
+    for spec in get_registry():
+        get_provider(spec)

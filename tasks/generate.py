@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import functools
+
+from celery import Task
+
 from app.config import get_settings
 from app.execution import run_item
+from app.gate import Gate
+from app.redis_client import get_redis
 from app.registry import get_registry
 from tasks.celery_app import celery_app
 from tasks.dispatch import dispatch_now
 
 
-@celery_app.task(name="batchgen.generate", ignore_result=True)
-def generate(item_id: int, model: str | None = None) -> str:
+@functools.cache
+def _gate() -> Gate:
+    return Gate(get_redis(), get_settings())
+
+
+# max_retries=None: a budget wait is not a failure and may repeat as often as
+# needed; failure attempts are counted on the item in PostgreSQL instead.
+@celery_app.task(name="batchgen.generate", bind=True, ignore_result=True, max_retries=None)
+def generate(self: Task, item_id: int, model: str | None = None) -> str:
     """Run item ``item_id``. ``model`` only routes the message to its group's queue."""
-    verdict = run_item(item_id, get_registry(), get_settings())
-    if verdict != "skipped":
+    verdict = run_item(item_id, get_registry(), get_settings(), _gate())
+    if verdict.countdown_s is not None:
+        raise self.retry(countdown=verdict.countdown_s)
+    if verdict.outcome != "skipped":
         dispatch_now()  # a slot freed: refill it without waiting for the beat tick
-    return verdict
+    return verdict.outcome

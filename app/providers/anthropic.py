@@ -1,39 +1,64 @@
-"""Anthropic adapter on the official ``anthropic`` SDK (Messages API).
+"""Anthropic adapter on the official ``anthropic`` SDK (Messages API, plain or streaming).
 
 Batch lines are in OpenAI chat format; this adapter translates them to a
 Messages request and translates the answer back, so the results file has
 one format whatever the provider.
+
+The SDK raises raw ``json.JSONDecodeError`` for an unreadable body and raw
+``httpx2`` errors (``RemoteProtocolError``, ``ReadTimeout``) when a stream is
+cut or stalls; both are mapped here like the SDK's own exceptions.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import time
 from typing import Any
 
 import anthropic
+import httpx2
+import pydantic
 
-from app.errors import MalformedResponse, ProviderError, TransientProviderError
-from app.providers.base import ProviderRequest, ProviderResponse
+from app.errors import MalformedResponse, ProviderError
+from app.providers.base import (
+    ProviderRequest,
+    ProviderResponse,
+    StreamWatch,
+    cancelled_before_call,
+    classify_status,
+    safe_code,
+    status_message,
+    transport_error,
+)
 from app.providers.headers import anthropic_rate_limits
-from app.providers.openai import ITEM_HEADER, classify_status
 
 FINISH_REASONS = {
     "end_turn": "stop",
     "stop_sequence": "stop",
     "max_tokens": "length",
     "tool_use": "tool_calls",
+    "refusal": "content_filter",
 }
 PASSED_THROUGH = ("temperature", "top_p", "metadata")
+# Error types of an ``event: error`` inside a 200 stream, as the HTTP status they stand for.
+ERROR_TYPE_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+_MALFORMED = (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError)
 
 
 @functools.cache
 def _client(base_url: str, api_key: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(
-        base_url=base_url,
-        api_key=api_key,
-        max_retries=0,
-    )
+    return anthropic.Anthropic(base_url=base_url, api_key=api_key, max_retries=0)
 
 
 def _text(content: Any) -> str:
@@ -64,69 +89,156 @@ def to_messages_request(body: dict[str, Any], max_tokens: int) -> dict[str, Any]
     return params
 
 
-def translate(exc: Exception) -> ProviderError:
+def translate(exc: BaseException, *, in_stream: bool = False) -> ProviderError:
+    """Map an SDK, raw ``httpx2`` or decoding exception to the project's error tree (no text)."""
     if isinstance(exc, anthropic.APIStatusError):
-        code = None
-        if isinstance(exc.body, dict) and isinstance(exc.body.get("error"), dict):
-            code = exc.body["error"].get("type")
-        message = f"HTTP {exc.status_code}"
-        return classify_status(exc.status_code, message, exc.response.headers, code)
-    if isinstance(exc, anthropic.APITimeoutError):
-        return TransientProviderError("timeout")
-    if isinstance(exc, anthropic.APIConnectionError):
-        return TransientProviderError(f"connection error: {type(exc.__cause__).__name__}")
-    if isinstance(exc, anthropic.APIResponseValidationError | ValueError):
-        return MalformedResponse(f"malformed response: {type(exc).__name__}")
-    return TransientProviderError(f"unexpected {type(exc).__name__}")
+        error = exc.body.get("error") if isinstance(exc.body, dict) else None
+        error = error if isinstance(error, dict) else {}
+        code = safe_code(exc.error_code) or safe_code(error.get("type"))
+        status = exc.status_code
+        billed = False
+        if status < 400:  # an error event inside a 200 stream
+            status, billed = ERROR_TYPE_STATUS.get(error.get("type") or "", 500), True
+        provider_message = error.get("message")
+        return classify_status(
+            status,
+            status_message(status, exc, code, exc.response.headers.get("request-id")),
+            exc.response.headers,
+            code,
+            provider_message=provider_message if isinstance(provider_message, str) else None,
+            billed=billed,
+        )
+    if isinstance(exc, (anthropic.APIResponseValidationError, httpx2.DecodingError, *_MALFORMED)):
+        return MalformedResponse(f"malformed response ({type(exc).__name__})", billed=True)
+    # APIConnectionError (and APITimeoutError), raw httpx2 transport errors.
+    return transport_error(exc, in_stream=in_stream)
+
+
+def _max_tokens(request: ProviderRequest) -> int:
+    body = request.body
+    value = body.get("max_completion_tokens") or body.get("max_tokens")
+    return int(value or request.spec.max_output_tokens)
+
+
+def _finish(stop_reason: str | None) -> str | None:
+    return FINISH_REASONS.get(stop_reason or "", stop_reason)
+
+
+def chat_completion(
+    message_id: str, model: str, text: str, finish: str | None, prompt: int, completion: int
+) -> dict[str, Any]:
+    """The answer in OpenAI ``chat.completion`` form (pure)."""
+    return {
+        "id": message_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
+    }
+
+
+def _input_tokens(usage: Any) -> int:
+    """All input tokens: uncached plus cache writes and reads (``None`` counts 0)."""
+    return sum(
+        getattr(usage, name, None) or 0
+        for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    )
 
 
 class AnthropicProvider:
+    """The Messages API (plain or streaming) behind the OpenAI-shaped interface."""
+
     def complete(self, request: ProviderRequest) -> ProviderResponse:
-        spec = request.spec
-        body = request.body
-        max_tokens = (
-            body.get("max_completion_tokens") or body.get("max_tokens") or (spec.max_output_tokens)
-        )
-        headers = {ITEM_HEADER: str(request.item_id)} if request.item_id is not None else {}
-        client = _client(spec.base_url, spec.api_key())
+        cancelled_before_call(request)
+        client = _client(request.spec.base_url, request.spec.api_key())
+        params = {
+            "model": request.spec.name,
+            **to_messages_request(request.body, _max_tokens(request)),
+            "extra_headers": request.headers(),
+            "timeout": request.timeout_s,
+        }
         try:
-            raw = client.messages.with_raw_response.create(
-                model=spec.name,
-                **to_messages_request(body, max_tokens),
-                extra_headers=headers,
-                timeout=request.timeout_s,
-            )
-            message = raw.parse()
-        except anthropic.AnthropicError as exc:
-            raise translate(exc) from None
-        except ValueError as exc:
-            raise translate(exc) from None
-        text = "".join(getattr(b, "text", "") for b in message.content)
-        finish = FINISH_REASONS.get(message.stop_reason or "", message.stop_reason)
-        usage = message.usage
+            if request.stream:
+                return self._stream(client, request, params)
+            return self._plain(client, params)
+        except ProviderError:
+            raise
+        except (anthropic.AnthropicError, httpx2.HTTPError, *_MALFORMED) as exc:
+            raise translate(exc, in_stream=request.stream) from None
+
+    def _plain(self, client: anthropic.Anthropic, params: dict[str, Any]) -> ProviderResponse:
+        raw = client.messages.with_raw_response.create(**params)
+        message = raw.parse()
+        try:
+            text = "".join(getattr(b, "text", "") for b in message.content)
+            prompt, done = _input_tokens(message.usage), message.usage.output_tokens
+            finish = _finish(message.stop_reason)
+        except (AttributeError, TypeError) as exc:
+            raise MalformedResponse(
+                f"answer without content or usage ({type(exc).__name__})",
+                status=raw.status_code,
+                billed=True,
+            ) from None
         return ProviderResponse(
             text=text,
-            prompt_tokens=usage.input_tokens,
-            completion_tokens=usage.output_tokens,
+            prompt_tokens=prompt,
+            completion_tokens=done,
             finish_reason=finish,
             request_id=raw.headers.get("request-id") or message.id,
-            body={
-                "id": message.id,
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": message.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": finish,
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": usage.input_tokens,
-                    "completion_tokens": usage.output_tokens,
-                    "total_tokens": usage.input_tokens + usage.output_tokens,
-                },
-            },
+            body=chat_completion(message.id, message.model, text, finish, prompt, done),
             rate_limits=anthropic_rate_limits(raw.headers),
+        )
+
+    def _stream(
+        self, client: anthropic.Anthropic, request: ProviderRequest, params: dict[str, Any]
+    ) -> ProviderResponse:
+        watch = StreamWatch(request)
+        stream = client.messages.create(**params, stream=True)
+        headers = stream.response.headers
+        message_id = model = stop_reason = None
+        output_tokens: int | None = None
+        stopped = False
+        try:
+            watch.check()
+            for event in stream:
+                if event.type == "message_start":
+                    message_id, model = event.message.id, event.message.model
+                    watch.prompt_tokens = _input_tokens(event.message.usage)
+                elif event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    watch.add(event.delta.text)
+                elif event.type == "message_delta":
+                    stop_reason = event.delta.stop_reason or stop_reason
+                    output_tokens = event.usage.output_tokens
+                    if event.usage.input_tokens is not None:
+                        watch.prompt_tokens = _input_tokens(event.usage)
+                elif event.type == "message_stop":
+                    stopped = True
+                watch.check()
+        finally:
+            stream.close()
+        if message_id is None or output_tokens is None or not stopped:
+            raise MalformedResponse("stream ended before message_stop", status=200, billed=True)
+        text, finish = watch.text, _finish(stop_reason)
+        prompt = watch.prompt_tokens or 0
+        return ProviderResponse(
+            text=text,
+            prompt_tokens=prompt,
+            completion_tokens=output_tokens,
+            finish_reason=finish,
+            request_id=headers.get("request-id") or message_id,
+            body=chat_completion(
+                message_id, model or request.spec.name, text, finish, prompt, output_tokens
+            ),
+            rate_limits=anthropic_rate_limits(headers),
         )

@@ -1,12 +1,45 @@
-"""The provider interface: one call, a deadline, a cancellation signal."""
+"""The provider interface: one call, a deadline, a cancellation signal.
+
+Also what both adapters share: the mapping of HTTP statuses and transport
+failures to :mod:`app.errors`, and :class:`StreamWatch`, which ends a stream
+between chunks when the call is cancelled or its time is up.
+
+Error messages built here carry the HTTP status, exception class and the
+provider's error code or type only, never prompt or completion text (nor the
+provider's free-text message, which may quote the request).
+"""
 
 from __future__ import annotations
 
+import re
 import threading
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import httpx2
+
+from app.errors import (
+    CallCancelled,
+    ContextLengthExceeded,
+    PermanentProviderError,
+    ProviderError,
+    RateLimited,
+    TransientProviderError,
+)
 from app.registry import ModelSpec
+from app.retry import parse_retry_after_s
+from app.tokens import count_text
+
+# Sent with every call so the provider (and the simulator's log) can be matched to an item.
+ITEM_HEADER = "x-batchgen-item"
+TRANSIENT_STATUSES = frozenset({408, 409})
+# Wording of context-window 400s by OpenAI, Azure, vLLM, Ollama and Anthropic.
+_CONTEXT_HINTS = re.compile(
+    r"context[ _]length|context window|maximum context|prompt is too long", re.IGNORECASE
+)
+_SAFE_CODE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
 @dataclass(frozen=True)
@@ -21,7 +54,12 @@ class RateLimitState:
 
 @dataclass(frozen=True)
 class ProviderRequest:
-    """One chat request. ``body`` is the OpenAI-format request body from the batch line."""
+    """One chat request. ``body`` is the OpenAI-format request body from the batch line.
+
+    ``timeout_s`` bounds the whole call (for a stream: until the last chunk).
+    ``cancel`` is checked before the call and between stream chunks.
+    ``extra_headers`` are sent as they are (e.g. ``x-sim-fault`` in tests).
+    """
 
     spec: ModelSpec
     body: dict[str, Any]
@@ -29,6 +67,13 @@ class ProviderRequest:
     item_id: int | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     stream: bool = False
+    extra_headers: Mapping[str, str] | None = None
+
+    def headers(self) -> dict[str, str]:
+        """HTTP headers of the call: the item id plus ``extra_headers``."""
+        out = {ITEM_HEADER: str(self.item_id)} if self.item_id is not None else {}
+        out.update(self.extra_headers or {})
+        return out
 
 
 @dataclass(frozen=True)
@@ -41,9 +86,120 @@ class ProviderResponse:
     # The answer in OpenAI chat.completion form, as the batch output file carries it.
     body: dict[str, Any]
     rate_limits: RateLimitState = RateLimitState()
+    # True when the provider reported no usage and the counts are local tiktoken counts.
+    usage_estimated: bool = False
 
 
 class Provider(Protocol):
     def complete(self, request: ProviderRequest) -> ProviderResponse:
         """Make the call; raise a :class:`app.errors.ProviderError` subclass on failure."""
         ...
+
+
+def safe_code(value: object) -> str | None:
+    """A provider error code or type if it looks like an identifier, else None."""
+    return value if isinstance(value, str) and _SAFE_CODE.match(value) else None
+
+
+def classify_status(
+    status: int,
+    message: str,
+    headers: Mapping[str, str] | None,
+    code: str | None,
+    *,
+    provider_message: str | None = None,
+    billed: bool = False,
+) -> ProviderError:
+    """Map an HTTP error answer to the project's error tree.
+
+    ``message`` becomes the error's message; ``provider_message`` (the
+    provider's own text) is only inspected for context-length wording.
+    """
+    if status == 429:
+        return RateLimited(message, retry_after_s=parse_retry_after_s(dict(headers or {})))
+    if status in TRANSIENT_STATUSES or status >= 500:
+        return TransientProviderError(message, status=status, billed=billed)
+    if status == 400 and (
+        code == "context_length_exceeded" or _CONTEXT_HINTS.search(provider_message or "")
+    ):
+        return ContextLengthExceeded(message, status=status)
+    return PermanentProviderError(message, status=status)
+
+
+def status_message(
+    status: int, exc: BaseException, code: str | None, request_id: str | None
+) -> str:
+    """``"HTTP 429 RateLimitError code=rate_limit_exceeded request_id=..."`` (no text)."""
+    parts = [f"HTTP {status}", type(exc).__name__]
+    if code:
+        parts.append(f"code={code}")
+    if safe_code(request_id):
+        parts.append(f"request_id={request_id}")
+    return " ".join(parts)
+
+
+def _root(exc: BaseException) -> BaseException:
+    while exc.__cause__ is not None and exc.__cause__ is not exc:
+        exc = exc.__cause__
+    return exc
+
+
+def transport_error(exc: BaseException, *, in_stream: bool = False) -> TransientProviderError:
+    """A timeout, reset or protocol failure (SDK-wrapped or raw ``httpx2``) as a transient error.
+
+    ``billed`` is True unless the request surely never reached the provider
+    (connect failures), or always when the answer had already started.
+    """
+    root = _root(exc)
+    never_sent = isinstance(root, httpx2.ConnectError | httpx2.ConnectTimeout | httpx2.PoolTimeout)
+    billed = in_stream or not never_sent
+    if isinstance(root, httpx2.TimeoutException) or "Timeout" in type(exc).__name__:
+        return TransientProviderError(f"timeout ({type(root).__name__})", billed=billed)
+    return TransientProviderError(f"connection error ({type(root).__name__})", billed=billed)
+
+
+class StreamWatch:
+    """Collects a stream's text and stops it, between chunks, on cancel or deadline.
+
+    Call :meth:`check` before reading each next chunk. The caller closes the
+    response in a ``finally`` (so the server sees the client leave) whatever
+    :meth:`check` raised.
+    """
+
+    def __init__(self, request: ProviderRequest, started: float | None = None) -> None:
+        self.request = request
+        self.deadline = (started if started is not None else time.monotonic()) + request.timeout_s
+        self.pieces: list[str] = []
+        self.prompt_tokens: int | None = None
+
+    def add(self, text: str | None) -> None:
+        if text:
+            self.pieces.append(text)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def received_tokens(self) -> int:
+        """Tokens of the text received so far (local count with the model's encoding)."""
+        return count_text(self.text, self.request.spec.encoding) if self.pieces else 0
+
+    def check(self) -> None:
+        """Raise :class:`CallCancelled` or a timeout when the stream must stop now."""
+        if self.request.cancel.is_set():
+            received = self.received_tokens()
+            raise CallCancelled(
+                f"cancelled mid-stream after {received} completion tokens",
+                status=200,
+                billed=True,
+                prompt_tokens=self.prompt_tokens,
+                completion_tokens=received,
+            )
+        if time.monotonic() > self.deadline:
+            raise TransientProviderError("timeout (stream deadline)", status=200, billed=True)
+
+
+def cancelled_before_call(request: ProviderRequest) -> None:
+    """Raise :class:`CallCancelled` (not billed) if the call was cancelled before it started."""
+    if request.cancel.is_set():
+        raise CallCancelled("cancelled before the call", billed=False, completion_tokens=0)

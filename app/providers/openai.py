@@ -2,111 +2,214 @@
 
 SDK retries are off: retry timing belongs to :mod:`app.retry` and the
 dispatcher, which also honour the item's deadline.
+
+A ``base_url`` with an ``api-version`` query (Azure OpenAI's classic API,
+e.g. ``https://RES.openai.azure.com/openai?api-version=2024-10-21``) uses the
+SDK's ``AzureOpenAI`` client: the key goes in the ``api-key`` header and the
+model name is the deployment (``/openai/deployments/<model>/chat/completions``).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import time
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+import httpx2
 import openai
+import pydantic
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from app.errors import (
-    ContextLengthExceeded,
-    MalformedResponse,
-    PermanentProviderError,
-    ProviderError,
-    RateLimited,
-    TransientProviderError,
+from app.errors import MalformedResponse, ProviderError
+from app.providers.base import (
+    ITEM_HEADER,
+    ProviderRequest,
+    ProviderResponse,
+    StreamWatch,
+    cancelled_before_call,
+    classify_status,
+    safe_code,
+    status_message,
+    transport_error,
 )
-from app.providers.base import ProviderRequest, ProviderResponse
 from app.providers.headers import openai_rate_limits
-from app.retry import parse_retry_after_s
+from app.tokens import count_messages, count_text
 
-ITEM_HEADER = "x-batchgen-item"
-TRANSIENT_STATUSES = frozenset({408, 409})
+__all__ = ["ITEM_HEADER", "OpenAIProvider", "classify_status", "translate"]
+
+# Body fields the adapter sets itself.
+_OWN_FIELDS = ("model", "messages", "stream", "stream_options")
+_MALFORMED = (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError)
 
 
 @functools.cache
 def _client(base_url: str, api_key: str) -> openai.OpenAI:
     # One client (one connection pool) per endpoint and process; thread-safe.
-    return openai.OpenAI(
-        base_url=base_url,
-        api_key=api_key,
-        max_retries=0,
-    )
-
-
-def classify_status(status: int, message: str, headers: Any, code: str | None) -> ProviderError:
-    """Map an HTTP error answer to the project's error tree."""
-    if status == 429:
-        return RateLimited(message, retry_after_s=parse_retry_after_s(dict(headers or {})))
-    if status in TRANSIENT_STATUSES or status >= 500:
-        return TransientProviderError(message, status=status)
-    if code == "context_length_exceeded" or "context length" in message.lower():
-        return ContextLengthExceeded(message, status=status)
-    return PermanentProviderError(message, status=status)
+    parts = urlsplit(base_url)
+    query = dict(parse_qsl(parts.query))
+    api_version = query.pop("api-version", None)
+    if api_version is not None:
+        bare = urlunsplit(parts._replace(query=""))
+        return openai.AzureOpenAI(
+            base_url=bare,
+            api_version=api_version,
+            api_key=api_key,
+            default_query=query or None,
+            max_retries=0,
+        )
+    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
 
 
 def _error_code(exc: openai.APIStatusError) -> str | None:
-    body = exc.body
-    if isinstance(body, dict):
-        code = body.get("code")
-        if code is None and isinstance(body.get("error"), dict):
-            code = body["error"].get("code")
-        return code if isinstance(code, str) else None
-    return None
+    code = safe_code(exc.code)
+    if code is None and isinstance(exc.body, dict):
+        code = safe_code(exc.body.get("code")) or safe_code(exc.body.get("type"))
+    return code
 
 
-def translate(exc: Exception) -> ProviderError:
-    """Map an SDK exception to the project's error tree (message has no prompt text)."""
+def translate(exc: BaseException, *, in_stream: bool = False) -> ProviderError:
+    """Map an SDK (or raw decoding) exception to the project's error tree (no text)."""
     if isinstance(exc, openai.APIStatusError):
+        code = _error_code(exc)
+        # Inspected for context-length wording only (Ollama sends a bare string).
+        provider_message = exc.body.get("message") if isinstance(exc.body, dict) else exc.body
         return classify_status(
-            exc.status_code, f"HTTP {exc.status_code}", exc.response.headers, _error_code(exc)
+            exc.status_code,
+            status_message(exc.status_code, exc, code, exc.response.headers.get("x-request-id")),
+            exc.response.headers,
+            code,
+            provider_message=provider_message if isinstance(provider_message, str) else None,
         )
-    if isinstance(exc, openai.APITimeoutError):
-        return TransientProviderError("timeout")
-    if isinstance(exc, openai.APIConnectionError):
-        return TransientProviderError(f"connection error: {type(exc.__cause__).__name__}")
-    if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError | ValueError):
-        return MalformedResponse(f"malformed response: {type(exc).__name__}")
-    return TransientProviderError(f"unexpected {type(exc).__name__}")
+    if isinstance(exc, (openai.APIResponseValidationError, httpx2.DecodingError, *_MALFORMED)):
+        return MalformedResponse(f"malformed response ({type(exc).__name__})", billed=True)
+    if isinstance(exc, openai.APIError) and not isinstance(exc, openai.APIConnectionError):
+        # An error event inside a stream: the answer had started, so it may be billed.
+        code = safe_code(exc.code) or safe_code(exc.type)
+        message = f"stream error event {type(exc).__name__}" + (f" code={code}" if code else "")
+        return classify_status(500, message, None, code, billed=True)
+    # APIConnectionError (and APITimeoutError), raw httpx2 transport errors.
+    return transport_error(exc, in_stream=in_stream)
+
+
+def _params(request: ProviderRequest) -> dict[str, Any]:
+    body = request.body
+    extra = {k: v for k, v in body.items() if k not in _OWN_FIELDS}
+    return {
+        "model": request.spec.name,
+        "messages": body["messages"],
+        "extra_body": extra or None,
+        "extra_headers": request.headers(),
+        "timeout": request.timeout_s,
+    }
+
+
+def _usage_dict(prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 class OpenAIProvider:
-    """Chat completions against any OpenAI-compatible server."""
+    """Chat completions against any OpenAI-compatible server (plain or streaming)."""
 
     def complete(self, request: ProviderRequest) -> ProviderResponse:
-        spec = request.spec
-        body = dict(request.body)
-        body["model"] = spec.name
-        messages = body.pop("messages")
-        body.pop("model")
-        headers = {ITEM_HEADER: str(request.item_id)} if request.item_id is not None else {}
-        client = _client(spec.base_url, spec.api_key())
+        cancelled_before_call(request)
+        client = _client(request.spec.base_url, request.spec.api_key())
         try:
-            raw = client.chat.completions.with_raw_response.create(
-                model=spec.name,
-                messages=messages,
-                extra_body=body or None,
-                extra_headers=headers,
-                timeout=request.timeout_s,
-            )
-            completion = raw.parse()
-        except openai.OpenAIError as exc:
-            raise translate(exc) from None
-        except (json.JSONDecodeError, ValueError) as exc:
-            raise translate(exc) from None
-        if not completion.choices or completion.usage is None:
-            raise MalformedResponse("answer without choices or usage", status=raw.status_code)
-        choice = completion.choices[0]
+            if request.stream:
+                return self._stream(client, request)
+            return self._plain(client, request)
+        except ProviderError:
+            raise
+        except (openai.OpenAIError, httpx2.HTTPError, *_MALFORMED) as exc:
+            raise translate(exc, in_stream=request.stream) from None
+
+    def _plain(self, client: openai.OpenAI, request: ProviderRequest) -> ProviderResponse:
+        raw = client.chat.completions.with_raw_response.create(**_params(request))
+        completion: ChatCompletion = raw.parse()
+        try:
+            choice = completion.choices[0]
+            usage = completion.usage
+            if usage is None:
+                raise TypeError("no usage")
+            prompt, done = usage.prompt_tokens, usage.completion_tokens
+            text, finish = choice.message.content or "", choice.finish_reason
+            body = completion.model_dump(mode="json", exclude_none=True)
+        except (AttributeError, IndexError, TypeError) as exc:
+            raise MalformedResponse(
+                f"answer without choices or usage ({type(exc).__name__})",
+                status=raw.status_code,
+                billed=True,
+            ) from None
         return ProviderResponse(
-            text=choice.message.content or "",
-            prompt_tokens=completion.usage.prompt_tokens,
-            completion_tokens=completion.usage.completion_tokens,
-            finish_reason=choice.finish_reason,
+            text=text,
+            prompt_tokens=prompt,
+            completion_tokens=done,
+            finish_reason=finish,
             request_id=raw.headers.get("x-request-id") or completion.id,
-            body=completion.model_dump(mode="json", exclude_none=True),
+            body=body,
             rate_limits=openai_rate_limits(raw.headers),
+        )
+
+    def _stream(self, client: openai.OpenAI, request: ProviderRequest) -> ProviderResponse:
+        watch = StreamWatch(request)
+        stream = client.chat.completions.create(
+            **_params(request), stream=True, stream_options={"include_usage": True}
+        )
+        headers = stream.response.headers
+        first: ChatCompletionChunk | None = None
+        finish: str | None = None
+        usage = None
+        try:
+            watch.check()
+            for chunk in stream:
+                first = first or chunk
+                for choice in chunk.choices:
+                    if choice.index == 0:  # the batch output carries the first choice
+                        watch.add(choice.delta.content if choice.delta else None)
+                        finish = choice.finish_reason or finish
+                usage = chunk.usage or usage
+                watch.check()
+        finally:
+            stream.close()
+        if first is None or finish is None:
+            raise MalformedResponse(
+                "stream ended before its finish reason", status=200, billed=True
+            )
+        text = watch.text
+        if usage is not None:
+            prompt, done, estimated = usage.prompt_tokens, usage.completion_tokens, False
+        else:  # server ignored stream_options.include_usage: count locally
+            enc = request.spec.encoding
+            prompt = count_messages(request.body["messages"], enc)
+            done, estimated = count_text(text, enc), True
+        body: dict[str, Any] = {
+            "id": first.id,
+            "object": "chat.completion",
+            "created": first.created or int(time.time()),
+            "model": first.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish,
+                }
+            ],
+            "usage": _usage_dict(prompt, done),
+        }
+        if first.system_fingerprint:
+            body["system_fingerprint"] = first.system_fingerprint
+        return ProviderResponse(
+            text=text,
+            prompt_tokens=prompt,
+            completion_tokens=done,
+            finish_reason=finish,
+            request_id=headers.get("x-request-id") or first.id,
+            body=body,
+            rate_limits=openai_rate_limits(headers),
+            usage_estimated=estimated,
         )

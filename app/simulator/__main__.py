@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fault-kinds",
         default=",".join(DEFAULT_FAULT_KINDS),
-        help="comma-separated subset of 5xx,hang,reset,malformed,429",
+        help="comma-separated subset of 5xx,hang,reset,malformed,429 and status:NNN[:code]",
     )
     p.add_argument("--hang-s", type=float, default=30.0)
     p.add_argument("--context-window", type=int, default=None)

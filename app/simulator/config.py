@@ -23,12 +23,28 @@ the time to the first chunk and the per-token part is spread over the chunks.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 ChargeMode = Literal["reserve", "actual"]
 FAULT_KINDS: tuple[str, ...] = ("5xx", "hang", "reset", "malformed", "429")
 DEFAULT_FAULT_KINDS: tuple[str, ...] = ("5xx", "hang", "reset", "malformed")
+# "status:<NNN>[:<code>]": answer NNN (400-599) with the API's error body, e.g.
+# "status:403" or "status:400:context_length_exceeded".
+_STATUS_FAULT = re.compile(r"^status:([45]\d\d)(?::([a-z0-9_]{1,64}))?$")
+
+
+def parse_status_fault(kind: str) -> tuple[int, str | None] | None:
+    """``(status, code)`` of a ``"status:NNN[:code]"`` fault kind, else None."""
+    match = _STATUS_FAULT.match(kind)
+    return (int(match.group(1)), match.group(2)) if match else None
+
+
+def is_fault_kind(kind: str) -> bool:
+    """True for one of :data:`FAULT_KINDS` or a ``"status:NNN[:code]"`` kind."""
+    return kind in FAULT_KINDS or parse_status_fault(kind) is not None
+
 
 # Fields POST /_sim/config may change at run time.
 RUNTIME_FIELDS = frozenset(
@@ -92,9 +108,11 @@ class SimulatorConfig:
                 raise ValueError(f"{name} must be >= 0")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault_rate must be in [0, 1], got {self.fault_rate!r}")
-        unknown = set(self.fault_kinds) - set(FAULT_KINDS)
+        unknown = {k for k in self.fault_kinds if not is_fault_kind(k)}
         if unknown:
-            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")
+            raise ValueError(
+                f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS} or status:NNN[:code]"
+            )
         if self.fault_rate > 0 and not self.fault_kinds:
             raise ValueError("fault_rate > 0 needs at least one fault kind")
         if self.window_s <= 0:

@@ -328,6 +328,16 @@ def anthropic_end_events(
     ]
 
 
+def context_length_message(api: str, window: int, prompt_tokens: int) -> str:
+    """The API's wording of a prompt over the context window."""
+    if api == "anthropic":
+        return f"prompt is too long: {prompt_tokens} tokens > {window} maximum"
+    return (
+        f"This model's maximum context length is {window} tokens. "
+        f"However, your messages resulted in {prompt_tokens} tokens."
+    )
+
+
 def rate_limit_message(
     model: str,
     what: str,

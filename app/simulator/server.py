@@ -21,6 +21,7 @@ from aiohttp import web
 from app.simulator import formats as fmt
 from app.simulator.admin import add_admin_routes
 from app.simulator.config import SimulatorConfig
+from app.simulator.faults import status_fault_answer
 from app.simulator.formats import BadRequest, ChatRequest
 from app.simulator.limits import Admission
 from app.simulator.state import STATE, LimitKey, SimState, key_id
@@ -54,7 +55,7 @@ def _api_key(request: web.Request) -> str | None:
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip() or None
-    return request.headers.get("x-api-key") or None
+    return request.headers.get("x-api-key") or request.headers.get("api-key") or None
 
 
 def _json(call: _Call, status: int, body: Any, extra: dict[str, str] | None = None) -> web.Response:
@@ -80,7 +81,7 @@ def _parse(call: _Call, state: SimState, body: Any) -> ChatRequest:
     return fmt.parse_openai(body, state.config.default_max_tokens)
 
 
-async def _chat(request: web.Request, api: str) -> web.StreamResponse:
+async def _chat(request: web.Request, api: str, model: str | None = None) -> web.StreamResponse:
     state = request.app[STATE]
     rid = fmt.new_id(api)
     call = _Call(
@@ -90,7 +91,7 @@ async def _chat(request: web.Request, api: str) -> web.StreamResponse:
         {"request-id" if api == "anthropic" else "x-request-id": rid},
     )
     try:
-        return await _serve(request, state, call)
+        return await _serve(request, state, call, model)
     except asyncio.CancelledError:  # the client went away (handler cancellation)
         call.entry["completed"] = False
         raise
@@ -120,12 +121,16 @@ async def _chat(request: web.Request, api: str) -> web.StreamResponse:
         )
 
 
-async def _serve(request: web.Request, state: SimState, call: _Call) -> web.StreamResponse:
+async def _serve(
+    request: web.Request, state: SimState, call: _Call, model: str | None
+) -> web.StreamResponse:
     try:
         body = json.loads(await request.read())
     except (ValueError, UnicodeDecodeError):
         state.counters["bad_requests"] += 1
         return _error(call, 400, "request body is not valid UTF-8 JSON")
+    if model is not None and isinstance(body, dict):  # Azure: the deployment is the model
+        body["model"] = model
     try:
         req = _parse(call, state, body)
     except BadRequest as exc:
@@ -149,9 +154,7 @@ async def _serve(request: web.Request, state: SimState, call: _Call) -> web.Stre
         return _error(
             call,
             400,
-            f"This model's maximum context length is {cfg.context_window}"
-            f" tokens. However, your messages resulted in {call.prompt_tokens} "
-            "tokens.",
+            fmt.context_length_message(call.api, cfg.context_window, call.prompt_tokens),
             param="messages",
             code="context_length_exceeded",
         )
@@ -165,6 +168,13 @@ async def _serve(request: web.Request, state: SimState, call: _Call) -> web.Stre
             call.api, 429, "Rate limit reached (simulated).", code="rate_limit_exceeded"
         )
         return _json(call, 429, body, fmt.retry_headers(1.0))
+    if fault is not None and fault.startswith("status:"):
+        status, body, extra = status_fault_answer(
+            call.api, fault, call.prompt_tokens, cfg.context_window
+        )
+        state.counters["rate_limited" if status == 429 else "errors"] += 1
+        _rl_headers(state, call, *state.peek(call.key))
+        return _json(call, status, body, extra)
     return await _admit_and_answer(request, state, call, req, fault)
 
 
@@ -332,11 +342,21 @@ async def _anthropic_messages(request: web.Request) -> web.StreamResponse:
     return await _chat(request, "anthropic")
 
 
+async def _azure_chat(request: web.Request) -> web.StreamResponse:
+    """Azure OpenAI's classic route: the deployment names the model; ``api-version`` required."""
+    if not request.query.get("api-version"):
+        return web.json_response(
+            {"error": {"code": "404", "message": "Resource not found"}}, status=404
+        )
+    return await _chat(request, "openai", request.match_info["deployment"])
+
+
 def create_app(config: SimulatorConfig | None = None) -> web.Application:
     """The simulator as an aiohttp application (the config is copied, not shared)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[STATE] = SimState(dataclasses.replace(config or SimulatorConfig()))
     app.router.add_post("/v1/chat/completions", _openai_chat)
     app.router.add_post("/v1/messages", _anthropic_messages)
+    app.router.add_post("/openai/deployments/{deployment}/chat/completions", _azure_chat)
     add_admin_routes(app)
     return app

@@ -41,6 +41,7 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         beat: bool = True,
         env: dict[str, str] | None = None,
         name: str | None = None,
+        wait: bool = True,
     ) -> WorkerProcess:
         from app.registry import get_registry
 
@@ -49,7 +50,7 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
             qs, log_dir=tmp_path / "logs", concurrency=concurrency, beat=beat, env=env, name=name
         )
         started.append(w)
-        return w.wait_ready()
+        return w.wait_ready() if wait else w
 
     yield start
     for w in started:

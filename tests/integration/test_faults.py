@@ -11,7 +11,10 @@ from sqlalchemy import func, select
 from app import client, db
 from app.accounting import CallOutcome, record_success
 from app.config import get_settings
-from app.execution import claim, run_item
+from app.execution import run_item
+from app.gate import Gate
+from app.items import claim
+from app.redis_client import get_redis
 from app.registry import get_registry
 from app.scheduling import release_all
 from app.schema import Item, Result, UsageLedger
@@ -60,7 +63,9 @@ def test_same_task_delivered_twice_records_once(clean_db, simulator, workers):
     workers(concurrency=8)
     wait_batches([batch["id"]])
     # A third, late delivery of one of them, run right here.
-    assert run_item(released[0].item_id, get_registry(), get_settings()) == "skipped"
+    gate = Gate(get_redis(), get_settings())
+    verdict = run_item(released[0].item_id, get_registry(), get_settings(), gate)
+    assert verdict.outcome == "skipped"
 
     with db.session_scope() as s:
         assert s.scalar(select(func.count()).select_from(Result)) == 20

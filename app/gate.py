@@ -1,0 +1,138 @@
+"""The gate in front of every provider call: a concurrency slot, then the budget.
+
+Order matters: the worker claims the item, then takes a slot, then reserves
+tokens, so that once tokens are reserved the call starts at once (a
+reservation is only honest about *when* the provider sees the tokens if
+nothing waits in between). After the call, :meth:`settle`
+reconciles the reservation with what the provider reports, and listens to
+it: a 429 starts a cooldown, rate-limit headers lower our budget.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import redis
+
+from app import counters
+from app.budget import Budget, charged_tokens, countdown_s, reservation_tokens
+from app.concurrency import Slots
+from app.config import Settings
+from app.errors import PermanentProviderError, ProviderError, RateLimited
+from app.items import Claimed
+from app.providers.base import ProviderResponse
+from app.registry import ModelSpec
+
+SLOT_POLL_S = 0.05
+SLOT_RETRY_S = 0.5
+DEFAULT_COOLDOWN_S = 1.0
+
+
+@dataclass(frozen=True)
+class Pass:
+    """Admitted: the call may start now. Hand it back to :meth:`Gate.settle`."""
+
+    reservation_id: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    wait_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Never:
+    reason: str
+
+
+class Gate:
+    def __init__(self, client: redis.Redis, settings: Settings):
+        self.client = client
+        self.settings = settings
+        self.budget = Budget(client, settings)
+        self.slots = Slots(client)
+        self.enabled = settings.budget_enabled
+
+    def _slot_lease_s(self, spec: ModelSpec) -> float:
+        timeout = spec.call_timeout_s or self.settings.call_timeout_s
+        return timeout + self.settings.running_lease_margin_s
+
+    def _take_slot(self, spec: ModelSpec, holder: str) -> bool:
+        deadline = time.monotonic() + self.settings.slot_wait_s
+        lease = self._slot_lease_s(spec)
+        while True:
+            if self.slots.acquire(spec.name, holder, spec.max_concurrency, lease):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(SLOT_POLL_S)
+
+    def enter(self, spec: ModelSpec, item: Claimed) -> Pass | Wait | Never:
+        """Take a slot and reserve tokens, or say how long to wait."""
+        tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
+        reservation_id = f"{item.item_id}:{uuid.uuid4().hex[:12]}"
+        if not self.enabled:
+            return Pass(reservation_id, tokens)
+        if not self._take_slot(spec, reservation_id):
+            counters.incr(self.client, spec.name, counters.SLOT_DENIALS)
+            return Wait(countdown_s(SLOT_RETRY_S), "no free concurrency slot")
+        grant = self.budget.reserve(
+            spec,
+            reservation_id,
+            tokens,
+            tenant_id=item.tenant_id,
+            tenant_tokens_per_min=item.tenant_tokens_per_min,
+        )
+        if grant.granted:
+            return Pass(reservation_id, tokens)
+        self.slots.release(spec.name, reservation_id)
+        if grant.never:
+            return Never(
+                f"request of {tokens} tokens exceeds the tokens-per-minute limit of {spec.name}"
+            )
+        counters.incr(self.client, spec.name, counters.BUDGET_DENIALS)
+        wait = countdown_s(grant.wait_s)
+        counters.incr(self.client, spec.name, counters.BUDGET_WAIT_S, float(wait))
+        return Wait(wait, "token budget exhausted")
+
+    def settle(
+        self,
+        spec: ModelSpec,
+        admitted: Pass,
+        tenant_id: int,
+        max_tokens: int,
+        response: ProviderResponse | None = None,
+        error: ProviderError | None = None,
+    ) -> None:
+        """Reconcile the reservation with the outcome, listen to the provider, free the slot."""
+        if not self.enabled:
+            return
+        rid = admitted.reservation_id
+        try:
+            if response is not None:
+                charged = charged_tokens(
+                    spec.charge_policy,
+                    response.prompt_tokens,
+                    response.completion_tokens,
+                    max_tokens,
+                )
+                self.budget.reconcile(spec, rid, charged, tenant_id)
+                self.budget.observe(spec, response.rate_limits, rid)
+            elif isinstance(error, RateLimited):
+                # Not admitted by the provider: nothing was charged, but it is full.
+                self.budget.release(spec, rid, tenant_id)
+                self.budget.cool_down(spec, error.retry_after_s or DEFAULT_COOLDOWN_S)
+                counters.incr(self.client, spec.name, counters.COOLDOWNS)
+                counters.incr(self.client, spec.name, counters.RATE_LIMITED)
+            elif isinstance(error, PermanentProviderError):
+                self.budget.release(spec, rid, tenant_id)  # rejected before generating
+                counters.incr(self.client, spec.name, counters.PERMANENT_ERRORS)
+            else:
+                # Transient: the provider may have counted it; keep the reservation.
+                counters.incr(self.client, spec.name, counters.TRANSIENT_ERRORS)
+        finally:
+            self.slots.release(spec.name, rid)

@@ -1,0 +1,172 @@
+"""Every state change of an item row, as a conditional UPDATE.
+
+Each move names the state it expects, so a duplicate delivery, a cancelled
+or a finished item simply matches nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, update
+from sqlalchemy.orm import Session
+
+from app.schema import Item, Tenant
+from app.status import ItemStatus
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What a worker needs of an item it now runs (``attempt`` counts from 1)."""
+
+    item_id: int
+    batch_id: str
+    tenant_id: int
+    model: str
+    body: dict[str, Any]
+    attempt: int
+    deadline_at: dt.datetime
+    created_at: dt.datetime
+    started_at: dt.datetime
+    prompt_tokens_est: int
+    max_tokens: int
+    tenant_tokens_per_min: int | None
+    now: dt.datetime
+
+
+def claim(session: Session, item_id: int, lease_s: float) -> Claimed | None:
+    """``queued → running`` with a lease; None when the item is not ours to run."""
+    now = func.now()
+    row = session.execute(
+        update(Item)
+        .where(
+            Item.id == item_id,
+            Item.status == ItemStatus.QUEUED.value,
+            Item.deadline_at > now,
+            Tenant.id == Item.tenant_id,
+        )
+        .values(
+            status=ItemStatus.RUNNING.value,
+            attempts=Item.attempts + 1,
+            started_at=now,
+            lease_expires_at=now + dt.timedelta(seconds=lease_s),
+        )
+        .returning(
+            Item.id,
+            Item.batch_id,
+            Item.tenant_id,
+            Item.model,
+            Item.body,
+            Item.attempts,
+            Item.deadline_at,
+            Item.created_at,
+            Item.started_at,
+            Item.prompt_tokens_est,
+            Item.max_tokens,
+            Tenant.tokens_per_min,
+            now,
+        )
+    ).one_or_none()
+    return Claimed(*row) if row is not None else None
+
+
+def expire_if_due(session: Session, item_id: int) -> bool:
+    """A queued item whose deadline passed becomes expired without any call."""
+    result = session.execute(
+        update(Item)
+        .where(
+            Item.id == item_id,
+            Item.status.in_([ItemStatus.QUEUED.value, ItemStatus.PENDING.value]),
+            Item.deadline_at <= func.now(),
+        )
+        .values(
+            status=ItemStatus.EXPIRED.value,
+            finished_at=func.now(),
+            lease_expires_at=None,
+            error_code="expired",
+            last_error="deadline passed before the item could run",
+        )
+        .returning(Item.id)
+    )
+    return result.scalar_one_or_none() is not None
+
+
+def _owned(item: Claimed) -> Any:
+    """WHERE clause: the item is still running under this very attempt."""
+    return (
+        (Item.id == item.item_id)
+        & (Item.status == ItemStatus.RUNNING.value)
+        & (Item.attempts == item.attempt)
+    )
+
+
+def finish_failed(
+    session: Session, item: Claimed, code: str, message: str, status: ItemStatus = ItemStatus.FAILED
+) -> bool:
+    result = session.execute(
+        update(Item)
+        .where(_owned(item))
+        .values(
+            status=status.value,
+            finished_at=func.now(),
+            lease_expires_at=None,
+            error_code=code,
+            last_error=message,
+        )
+        .returning(Item.id)
+    )
+    return result.scalar_one_or_none() is not None
+
+
+def unclaim(session: Session, item: Claimed, wait_s: float, lease_s: float) -> bool:
+    """A short budget wait: back to queued, the attempt not counted, the lease
+    covering the wait (the task retries itself after ``wait_s``)."""
+    result = session.execute(
+        update(Item)
+        .where(_owned(item))
+        .values(
+            status=ItemStatus.QUEUED.value,
+            attempts=Item.attempts - 1,
+            lease_expires_at=func.now() + dt.timedelta(seconds=wait_s + lease_s),
+        )
+        .returning(Item.id)
+    )
+    return result.scalar_one_or_none() is not None
+
+
+def defer(session: Session, item: Claimed, wait_s: float, reason: str) -> bool:
+    """A long budget wait: back to PostgreSQL, released again after ``wait_s``;
+    the attempt is not counted."""
+    result = session.execute(
+        update(Item)
+        .where(_owned(item))
+        .values(
+            status=ItemStatus.PENDING.value,
+            attempts=Item.attempts - 1,
+            not_before=func.now() + dt.timedelta(seconds=wait_s),
+            lease_expires_at=None,
+            error_code="budget_wait",
+            last_error=reason,
+        )
+        .returning(Item.id)
+    )
+    return result.scalar_one_or_none() is not None
+
+
+def reschedule(session: Session, item: Claimed, wait_s: float, code: str, message: str) -> bool:
+    """Back to pending, not before ``now + wait_s``: the retry goes through the dispatcher."""
+    result = session.execute(
+        update(Item)
+        .where(_owned(item))
+        .values(
+            status=ItemStatus.PENDING.value,
+            not_before=func.now() + dt.timedelta(seconds=wait_s),
+            lease_expires_at=None,
+            error_code=code,
+            last_error=message,
+        )
+        .returning(Item.id)
+    )
+    return result.scalar_one_or_none() is not None

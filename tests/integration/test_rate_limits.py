@@ -1,0 +1,176 @@
+"""The budget holds across worker processes against a provider enforcing the same limits."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from app import client, counters, db
+from app.budget import Budget
+from app.config import get_settings
+from app.redis_client import get_redis
+from app.registry import get_registry
+from app.schema import Item
+from app.simulator import SimulatorConfig, SimulatorThread
+from tests.helpers import chat_line, make_tenant, wait_batches
+
+pytestmark = pytest.mark.integration
+
+WINDOW_S = 5.0
+TOKENS_PER_WINDOW = 30_000
+REQUESTS_PER_WINDOW = 250
+WORDS = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+]
+
+MODELS_TOML = """
+[models."budgeted"]
+provider = "openai"
+base_url = "{base_url}/v1"
+api_key_env = "BATCHGEN_SIMULATOR_KEY"
+group = "budgeted"
+budget_key = "budgeted-account"
+context_window = 16384
+max_output_tokens = 400
+tokens_per_min = {tpm}
+requests_per_min = {rpm}
+max_concurrency = 16
+input_usd_per_1m = 1.0
+output_usd_per_1m = 2.0
+encoding = "cl100k_base"
+charge_policy = "reserve"
+"""
+
+
+@pytest.fixture
+def limited(clean_db, tmp_path, monkeypatch):
+    """A simulator enforcing tokens and requests per 5 s window, and a registry saying the same."""
+    config = SimulatorConfig(
+        tokens_per_min=TOKENS_PER_WINDOW,
+        requests_per_min=REQUESTS_PER_WINDOW,
+        window_s=WINDOW_S,
+        charge_mode="reserve",
+        latency_base_ms=30,
+        latency_per_token_ms=0.2,
+        seed=3,
+    )
+    with SimulatorThread(config) as sim:
+        models = tmp_path / "models.toml"
+        models.write_text(
+            MODELS_TOML.format(
+                base_url=sim.base_url, tpm=TOKENS_PER_WINDOW, rpm=REQUESTS_PER_WINDOW
+            )
+        )
+        env = {
+            "BATCHGEN_MODELS_FILE": str(models),
+            "BATCHGEN_BUDGET_WINDOW_S": str(WINDOW_S),
+            "BATCHGEN_BUDGET_GUARD_S": "1.0",
+            "BATCHGEN_MAX_COUNTDOWN_S": "10",
+            "BATCHGEN_SWEEP_INTERVAL_S": "1",
+        }
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        get_settings.cache_clear()
+        yield sim, env
+    get_settings.cache_clear()
+
+
+def mixed_requests(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 150)))
+        rows.append(
+            chat_line(
+                f"m{i}",
+                model="budgeted",
+                text=f"Item {i}: {words}",
+                max_tokens=rng.randint(20, 200),
+            )
+        )
+    return rows
+
+
+def test_four_workers_stay_within_the_provider_limits(limited, workers):
+    sim, env = limited
+    make_tenant("bulk")
+    batch = client.submit_batch(mixed_requests(1000), tenant="bulk")
+    queues = ["llm.budgeted", "batchgen.control"]
+    started = [
+        workers(queues, concurrency=8, beat=i == 0, env=env, name=f"w{i}", wait=False)
+        for i in range(4)
+    ]
+    for w in started:
+        w.wait_ready()
+    wait_batches([batch["id"]], timeout_s=240)
+
+    info = client.get_batch(batch["id"], tenant="bulk")
+    assert info["request_counts"]["succeeded"] == 1000
+    stats = httpx.get(f"{sim.base_url}/_sim/stats").json()
+    assert stats["max_tokens_in_any_window"] <= TOKENS_PER_WINDOW
+    limited_log = [e for e in httpx.get(f"{sim.base_url}/_sim/log").json() if e["status"] == 429]
+    assert stats["rate_limited"] <= 0.005 * stats["requests"], (stats, limited_log[:5])
+    with db.session_scope() as s:
+        # Budget waits did not use up failure attempts.
+        assert s.scalar(select(func.max(Item.attempts))) <= 2
+
+
+def test_budget_starvation_fails_nothing_and_work_resumes(limited, workers):
+    """Budget at zero for a long while: many more budget waits than Celery's default
+    max_retries (3), yet no item fails, and all finish once the budget returns."""
+    sim, env = limited
+    make_tenant("starved")
+    spec = get_registry()["budgeted"]
+    budget = Budget(get_redis(), get_settings())
+    stop = threading.Event()
+
+    def hold_at_zero() -> None:  # the provider keeps answering "come back in 1 s"
+        while not stop.is_set():
+            budget.cool_down(spec, 1.0)
+            time.sleep(0.3)
+
+    holder = threading.Thread(target=hold_at_zero, daemon=True)
+    holder.start()
+    try:
+        batch = client.submit_batch(
+            [chat_line(f"s{i}", model="budgeted") for i in range(30)], tenant="starved"
+        )
+        worker = workers(["llm.budgeted", "batchgen.control"], concurrency=8, env=env)
+        time.sleep(12)
+        with db.session_scope() as s:
+            done = s.scalar(
+                select(func.count())
+                .select_from(Item)
+                .where(Item.status.in_(["succeeded", "failed", "expired"]))
+            )
+        assert done == 0
+        assert stats_requests(sim) == 0  # nothing was sent while the budget was zero
+    finally:
+        stop.set()
+        holder.join()
+    wait_batches([batch["id"]], timeout_s=60)
+    counts = client.get_batch(batch["id"], tenant="starved")["request_counts"]
+    assert counts["succeeded"] == 30 and counts["failed"] == 0
+    denials = counters.read(get_redis(), "budgeted")[counters.BUDGET_DENIALS]
+    assert denials > 3 * 30  # far more waits than Celery's max_retries=3 would allow
+    assert "Retry in" in worker.log_tail(100_000)  # the waits were Celery retries
+
+
+def stats_requests(sim) -> int:
+    return httpx.get(f"{sim.base_url}/_sim/stats").json()["requests"]
