@@ -131,9 +131,9 @@ def record_success(session: Session, outcome: CallOutcome, spec: ModelSpec) -> b
     return True
 
 
-def record_waste(
-    session: Session, item: Item, outcome: CallOutcome, spec: ModelSpec, reason: str
-) -> None:
+def record_waste(session: Session, outcome: CallOutcome, spec: ModelSpec, reason: str) -> None:
     """Ledger a billed call that produced no result (cancelled mid-call, malformed...)."""
+    item = session.get(Item, outcome.item_id)
+    assert item is not None
     cost = cost_usd(outcome.prompt_tokens, outcome.completion_tokens, spec)
     _ledger(session, item, outcome, cost, reason)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app import tokens
+from app.deadlines import parse_duration_s
 from app.errors import PayloadTooLarge, ValidationFailed
 from app.registry import Registry
 
@@ -31,6 +32,7 @@ class ItemDraft:
     body: dict[str, Any]
     prompt_tokens_est: int
     max_tokens: int
+    timeout_s: float | None = None  # optional per-item deadline, from admission
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +124,13 @@ def validate_line(raw: bytes, line_no: int, registry: Registry) -> ItemDraft:
             f"prompt of {prompt_tokens} tokens plus max_tokens {max_tokens} exceeds "
             f"the context window of {spec.context_window} for {model_name}",
         )
-    return ItemDraft(line_no, custom_id, model_name, body, prompt_tokens, max_tokens)
+    timeout_s = None
+    if "timeout" in obj:  # our extension of the Batch format: a per-item deadline
+        try:
+            timeout_s = parse_duration_s(obj["timeout"], "timeout")
+        except ValidationFailed as exc:
+            raise _fail(line_no, "timeout", exc.message) from exc
+    return ItemDraft(line_no, custom_id, model_name, body, prompt_tokens, max_tokens, timeout_s)
 
 
 def iter_lines(stream: Iterable[bytes], limits: Limits) -> Iterator[tuple[int, bytes]]:

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import exists, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from app import quotas
 from app.admission import CHAT_COMPLETIONS, ItemDraft, Limits, parse_lines
 from app.config import Settings
 from app.deadlines import parse_duration_s
@@ -47,9 +48,16 @@ def _find_idempotent(session: Session, tenant_id: int, key: str) -> Batch | None
 
 
 def _item_rows(
-    drafts: Iterable[ItemDraft], batch: Batch, tenant_id: int
+    drafts: Iterable[ItemDraft], batch: Batch, tenant_id: int, tokens_by_model: dict[str, int]
 ) -> Iterator[dict[str, Any]]:
+    """Rows to insert; adds up each model's estimated tokens on the way."""
     for d in drafts:
+        tokens_by_model[d.model] = (
+            tokens_by_model.get(d.model, 0) + d.prompt_tokens_est + d.max_tokens
+        )
+        deadline = batch.deadline_at
+        if d.timeout_s is not None:
+            deadline = min(deadline, batch.created_at + dt.timedelta(seconds=d.timeout_s))
         yield {
             "batch_id": batch.id,
             "tenant_id": tenant_id,
@@ -61,7 +69,7 @@ def _item_rows(
             "prompt_tokens_est": d.prompt_tokens_est,
             "max_tokens": d.max_tokens,
             "status": ItemStatus.PENDING.value,
-            "deadline_at": batch.deadline_at,
+            "deadline_at": deadline,
         }
 
 
@@ -108,13 +116,16 @@ def store_batch(
     session.flush()  # a concurrent twin with the same idempotency key waits here
 
     limits = Limits(max_lines=settings.max_batch_lines, max_bytes=settings.max_body_bytes)
-    rows = _item_rows(parse_lines(lines, registry, limits), batch, tenant.id)
+    tokens_by_model: dict[str, int] = {}
+    rows = _item_rows(parse_lines(lines, registry, limits), batch, tenant.id, tokens_by_model)
     total = 0
     while chunk := list(islice(rows, INSERT_CHUNK)):
         session.execute(insert(Item), chunk)
         total += len(chunk)
     batch.total_items = total
     session.flush()
+    quotas.check_models(session, tokens_by_model, registry, settings)
+    quotas.check_tenant(session, tenant, total, registry, sorted(tokens_by_model))
     return batch, True
 
 
@@ -207,10 +218,12 @@ def finish_if_done(session: Session, batch_id: str) -> None:
 
 
 def cancel(session: Session, tenant: Tenant, batch_id: str) -> Batch:
-    """Cancel at once every item not yet running; running calls are told to stop.
+    """Cancel at once every item whose provider request has not been sent.
 
-    After this commits, no new provider request starts for the batch: workers
-    re-check the item's status in the database when they claim it.
+    After this commits, no new provider request starts for the batch (workers
+    re-check the item row when they claim it and right before they send, see
+    :func:`app.items.mark_sent`). Calls already under way are told to stop by
+    :func:`app.cancellation.announce` after the commit.
     """
     batch = get_owned_batch(session, tenant, batch_id)
     if batch.finished_at is not None:
@@ -222,7 +235,9 @@ def cancel(session: Session, tenant: Tenant, batch_id: str) -> Batch:
         update(Item)
         .where(
             Item.batch_id == batch_id,
-            Item.status.in_([ItemStatus.PENDING.value, ItemStatus.QUEUED.value]),
+            Item.status.in_([ItemStatus.PENDING.value, ItemStatus.QUEUED.value])
+            # running but the request not yet sent: see app.items.mark_sent
+            | ((Item.status == ItemStatus.RUNNING.value) & Item.sent_at.is_(None)),
         )
         .values(
             status=ItemStatus.CANCELLED.value,

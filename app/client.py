@@ -22,9 +22,11 @@ from sqlalchemy.orm import Session
 
 from app import batches
 from app.batches import SubmitOptions
+from app.cancellation import announce
 from app.config import get_settings
 from app.db import session_scope
 from app.errors import NotFound
+from app.redis_client import get_redis
 from app.registry import get_registry
 from app.schema import Tenant
 from app.status import Priority
@@ -129,4 +131,6 @@ def cancel_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
     """Cancel: items not yet running end now; running calls are stopped."""
     with session_scope() as session:
         batch = batches.cancel(session, _tenant(session, tenant), batch_id)
-        return batches.describe(session, batch)
+        described = batches.describe(session, batch)
+    announce(get_redis(), batch_id)
+    return described

@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     max_batch_lines: int = 50_000
     max_body_bytes: int = 200 * 1024 * 1024
     default_completion_window_s: int = 24 * 3600
+    # Backlog bound per model, in minutes of its tokens_per_min (see app/quotas.py).
+    max_backlog_min: float = 60.0
 
     # Dispatch and leases.
     dispatch_interval_s: float = 1.0
@@ -52,7 +54,8 @@ class Settings(BaseSettings):
     running_lease_margin_s: float = 30.0
     max_attempts: int = 5
 
-    # Provider calls.
+    # Provider calls. Streaming lets a cancel stop a call mid-answer.
+    stream_calls: bool = True
     call_timeout_s: float = 120.0
     retry_base_s: float = 0.5
     retry_max_s: float = 30.0

@@ -11,18 +11,21 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
+from threading import Event
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app import retry
-from app.accounting import CallOutcome, record_success
+from app.accounting import CallOutcome, record_success, record_waste
 from app.batches import finish_if_done
+from app.cancellation import CancelWatcher
 from app.config import Settings
 from app.db import session_scope
 from app.deadlines import call_timeout_s, time_left_s
-from app.errors import PermanentProviderError, ProviderError, RateLimited
+from app.errors import CallCancelled, PermanentProviderError, ProviderError, RateLimited
 from app.gate import Gate, Never, Pass, Wait
 from app.items import (
     Claimed,
@@ -30,6 +33,7 @@ from app.items import (
     defer,
     expire_if_due,
     finish_failed,
+    mark_sent,
     reschedule,
     unclaim,
 )
@@ -67,7 +71,9 @@ def handle_failure(
             session, item, "expired", f"{message}; no time left to retry", ItemStatus.EXPIRED
         )
         return "expired"
-    reschedule(session, item, wait, exc.kind, message)
+    if not reschedule(session, item, wait, exc.kind, message):
+        finish_failed(session, item, "cancelled", "batch cancelled", ItemStatus.CANCELLED)
+        return "cancelled"
     return "retry"
 
 
@@ -119,7 +125,13 @@ def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
     return verdict
 
 
-def run_item(item_id: int, registry: Registry, settings: Settings, gate: Gate) -> Verdict:
+def run_item(
+    item_id: int,
+    registry: Registry,
+    settings: Settings,
+    gate: Gate,
+    watcher: CancelWatcher | None = None,
+) -> Verdict:
     """Run one delivery of an item end to end."""
     with session_scope() as session:
         model = session.scalar(select(Item.model).where(Item.id == item_id))
@@ -133,19 +145,74 @@ def run_item(item_id: int, registry: Registry, settings: Settings, gate: Gate) -
     decision = gate.enter(spec, item)
     if not isinstance(decision, Pass):
         return _wait(item, decision, settings)
-    return Verdict(_call(item, spec, decision, gate, settings))
+    with watcher.watch(item.batch_id) if watcher else nullcontext(Event()) as cancel:
+        with session_scope() as session:
+            sent = mark_sent(session, item)
+        if not sent:  # the batch was cancelled between the claim and now
+            gate.settle(
+                spec,
+                decision,
+                item.tenant_id,
+                item.max_tokens,
+                error=CallCancelled("cancelled before sending", billed=False),
+            )
+            return Verdict("cancelled")
+        return Verdict(_call(item, spec, decision, gate, settings, cancel))
 
 
-def _call(item: Claimed, spec: ModelSpec, admitted: Pass, gate: Gate, settings: Settings) -> str:
+def _cancelled(item: Claimed, spec: ModelSpec, exc: CallCancelled) -> str:
+    """The batch was cancelled mid-call: the item ends cancelled; a billed call is waste."""
+    with session_scope() as session:
+        finish_failed(
+            session, item, "cancelled", "batch cancelled during the call", ItemStatus.CANCELLED
+        )
+        if exc.billed:
+            record_waste(
+                session,
+                CallOutcome(
+                    item.item_id,
+                    item.attempt,
+                    exc.prompt_tokens or item.prompt_tokens_est,
+                    exc.completion_tokens or 0,
+                    {},
+                    None,
+                    0,
+                    0,
+                ),
+                spec,
+                "cancelled_mid_call",
+            )
+    with session_scope() as session:
+        finish_if_done(session, item.batch_id)
+    return "cancelled"
+
+
+def _call(
+    item: Claimed,
+    spec: ModelSpec,
+    admitted: Pass,
+    gate: Gate,
+    settings: Settings,
+    cancel: Event,
+) -> str:
     timeout = call_timeout_s(
         spec.call_timeout_s or settings.call_timeout_s, item.deadline_at, dt.datetime.now(dt.UTC)
     )
-    request = ProviderRequest(spec=spec, body=item.body, timeout_s=timeout, item_id=item.item_id)
+    request = ProviderRequest(
+        spec=spec,
+        body=item.body,
+        timeout_s=timeout,
+        item_id=item.item_id,
+        cancel=cancel,
+        stream=settings.stream_calls,
+    )
     started = time.monotonic()
     try:
         response = get_provider(spec).complete(request)
     except ProviderError as exc:
         gate.settle(spec, admitted, item.tenant_id, item.max_tokens, error=exc)
+        if isinstance(exc, CallCancelled):
+            return _cancelled(item, spec, exc)
         with session_scope() as session:
             verdict = handle_failure(session, item, exc, spec, settings)
         if verdict != "retry":

@@ -20,7 +20,7 @@ from app import counters
 from app.budget import Budget, charged_tokens, countdown_s, reservation_tokens
 from app.concurrency import Slots
 from app.config import Settings
-from app.errors import PermanentProviderError, ProviderError, RateLimited
+from app.errors import CallCancelled, PermanentProviderError, ProviderError, RateLimited
 from app.items import Claimed
 from app.providers.base import ProviderResponse
 from app.registry import ModelSpec
@@ -128,6 +128,10 @@ class Gate:
                 self.budget.cool_down(spec, error.retry_after_s or DEFAULT_COOLDOWN_S)
                 counters.incr(self.client, spec.name, counters.COOLDOWNS)
                 counters.incr(self.client, spec.name, counters.RATE_LIMITED)
+            elif isinstance(error, CallCancelled) and not error.billed:
+                self.budget.release(spec, rid, tenant_id)  # nothing reached the provider
+            elif isinstance(error, CallCancelled):
+                pass  # the provider may charge what it generated: keep the reservation
             elif isinstance(error, PermanentProviderError):
                 self.budget.release(spec, rid, tenant_id)  # rejected before generating
                 counters.incr(self.client, spec.name, counters.PERMANENT_ERRORS)

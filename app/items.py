@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import func, update
 from sqlalchemy.orm import Session
 
-from app.schema import Item, Tenant
+from app.schema import Batch, Item, Tenant
 from app.status import ItemStatus
 
 
@@ -120,6 +120,19 @@ def finish_failed(
     return result.scalar_one_or_none() is not None
 
 
+def mark_sent(session: Session, item: Claimed) -> bool:
+    """Right before the provider request: False when a cancel got there first.
+
+    A cancel ends running items whose ``sent_at`` is NULL; both statements
+    update this row, so exactly one of them wins. Hence, once a cancel has
+    returned, no new provider request starts for that batch.
+    """
+    result = session.execute(
+        update(Item).where(_owned(item)).values(sent_at=func.now()).returning(Item.id)
+    )
+    return result.scalar_one_or_none() is not None
+
+
 def unclaim(session: Session, item: Claimed, wait_s: float, lease_s: float) -> bool:
     """A short budget wait: back to queued, the attempt not counted, the lease
     covering the wait (the task retries itself after ``wait_s``)."""
@@ -129,6 +142,7 @@ def unclaim(session: Session, item: Claimed, wait_s: float, lease_s: float) -> b
         .values(
             status=ItemStatus.QUEUED.value,
             attempts=Item.attempts - 1,
+            sent_at=None,
             lease_expires_at=func.now() + dt.timedelta(seconds=wait_s + lease_s),
         )
         .returning(Item.id)
@@ -145,6 +159,7 @@ def defer(session: Session, item: Claimed, wait_s: float, reason: str) -> bool:
         .values(
             status=ItemStatus.PENDING.value,
             attempts=Item.attempts - 1,
+            sent_at=None,
             not_before=func.now() + dt.timedelta(seconds=wait_s),
             lease_expires_at=None,
             error_code="budget_wait",
@@ -156,14 +171,23 @@ def defer(session: Session, item: Claimed, wait_s: float, reason: str) -> bool:
 
 
 def reschedule(session: Session, item: Claimed, wait_s: float, code: str, message: str) -> bool:
-    """Back to pending, not before ``now + wait_s``: the retry goes through the dispatcher."""
+    """Back to pending, not before ``now + wait_s``: the retry goes through the dispatcher.
+
+    False when the batch was cancelled meanwhile (the item must not run again).
+    """
+    cancelled = (
+        select(Batch.id)
+        .where(Batch.id == Item.batch_id, Batch.cancel_requested_at.is_not(None))
+        .exists()
+    )
     result = session.execute(
         update(Item)
-        .where(_owned(item))
+        .where(_owned(item), ~cancelled)
         .values(
             status=ItemStatus.PENDING.value,
             not_before=func.now() + dt.timedelta(seconds=wait_s),
             lease_expires_at=None,
+            sent_at=None,
             error_code=code,
             last_error=message,
         )

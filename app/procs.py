@@ -17,6 +17,7 @@ class WorkerProcess:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    ready_path: Path
 
     def wait_ready(self, timeout_s: float = 60.0) -> WorkerProcess:
         """Block until the worker logs that it consumes its queues."""
@@ -24,7 +25,7 @@ class WorkerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"worker {self.name} exited: {self.log_tail()}")
-            if b" ready." in self.log_path.read_bytes():
+            if self.ready_path.exists():
                 return self
             time.sleep(0.1)
         raise RuntimeError(f"worker {self.name} not ready after {timeout_s}s: {self.log_tail()}")
@@ -63,6 +64,8 @@ def start_worker(
     name = name or f"w{uuid.uuid4().hex[:6]}"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
+    ready_path = log_dir / f"{name}.ready"
+    ready_path.unlink(missing_ok=True)
     argv = [
         sys.executable,
         "-m",
@@ -90,7 +93,7 @@ def start_worker(
             argv,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **(env or {}), "BATCHGEN_READY_FILE": str(ready_path)},
             start_new_session=True,
         )
-    return WorkerProcess(name, process, log_path)
+    return WorkerProcess(name, process, log_path, ready_path)

@@ -51,6 +51,9 @@ class ModelSpec(BaseModel):
     charge_policy: ChargePolicy = ChargePolicy.RESERVE
     max_attempts: PositiveInt = 5
     call_timeout_s: PositiveFloat | None = None
+    # Open work (estimated tokens) admitted at most; default: BATCHGEN_MAX_BACKLOG_MIN
+    # minutes of tokens_per_min. Over it, submits get 503 + Retry-After.
+    max_backlog_tokens: PositiveInt | None = None
 
     @property
     def queue(self) -> str:

@@ -107,6 +107,9 @@ class Item(Base):
     created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
     queued_at: Mapped[dt.datetime | None] = mapped_column(TZ)
     started_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    # When the provider request of the current attempt was sent; a cancel
+    # ends running items not yet sent, and aborts the ones already sent.
+    sent_at: Mapped[dt.datetime | None] = mapped_column(TZ)
     finished_at: Mapped[dt.datetime | None] = mapped_column(TZ)
     error_code: Mapped[str | None] = mapped_column(String(64))
     last_error: Mapped[str | None] = mapped_column(Text)

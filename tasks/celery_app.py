@@ -1,5 +1,7 @@
 """The Celery application; ``celery -A tasks.celery_app worker`` starts a worker."""
 
+import os
+from pathlib import Path
 from typing import Any
 
 from celery import Celery, signals
@@ -25,3 +27,7 @@ def _warm_up(**_: Any) -> None:
 
     for spec in get_registry():
         get_provider(spec)
+    # Tells a supervisor (app.procs, tests, benchmarks) that we consume now.
+    ready_file = os.environ.get("BATCHGEN_READY_FILE")
+    if ready_file:
+        Path(ready_file).touch()

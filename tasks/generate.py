@@ -6,6 +6,7 @@ import functools
 
 from celery import Task
 
+from app.cancellation import CancelWatcher
 from app.config import get_settings
 from app.execution import run_item
 from app.gate import Gate
@@ -20,12 +21,17 @@ def _gate() -> Gate:
     return Gate(get_redis(), get_settings())
 
 
+@functools.cache
+def _watcher() -> CancelWatcher:
+    return CancelWatcher(get_redis())
+
+
 # max_retries=None: a budget wait is not a failure and may repeat as often as
 # needed; failure attempts are counted on the item in PostgreSQL instead.
 @celery_app.task(name="batchgen.generate", bind=True, ignore_result=True, max_retries=None)
 def generate(self: Task, item_id: int, model: str | None = None) -> str:
     """Run item ``item_id``. ``model`` only routes the message to its group's queue."""
-    verdict = run_item(item_id, get_registry(), get_settings(), _gate())
+    verdict = run_item(item_id, get_registry(), get_settings(), _gate(), _watcher())
     if verdict.countdown_s is not None:
         raise self.retry(countdown=verdict.countdown_s)
     if verdict.outcome != "skipped":

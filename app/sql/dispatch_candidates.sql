@@ -23,6 +23,10 @@ CROSS JOIN LATERAL (
       AND i.model = :model
       AND i.status = 'pending'
       AND (i.not_before IS NULL OR i.not_before <= now())
+      AND NOT EXISTS (
+          SELECT 1 FROM batches AS b
+          WHERE b.id = i.batch_id AND b.cancel_requested_at IS NOT NULL
+      )
     ORDER BY i.priority_rank, i.id
     LIMIT :limit
 ) AS c

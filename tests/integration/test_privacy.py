@@ -43,3 +43,27 @@ def test_broker_messages_carry_ids_only(clean_db):
     # and the control queue's wake-up message carries nothing at all
     for raw in r.lrange("batchgen.control", 0, -1):
         assert SECRET.encode() not in raw
+
+
+def test_each_model_group_gets_only_its_own_messages(clean_db):
+    """Custom rate-limit routing: a message lands in its group's queue and nowhere else,
+    also once workers have declared every queue (as they do at start)."""
+    from tasks.celery_app import celery_app
+    from tasks.dispatch import dispatch_now
+
+    with celery_app.connection_for_write() as conn:
+        for queue in celery_app.amqp.queues.values():
+            queue(conn.default_channel).declare()
+    make_tenant("router")
+    rows = [chat_line(f"r{i}", model="sim-small" if i % 3 else "sim-large") for i in range(9)]
+    client.submit_batch(rows, tenant="router")
+    assert dispatch_now() == 9
+
+    r = redis.Redis.from_url(get_settings().redis_url)
+
+    def tasks_in(queue: str) -> list[str]:
+        return [json.loads(raw)["headers"]["task"] for raw in r.lrange(queue, 0, -1)]
+
+    assert tasks_in("llm.sim") == ["batchgen.generate"] * 6
+    assert tasks_in("llm.sim-large") == ["batchgen.generate"] * 3
+    assert tasks_in("batchgen.control") == ["batchgen.dispatch"]  # the wake-up after submit

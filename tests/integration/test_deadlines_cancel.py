@@ -1,0 +1,134 @@
+"""Deadlines cover the whole life of an item; a cancel stops upstream calls for real."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from app import client
+from tests.helpers import chat_line, make_tenant, wait_batches
+
+pytestmark = pytest.mark.integration
+
+FAST_SWEEP = {"BATCHGEN_SWEEP_INTERVAL_S": "0.5"}
+# A request the worker marked as sent just before the cancel committed may
+# still be on its way over loopback when the cancel returns.
+IN_TRANSIT_S = 0.25
+
+
+def _sim_log(sim) -> list[dict]:
+    return httpx.get(f"{sim.base_url}/_sim/log", params={"limit": 100_000}).json()
+
+
+def _set_latency(sim, ms: float, per_token_ms: float = 0.5) -> None:
+    httpx.post(
+        f"{sim.base_url}/_sim/config",
+        json={"latency_base_ms": ms, "latency_per_token_ms": per_token_ms},
+    ).raise_for_status()
+
+
+def _item_ids(batch_id: str, tenant: str) -> set[str]:
+    return {
+        row["id"].removeprefix("batch_req_") for row in client.iter_results(batch_id, tenant=tenant)
+    }
+
+
+def test_item_past_its_deadline_never_reaches_the_provider(clean_db, simulator, workers):
+    make_tenant("late")
+    httpx.post(f"{simulator.base_url}/_sim/reset").raise_for_status()
+    batch = client.submit_batch(
+        [chat_line(f"d{i}") for i in range(10)], tenant="late", completion_window="1s"
+    )
+    time.sleep(1.5)  # queue time counts: no worker ran while the deadline passed
+    workers(concurrency=4, env=FAST_SWEEP)
+    wait_batches([batch["id"]], timeout_s=30)
+    info = client.get_batch(batch["id"], tenant="late")
+    assert info["request_counts"]["expired"] == 10
+    assert info["status"] == "completed"
+    ids = _item_ids(batch["id"], "late")
+    assert not [e for e in _sim_log(simulator) if e.get("item") in ids]
+
+
+def test_per_item_timeout_expires_only_that_item(clean_db, simulator, workers):
+    make_tenant("mixed")
+    rows = [chat_line(f"t{i}") for i in range(5)]
+    rows[0]["timeout"] = "1s"
+    batch = client.submit_batch(rows, tenant="mixed")
+    time.sleep(1.5)
+    workers(concurrency=4, env=FAST_SWEEP)
+    wait_batches([batch["id"]], timeout_s=30)
+    counts = client.get_batch(batch["id"], tenant="mixed")["request_counts"]
+    assert (counts["expired"], counts["succeeded"]) == (1, 4)
+    errors = {r["custom_id"]: r["error"] for r in client.iter_results(batch["id"], tenant="mixed")}
+    assert errors["t0"]["code"] == "expired" and errors["t1"] is None
+
+
+def _cancel_mid_run(sim, tenant: str, n: int = 40):
+    batch = client.submit_batch(
+        [chat_line(f"c{i}", max_tokens=200) for i in range(n)], tenant=tenant
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # wait until calls are under way
+        if sum(1 for e in _sim_log(sim) if e.get("end_ts") is None) >= 3:
+            break
+        time.sleep(0.05)
+    return batch
+
+
+def test_cancel_aborts_running_calls_and_sends_nothing_after(clean_db, simulator, workers):
+    make_tenant("canceller")
+    # Long answers streamed slowly: 0.3 s to the first token, then 20 ms a token.
+    _set_latency(simulator, 300, per_token_ms=20)
+    try:
+        workers(concurrency=8)
+        batch = _cancel_mid_run(simulator, "canceller")
+        client.cancel_batch(batch["id"], tenant="canceller")
+        cancelled_at = time.time()
+        wait_batches([batch["id"]], timeout_s=30)
+    finally:
+        _set_latency(simulator, 50)
+    ids = _item_ids(batch["id"], "canceller")
+    entries = [e for e in _sim_log(simulator) if e.get("item") in ids]
+    assert entries and all(e["start_ts"] <= cancelled_at + IN_TRANSIT_S for e in entries)
+    aborted = [e for e in entries if e["completed"] is False]
+    assert aborted, "the running calls should have been aborted"
+    # They stopped right after the cancel, mid-answer (the stream was closed).
+    assert all(e["end_ts"] - cancelled_at < 0.5 for e in aborted)
+    info = client.get_batch(batch["id"], tenant="canceller")
+    assert info["status"] == "cancelled"
+    assert info["request_counts"]["cancelled"] >= 40 - len(entries)
+    # Partial results stay downloadable, one line per finished item.
+    rows = list(client.iter_results(batch["id"], tenant="canceller"))
+    assert len(rows) == 40
+    assert json.dumps(rows)  # serialisable as the results file
+
+
+def test_cancel_holds_across_a_worker_restart(clean_db, simulator, workers):
+    make_tenant("restart")
+    _set_latency(simulator, 1500)
+    env = {
+        "BATCHGEN_CALL_TIMEOUT_S": "3",
+        "BATCHGEN_RUNNING_LEASE_MARGIN_S": "1",
+        "BATCHGEN_QUEUED_LEASE_S": "3",
+        **FAST_SWEEP,
+    }
+    try:
+        first = workers(concurrency=8, env=env, name="first")
+        batch = _cancel_mid_run(simulator, "restart")
+        first.kill()  # dies holding running items and prefetched messages
+        client.cancel_batch(batch["id"], tenant="restart")
+        cancelled_at = time.time()
+        workers(concurrency=8, env=env, name="second")
+        wait_batches([batch["id"]], timeout_s=60)
+    finally:
+        _set_latency(simulator, 50)
+    ids = _item_ids(batch["id"], "restart")
+    assert not [
+        e for e in _sim_log(simulator) if e.get("item") in ids and e["start_ts"] > cancelled_at
+    ]
+    info = client.get_batch(batch["id"], tenant="restart")
+    assert info["status"] == "cancelled"
+    assert info["request_counts"]["succeeded"] == 0
