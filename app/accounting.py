@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Date, cast, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -61,7 +61,8 @@ def _ledger(
     ).scalar_one_or_none()
     if inserted is None:
         return False
-    day = session.scalar(select(func.current_date()))
+    # Days are UTC days, whatever the database server's time zone.
+    day = session.scalar(select(cast(func.timezone("UTC", func.now()), Date)))
     stmt = pg_insert(TenantDailyUsage).values(
         tenant_id=item.tenant_id,
         day=day,

@@ -18,7 +18,15 @@ from app import batches, client
 from app.batches import SubmitOptions
 from app.config import get_settings
 from app.db import session_scope
-from app.errors import BatchgenError, ClientError, Overloaded, PayloadTooLarge, ValidationFailed
+from app.errors import (
+    BatchgenError,
+    ClientError,
+    Forbidden,
+    Overloaded,
+    PayloadTooLarge,
+    Unauthorized,
+    ValidationFailed,
+)
 from app.schema import Tenant
 from app.status import Priority
 from app.tenants import authenticate
@@ -135,6 +143,54 @@ def batch_results(batch_id: str) -> Response:
 @blueprint.post("/v1/batches/<batch_id>/cancel")
 def cancel_batch(batch_id: str) -> Response:
     return jsonify(client.cancel_batch(batch_id, tenant=_caller()))
+
+
+@blueprint.get("/v1/usage")
+def usage() -> Response:
+    """The caller's usage; an admin key may ask ``tenant=all`` for every tenant."""
+    tenant = _caller()
+    everyone = request.args.get("tenant") == "all"
+    if everyone and not tenant.is_admin:
+        raise Forbidden("tenant=all needs an admin key")
+    group_by = request.args.get("group_by", "model")
+    if group_by == "tenant" and not everyone:
+        raise ValidationFailed("group_by=tenant needs tenant=all", field="group_by")
+    rows = client.usage(
+        tenant=None if everyone else tenant,
+        start=request.args.get("from"),
+        end=request.args.get("to"),
+        group_by=group_by,
+    )
+    return jsonify({"object": "list", "group_by": group_by, "data": rows})
+
+
+@blueprint.get("/v1/status")
+def status() -> Response:
+    """Per-model backlog, throughput and budget use, per-tenant progress (admin only)."""
+    if not _caller().is_admin:
+        raise Forbidden("the status view needs an admin key")
+    from app.redis_client import get_redis
+    from app.registry import get_registry
+    from app.status_view import snapshot
+
+    with session_scope() as session:
+        return jsonify(snapshot(session, get_redis(), get_registry(), get_settings()))
+
+
+@blueprint.get("/metrics")
+def metrics() -> Response:
+    """Prometheus metrics for the whole deployment (bearer ``BATCHGEN_METRICS_TOKEN`` if set)."""
+    token = get_settings().metrics_token
+    if token and _bearer() != token:
+        raise Unauthorized("metrics need 'Authorization: Bearer <BATCHGEN_METRICS_TOKEN>'")
+    from app.metrics import StateCollector, render
+    from app.redis_client import get_redis
+    from app.registry import get_registry
+
+    settings = get_settings()
+    broker = get_redis(settings.broker_url) if settings.broker_url.startswith("redis") else None
+    collector = StateCollector(session_scope, get_redis(), get_registry(), settings, broker)
+    return Response(render(collector), mimetype="text/plain; version=0.0.4")
 
 
 @blueprint.get("/healthz")

@@ -23,7 +23,7 @@ from app import keys
 
 log = logging.getLogger(__name__)
 
-CHANNEL = keys.PREFIX + "cancel"
+CHANNEL = keys.CANCEL_CHANNEL
 POLL_S = 1.0
 
 

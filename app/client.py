@@ -20,12 +20,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app import batches
+from app import batches, counters
 from app.batches import SubmitOptions
 from app.cancellation import announce
 from app.config import get_settings
 from app.db import session_scope
-from app.errors import NotFound
+from app.errors import ClientError, NotFound, Overloaded
 from app.redis_client import get_redis
 from app.registry import get_registry
 from app.schema import Tenant
@@ -60,10 +60,17 @@ def as_lines(requests: RequestLines) -> Iterator[bytes]:
 def submit_in_session(
     session: Session, tenant: Tenant, lines: Iterable[bytes], options: SubmitOptions
 ) -> tuple[dict[str, Any], bool]:
-    """Store a batch in ``session``'s transaction; returns its description and ``created``."""
-    batch, created = batches.store_batch(
-        session, tenant, lines, options, get_registry(), get_settings()
-    )
+    """Store a batch in ``session``'s transaction; returns its description and ``created``.
+
+    A refusal is counted per tenant and reason (metrics) before it propagates.
+    """
+    try:
+        batch, created = batches.store_batch(
+            session, tenant, lines, options, get_registry(), get_settings()
+        )
+    except (ClientError, Overloaded) as exc:
+        counters.record_rejection(get_redis(), tenant.name, exc.code)
+        raise
     return batches.describe(session, batch), created
 
 
@@ -134,3 +141,22 @@ def cancel_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
         described = batches.describe(session, batch)
     announce(get_redis(), batch_id)
     return described
+
+
+def usage(
+    *,
+    tenant: str | Tenant | None,
+    start: str | None = None,
+    end: str | None = None,
+    group_by: str = "model",
+) -> list[dict[str, Any]]:
+    """Requests, tokens, cost and waste per model, day (or tenant, for ``tenant=None``:
+    the admin view over all tenants) between ``start`` and ``end`` (ISO dates)."""
+    import datetime as dt
+
+    from app import usage as usage_report
+
+    first, last = usage_report.parse_range(start, end, dt.datetime.now(dt.UTC).date())
+    with session_scope() as session:
+        tenant_id = None if tenant is None else _tenant(session, tenant).id
+        return usage_report.report(session, first, last, group_by, tenant_id)

@@ -80,6 +80,8 @@ class Settings(BaseSettings):
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    # When set, GET /metrics wants "Authorization: Bearer <token>".
+    metrics_token: str | None = Field(default=None, repr=False)
 
     @property
     def broker_url(self) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import redis
 
 from app import keys
@@ -29,3 +31,19 @@ def incr(client: redis.Redis, model: str, field: str, amount: float = 1) -> None
 def read(client: redis.Redis, model: str) -> dict[str, float]:
     raw = client.hgetall(keys.counters(model))
     return {(k.decode() if isinstance(k, bytes) else k): float(v) for k, v in raw.items()}
+
+
+def record_rejection(client: redis.Redis, tenant: str, reason: str) -> None:
+    """Count a refused submission (reason: the error code, e.g. ``tenant_over_quota``)."""
+    with contextlib.suppress(redis.RedisError):
+        client.hincrby(keys.rejections(), f"{reason}:{tenant}", 1)
+
+
+def read_rejections(client: redis.Redis) -> dict[tuple[str, str], float]:
+    """``{(tenant, reason): count}``."""
+    out: dict[tuple[str, str], float] = {}
+    for field, value in client.hgetall(keys.rejections()).items():
+        text = field.decode() if isinstance(field, bytes) else field
+        reason, _, tenant = text.partition(":")
+        out[(tenant, reason)] = float(value)
+    return out

@@ -6,6 +6,7 @@
 │   ├── ``ValidationFailed``   400, names the line and field
 │   ├── ``PayloadTooLarge``    413
 │   ├── ``Unauthorized``       401
+│   ├── ``Forbidden``          403 (an admin key is needed)
 │   ├── ``NotFound``           404 (also another tenant's id)
 │   ├── ``Conflict``           409
 │   └── ``OverQuota``          429 + Retry-After (the tenant's own limits)
@@ -64,6 +65,11 @@ class PayloadTooLarge(ClientError):
 class Unauthorized(ClientError):
     status_code = 401
     code = "unauthorized"
+
+
+class Forbidden(ClientError):
+    status_code = 403
+    code = "forbidden"
 
 
 class NotFound(ClientError):

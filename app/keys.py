@@ -38,5 +38,9 @@ def counters(model: str) -> str:
     return f"{PREFIX}counters:{model}"
 
 
-def cancel_channel(batch_id: str) -> str:
-    return f"{PREFIX}cancel:{batch_id}"
+def rejections() -> str:
+    """Hash of refused submissions, field ``<reason>:<tenant name>``."""
+    return f"{PREFIX}rejections"
+
+
+CANCEL_CHANNEL = f"{PREFIX}cancel"

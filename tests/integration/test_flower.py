@@ -1,0 +1,88 @@
+"""Flower against the test broker: basic auth required, task arguments are ids only."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from app import client
+from app.embedded import free_port
+from tests.helpers import chat_line, make_tenant, wait_batches
+
+pytestmark = pytest.mark.integration
+
+SECRET = "Unreleased kettle with quantum boil"
+
+
+@pytest.fixture
+def flower(services, tmp_path):
+    port = free_port()
+    log = open(tmp_path / "flower.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks.celery_app",
+            "flower",
+            f"--port={port}",
+            "--address=127.0.0.1",
+            "--basic-auth=ops:s3cret",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ},
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"{url}/healthcheck", timeout=0.5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise RuntimeError((tmp_path / "flower.log").read_text())
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator, workers, flower):
+    make_tenant("watched")
+    workers(concurrency=4)
+    batch = client.submit_batch(
+        [chat_line(f"f{i}", text=f"{SECRET} #{i}") for i in range(6)], tenant="watched"
+    )
+    wait_batches([batch["id"]])
+
+    assert httpx.get(f"{flower}/api/tasks").status_code == 401
+    assert httpx.get(f"{flower}/api/tasks", auth=("ops", "wrong")).status_code == 401
+    tasks: dict = {}
+    for _ in range(50):  # events arrive asynchronously
+        res = httpx.get(f"{flower}/api/tasks", auth=("ops", "s3cret"))
+        assert res.status_code == 200
+        tasks = res.json()
+        if sum(t["name"] == "batchgen.generate" for t in tasks.values()) >= 6:
+            break
+        time.sleep(0.2)
+    generate = [t for t in tasks.values() if t["name"] == "batchgen.generate"]
+    assert len(generate) >= 6
+    assert SECRET not in res.text
+    for t in generate:
+        assert t["args"].strip("[]()").isdigit()  # the item id, nothing else
+        assert "model" in t["kwargs"]
+    workers_seen = httpx.get(
+        f"{flower}/api/workers", auth=("ops", "s3cret"), params={"refresh": "true"}
+    ).json()
+    assert workers_seen
