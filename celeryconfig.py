@@ -60,3 +60,14 @@ beat_schedule = {
     "dispatch": {"task": "batchgen.dispatch", "schedule": _settings.dispatch_interval_s},
     "sweep": {"task": "batchgen.sweep", "schedule": _settings.sweep_interval_s},
 }
+
+# --- Nightly description jobs (app/nightly, tasks/nightly.py) ----------------
+# BATCHGEN_NIGHTLY_CRON (five cron fields, UTC) starts every job of
+# BATCHGEN_NIGHTLY_JOBS_FILE; the task does nothing while that is unset.
+from app.nightly import cron_schedule  # noqa: E402
+
+beat_schedule["nightly-descriptions"] = {
+    "task": "batchgen.nightly",
+    "schedule": cron_schedule(_settings.nightly_cron),
+}
+# --- end of nightly description jobs ------------------------------------------

@@ -125,7 +125,7 @@ def store_batch(
     batch.total_items = total
     session.flush()
     quotas.check_models(session, tokens_by_model, registry, settings)
-    quotas.check_tenant(session, tenant, total, registry, sorted(tokens_by_model))
+    quotas.check_tenant(session, tenant, registry, sorted(tokens_by_model))
     return batch, True
 
 

@@ -1,51 +1,47 @@
 """The ``batchgen`` command line (Typer). Service commands start embedded
-PostgreSQL and Redis when ``DATABASE_URL`` / ``REDIS_URL`` are unset."""
+PostgreSQL and Redis when ``DATABASE_URL`` / ``REDIS_URL`` are unset.
+
+Exit codes: 0 ok, 1 error, 2 wrong usage. ``--json`` prints one JSON document."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import sys
-from collections.abc import Iterator
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from app.config import Settings, get_settings
+from app.cli_batches import register as register_batch_commands
+from app.cli_common import console, err, fail, handled, print_json
+from app.cli_common import services as _services
+from app.config import get_settings
 from app.errors import BatchgenError
+from app.registry import ChargePolicy
 
 cli = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 tenants_cli = typer.Typer(no_args_is_help=True, help="Create, list and revoke tenants.")
 db_cli = typer.Typer(no_args_is_help=True, help="Database schema (Alembic).")
 cli.add_typer(tenants_cli, name="tenants")
 cli.add_typer(db_cli, name="db")
-console = Console()
-err = Console(stderr=True)
-
-
-@contextlib.contextmanager
-def _services() -> Iterator[Settings]:
-    """Ensure the servers run (embedded if no URLs are set), then yield fresh settings."""
-    from app import embedded
-
-    with embedded.services(Settings().data_dir):
-        get_settings.cache_clear()
-        yield get_settings()
+register_batch_commands(cli)  # submit, watch, results, cancel, nightly run
+JSON = typer.Option(False, "--json", help="Print one JSON document for scripts.")
 
 
 def _fail(exc: BatchgenError, code: int = 1) -> None:
-    err.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(code)
+    fail(str(exc), code)
 
 
 @db_cli.command("upgrade")
 def db_upgrade(revision: str = "head") -> None:
     """Apply migrations (creates the schema on an empty database)."""
+    from alembic.util import CommandError
+
     from app import db
 
     with _services():
-        db.upgrade(revision=revision)
+        try:
+            db.upgrade(revision=revision)
+        except CommandError as exc:
+            fail(f"migration: {exc}")
     console.print(f"database at {revision}")
 
 
@@ -54,27 +50,23 @@ def tenants_create(
     name: str,
     weight: int = typer.Option(1, help="Share of capacity relative to other tenants."),
     admin: bool = typer.Option(False, help="May read every tenant's batches and usage."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JSON,
 ) -> None:
     """Create a tenant and print its API key (shown this once; only a hash is kept)."""
     from app import db, tenants
 
-    with _services():
-        try:
-            with db.session_scope() as session:
-                tenant, key = tenants.create_tenant(session, name, weight=weight, is_admin=admin)
-                tenant_id = tenant.id
-        except BatchgenError as exc:
-            _fail(exc)
+    with _services(), handled(), db.session_scope() as session:
+        tenant, key = tenants.create_tenant(session, name, weight=weight, is_admin=admin)
+        tenant_id = tenant.id
     if as_json:
-        print(json.dumps({"id": tenant_id, "name": name, "api_key": key}))
+        print_json({"id": tenant_id, "name": name, "api_key": key})
     else:
-        console.print(f"tenant {name} (id {tenant_id}) created. API key, shown once:")
+        err.print(f"tenant {name} (id {tenant_id}) created. API key, shown once:")
         print(key)
 
 
 @tenants_cli.command("list")
-def tenants_list(as_json: bool = typer.Option(False, "--json")) -> None:
+def tenants_list(as_json: bool = JSON) -> None:
     """List tenants (key prefixes only)."""
     from app import db, tenants
 
@@ -90,53 +82,40 @@ def tenants_list(as_json: bool = typer.Option(False, "--json")) -> None:
             for t in tenants.list_tenants(session)
         ]
     if as_json:
-        print(json.dumps(rows))
+        print_json(rows)
         return
     table = Table("id", "name", "key prefix", "weight", "revoked")
     for r in rows:
-        table.add_row(
-            str(r["id"]),
-            str(r["name"]),
-            str(r["key_prefix"]),
-            str(r["weight"]),
-            "yes" if r["revoked"] else "",
-        )
+        revoked = "yes" if r["revoked"] else ""
+        table.add_row(str(r["id"]), str(r["name"]), str(r["key_prefix"]), str(r["weight"]), revoked)
     console.print(table)
 
 
 @tenants_cli.command("revoke")
-def tenants_revoke(name: str) -> None:
-    """Revoke a tenant's API key."""
+def tenants_revoke(name: str, as_json: bool = JSON) -> None:
+    """Revoke a tenant's API key (its batches stay; new requests get 401)."""
     from app import db, tenants
 
-    with _services():
-        try:
-            with db.session_scope() as session:
-                tenants.revoke(session, name)
-        except BatchgenError as exc:
-            _fail(exc)
-    console.print(f"tenant {name}: key revoked")
+    with _services(), handled(), db.session_scope() as session:
+        tenants.revoke(session, name)
+    if as_json:
+        print_json({"name": name, "revoked": True})
+    else:
+        console.print(f"tenant {name}: key revoked")
 
 
 @cli.command()
-def models(as_json: bool = typer.Option(False, "--json")) -> None:
+def models(as_json: bool = JSON) -> None:
     """Show the model registry."""
     from app.registry import get_registry
 
-    specs = list(get_registry())
+    with handled():
+        specs = list(get_registry())
     if as_json:
-        print(json.dumps([s.model_dump(mode="json") for s in specs]))
+        print_json([s.model_dump(mode="json") for s in specs])
         return
-    table = Table(
-        "model",
-        "provider",
-        "queue",
-        "tokens/min",
-        "requests/min",
-        "concurrency",
-        "$ in/1M",
-        "$ out/1M",
-    )
+    columns = ["model", "provider", "queue", "tokens/min", "requests/min", "concurrency"]
+    table = Table(*columns, "$ in/1M", "$ out/1M")
     for s in specs:
         table.add_row(
             s.name,
@@ -151,24 +130,20 @@ def models(as_json: bool = typer.Option(False, "--json")) -> None:
     console.print(table)
 
 
+def _beat_schedule_file() -> str:
+    """Beat's state file, in the data folder (the working directory may be read-only)."""
+    data_dir = get_settings().data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return str(data_dir / "celerybeat-schedule")
+
+
 def _celery_worker(queues: list[str], concurrency: int, beat: bool, name: str) -> None:
     from tasks.celery_app import celery_app
 
-    argv = [
-        "worker",
-        "-Q",
-        ",".join(queues),
-        "-P",
-        "threads",
-        "-c",
-        str(concurrency),
-        "-n",
-        f"{name}@%h",
-        "--loglevel",
-        get_settings().log_level,
-    ]
+    argv = ["worker", "-Q", ",".join(queues), "-P", "threads", "-c", str(concurrency)]
+    argv += ["-n", f"{name}@%h", "--loglevel", get_settings().log_level]
     if beat:
-        argv.append("-B")
+        argv += ["-B", "-s", _beat_schedule_file()]
     celery_app.worker_main(argv)
 
 
@@ -182,11 +157,11 @@ def worker(
     """A Celery worker (thread pool) for one or more model groups."""
     from app.registry import get_registry
 
-    registry = get_registry()
+    with handled():
+        registry = get_registry()
     unknown = set(group or []) - set(registry.groups)
     if unknown:
-        err.print(f"[red]error:[/red] unknown group(s) {sorted(unknown)}; known: {registry.groups}")
-        raise typer.Exit(2)
+        fail(f"unknown group(s) {sorted(unknown)}; known: {registry.groups}", 2)
     queues = ["llm." + g for g in (group or registry.groups)]
     with _services() as settings:
         _celery_worker(
@@ -195,21 +170,58 @@ def worker(
 
 
 @cli.command()
-def dispatcher() -> None:
-    """The dispatcher and sweep: a worker on the control queue with beat embedded."""
+def dispatcher(
+    beat: bool = typer.Option(
+        True,
+        help="Embed Celery beat (dispatch, sweep and nightly ticks); --no-beat when "
+        "`batchgen beat` runs on its own.",
+    ),
+) -> None:
+    """The dispatcher and sweep: a worker on the control queue (beat embedded by default)."""
     from celeryconfig import CONTROL_QUEUE
 
     with _services():
-        _celery_worker([CONTROL_QUEUE], 2, True, "dispatcher")
+        _celery_worker([CONTROL_QUEUE], 2, beat, "dispatcher")
 
 
 @cli.command()
 def beat() -> None:
-    """Celery beat alone (dispatch and sweep ticks)."""
+    """Celery beat alone (dispatch, sweep and nightly ticks); run exactly one."""
+    from tasks.celery_app import celery_app
+
+    with _services() as settings:
+        celery_app.start(["beat", "-s", _beat_schedule_file(), "--loglevel", settings.log_level])
+
+
+@cli.command()
+def flower(
+    port: int = typer.Option(5555, help="HTTP port."),
+    address: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: all)."),
+    basic_auth: str | None = typer.Option(
+        None,
+        "--basic-auth",
+        help="user:password; default BATCHGEN_FLOWER_USER and BATCHGEN_FLOWER_PASSWORD.",
+    ),
+) -> None:
+    """Flower on the configured broker, behind HTTP basic auth (required)."""
+    settings = get_settings()
+    if basic_auth is None and settings.flower_user and settings.flower_password:
+        basic_auth = f"{settings.flower_user}:{settings.flower_password}"
+    user, _, password = (basic_auth or "").partition(":")
+    if not user or not password:
+        fail(
+            "Flower needs basic auth: set BATCHGEN_FLOWER_USER and BATCHGEN_FLOWER_PASSWORD "
+            "or pass --basic-auth user:password",
+            2,
+        )
     from tasks.celery_app import celery_app
 
     with _services():
-        celery_app.start(["beat", "--loglevel", get_settings().log_level])
+        console.print(f"flower on http://{address}:{port} (basic auth as {user})")
+        # In-process: the password stays out of the process list.
+        celery_app.start(
+            ["flower", f"--basic-auth={basic_auth}", f"--port={port}", f"--address={address}"]
+        )
 
 
 @cli.command()
@@ -234,7 +246,9 @@ def simulator(
     latency_ms: float = typer.Option(100.0, help="Base latency of an answer."),
     per_token_ms: float = typer.Option(1.0, help="Extra latency per output token."),
     fault_rate: float = typer.Option(0.0, help="Share of requests answered with a fault."),
-    charge_mode: str = typer.Option("reserve", help="'reserve' (OpenAI) or 'actual' (Anthropic)."),
+    charge_mode: ChargePolicy = typer.Option(
+        ChargePolicy.RESERVE, help="'reserve' (OpenAI) or 'actual' (Anthropic)."
+    ),
 ) -> None:
     """The provider simulator (OpenAI and Anthropic APIs, rate limits, faults)."""
     from app.simulator import SimulatorConfig, run_simulator
@@ -245,7 +259,7 @@ def simulator(
         latency_base_ms=latency_ms,
         latency_per_token_ms=per_token_ms,
         fault_rate=fault_rate,
-        charge_mode=charge_mode,  # type: ignore[arg-type]  # validated by the config
+        charge_mode=charge_mode.value,  # type: ignore[arg-type]  # the same two values
     )
     console.print(f"simulator on http://{host}:{port} (OpenAI: /v1, Anthropic: /v1/messages)")
     run_simulator(host, port, config)
@@ -253,7 +267,7 @@ def simulator(
 
 @cli.command()
 def demo(
-    items: int = typer.Option(300, help="Requests to submit across 3 tenants and 2 models."),
+    items: int = typer.Option(300, min=1, help="Requests to submit across 3 tenants and 2 models."),
     anthropic: bool = typer.Option(False, "--anthropic", help="Use the Anthropic-mode model."),
 ) -> None:
     """End to end on embedded servers: simulator, worker, dispatcher, 3 tenants, a table."""
@@ -271,6 +285,8 @@ def main() -> None:
         err.print(f"[red]error:[/red] {exc}")
         sys.exit(1)
 
+
+__all__ = ["cli", "main"]
 
 if __name__ == "__main__":
     main()

@@ -6,6 +6,8 @@ dies holding one loses it when the lease runs out, with no cleanup needed.
 
 from __future__ import annotations
 
+import time
+
 import redis
 
 from app import keys
@@ -29,6 +31,4 @@ class Slots:
 
     def held(self, model: str) -> int:
         """Slots currently held (leases not yet expired)."""
-        import time
-
         return int(self.client.zcount(keys.slots(model), time.time(), "+inf"))

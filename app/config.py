@@ -83,6 +83,18 @@ class Settings(BaseSettings):
     # When set, GET /metrics wants "Authorization: Bearer <token>".
     metrics_token: str | None = Field(default=None, repr=False)
 
+    # Nightly description jobs (app/nightly/, tasks/nightly.py) -----------------
+    # The TOML file listing the jobs; unset: the nightly task has nothing to do.
+    nightly_jobs_file: Path | None = None
+    # When Celery beat starts them: a five-field cron expression (Celery's timezone, UTC).
+    nightly_cron: str = "0 2 * * *"
+    # How often a submitted nightly run checks whether its batches have ended.
+    nightly_poll_s: float = 60.0
+    # Basic auth that `batchgen flower` requires (it refuses to start without it).
+    flower_user: str | None = None
+    flower_password: str | None = Field(default=None, repr=False)
+    # ------------------------------------------------ end of nightly description jobs
+
     @property
     def broker_url(self) -> str:
         """The Celery broker: ``CELERY_BROKER_URL``, else the Redis server."""

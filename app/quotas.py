@@ -78,9 +78,7 @@ def check_models(
             )
 
 
-def check_tenant(
-    session: Session, tenant: Tenant, new_items: int, registry: Registry, models: list[str]
-) -> None:
+def check_tenant(session: Session, tenant: Tenant, registry: Registry, models: list[str]) -> None:
     """429 when the tenant is over its own open-items or daily-token bounds."""
     if tenant.max_pending_items is not None:
         open_items = (

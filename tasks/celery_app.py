@@ -6,7 +6,9 @@ from typing import Any
 
 from celery import Celery, signals
 
-celery_app = Celery("batchgen", include=["tasks.generate", "tasks.dispatch", "tasks.sweep"])
+celery_app = Celery(
+    "batchgen", include=["tasks.generate", "tasks.dispatch", "tasks.sweep", "tasks.nightly"]
+)
 celery_app.config_from_object("celeryconfig")
 
 

@@ -55,3 +55,16 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for w in started:
         w.stop()
+
+
+@pytest.fixture
+def restore_env() -> Iterator[None]:
+    """Put ``os.environ`` back as it was after the test and forget the cached settings
+    (for tests whose host-app config exports ``BATCHGEN_*`` variables)."""
+    from app.config import get_settings
+
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+    get_settings.cache_clear()

@@ -1,0 +1,67 @@
+"""What every ``batchgen`` command shares: consoles, servers, errors and JSON output.
+
+Exit codes: 0 ok, 1 an error (a clear message on stderr), 2 wrong usage.
+Messages and progress bars go to stderr, results to stdout (``--json``:
+one JSON document), and no command prints prompt text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from app.config import Settings, get_settings
+from app.errors import BatchgenError
+
+console = Console()
+err = Console(stderr=True)
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+@contextlib.contextmanager
+def services() -> Iterator[Settings]:
+    """Ensure the servers run (embedded if no URLs are set), then yield fresh settings."""
+    from app import embedded
+
+    with embedded.services(Settings().data_dir):
+        get_settings.cache_clear()
+        yield get_settings()
+
+
+def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    err.print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def handled() -> Iterator[None]:
+    """Turn the project's errors into a message and exit code 1."""
+    try:
+        yield
+    except BatchgenError as exc:
+        fail(str(exc))
+
+
+def print_json(data: Any) -> None:
+    """One JSON document on stdout."""
+    typer.echo(json.dumps(data, default=str))
+
+
+def progress() -> Progress:
+    """A progress bar on stderr (counts, elapsed time)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+    )

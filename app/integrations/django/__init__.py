@@ -1,0 +1,18 @@
+"""A reusable Django app serving the batch API and offering the Python API.
+
+    # settings.py
+    INSTALLED_APPS += ["app.integrations.django"]
+    BATCHGEN_DATABASE_URL = "postgresql://…"   # any BATCHGEN_* setting of app.config
+
+    # urls.py
+    path("batchgen/", include("app.integrations.django.urls"))
+
+    # a view
+    from app.integrations.django.services import submit_batch
+
+The HTTP API answers under the include's prefix exactly as the standalone
+Flask API does (the same code serves it). The app has no models and no
+migrations: batchgen's schema belongs to its Alembic migrations
+(``batchgen db upgrade``). ``manage.py batchgen_submit FILE --tenant NAME``
+submits a JSONL file.
+"""

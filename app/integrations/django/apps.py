@@ -1,0 +1,18 @@
+"""The Django app config: exports the project's ``BATCHGEN_*`` settings at start-up."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class BatchgenConfig(AppConfig):
+    name = "app.integrations.django"
+    label = "batchgen"
+    verbose_name = "batchgen"
+
+    def ready(self) -> None:
+        from django.conf import settings
+
+        from app.integrations import apply_settings
+
+        apply_settings({key: getattr(settings, key) for key in dir(settings) if key.isupper()})

@@ -1,0 +1,11 @@
+"""``path("batchgen/", include("app.integrations.django.urls"))`` mounts the batch API."""
+
+from __future__ import annotations
+
+from django.urls import re_path
+
+from app.integrations.django.views import api
+
+app_name = "batchgen"
+
+urlpatterns = [re_path(r"^(?P<subpath>.*)$", api, name="api")]

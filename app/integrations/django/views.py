@@ -1,0 +1,101 @@
+"""The batch API inside Django: the request is handed, as WSGI, to the same Flask
+blueprint that serves the standalone API, so answers are identical by construction
+(status, headers, error JSON, streamed results).
+
+The body is passed as a stream (nothing is read into memory here), and the
+view is CSRF-exempt: callers authenticate with a bearer key, not a cookie.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from flask import Flask
+
+# Headers that belong to one hop; the Django server sets its own.
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
+)
+
+
+@functools.cache
+def wsgi_app() -> Flask:
+    """The API as a WSGI app of its own (the host's logging is left alone)."""
+    from app.api import blueprint
+
+    api_app = Flask("batchgen.django")
+    api_app.register_blueprint(blueprint)
+    return api_app
+
+
+def _wsgi_str(text: str) -> str:
+    # WSGI carries paths as latin-1 decoded bytes.
+    return text.encode("utf-8").decode("latin-1")
+
+
+def wsgi_environ(request: HttpRequest, subpath: str) -> dict[str, Any]:
+    """A WSGI environ for the API app: ``PATH_INFO`` is the path below the mount."""
+    meta = request.META
+    full = request.path_info
+    mount = full[: len(full) - len(subpath)].rstrip("/")
+    environ: dict[str, Any] = {k: v for k, v in meta.items() if isinstance(v, str)}
+    environ.update(
+        {
+            "REQUEST_METHOD": request.method or "GET",
+            "SCRIPT_NAME": _wsgi_str(str(meta.get("SCRIPT_NAME", "")) + mount),
+            "PATH_INFO": _wsgi_str("/" + subpath),
+            "QUERY_STRING": str(meta.get("QUERY_STRING", "")),
+            "SERVER_NAME": str(meta.get("SERVER_NAME", "localhost")),
+            "SERVER_PORT": str(meta.get("SERVER_PORT", "80")),
+            "SERVER_PROTOCOL": str(meta.get("SERVER_PROTOCOL", "HTTP/1.1")),
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": request.scheme,
+            # Django's request is a file-like view of the body, bounded by its length.
+            "wsgi.input": request,
+            "wsgi.input_terminated": True,
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": True,
+            "wsgi.run_once": False,
+        }
+    )
+    return environ
+
+
+def call_wsgi(
+    app: Callable[..., Iterable[bytes]], environ: dict[str, Any]
+) -> HttpResponse | StreamingHttpResponse:
+    """Run a WSGI app and turn its answer into a Django response (streamed if it streams)."""
+    started: dict[str, Any] = {}
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        started["status"], started["headers"] = status, headers
+        return lambda data: None  # the write() callable; Flask never uses it
+
+    body = app(environ, start_response)
+    code, _, reason = started["status"].partition(" ")
+    headers = [(k, v) for k, v in started["headers"] if k.lower() not in HOP_BY_HOP]
+    response: HttpResponse | StreamingHttpResponse
+    if any(k.lower() == "content-length" for k, _ in headers):
+        try:
+            response = HttpResponse(b"".join(body), status=int(code), reason=reason or None)
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+    else:  # a stream (results): Django iterates, then closes it
+        response = StreamingHttpResponse(body, status=int(code), reason=reason or None)
+    for key, value in headers:
+        response[key] = value
+    return response
+
+
+@csrf_exempt
+def api(request: HttpRequest, subpath: str) -> HttpResponse | StreamingHttpResponse:
+    """Every API route below the include's prefix."""
+    return call_wsgi(wsgi_app(), wsgi_environ(request, subpath))

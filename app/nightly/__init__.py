@@ -1,0 +1,57 @@
+"""Nightly description jobs: a product catalog → prompts → a bulk batch per job and day.
+
+A job reads a catalog (a CSV or JSONL file, or rows of a SQL table), renders
+one prompt per product from a Jinja2 template (tone and locale per job),
+submits them with priority ``bulk`` under the idempotency key
+``nightly:<job>:<date>:<part>`` (so a beat that fires twice submits once), and
+when the batches have ended writes the descriptions to a JSONL/CSV file or a
+table and logs a one-line report. The jobs live in a TOML file
+(``BATCHGEN_NIGHTLY_JOBS_FILE``); relative paths are relative to that file::
+
+    [[jobs]]
+    name = "shop-en"
+    tenant = "acme"
+    model = "sim-small"
+    catalog = "catalog.csv"                 # or "products.jsonl", or a table:
+    # catalog = { table = "products", url_env = "SHOP_DATABASE_URL" }
+    id_column = "id"                        # the product key, also the custom_id
+    template = "description.j2"             # optional: DEFAULT_TEMPLATE otherwise
+    tone = "friendly"
+    locale = "en-US"
+    max_tokens = 200
+    output = "out/{job}-{date}.jsonl"       # .jsonl or .csv, or { table = "..." }
+    report = "out/{job}-{date}.report"      # optional: the report line, also logged
+
+A table without ``url``/``url_env`` is in batchgen's own database. An output
+table is created if missing (``product_id, job, run_date, locale,
+description``); a run replaces its own rows.
+"""
+
+from app.nightly.catalog import DEFAULT_TEMPLATE, PromptRenderer, read_catalog
+from app.nightly.jobs import (
+    Job,
+    TableRef,
+    cron_schedule,
+    jobs_from_settings,
+    load_jobs,
+    select_jobs,
+)
+from app.nightly.output import output_table
+from app.nightly.runs import RunReport, collect_job, run_batch_ids, submit_job
+
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "Job",
+    "PromptRenderer",
+    "RunReport",
+    "TableRef",
+    "collect_job",
+    "cron_schedule",
+    "jobs_from_settings",
+    "load_jobs",
+    "output_table",
+    "read_catalog",
+    "run_batch_ids",
+    "select_jobs",
+    "submit_job",
+]

@@ -1,0 +1,155 @@
+"""A nightly run: submit a job's batches for a day (once), then collect and report."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import func, select
+
+from app import client
+from app.config import Settings, get_settings
+from app.db import session_scope
+from app.errors import NotFound, ValidationFailed
+from app.nightly.catalog import PromptRenderer, chunks, read_catalog
+from app.nightly.jobs import Job, TableRef
+from app.nightly.output import description, write_file, write_table, write_text
+from app.schema import Batch, Tenant, UsageLedger
+from app.status import Priority
+
+log = logging.getLogger(__name__)
+
+
+def run_batch_ids(job: Job, day: dt.date) -> list[str]:
+    """The ids of the batches of ``job`` for ``day``, in part order."""
+    with session_scope() as session:
+        rows = session.execute(
+            select(Batch.id, Batch.idempotency_key)
+            .join(Tenant, Tenant.id == Batch.tenant_id)
+            .where(
+                Tenant.name == job.tenant,
+                Batch.idempotency_key.startswith(job.key_prefix(day), autoescape=True),
+            )
+        ).all()
+    return [r.id for r in sorted(rows, key=lambda r: int(str(r.idempotency_key).rsplit(":")[-1]))]
+
+
+def submit_job(job: Job, day: dt.date, settings: Settings | None = None) -> tuple[list[str], bool]:
+    """Submit the job's batches for ``day`` unless they exist; returns ``(ids, created)``.
+
+    A catalog larger than ``BATCHGEN_MAX_BATCH_LINES`` goes in several parts,
+    each a batch with its own idempotency key.
+    """
+    settings = settings or get_settings()
+    before = set(run_batch_ids(job, day))
+    renderer = PromptRenderer(job)
+    ids: list[str] = []
+    for part, products in enumerate(chunks(read_catalog(job), settings.max_batch_lines)):
+        offset = part * settings.max_batch_lines
+        batch = client.submit_batch(
+            (renderer.request(p, offset + i + 1) for i, p in enumerate(products)),
+            tenant=job.tenant,
+            completion_window=job.completion_window,
+            metadata={"nightly_job": job.name, "run_date": day.isoformat(), "part": part},
+            idempotency_key=f"{job.key_prefix(day)}{part}",
+            priority=Priority.BULK,
+        )
+        ids.append(batch["id"])
+    if not ids:
+        raise ValidationFailed(f"nightly job {job.name}: the catalog is empty")
+    created = not set(ids) <= before
+    log.info("nightly job=%s date=%s batches=%s created=%s", job.name, day, ids, created)
+    return ids, created
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What a finished run produced; ``line()`` is the one-line report."""
+
+    job: str
+    date: str
+    batches: list[str]
+    products: int
+    written: int
+    succeeded: int
+    failed: int
+    expired: int
+    cancelled: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: Decimal
+
+    def line(self) -> str:
+        return (
+            f"nightly job={self.job} date={self.date} products={self.products} "
+            f"written={self.written} succeeded={self.succeeded} failed={self.failed} "
+            f"expired={self.expired} cancelled={self.cancelled} "
+            f"prompt_tokens={self.prompt_tokens} completion_tokens={self.completion_tokens} "
+            f"cost_usd={self.cost_usd:.6f} batches={','.join(self.batches)}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "cost_usd": str(self.cost_usd), "line": self.line()}
+
+
+def _descriptions(job: Job, batch_ids: list[str]) -> Iterator[dict[str, Any]]:
+    for batch_id in batch_ids:
+        for row in client.iter_results(batch_id, tenant=job.tenant):
+            text = description(row)
+            if text is not None:
+                yield {"id": row["custom_id"], "locale": job.locale, "description": text}
+
+
+def _usage(batch_ids: list[str]) -> tuple[int, int, Decimal]:
+    """Tokens and cost of every billed call of the batches (wasted ones included)."""
+    with session_scope() as session:
+        row = session.execute(
+            select(
+                func.coalesce(func.sum(UsageLedger.prompt_tokens), 0),
+                func.coalesce(func.sum(UsageLedger.completion_tokens), 0),
+                func.coalesce(func.sum(UsageLedger.cost_usd), 0),
+            ).where(UsageLedger.batch_id.in_(batch_ids))
+        ).one()
+    return int(row[0]), int(row[1]), Decimal(row[2])
+
+
+def collect_job(job: Job, day: dt.date) -> RunReport | None:
+    """Once every batch of the run has ended: write the output and report; else ``None``."""
+    batch_ids = run_batch_ids(job, day)
+    if not batch_ids:
+        raise NotFound(f"nightly job {job.name}: no batches for {day.isoformat()}")
+    infos = [client.get_batch(b, tenant=job.tenant) for b in batch_ids]
+    if any(info["finished_at"] is None for info in infos):
+        return None
+    rows = _descriptions(job, batch_ids)
+    if isinstance(job.output, TableRef):
+        written = write_table(job.output, job, day, rows)
+    else:
+        written = write_file(job.path(job.output, day), rows)
+    counts = {
+        k: sum(i["request_counts"][k] for i in infos)
+        for k in ("total", "succeeded", "failed", "expired", "cancelled")
+    }
+    prompt_tokens, completion_tokens, cost_usd = _usage(batch_ids)
+    report = RunReport(
+        job=job.name,
+        date=day.isoformat(),
+        batches=batch_ids,
+        products=counts["total"],
+        written=written,
+        succeeded=counts["succeeded"],
+        failed=counts["failed"],
+        expired=counts["expired"],
+        cancelled=counts["cancelled"],
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cost_usd=cost_usd,
+    )
+    if job.report is not None:
+        write_text(job.path(job.report, day), report.line() + "\n")
+    log.info("%s", report.line())
+    return report

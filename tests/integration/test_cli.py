@@ -1,0 +1,297 @@
+"""The ``batchgen`` CLI: each command's happy path and its main error.
+
+In-process commands run through Typer's CliRunner; the long-running ones
+(worker, dispatcher, beat, api, simulator, flower) as real processes. This
+module shares one ``batchgen worker --group sim`` and one ``batchgen
+dispatcher`` process, so its tests use fresh tenant names instead of
+``clean_db`` (which would flush the broker under them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from app import db
+from app.cli import cli
+from app.config import get_settings
+from app.embedded import free_port
+from app.schema import Item
+from tests.helpers import chat_line, jsonl
+
+pytestmark = pytest.mark.integration
+SECRET = "SECRET-PROMPT-TEXT"
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    ready_file: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            if self.process.poll() is not None:
+                raise AssertionError(f"{self.name} exited {self.process.returncode}: {self.text()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} not ready: {self.text()[-3000:]}")
+            time.sleep(0.1)
+
+    def wait_worker(self) -> None:
+        self.wait(lambda: self.ready_file.exists() or " ready." in self.text())
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+
+def start(args: list[str], folder: Path, env: dict[str, str] | None = None) -> Service:
+    """``batchgen ARGS`` as a process of its own (process group), logging to a file."""
+    name = args[0] + "-" + uuid.uuid4().hex[:4]
+    log, ready = folder / f"{name}.log", folder / f"{name}.ready"
+    with open(log, "wb") as fh:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", *args],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "BATCHGEN_READY_FILE": str(ready), **(env or {})},
+            start_new_session=True,
+        )
+    return Service(name, process, log, ready)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cli")
+
+
+@pytest.fixture(scope="module")
+def stack(services, simulator, folder) -> Iterator[dict[str, Service]]:
+    """``batchgen worker --group sim`` and ``batchgen dispatcher``: the commands' happy path
+    and the processing for this module's batches."""
+    env = {"BATCHGEN_DATA_DIR": str(folder / "data"), "BATCHGEN_NIGHTLY_POLL_S": "0.3"}
+    procs = {
+        "worker": start(["worker", "--group", "sim", "--concurrency", "8"], folder, env),
+        "dispatcher": start(["dispatcher"], folder, env),
+    }
+    try:
+        for p in procs.values():
+            p.wait_worker()
+        yield procs
+    finally:
+        for p in procs.values():
+            p.stop()
+
+
+@pytest.fixture
+def run() -> Callable[..., object]:
+    runner = CliRunner()
+
+    def invoke(*args: str) -> object:
+        result = runner.invoke(cli, [str(a) for a in args], env={"COLUMNS": "200"})
+        get_settings.cache_clear()
+        return result
+
+    return invoke
+
+
+@pytest.fixture
+def tenant(services, run) -> str:
+    name = "t-" + uuid.uuid4().hex[:8]
+    result = run("tenants", "create", name, "--json")
+    assert result.exit_code == 0, result.output
+    return name
+
+
+def test_tenants(services, run):
+    name = "acme-" + uuid.uuid4().hex[:6]
+    created = run("tenants", "create", name, "--weight", "3", "--json")
+    assert created.exit_code == 0, created.output
+    assert json.loads(created.stdout)["api_key"].startswith("bg_")
+    duplicate = run("tenants", "create", name)
+    assert duplicate.exit_code == 1 and "already exists" in duplicate.stderr
+    listed = json.loads(run("tenants", "list", "--json").stdout)
+    assert {"name": name, "weight": 3, "revoked": False}.items() <= next(
+        t for t in listed if t["name"] == name
+    ).items()
+    assert name in run("tenants", "list").stdout
+    assert run("tenants", "revoke", name).exit_code == 0
+    assert next(
+        t for t in json.loads(run("tenants", "list", "--json").stdout) if t["name"] == name
+    )["revoked"]
+    unknown = run("tenants", "revoke", "nobody-" + name)
+    assert unknown.exit_code == 1 and "no tenant named" in unknown.stderr
+
+
+def test_models_and_db_upgrade(services, run, tmp_path, restore_env):
+    models = json.loads(run("models", "--json").stdout)
+    assert {"sim-small", "sim-large"} <= {m["name"] for m in models}
+    assert "sim-small" in run("models").stdout
+    assert run("db", "upgrade").exit_code == 0
+    bad_revision = run("db", "upgrade", "--revision", "nope")
+    assert bad_revision.exit_code == 1 and "migration" in bad_revision.stderr
+    (tmp_path / "models.toml").write_text("[models.broken]\nprovider = 'nope'\n")
+    os.environ["BATCHGEN_MODELS_FILE"] = str(tmp_path / "models.toml")
+    broken = run("models")
+    assert broken.exit_code == 1 and "broken" in broken.stderr
+
+
+def test_submit_wait_watch_results_cancel(stack, run, tenant, tmp_path):
+    requests = tmp_path / "requests.jsonl"
+    # The file names sim-large; --model puts every line on sim-small (served here).
+    rows = [chat_line(f"c-{i}", model="sim-large", text=f"{SECRET} {i}") for i in range(15)]
+    requests.write_bytes(jsonl(rows))
+    done = run("submit", requests, "--tenant", tenant, "--model", "sim-small", "--wait", "--json")
+    assert done.exit_code == 0, done.output
+    batch = json.loads(done.stdout)
+    assert batch["status"] == "completed" and batch["request_counts"]["succeeded"] == 15
+    with db.session_scope() as s:
+        models = set(s.scalars(select(Item.model).where(Item.batch_id == batch["id"])))
+    assert models == {"sim-small"}
+
+    watched = run("watch", batch["id"], "--tenant", tenant)
+    assert watched.exit_code == 0 and "15 succeeded" in watched.stdout
+    out = tmp_path / "out" / "results.jsonl"
+    written = run("results", batch["id"], "--tenant", tenant, "-o", out, "--json")
+    assert written.exit_code == 0 and json.loads(written.stdout)["written"] == 15
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["custom_id"] for r in lines] == [f"c-{i}" for i in range(15)]
+    to_stdout = run("results", batch["id"], "--tenant", tenant, "-o", "-")
+    assert len(to_stdout.stdout.splitlines()) == 15
+
+    # Without --wait: prints the id; sim-large has no worker here, so cancel catches it.
+    pending = run("submit", requests, "--tenant", tenant, "--metadata", '{"k": 1}')
+    assert pending.exit_code == 0, pending.output
+    batch_id = pending.stdout.strip()
+    cancelled = run("cancel", batch_id, "--tenant", tenant, "--json")
+    assert cancelled.exit_code == 0 and json.loads(cancelled.stdout)["status"] == "cancelled"
+    assert run("watch", batch_id, "--tenant", tenant).exit_code == 1  # not all succeeded
+
+    for result in (done, watched, written, pending, cancelled):
+        assert SECRET not in result.output
+
+
+def test_batch_command_errors(services, run, tenant, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(jsonl([chat_line("a", text=SECRET)]) + b'{"custom_id": "b", ' + b"\n")
+    result = run("submit", bad, "--tenant", tenant)
+    assert result.exit_code == 1 and "line 2" in result.stderr
+    assert SECRET not in result.output
+    assert run("submit", tmp_path / "missing.jsonl", "--tenant", tenant).exit_code == 2
+    assert run("submit", bad).exit_code == 2  # --tenant is required
+    assert run("submit", bad, "--tenant", tenant, "--metadata", "{no").exit_code == 2
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(jsonl([chat_line("a")]))
+    unknown_tenant = run("submit", good, "--tenant", "nobody-" + tenant)
+    assert unknown_tenant.exit_code == 1 and "no tenant named" in unknown_tenant.stderr
+    for args in (["watch", "batch_nope"], ["cancel", "batch_nope"]):
+        result = run(*args, "--tenant", tenant)
+        assert result.exit_code == 1 and "no batch 'batch_nope'" in result.stderr, args
+    result = run("results", "batch_nope", "--tenant", tenant, "-o", tmp_path / "r.jsonl")
+    assert result.exit_code == 1 and not (tmp_path / "r.jsonl").exists()
+
+
+def test_nightly_run(stack, run, tenant, tmp_path, restore_env):
+    (tmp_path / "catalog.jsonl").write_text(
+        "".join(json.dumps({"id": f"n{i}", "name": f"Vase {i}"}) + "\n" for i in range(8))
+    )
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text(
+        f'[[jobs]]\nname = "vases"\ntenant = "{tenant}"\nmodel = "sim-small"\n'
+        'catalog = "catalog.jsonl"\nmax_tokens = 8\noutput = "out/{job}-{date}.csv"\n'
+    )
+    os.environ["BATCHGEN_NIGHTLY_POLL_S"] = "0.3"
+    # Without --wait: submitted, and the dispatcher writes the output when it ends.
+    started = run("nightly", "run", "--date", "2030-03-04", "--jobs-file", jobs, "--json")
+    assert started.exit_code == 0, started.output
+    (batch_id,) = json.loads(started.stdout)["batches"]["vases"]
+    waited = run("nightly", "run", "--date", "2030-03-04", "--jobs-file", jobs, "--wait")
+    assert waited.exit_code == 0, waited.output
+    assert "already submitted" in waited.stderr
+    assert waited.stdout.startswith("nightly job=vases date=2030-03-04 products=8 written=8 ")
+    assert waited.stdout.strip().endswith(f"batches={batch_id}")
+    output = tmp_path / "out" / "vases-2030-03-04.csv"
+    assert len(output.read_text().splitlines()) == 9  # header + 8
+    stack["dispatcher"].wait(lambda: "nightly job=vases" in stack["dispatcher"].text(), 30)
+
+    assert run("nightly", "run", "--date", "2030-13-01", "--jobs-file", jobs).exit_code == 2
+    unknown = run("nightly", "run", "--job", "nope", "--jobs-file", jobs)
+    assert unknown.exit_code == 1 and "no nightly job named 'nope'" in unknown.stderr
+    os.environ.pop("BATCHGEN_NIGHTLY_JOBS_FILE", None)
+    unset = run("nightly", "run")
+    assert unset.exit_code == 1 and "BATCHGEN_NIGHTLY_JOBS_FILE" in unset.stderr
+
+
+def test_servers_start_and_refuse_bad_options(services, simulator, run, folder, restore_env):
+    api_port, sim_port, flower_port = free_port(), free_port(), free_port()
+    env = {"BATCHGEN_DATA_DIR": str(folder / "data")}
+    flower_env = {"BATCHGEN_FLOWER_USER": "ops", "BATCHGEN_FLOWER_PASSWORD": "s3cret"}
+    procs = [
+        api := start(["api", "--port", str(api_port)], folder, env),
+        sim := start(["simulator", "--port", str(sim_port), "--latency-ms", "1"], folder, env),
+        beat := start(["beat"], folder, env),
+        flower := start(["flower", "--port", str(flower_port)], folder, {**env, **flower_env}),
+    ]
+    try:
+
+        def answers(url: str, **kw: object) -> Callable[[], bool]:
+            def check() -> bool:
+                try:
+                    return httpx.get(url, timeout=1, **kw).status_code < 500  # type: ignore[arg-type]
+                except httpx.TransportError:
+                    return False
+
+            return check
+
+        api.wait(answers(f"http://127.0.0.1:{api_port}/healthz"))
+        assert httpx.get(f"http://127.0.0.1:{api_port}/healthz").json() == {"ok": True}
+        sim.wait(answers(f"http://127.0.0.1:{sim_port}/v1/models"))
+        beat.wait(lambda: "beat: Starting" in beat.text())
+        flower.wait(answers(f"http://127.0.0.1:{flower_port}/healthcheck"))
+        assert httpx.get(f"http://127.0.0.1:{flower_port}/").status_code == 401
+        ok = httpx.get(f"http://127.0.0.1:{flower_port}/", auth=("ops", "s3cret"))
+        assert ok.status_code == 200
+        assert "s3cret" not in flower.text()
+    finally:
+        for p in procs:
+            p.stop()
+
+    for key in ("BATCHGEN_FLOWER_USER", "BATCHGEN_FLOWER_PASSWORD"):
+        os.environ.pop(key, None)
+    refused = run("flower")
+    assert refused.exit_code == 2 and "basic auth" in refused.stderr
+    assert run("flower", "--basic-auth", "only-user").exit_code == 2
+    unknown_group = run("worker", "--group", "nope")
+    assert unknown_group.exit_code == 2 and "unknown group" in unknown_group.stderr
+    assert run("simulator", "--charge-mode", "bogus").exit_code == 2
+    assert run("demo", "--items", "0").exit_code == 2
+
+
+def test_demo(services, run, restore_env):
+    result = run("demo", "--items", "9")
+    assert result.exit_code == 0, result.output
+    assert "per-tenant usage" in result.stdout

@@ -1,0 +1,160 @@
+"""The reusable Django app, through Django's test client (pytest-django): the batch API
+under a URL include answers exactly as the Flask API does, a real worker processes what
+Django submits, and the service function and management command submit too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import django
+import pytest
+from django.conf import settings
+
+if not settings.configured:  # this module is the Django project of these tests
+    settings.configure(
+        SECRET_KEY="tests",
+        ALLOWED_HOSTS=["testserver"],
+        ROOT_URLCONF=__name__,
+        INSTALLED_APPS=["django.contrib.contenttypes", "app.integrations.django"],
+        MIDDLEWARE=[
+            "django.middleware.security.SecurityMiddleware",
+            "django.middleware.common.CommonMiddleware",
+            "django.middleware.csrf.CsrfViewMiddleware",
+        ],
+        DATABASES={},
+        USE_TZ=True,
+        BATCHGEN_LOG_LEVEL="INFO",  # exported to the environment by the app's ready()
+    )
+    django.setup()
+
+from django.core.management import CommandError, call_command  # noqa: E402
+from django.http import HttpRequest, JsonResponse  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.urls import include, path  # noqa: E402
+
+from app.api import create_app  # noqa: E402
+from app.integrations.django import services  # noqa: E402
+from tests.helpers import chat_line, jsonl, make_tenant, wait_batches  # noqa: E402
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def describe(request: HttpRequest) -> JsonResponse:
+    """A host view submitting through the service function."""
+    batch = services.submit_batch([chat_line(f"view-{i}") for i in range(4)], tenant="acme")
+    return JsonResponse(batch)
+
+
+urlpatterns = [
+    path("batchgen/", include("app.integrations.django.urls")),
+    path("describe", describe),
+]
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+
+
+def test_settings_exported_by_the_app():
+    assert os.environ["BATCHGEN_LOG_LEVEL"] == "INFO"
+
+
+def test_django_api_equals_flask_api_and_worker_processes(clean_db, simulator, workers, client):
+    worker = workers(concurrency=8, wait=False)
+    key = make_tenant("acme")
+    flask = create_app().test_client()
+    flask_auth = {"Authorization": f"Bearer {key}"}
+    csrf_client = Client(enforce_csrf_checks=True)  # bearer-key API: no CSRF token needed
+
+    rows = [chat_line(f"dj-{i}", text=f"Product {i}: a chair.") for i in range(10)]
+    res = csrf_client.post(
+        "/batchgen/v1/batches?completion_window=2h",
+        data=jsonl(rows),
+        content_type="application/jsonl",
+        headers={"Authorization": f"Bearer {key}", "Idempotency-Key": "dj-1"},
+    )
+    assert res.status_code == 200, res.content
+    batch = res.json()
+    assert batch["request_counts"]["total"] == 10 and batch["completion_window"] == "7200s"
+    again = client.post(
+        "/batchgen/v1/batches",
+        data=jsonl(rows),
+        content_type="application/jsonl",
+        HTTP_IDEMPOTENCY_KEY="dj-1",
+        **_auth(key),
+    )
+    assert again.json()["id"] == batch["id"] and again["Idempotent-Replayed"] == "true"
+    via_view = client.get("/describe").json()
+
+    worker.wait_ready()
+    wait_batches([batch["id"], via_view["id"]], timeout_s=60)
+
+    info = client.get(f"/batchgen/v1/batches/{batch['id']}", **_auth(key))
+    assert info.status_code == 200 and info["Content-Type"] == "application/json"
+    assert info.json() == flask.get(f"/v1/batches/{batch['id']}", headers=flask_auth).json
+    assert info.json()["status"] == "completed"
+
+    results = client.get(f"/batchgen/v1/batches/{batch['id']}/results", **_auth(key))
+    assert results.status_code == 200 and results.streaming
+    assert results["Content-Type"].startswith("application/jsonl")
+    body = b"".join(results.streaming_content)
+    results.close()
+    assert body == flask.get(f"/v1/batches/{batch['id']}/results", headers=flask_auth).data
+    lines = [json.loads(line) for line in body.splitlines()]
+    assert [r["custom_id"] for r in lines] == [f"dj-{i}" for i in range(10)]
+    assert all(r["error"] is None for r in lines)
+
+    listed = client.get("/batchgen/v1/batches?limit=1", **_auth(key)).json()
+    assert listed["has_more"] is True and len(listed["data"]) == 1
+    assert services.get_batch(via_view["id"], tenant="acme")["request_counts"]["succeeded"] == 4
+    assert len(list(services.iter_results(via_view["id"], tenant="acme"))) == 4
+
+    # Errors: the same status, JSON and headers as the Flask API.
+    cases = [
+        ("get", "/v1/batches/batch_nope", None, _auth(key)),
+        ("get", "/v1/batches", None, {}),
+        ("get", "/v1/batches", None, _auth("bg_not_a_key")),
+        ("post", "/v1/batches", b"{bad json\n", _auth(key)),
+        ("post", "/v1/batches", jsonl([chat_line("a", model="gpt-nope")]), _auth(key)),
+        ("get", "/v1/batches?limit=x", None, _auth(key)),
+        ("post", f"/v1/batches/{batch['id']}/cancel", b"", _auth(key)),
+        ("get", "/v1/nothing-here", None, _auth(key)),
+    ]
+    for method, url, data, headers in cases:
+        kwargs = {"data": data, "content_type": "application/jsonl"} if method == "post" else {}
+        ours = getattr(client, method)("/batchgen" + url, **kwargs, **headers)
+        flask_headers = {"Authorization": headers["HTTP_AUTHORIZATION"]} if headers else {}
+        theirs = getattr(flask, method)(url, data=data, headers=flask_headers)
+        assert ours.status_code == theirs.status_code, url
+        assert ours.content == theirs.data, url
+        assert ours["Content-Type"] == theirs.headers["Content-Type"], url
+
+
+def test_management_command_and_errors(clean_db, tmp_path, capsys):
+    make_tenant("acme")
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(jsonl([chat_line(f"cmd-{i}") for i in range(3)]))
+    call_command("batchgen_submit", str(requests), "--tenant", "acme", "--json")
+    batch = json.loads(capsys.readouterr().out)
+    assert batch["request_counts"]["total"] == 3 and batch["status"] == "in_progress"
+    with pytest.raises(CommandError, match="no tenant named 'nobody'"):
+        call_command("batchgen_submit", str(requests), "--tenant", "nobody")
+    with pytest.raises(CommandError, match="no such file"):
+        call_command("batchgen_submit", str(tmp_path / "missing.jsonl"), "--tenant", "acme")
+    requests.write_bytes(jsonl([chat_line("ok")]) + b"{oops\n")
+    with pytest.raises(CommandError, match="line 2"):
+        call_command("batchgen_submit", str(requests), "--tenant", "acme")
+
+
+def test_example_project_checks():
+    project = ROOT / "examples" / "django_project"
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=project, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no issues" in done.stdout

@@ -1,0 +1,117 @@
+"""The Flask extension: the batch API under the host's prefix, the Python API on the app,
+and the example app; a real worker processes what the host app submits."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from flask import Flask
+
+from app.api import create_app
+from app.integrations.flask import BatchGen
+from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("flask_example", ROOT / "examples/flask_app.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_host_app_submits_worker_processes_results_come_back(clean_db, simulator, workers):
+    worker = workers(concurrency=8, wait=False)  # starts while we submit
+    key = make_tenant("acme")
+    host = Flask("host")
+    host.config["BATCHGEN_URL_PREFIX"] = "/llm"
+    ext = BatchGen(host)
+    assert host.extensions["batchgen"] is ext
+
+    @host.post("/describe")
+    def describe():  # a host view calling the Python API through the extension
+        batch = host.extensions["batchgen"].submit_batch(
+            [chat_line(f"view-{i}") for i in range(5)], tenant="acme"
+        )
+        return batch
+
+    web = host.test_client()
+    standalone = create_app().test_client()
+    via_view = web.post("/describe").json
+    rows = [chat_line(f"http-{i}", text=f"Product {i}: a lamp.") for i in range(12)]
+    res = web.post("/llm/v1/batches?priority=bulk", data=jsonl(rows), headers=_auth(key))
+    assert res.status_code == 200, res.json
+    assert res.json["priority"] == "bulk" and res.json["request_counts"]["total"] == 12
+    batch_id = res.json["id"]
+
+    worker.wait_ready()
+    wait_batches([batch_id, via_view["id"]], timeout_s=60)
+
+    info = web.get(f"/llm/v1/batches/{batch_id}", headers=_auth(key))
+    assert info.status_code == 200 and info.json["status"] == "completed"
+    assert info.json == standalone.get(f"/v1/batches/{batch_id}", headers=_auth(key)).json
+    results = web.get(f"/llm/v1/batches/{batch_id}/results", headers=_auth(key))
+    assert results.mimetype == "application/jsonl"
+    assert (
+        results.data == standalone.get(f"/v1/batches/{batch_id}/results", headers=_auth(key)).data
+    )
+    lines = [json.loads(line) for line in results.data.splitlines()]
+    assert [r["custom_id"] for r in lines] == [f"http-{i}" for i in range(12)]
+    assert all(r["response"]["status_code"] == 200 and r["error"] is None for r in lines)
+
+    # The Python API on the extension reads the same data.
+    assert ext.get_batch(via_view["id"], tenant="acme")["request_counts"]["succeeded"] == 5
+    assert len(list(ext.iter_results(via_view["id"], tenant="acme"))) == 5
+    assert {b["id"] for b in ext.list_batches(tenant="acme")} == {batch_id, via_view["id"]}
+    assert ext.cancel_batch(batch_id, tenant="acme")["status"] == "completed"  # already done
+
+    # Errors: the same status and JSON as the standalone API, also from host views.
+    for method, path, kwargs in [
+        ("get", "/v1/batches/batch_nope", {"headers": _auth(key)}),
+        ("get", "/v1/batches", {}),
+        ("post", "/v1/batches", {"data": b"{not json\n", "headers": _auth(key)}),
+        ("get", "/v1/batches", {"headers": _auth("bg_wrong")}),
+    ]:
+        ours = getattr(web, method)("/llm" + path, **kwargs)
+        theirs = getattr(standalone, method)(path, **kwargs)
+        assert (ours.status_code, ours.json) == (theirs.status_code, theirs.json), path
+        assert ours.status_code in (400, 401, 404) and "error" in ours.json
+
+
+def test_init_app_default_prefix_and_example_app(clean_db, simulator, workers, restore_env):
+    worker = workers(concurrency=8, wait=False)
+    key = make_tenant("shop-1")
+    example = _example()
+    app = example.create_app({"BATCHGEN_MAX_BATCH_LINES": 3, "TESTING": True})
+    assert os.environ["BATCHGEN_MAX_BATCH_LINES"] == "3"  # host config → settings
+    web = app.test_client()
+
+    too_many = web.post(
+        "/batchgen/v1/batches",
+        data=jsonl([chat_line(f"x{i}") for i in range(4)]),
+        headers=_auth(key),
+    )
+    assert too_many.status_code == 413 and too_many.json["error"]["code"] == "payload_too_large"
+    assert web.post("/shops/nobody/descriptions", json=[{"id": 1, "name": "x"}]).status_code == 404
+
+    products = [{"id": f"sku-{i}", "name": f"Lamp {i}", "colour": "red"} for i in range(3)]
+    accepted = web.post("/shops/shop-1/descriptions", json=products)
+    assert accepted.status_code == 202, accepted.json
+    worker.wait_ready()
+    wait_batches([accepted.json["batch"]], timeout_s=60)
+    done = web.get(f"/shops/shop-1/descriptions/{accepted.json['batch']}")
+    assert done.status_code == 200 and done.json["status"] == "completed"
+    assert sorted(done.json["descriptions"]) == ["sku-0", "sku-1", "sku-2"]
+    assert web.get("/batchgen/healthz").json == {"ok": True}

@@ -1,0 +1,191 @@
+"""Nightly description jobs: beat firing twice submits one batch per job and date, the
+worker writes the descriptions (file and table) and the one-line report."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import os
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, func, select, text
+
+from app import db, embedded
+from app.config import get_settings
+from app.errors import ConfigError, ValidationFailed
+from app.nightly import Job, PromptRenderer, cron_schedule, load_jobs, output_table, submit_job
+from app.schema import Batch, Item, UsageLedger
+from tests.helpers import make_tenant, status_summary
+
+pytestmark = pytest.mark.integration
+DAY = "2030-01-02"
+
+
+@pytest.fixture
+def catalog_db(services):
+    """A database of its own on the same server: the shop's product table."""
+    name = f"batchgen_shop_{os.getpid()}"
+    embedded.drop_database(services["server_url"], name)
+    url = embedded.ensure_database(services["server_url"], name)
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE products (sku text PRIMARY KEY, name text, colour text)"))
+        conn.execute(
+            text("INSERT INTO products VALUES (:sku, :name, :colour)"),
+            [{"sku": f"t{i:02d}", "name": f"Table {i}", "colour": "oak"} for i in range(30)],
+        )
+    yield url, engine
+    engine.dispose()
+    embedded.drop_database(services["server_url"], name)
+
+
+def _jobs_file(tmp_path: Path, products: int) -> Path:
+    with open(tmp_path / "catalog.csv", "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["id", "name", "category", "price"])
+        for i in range(products):
+            writer.writerow([f"p{i:04d}", f"Lamp {i}", "lighting", f"{10 + i % 50}.00"])
+    (tmp_path / "t.j2").write_text(
+        "Write a {{ tone }} text in {{ locale }} about {{ product.name }} "
+        "({{ product.category }}, {{ product.price }} EUR)."
+    )
+    path = tmp_path / "jobs.toml"
+    path.write_text(
+        """
+[[jobs]]
+name = "shop-en"
+tenant = "acme"
+model = "sim-small"
+catalog = "catalog.csv"
+template = "t.j2"
+tone = "playful"
+locale = "en-GB"
+max_tokens = 8
+output = "out/{job}-{date}.jsonl"
+report = "out/{job}-{date}.report"
+
+[[jobs]]
+name = "shop-tables"
+tenant = "acme"
+model = "sim-small"
+catalog = { table = "products", url_env = "SHOP_DATABASE_URL" }
+id_column = "sku"
+locale = "de-DE"
+max_tokens = 8
+output = { table = "product_descriptions", url_env = "SHOP_DATABASE_URL" }
+"""
+    )
+    return path
+
+
+def _wait_for(path: Path, timeout_s: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            return path.read_text()
+        time.sleep(0.2)
+    raise AssertionError(f"{path.name} not written after {timeout_s}s: {status_summary()}")
+
+
+def test_beat_fires_twice_one_batch_500_descriptions_and_report(
+    clean_db, simulator, workers, tmp_path, catalog_db, restore_env
+):
+    from tasks.nightly import nightly
+
+    shop_url, shop_engine = catalog_db
+    jobs_file = _jobs_file(tmp_path, 500)
+    os.environ.update(
+        BATCHGEN_NIGHTLY_JOBS_FILE=str(jobs_file),
+        BATCHGEN_NIGHTLY_POLL_S="0.3",
+        SHOP_DATABASE_URL=shop_url,
+    )
+    get_settings.cache_clear()
+    worker = workers(concurrency=16, wait=False)  # gets the environment above
+    make_tenant("acme")
+
+    first = nightly.apply(kwargs={"day": DAY}).get()
+    second = nightly.apply(kwargs={"day": DAY}).get()  # beat firing twice
+    assert first == second and set(first) == {"shop-en", "shop-tables"}
+    worker.wait_ready()
+
+    report = _wait_for(tmp_path / "out" / f"shop-en-{DAY}.report").strip()
+    with db.session_scope() as s:
+        batches = s.scalars(select(Batch).order_by(Batch.idempotency_key)).all()
+        assert [(b.idempotency_key, b.total_items, b.priority) for b in batches] == [
+            (f"nightly:shop-en:{DAY}:0", 500, "bulk"),
+            (f"nightly:shop-tables:{DAY}:0", 30, "bulk"),
+        ]
+        en = batches[0]
+        tokens = s.execute(
+            select(
+                func.sum(UsageLedger.prompt_tokens),
+                func.sum(UsageLedger.completion_tokens),
+                func.sum(UsageLedger.cost_usd),
+            ).where(UsageLedger.batch_id == en.id)
+        ).one()
+        body = s.scalar(select(Item.body).where(Item.batch_id == en.id, Item.custom_id == "p0007"))
+    assert report == (
+        f"nightly job=shop-en date={DAY} products=500 written=500 succeeded=500 failed=0 "
+        f"expired=0 cancelled=0 prompt_tokens={tokens[0]} completion_tokens={tokens[1]} "
+        f"cost_usd={Decimal(tokens[2]):.6f} batches={en.id}"
+    )
+    assert body["messages"] == [
+        {
+            "role": "user",
+            "content": "Write a playful text in en-GB about Lamp 7 (lighting, 17.00 EUR).",
+        }
+    ]
+    assert body["max_tokens"] == 8 and body["model"] == "sim-small"
+
+    out_text = (tmp_path / "out" / f"shop-en-{DAY}.jsonl").read_text()
+    out = [json.loads(line) for line in out_text.splitlines()]
+    assert len(out) == 500 and len({r["id"] for r in out}) == 500
+    assert all(r["locale"] == "en-GB" and r["description"] for r in out)
+
+    table = output_table("product_descriptions")
+    deadline = time.monotonic() + 30
+    while True:  # the table job's collect runs on the worker too
+        with shop_engine.connect() as conn:
+            if shop_engine.dialect.has_table(conn, "product_descriptions"):
+                rows = conn.execute(select(table).order_by(table.c.product_id)).all()
+                if len(rows) == 30:
+                    break
+        assert time.monotonic() < deadline, "table output not written"
+        time.sleep(0.2)
+    assert {r.job for r in rows} == {"shop-tables"} and rows[0].run_date == dt.date(2030, 1, 2)
+    assert rows[0].product_id == "t00" and rows[0].locale == "de-DE" and rows[0].description
+
+
+def test_jobs_file_and_template_errors(clean_db, tmp_path):
+    make_tenant("acme")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[jobs]]\nname = "x"\ntenant = "acme"\nmodel = "m"\ncatalog = "c.txt"\n')
+    with pytest.raises(ConfigError, match="job 'x'"):
+        load_jobs(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_jobs(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="five cron fields"):
+        cron_schedule("0 2 * *")
+    assert cron_schedule("30 1 * * 1-5").hour == {1}
+
+    (tmp_path / "c.jsonl").write_text('{"id": "a", "name": "A"}\n{"id": "b"}\n')
+    (tmp_path / "t.j2").write_text("About {{ product.name }}")
+    job = Job(
+        name="j",
+        tenant="acme",
+        model="sim-small",
+        catalog=tmp_path / "c.jsonl",
+        output=tmp_path / "o.csv",
+        template=tmp_path / "t.j2",
+    )
+    with pytest.raises(ValidationFailed, match="product b"):  # b has no name: nothing stored
+        submit_job(job, dt.date(2030, 1, 1))
+    with db.session_scope() as s:
+        assert s.scalar(select(func.count()).select_from(Batch)) == 0
+    default = PromptRenderer(job.model_copy(update={"template": None}))
+    prompt = default.request({"id": "b", "colour": "red"}, 1)["body"]["messages"][0]["content"]
+    assert "Product: b" in prompt and "colour: red" in prompt

@@ -1,0 +1,135 @@
+"""docker-compose.yml: every service runs a real entry point and sets only variables
+that something reads (the settings object, the model registry or the image)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+from typer.main import get_command
+
+from app.cli import cli
+from app.config import Settings
+from app.registry import get_registry
+
+ROOT = Path(__file__).resolve().parents[2]
+# Variables documented by the third-party images we use, per image name.
+IMAGE_VARIABLES = {"postgres": re.compile(r"^POSTGRES_(USER|PASSWORD|DB|INITDB_ARGS)$")}
+IMAGE_COMMANDS = {"redis": {"redis-server"}, "postgres": {"postgres"}}
+APP_FACTORY = re.compile(r"^([\w.]+):(\w+)(\(\))?$")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def settings_variables() -> set[str]:
+    """Every environment variable the settings object reads."""
+    names: set[str] = set()
+    prefix = Settings.model_config.get("env_prefix", "")
+    for name, field in Settings.model_fields.items():
+        alias = field.validation_alias
+        choices = getattr(alias, "choices", None)
+        if choices:
+            names.update(str(c) for c in choices)
+        else:
+            names.add(f"{prefix}{name}".upper())
+    return names
+
+
+def registry_variables() -> set[str]:
+    """Variables the model registry reads: ``${VAR}`` in models.toml and API key variables."""
+    text = Settings().models_file.read_text()
+    names = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", text))
+    return names | {spec.api_key_env for spec in get_registry()}
+
+
+def parse_batchgen(args: list[str]) -> Any:
+    """Resolve ``batchgen ARGS`` to its command and parse its options (raises if wrong)."""
+    command: Any = get_command(cli)
+    ctx = typer.Context(command, info_name="batchgen")
+    rest = list(args)
+    while hasattr(command, "list_commands"):  # a group: the next word names a subcommand
+        assert rest, f"batchgen {' '.join(args)}: no subcommand"
+        sub = command.get_command(ctx, rest[0])
+        assert sub is not None, f"batchgen has no command {rest[0]!r} in {args}"
+        ctx = typer.Context(sub, info_name=rest[0], parent=ctx)
+        command, rest = sub, rest[1:]
+    command.make_context(ctx.info_name, rest, parent=ctx.parent)  # unknown options raise
+    return command
+
+
+def image_name(service: dict[str, Any]) -> str | None:
+    if "build" in service:
+        return None
+    return str(service["image"]).split(":")[0].split("/")[-1]
+
+
+def test_every_command_is_a_real_entry_point(services):
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for name, service in services.items():
+        command = service.get("command")
+        image = image_name(service)
+        if image is not None:  # a third-party image: its own program, or its default
+            assert command is None or command[0] in IMAGE_COMMANDS[image], name
+            continue
+        assert isinstance(command, list) and command, f"{name}: command must be a list"
+        if command[0] == "batchgen":
+            parse_batchgen(command[1:])
+        elif command[0] == "gunicorn":
+            assert "gunicorn" in dockerfile, "the image must install gunicorn"
+            target = command[-1]
+            match = APP_FACTORY.match(target)
+            assert match, f"{name}: {target!r} is not module:callable"
+            factory = getattr(importlib.import_module(match.group(1)), match.group(2))
+            assert callable(factory), target
+        else:
+            pytest.fail(f"{name}: unknown entry point {command[0]!r}")
+
+
+def test_parse_batchgen_rejects_wrong_commands():
+    with pytest.raises(AssertionError):
+        parse_batchgen(["wroker"])
+    with pytest.raises(typer.TyperException):  # click's UsageError
+        parse_batchgen(["worker", "--grop", "sim"])
+
+
+def test_every_variable_is_read_by_something(services):
+    known = settings_variables() | registry_variables()
+    for name, service in services.items():
+        env = service.get("environment") or {}
+        assert isinstance(env, dict), f"{name}: environment must be a mapping"
+        image = image_name(service)
+        for variable in env:
+            if image in IMAGE_VARIABLES:
+                assert IMAGE_VARIABLES[image].match(variable), f"{name}: {variable}"
+            else:
+                assert variable in known, f"{name}: nothing reads {variable}"
+
+
+def test_shape_workers_beat_flower(services):
+    commands = {n: s.get("command") or [] for n, s in services.items()}
+    groups = {c[c.index("--group") + 1] for c in commands.values() if c[1:2] == ["worker"]}
+    assert groups == set(get_registry().groups), "one worker service per model group"
+    beats = [n for n, c in commands.items() if c[1:2] == ["beat"]]
+    beats += [n for n, c in commands.items() if c[1:2] == ["dispatcher"] and "--no-beat" not in c]
+    assert len(beats) == 1, f"exactly one beat, got {beats}"
+    assert any(c[1:2] == ["dispatcher"] for c in commands.values())
+    flower = next(s for s in services.values() if (s.get("command") or [])[1:2] == ["flower"])
+    assert {"BATCHGEN_FLOWER_USER", "BATCHGEN_FLOWER_PASSWORD"} <= set(flower["environment"])
+    assert any((s.get("command") or [])[1:3] == ["db", "upgrade"] for s in services.values())
+    assert any((s.get("command") or [])[1:2] == ["simulator"] for s in services.values())
+    for name, service in services.items():
+        for dependency in service.get("depends_on") or {}:
+            assert dependency in services, f"{name} depends on unknown {dependency}"
