@@ -13,6 +13,7 @@ from rich.table import Table
 from app.cli_batches import register as register_batch_commands
 from app.cli_common import console, err, fail, handled, print_json
 from app.cli_common import services as _services
+from app.cli_ops import register as register_ops_commands
 from app.config import get_settings
 from app.errors import BatchgenError
 from app.registry import ChargePolicy
@@ -23,6 +24,7 @@ db_cli = typer.Typer(no_args_is_help=True, help="Database schema (Alembic).")
 cli.add_typer(tenants_cli, name="tenants")
 cli.add_typer(db_cli, name="db")
 register_batch_commands(cli)  # submit, watch, results, cancel, nightly run
+register_ops_commands(cli)  # usage, status
 JSON = typer.Option(False, "--json", help="Print one JSON document for scripts.")
 
 

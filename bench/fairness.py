@@ -50,8 +50,9 @@ def _latencies_s(batch_id: str) -> list[float]:
 
     with session_scope() as s:
         rows = s.execute(
-            select(func.extract("epoch", Item.finished_at - Item.created_at))
-            .where(Item.batch_id == batch_id, Item.status == "succeeded")
+            select(func.extract("epoch", Item.finished_at - Item.created_at)).where(
+                Item.batch_id == batch_id, Item.status == "succeeded"
+            )
         ).scalars()
         return sorted(float(r) for r in rows)
 
@@ -67,11 +68,16 @@ def _publish_all(batch_id: str) -> None:
     from tasks.generate import generate
 
     with session_scope() as s:
-        ids = list(s.scalars(
-            update(Item).where(Item.batch_id == batch_id)
-            .values(status="queued", lease_expires_at=func.now() + func.make_interval(0, 0, 0, 1))
-            .returning(Item.id)
-        ))
+        ids = list(
+            s.scalars(
+                update(Item)
+                .where(Item.batch_id == batch_id)
+                .values(
+                    status="queued", lease_expires_at=func.now() + func.make_interval(0, 0, 0, 1)
+                )
+                .returning(Item.id)
+            )
+        )
     for item_id in sorted(ids):
         generate.apply_async(args=[item_id], kwargs={"model": MODEL})
 
@@ -83,8 +89,9 @@ def interactive_latency(args: argparse.Namespace, sim_url: str, mode: str) -> li
     _tenant("A")
     _tenant("B")
     if mode != "alone":
-        bulk = client.submit_batch(chat_requests(args.backlog, MODEL, "a", seed=1), tenant="A",
-                                   priority="bulk")
+        bulk = client.submit_batch(
+            chat_requests(args.backlog, MODEL, "a", seed=1), tenant="A", priority="bulk"
+        )
         if mode == "naive":
             _publish_all(bulk["id"])
         time.sleep(3)  # A's work is flowing
@@ -106,8 +113,12 @@ def shares(args: argparse.Namespace, sim_url: str, weight_a: int) -> tuple[float
     reset_state(sim_url)
     _tenant("A", weight=weight_a)
     _tenant("B")
-    batches = [client.submit_batch(chat_requests(args.share_items, MODEL, name, seed=3),
-                                   tenant=name, priority="bulk") for name in ("A", "B")]
+    batches = [
+        client.submit_batch(
+            chat_requests(args.share_items, MODEL, name, seed=3), tenant=name, priority="bulk"
+        )
+        for name in ("A", "B")
+    ]
     time.sleep(args.warmup_s)
     with session_scope() as s:
         start = s.scalar(select(func.now()))
@@ -116,7 +127,8 @@ def shares(args: argparse.Namespace, sim_url: str, weight_a: int) -> tuple[float
     with session_scope() as s:
         for name, batch in zip(("A", "B"), batches, strict=True):
             counts[name] = s.scalar(
-                select(func.count()).select_from(Item)
+                select(func.count())
+                .select_from(Item)
                 .where(Item.batch_id == batch["id"], Item.finished_at >= start)
             )
     for name, batch in zip(("A", "B"), batches, strict=True):
@@ -142,21 +154,31 @@ def main() -> None:
     from app.config import get_settings
     from app.procs import start_worker
 
-    with servers() as workdir, simulator_process(
-        "--latency-ms", "100", "--jitter-ms", "10"
-    ) as sim_url:
+    with (
+        servers() as workdir,
+        simulator_process("--latency-ms", "100", "--jitter-ms", "10") as sim_url,
+    ):
         models_file = workdir / "models.toml"
-        models_file.write_text(MODEL_TOML.format(name=MODEL, base_url=sim_url, tpm=10**9,
-                                                 rpm=10**7, concurrency=8))
+        models_file.write_text(
+            MODEL_TOML.format(name=MODEL, base_url=sim_url, tpm=10**9, rpm=10**7, concurrency=8)
+        )
         os.environ["BATCHGEN_MODELS_FILE"] = str(models_file)
         get_settings.cache_clear()
         env = {"BATCHGEN_LOG_LEVEL": "WARNING", "BATCHGEN_DISPATCH_INTERVAL_S": "0.5"}
-        worker = start_worker([f"llm.{MODEL}", "batchgen.control"], log_dir=workdir / "logs",
-                              concurrency=16, beat=True, env=env, name="fair")
+        worker = start_worker(
+            [f"llm.{MODEL}", "batchgen.control"],
+            log_dir=workdir / "logs",
+            concurrency=16,
+            beat=True,
+            env=env,
+            name="fair",
+        )
         try:
             worker.wait_ready()
-            latency = {mode: interactive_latency(args, sim_url, mode)
-                       for mode in ("alone", "dispatcher", "naive")}
+            latency = {
+                mode: interactive_latency(args, sim_url, mode)
+                for mode in ("alone", "dispatcher", "naive")
+            }
             equal = shares(args, sim_url, weight_a=1)
             weighted = shares(args, sim_url, weight_a=2)
         finally:
@@ -165,16 +187,25 @@ def main() -> None:
     solo_p99 = _p(latency["alone"], 99)
     print(f"\nB's 20 interactive items (model cap 8, ~100 ms calls), A backlog {args.backlog}:")
     print(f"{'run':34} {'p50 s':>7} {'p99 s':>7} {'p99 / solo p99':>15}")
-    names = {"alone": "B alone", "dispatcher": "B + A's backlog, our dispatcher",
-             "naive": "B + A's backlog, naive fan-out"}
+    names = {
+        "alone": "B alone",
+        "dispatcher": "B + A's backlog, our dispatcher",
+        "naive": "B + A's backlog, naive fan-out",
+    }
     for mode, values in latency.items():
-        print(f"{names[mode]:34} {_p(values, 50):7.2f} {_p(values, 99):7.2f} "
-              f"{_p(values, 99) / solo_p99:15.2f}")
+        print(
+            f"{names[mode]:34} {_p(values, 50):7.2f} {_p(values, 99):7.2f} "
+            f"{_p(values, 99) / solo_p99:15.2f}"
+        )
     print(f"\nthroughput while both tenants have backlog ({args.measure_s:g} s):")
-    print(f"  equal weights: A {equal[0]:.0f}, B {equal[1]:.0f} items; "
-          f"Jain's index {jain(*equal):.3f}")
-    print(f"  weights 2:1:   A {weighted[0]:.0f}, B {weighted[1]:.0f} items; "
-          f"ratio {weighted[0] / max(1.0, weighted[1]):.2f} (target 2.00 ± 10 %)")
+    print(
+        f"  equal weights: A {equal[0]:.0f}, B {equal[1]:.0f} items; "
+        f"Jain's index {jain(*equal):.3f}"
+    )
+    print(
+        f"  weights 2:1:   A {weighted[0]:.0f}, B {weighted[1]:.0f} items; "
+        f"ratio {weighted[0] / max(1.0, weighted[1]):.2f} (target 2.00 ± 10 %)"
+    )
 
 
 if __name__ == "__main__":

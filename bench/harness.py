@@ -39,6 +39,7 @@ input_usd_per_1m = 1.0
 output_usd_per_1m = 2.0
 encoding = "cl100k_base"
 charge_policy = "reserve"
+max_attempts = 50
 """
 
 

@@ -9,8 +9,9 @@ retry-after):
 
 Both limits are per window of WINDOW_S seconds (the registry's *_per_min
 fields are read as "per window" via BATCHGEN_BUDGET_WINDOW_S) so a run takes
-minutes, not hours. Utilization is measured over the steady state (the first
-and last window dropped): admitted tokens per second ÷ the limit per second.
+minutes, not hours. Utilization: the tokens the simulator admitted in the
+whole windows from the first admission on ÷ the limit × those windows (the
+most any client could have had admitted).
 
     .venv/bin/python bench/utilization.py [--items 1500] [--window-s 15]
 """
@@ -39,16 +40,18 @@ from bench.harness import (  # noqa: E402
 MODEL = "bench"
 
 
-def steady_utilization(log: list[dict], tokens_per_window: int, window_s: float) -> float:
-    """Admitted tokens per second in the steady state ÷ the limit per second."""
+def window_utilization(log: list[dict], tokens_per_window: int, window_s: float) -> float:
+    """Admitted tokens ÷ the most the limit allows, over the whole windows from the first
+    admission to the last one (windows aligned on the first admission)."""
     admitted = sorted((e["start_ts"], e["charged_tokens"]) for e in log if e["status"] == 200)
-    if len(admitted) < 2:
+    if not admitted:
         return 0.0
-    start, end = admitted[0][0] + window_s, admitted[-1][0] - window_s
-    if end <= start:
-        start, end = admitted[0][0], admitted[-1][0]
-    tokens = sum(t for ts, t in admitted if start <= ts < end)
-    return (tokens / (end - start)) / (tokens_per_window / window_s)
+    first = admitted[0][0]
+    windows = int((admitted[-1][0] - first) // window_s)
+    if windows < 1:
+        return 0.0
+    tokens = sum(t for ts, t in admitted if ts < first + windows * window_s)
+    return tokens / (windows * tokens_per_window)
 
 
 def run(
@@ -68,7 +71,8 @@ def run(
         "BATCHGEN_BUDGET_WINDOW_S": str(args.window_s),
         "BATCHGEN_BUDGET_GUARD_S": str(args.guard_s),
         "BATCHGEN_BUDGET_ENABLED": "true" if budget_on else "false",
-        "BATCHGEN_MAX_ATTEMPTS": "50",  # without a budget, 429s must not fail items
+        "BATCHGEN_MAX_ATTEMPTS": "50",  # without a budget, 429s must not fail items (see also
+        # max_attempts in the registry entry)
         "BATCHGEN_LOG_LEVEL": "WARNING",
     }
     with db.session_scope() as s:
@@ -98,7 +102,7 @@ def run(
     log = httpx.get(f"{sim_url}/_sim/log", params={"limit": 1_000_000}).json()
     counts = client.get_batch(batch["id"], tenant=f"bench-{label}")["request_counts"]
     return {
-        "utilization": steady_utilization(log, args.tpm, args.window_s),
+        "utilization": window_utilization(log, args.tpm, args.window_s),
         "calls": stats["requests"],
         "429s": stats["rate_limited"],
         "429_share": stats["rate_limited"] / max(1, stats["requests"]),

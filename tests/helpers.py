@@ -61,3 +61,29 @@ def status_summary() -> dict[str, int]:
 
     with db.session_scope() as session:
         return dict(session.execute(select(Item.status, func.count()).group_by(Item.status)).all())
+
+
+def usage_totals(table: Any, *where: Any) -> tuple:
+    """(rows, prompt tokens, completion tokens, cost) of ``results`` or ``usage_ledger``."""
+    with db.session_scope() as session:
+        return tuple(
+            session.execute(
+                select(
+                    func.count(),
+                    func.coalesce(func.sum(table.prompt_tokens), 0),
+                    func.coalesce(func.sum(table.completion_tokens), 0),
+                    func.coalesce(func.sum(table.cost_usd), 0),
+                ).where(*where)
+            ).one()
+        )
+
+
+def assert_ledger_is_results_plus_waste() -> None:
+    """Exactly-once accounting: every billed call is in the ledger, each result once,
+    and what is not a result is marked as waste."""
+    from app.schema import Result, UsageLedger
+
+    ledger = usage_totals(UsageLedger)
+    results = usage_totals(Result)
+    waste = usage_totals(UsageLedger, UsageLedger.waste_reason.is_not(None))
+    assert [r + w for r, w in zip(results, waste, strict=True)] == list(ledger)

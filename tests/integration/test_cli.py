@@ -22,14 +22,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from app import db
 from app.cli import cli
 from app.config import get_settings
 from app.embedded import free_port
-from app.schema import Item
+from app.schema import Item, Result, Tenant
 from tests.helpers import chat_line, jsonl
 
 pytestmark = pytest.mark.integration
@@ -295,3 +295,28 @@ def test_demo(services, run, restore_env):
     result = run("demo", "--items", "9")
     assert result.exit_code == 0, result.output
     assert "per-tenant usage" in result.stdout
+
+
+def test_usage_and_status(stack, run, tenant, tmp_path):
+    requests = tmp_path / "usage.jsonl"
+    requests.write_bytes(jsonl([chat_line(f"u-{i}", model="sim-small") for i in range(6)]))
+    assert run("submit", requests, "--tenant", tenant, "--wait").exit_code == 0
+    rows = json.loads(run("usage", "--tenant", tenant, "--json").stdout)
+    assert [(r["model"], r["requests"]) for r in rows] == [("sim-small", 6)]
+    with db.session_scope() as s:
+        prompt = s.scalar(
+            select(func.sum(Result.prompt_tokens))
+            .join(Item)
+            .join(Tenant, Tenant.id == Item.tenant_id)
+            .where(Tenant.name == tenant)
+        )
+    assert rows[0]["prompt_tokens"] == prompt
+    table = run("usage", "--tenant", tenant)
+    assert table.exit_code == 0 and "sim-small" in table.stdout
+    everyone = json.loads(run("usage", "--group-by", "tenant", "--json").stdout)
+    assert tenant in {r["tenant"] for r in everyone}
+    assert run("usage", "--tenant", "nobody-here").exit_code == 1
+    assert run("usage", "--from", "yesterday").exit_code == 1
+    status = json.loads(run("status", "--json").stdout)
+    assert {m["model"] for m in status["models"]} >= {"sim-small", "sim-large"}
+    assert "sim-small" in run("status").stdout

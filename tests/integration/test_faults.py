@@ -18,35 +18,14 @@ from app.redis_client import get_redis
 from app.registry import get_registry
 from app.scheduling import release_all
 from app.schema import Item, Result, UsageLedger
-from tests.helpers import chat_line, make_tenant, wait_batches
+from tests.helpers import (
+    assert_ledger_is_results_plus_waste,
+    chat_line,
+    make_tenant,
+    wait_batches,
+)
 
 pytestmark = pytest.mark.integration
-
-
-def _ledger_matches_results_plus_waste() -> None:
-    with db.session_scope() as s:
-        ledger = s.execute(
-            select(
-                func.sum(UsageLedger.prompt_tokens),
-                func.sum(UsageLedger.completion_tokens),
-                func.sum(UsageLedger.cost_usd),
-            )
-        ).one()
-        results = s.execute(
-            select(
-                func.sum(Result.prompt_tokens),
-                func.sum(Result.completion_tokens),
-                func.sum(Result.cost_usd),
-            )
-        ).one()
-        waste = s.execute(
-            select(
-                func.coalesce(func.sum(UsageLedger.prompt_tokens), 0),
-                func.coalesce(func.sum(UsageLedger.completion_tokens), 0),
-                func.coalesce(func.sum(UsageLedger.cost_usd), 0),
-            ).where(UsageLedger.waste_reason.is_not(None))
-        ).one()
-    assert [r + w for r, w in zip(results, waste, strict=True)] == list(ledger)
 
 
 def test_same_task_delivered_twice_records_once(clean_db, simulator, workers):
@@ -99,7 +78,7 @@ def test_two_attempts_finishing_record_one_result_and_mark_waste(clean_db):
             select(UsageLedger.attempt, UsageLedger.waste_reason).order_by(UsageLedger.attempt)
         ).all()
     assert rows == [(1, None), (2, "item_already_succeeded")]
-    _ledger_matches_results_plus_waste()
+    assert_ledger_is_results_plus_waste()
     assert client.get_batch(client_batch["id"], tenant="race")["request_counts"]["succeeded"] == 1
 
 
@@ -140,7 +119,7 @@ def test_sigkill_worker_mid_call_loses_nothing(clean_db, simulator, workers):
         retried = s.scalar(select(func.count()).select_from(Item).where(Item.attempts > 1))
     assert recorded == 60
     assert retried > 0  # the kill really hit items in flight
-    _ledger_matches_results_plus_waste()
+    assert_ledger_is_results_plus_waste()
 
 
 def test_provider_error_storm_retries_through_the_dispatcher(clean_db, simulator, workers):
@@ -151,8 +130,7 @@ def test_provider_error_storm_retries_through_the_dispatcher(clean_db, simulator
     try:
         make_tenant("storm")
         batch = client.submit_batch([chat_line(f"s{i}") for i in range(40)], tenant="storm")
-        workers(concurrency=8, env={"BATCHGEN_RETRY_BASE_S": "0.05",
-                                    "BATCHGEN_MAX_ATTEMPTS": "12"})
+        workers(concurrency=8, env={"BATCHGEN_RETRY_BASE_S": "0.05", "BATCHGEN_MAX_ATTEMPTS": "12"})
         wait_batches([batch["id"]], timeout_s=90)
     finally:
         httpx.post(f"{simulator.base_url}/_sim/config", json={"fault_rate": 0.0})
@@ -161,4 +139,4 @@ def test_provider_error_storm_retries_through_the_dispatcher(clean_db, simulator
     with db.session_scope() as s:
         assert s.scalar(select(func.count()).select_from(Result)) == 40
         assert s.scalar(select(func.max(Item.attempts))) > 1
-    _ledger_matches_results_plus_waste()
+    assert_ledger_is_results_plus_waste()

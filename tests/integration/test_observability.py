@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from app import db
 from app.api import create_app
 from app.schema import Item, Result, UsageLedger
-from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
+from tests.helpers import chat_line, jsonl, make_tenant, usage_totals, wait_batches
 
 pytestmark = pytest.mark.integration
 
@@ -140,15 +140,7 @@ def test_usage_endpoint_matches_the_ledger_and_is_tenant_scoped(clean_db, simula
     workers(concurrency=4)
     wait_batches([res.json["id"]])
     usage = api.get("/v1/usage?group_by=model", headers={"Authorization": f"Bearer {key}"}).json
-    with db.session_scope() as s:
-        total = s.execute(
-            select(
-                func.count(),
-                func.sum(UsageLedger.prompt_tokens),
-                func.sum(UsageLedger.completion_tokens),
-                func.sum(UsageLedger.cost_usd),
-            )
-        ).one()
+    total = usage_totals(UsageLedger)
     [row] = usage["data"]
     assert (row["model"], row["requests"], row["prompt_tokens"], row["completion_tokens"]) == (
         "sim-small",

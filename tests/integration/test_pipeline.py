@@ -11,7 +11,7 @@ from app import db
 from app.api import create_app
 from app.schema import Item, Result, TenantDailyUsage, UsageLedger
 from app.simulator import request_digest
-from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
+from tests.helpers import chat_line, jsonl, make_tenant, usage_totals, wait_batches
 
 pytestmark = pytest.mark.integration
 
@@ -63,22 +63,7 @@ def test_three_tenants_two_models_200_items(clean_db, simulator, workers):
 
     with db.session_scope() as s:
         assert s.scalar(select(func.count()).select_from(Result)) == 200
-        ledger = s.execute(
-            select(
-                func.count(),
-                func.sum(UsageLedger.prompt_tokens),
-                func.sum(UsageLedger.completion_tokens),
-                func.sum(UsageLedger.cost_usd),
-            )
-        ).one()
-        results = s.execute(
-            select(
-                func.count(),
-                func.sum(Result.prompt_tokens),
-                func.sum(Result.completion_tokens),
-                func.sum(Result.cost_usd),
-            )
-        ).one()
+        ledger, results = usage_totals(UsageLedger), usage_totals(Result)
         assert tuple(ledger) == tuple(results)
         daily = s.execute(
             select(
