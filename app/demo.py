@@ -76,6 +76,8 @@ def _pct(values: list[float], q: float) -> float:
 def run_demo(items: int = 300, anthropic: bool = False, console: Console | None = None) -> int:
     """Run the demo; returns a process exit code (0 when every item succeeded)."""
     console = console or Console()
+    if not console.is_terminal:  # a pipe or a CI log: room for the whole table
+        console = Console(width=120)
     workdir = Path(tempfile.mkdtemp(prefix="batchgen-demo-"))
     try:
         return _run(items, anthropic, console, workdir)

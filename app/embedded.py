@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,10 +101,13 @@ def start_postgres(data_dir: Path) -> Any:
     Returns the ``pgserver`` handle: ``.get_uri()`` is its URL, ``.cleanup()``
     stops it once no other process of ours uses it (also done at exit).
     """
-    import pgserver
-
     data_dir.parent.mkdir(parents=True, exist_ok=True)
-    return pgserver.get_server(str(data_dir), cleanup_mode="stop")
+    with warnings.catch_warnings():
+        # platformdirs warns about XDG_RUNTIME_DIR on hosts without a login session.
+        warnings.simplefilter("ignore")
+        import pgserver
+
+        return pgserver.get_server(str(data_dir), cleanup_mode="stop")
 
 
 def stop_postgres(server: Any) -> None:

@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=5)
     parser.add_argument("--measure-s", type=float, default=20)
     parser.add_argument("--timeout-s", type=float, default=1200)
+    parser.add_argument("--shares-only", action="store_true", help="skip the latency runs")
     args = parser.parse_args()
 
     import os
@@ -175,17 +176,21 @@ def main() -> None:
         )
         try:
             worker.wait_ready()
-            latency = {
-                mode: interactive_latency(args, sim_url, mode)
-                for mode in ("alone", "dispatcher", "naive")
-            }
+            modes = () if args.shares_only else ("alone", "dispatcher", "naive")
+            latency = {mode: interactive_latency(args, sim_url, mode) for mode in modes}
             equal = shares(args, sim_url, weight_a=1)
             weighted = shares(args, sim_url, weight_a=2)
         finally:
             worker.stop()
 
+    if latency:
+        _print_latency(latency, args.backlog)
+    _print_shares(equal, weighted, args.measure_s)
+
+
+def _print_latency(latency: dict[str, list[float]], backlog: int) -> None:
     solo_p99 = _p(latency["alone"], 99)
-    print(f"\nB's 20 interactive items (model cap 8, ~100 ms calls), A backlog {args.backlog}:")
+    print(f"\nB's 20 interactive items (model cap 8, ~100 ms calls), A backlog {backlog}:")
     print(f"{'run':34} {'p50 s':>7} {'p99 s':>7} {'p99 / solo p99':>15}")
     names = {
         "alone": "B alone",
@@ -197,7 +202,12 @@ def main() -> None:
             f"{names[mode]:34} {_p(values, 50):7.2f} {_p(values, 99):7.2f} "
             f"{_p(values, 99) / solo_p99:15.2f}"
         )
-    print(f"\nthroughput while both tenants have backlog ({args.measure_s:g} s):")
+
+
+def _print_shares(
+    equal: tuple[float, float], weighted: tuple[float, float], measure_s: float
+) -> None:
+    print(f"\nthroughput while both tenants have backlog ({measure_s:g} s):")
     print(
         f"  equal weights: A {equal[0]:.0f}, B {equal[1]:.0f} items; "
         f"Jain's index {jain(*equal):.3f}"

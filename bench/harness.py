@@ -96,17 +96,39 @@ def simulator_process(*args: str) -> Iterator[str]:
 
 
 def reset_state(sim_url: str) -> None:
-    """Empty tables, an empty Redis and a fresh simulator between runs."""
+    """Empty tables, an empty Redis and a fresh simulator between runs.
+
+    The previous run's calls are let finish first; TRUNCATE then takes its
+    table locks (retried if a worker's transaction still holds one).
+    """
+    from sqlalchemy.exc import OperationalError
+
     from app.db import get_engine
     from app.redis_client import get_redis
 
-    with get_engine().begin() as conn:
-        conn.execute(
-            text(
-                "TRUNCATE tenant_daily_usage, usage_ledger, results, items, batches, "
-                "tenants RESTART IDENTITY CASCADE"
-            )
-        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with get_engine().connect() as conn:
+            busy = conn.execute(
+                text("SELECT count(*) FROM items WHERE status IN ('queued', 'running')")
+            ).scalar()
+        if not busy:
+            break
+        time.sleep(0.5)
+    for attempt in range(10):
+        try:
+            with get_engine().begin() as conn:
+                conn.execute(
+                    text(
+                        "TRUNCATE tenant_daily_usage, usage_ledger, results, items, "
+                        "batches, tenants RESTART IDENTITY CASCADE"
+                    )
+                )
+            break
+        except OperationalError:
+            if attempt == 9:
+                raise
+            time.sleep(0.5)
     get_redis().flushdb()
     httpx.post(f"{sim_url}/_sim/reset").raise_for_status()
 

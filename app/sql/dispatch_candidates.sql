@@ -5,6 +5,12 @@
 --   (items the tenant already has in flight on this model + its position) / weight
 -- so every release goes to the tenant furthest below its weighted share of
 -- the model's slots: weighted round-robin computed in one query.
+--
+-- Slots are whole: with 16 slots and weights 2:1 the exact share is 10.67 to
+-- 5.33, and a plain rank would settle on 11 to 5 (a 2.2 ratio). Subtracting a
+-- random fraction (stochastic rounding) makes the split alternate between
+-- 11:5 and 10:6 so that throughput over time follows the weights. It never
+-- reorders a tenant's own items: their ranks differ by at least 1/weight.
 WITH inflight AS (
     SELECT tenant_id, count(*) AS n
     FROM items
@@ -30,5 +36,5 @@ CROSS JOIN LATERAL (
     ORDER BY i.priority_rank, i.id
     LIMIT :limit
 ) AS c
-ORDER BY (coalesce(f.n, 0) + c.position)::float8 / t.weight, c.id
+ORDER BY (coalesce(f.n, 0) + c.position - random()) / t.weight, c.id
 LIMIT :limit

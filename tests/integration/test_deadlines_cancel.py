@@ -96,7 +96,7 @@ def test_cancel_aborts_running_calls_and_sends_nothing_after(clean_db, simulator
     aborted = [e for e in entries if e["completed"] is False]
     assert aborted, "the running calls should have been aborted"
     # They stopped right after the cancel, mid-answer (the stream was closed).
-    assert all(e["end_ts"] - cancelled_at < 0.5 for e in aborted)
+    assert all(e["end_ts"] - cancelled_at < 1.0 for e in aborted)
     info = client.get_batch(batch["id"], tenant="canceller")
     assert info["status"] == "cancelled"
     assert info["request_counts"]["cancelled"] >= 40 - len(entries)
