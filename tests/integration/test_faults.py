@@ -52,6 +52,7 @@ def test_same_task_delivered_twice_records_once(clean_db, simulator, workers):
         assert s.scalar(select(func.max(Item.attempts))) == 1
     stats = httpx.get(f"{simulator.base_url}/_sim/stats").json()
     assert stats["requests"] >= 20
+    assert_ledger_is_results_plus_waste()
 
 
 def test_two_attempts_finishing_record_one_result_and_mark_waste(clean_db):
