@@ -141,3 +141,66 @@ def test_provider_error_storm_retries_through_the_dispatcher(clean_db, simulator
         assert s.scalar(select(func.count()).select_from(Result)) == 40
         assert s.scalar(select(func.max(Item.attempts))) > 1
     assert_ledger_is_results_plus_waste()
+
+
+FAST_RECOVERY = {
+    "BATCHGEN_CALL_TIMEOUT_S": "5",
+    "BATCHGEN_RUNNING_LEASE_MARGIN_S": "1",
+    "BATCHGEN_QUEUED_LEASE_S": "3",
+    "BATCHGEN_SWEEP_INTERVAL_S": "0.5",
+}
+
+
+def _wait_until_running(batch_id: str, at_least: int = 5) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        counts = client.get_batch(batch_id, tenant=_tenant_of(batch_id))["request_counts"]
+        if counts["succeeded"] >= at_least:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the batch did not start")
+
+
+def _tenant_of(batch_id: str) -> str:
+    from app.schema import Batch, Tenant
+
+    with db.session_scope() as s:
+        return s.scalar(select(Tenant.name).join(Batch).where(Batch.id == batch_id))
+
+
+def test_flushed_redis_loses_no_item(clean_db, simulator, workers):
+    """Redis restarted empty mid-run: broker messages, budgets and slots are gone;
+    PostgreSQL still knows every item and the sweep re-releases them."""
+    make_tenant("flushed")
+    batch = client.submit_batch([chat_line(f"r{i}") for i in range(80)], tenant="flushed")
+    workers(concurrency=8, env=FAST_RECOVERY)
+    _wait_until_running(batch["id"])
+    get_redis().flushdb()
+    wait_batches([batch["id"]], timeout_s=90)
+    assert client.get_batch(batch["id"], tenant="flushed")["request_counts"]["succeeded"] == 80
+    with db.session_scope() as s:
+        assert s.scalar(select(func.count(func.distinct(Result.item_id)))) == 80
+    assert_ledger_is_results_plus_waste()
+
+
+def test_terminated_postgres_backends_lose_no_item(clean_db, simulator, workers):
+    """Every database connection of the workers is killed mid-run (a failover)."""
+    from sqlalchemy import text
+
+    make_tenant("failover")
+    batch = client.submit_batch([chat_line(f"p{i}") for i in range(80)], tenant="failover")
+    workers(concurrency=8, env=FAST_RECOVERY)
+    _wait_until_running(batch["id"])
+    with db.session_scope() as s:
+        killed = s.scalar(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        )
+    assert killed > 0
+    wait_batches([batch["id"]], timeout_s=90)
+    assert client.get_batch(batch["id"], tenant="failover")["request_counts"]["succeeded"] == 80
+    with db.session_scope() as s:
+        assert s.scalar(select(func.count(func.distinct(Result.item_id)))) == 80
+    assert_ledger_is_results_plus_waste()
