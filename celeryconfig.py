@@ -56,9 +56,19 @@ def route_task(name, args, kwargs, options, task=None, **kw):  # noqa: ANN001, A
 
 task_routes = (route_task,)
 
+# Ticks expire unconsumed after a few intervals, so a stalled dispatcher does not
+# come back to a pile of identical ticks.
 beat_schedule = {
-    "dispatch": {"task": "batchgen.dispatch", "schedule": _settings.dispatch_interval_s},
-    "sweep": {"task": "batchgen.sweep", "schedule": _settings.sweep_interval_s},
+    "dispatch": {
+        "task": "batchgen.dispatch",
+        "schedule": _settings.dispatch_interval_s,
+        "options": {"expires": 5 * _settings.dispatch_interval_s},
+    },
+    "sweep": {
+        "task": "batchgen.sweep",
+        "schedule": _settings.sweep_interval_s,
+        "options": {"expires": 5 * _settings.sweep_interval_s},
+    },
 }
 
 # --- Nightly description jobs (app/nightly, tasks/nightly.py) ----------------

@@ -14,6 +14,7 @@ from itertools import islice
 from typing import Any
 
 from sqlalchemy import exists, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app import quotas
@@ -112,8 +113,15 @@ def store_batch(
         total_items=0,
         created_at=now,
     )
-    session.add(batch)
-    session.flush()  # a concurrent twin with the same idempotency key waits here
+    try:
+        with session.begin_nested():  # a concurrent twin with the same key waits here
+            session.add(batch)
+    except IntegrityError:
+        # The twin committed first: answer with its batch, as a resubmit would get.
+        existing = _find_idempotent(session, tenant.id, options.idempotency_key or "")
+        if existing is None:
+            raise
+        return existing, False
 
     limits = Limits(max_lines=settings.max_batch_lines, max_bytes=settings.max_body_bytes)
     tokens_by_model: dict[str, int] = {}

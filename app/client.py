@@ -13,11 +13,13 @@ tenant it found. All raise the project's typed exceptions (:mod:`app.errors`).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app import batches, counters
@@ -30,6 +32,9 @@ from app.redis_client import get_redis
 from app.registry import get_registry
 from app.schema import Tenant
 from app.status import Priority
+
+log = logging.getLogger(__name__)
+CANCEL_TRIES = 3
 
 RequestLines = Iterable[bytes] | Iterable[Mapping[str, Any]] | str | Path
 
@@ -78,7 +83,10 @@ def wake_dispatcher() -> None:
     """Tell a dispatcher new work is waiting (a Celery message; beat covers a lost one)."""
     from tasks.dispatch import wake
 
-    wake()
+    try:
+        wake()
+    except Exception:  # the batch is stored; the beat tick dispatches it anyway
+        log.warning("could not wake the dispatcher; the next beat tick will release the batch")
 
 
 def submit_batch(
@@ -136,9 +144,15 @@ def iter_results(batch_id: str, *, tenant: str | Tenant) -> Iterator[dict[str, A
 
 def cancel_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
     """Cancel: items not yet running end now; running calls are stopped."""
-    with session_scope() as session:
-        batch = batches.cancel(session, _tenant(session, tenant), batch_id)
-        described = batches.describe(session, batch)
+    for attempt in range(1, CANCEL_TRIES + 1):
+        try:
+            with session_scope() as session:
+                batch = batches.cancel(session, _tenant(session, tenant), batch_id)
+                described = batches.describe(session, batch)
+            break
+        except OperationalError:  # a deadlock with a concurrent sweep: PostgreSQL chose us
+            if attempt == CANCEL_TRIES:
+                raise
     announce(get_redis(), batch_id)
     return described
 

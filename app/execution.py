@@ -1,9 +1,9 @@
 """Running one delivery of an item: gate, claim, call, record exactly once.
 
 Celery-free, so it can be driven by the task in :mod:`tasks.generate` and by
-tests alike. The path: peek (is it still queued?) → gate (concurrency slot,
-token budget) → claim (queued → running) → provider call → settle the budget →
-record the result, or retry through the dispatcher, or fail.
+tests alike. The path: claim (queued → running) → gate (concurrency slot, token
+budget) → mark sent → provider call → record the result (or retry through the
+dispatcher, or fail) → settle the budget.
 """
 
 from __future__ import annotations
@@ -14,8 +14,11 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from threading import Event
+from typing import Any
 
+import redis
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app import retry
@@ -26,7 +29,7 @@ from app.config import Settings
 from app.db import session_scope
 from app.deadlines import call_timeout_s, time_left_s
 from app.errors import CallCancelled, PermanentProviderError, ProviderError, RateLimited
-from app.gate import Gate, Never, Pass, Wait
+from app.gate import Gate, Never, Pass, Wait, running_lease_s
 from app.items import (
     Claimed,
     claim,
@@ -134,15 +137,25 @@ def run_item(
 ) -> Verdict:
     """Run one delivery of an item end to end."""
     with session_scope() as session:
-        model = session.scalar(select(Item.model).where(Item.id == item_id))
-        spec = registry.get(model or "")
-        if spec is None:
+        row = session.execute(
+            select(Item.model, Item.batch_id).where(Item.id == item_id)
+        ).one_or_none()
+        spec = registry.get(row.model) if row is not None else None
+        if row is None or spec is None:
             return Verdict("skipped")
-        lease_s = (spec.call_timeout_s or settings.call_timeout_s) + settings.running_lease_margin_s
-        item = claim(session, item_id, lease_s)
-        if item is None:  # duplicate, cancelled, finished, or past its deadline
-            return Verdict("expired" if expire_if_due(session, item_id) else "skipped")
-    decision = gate.enter(spec, item)
+        item = claim(session, item_id, running_lease_s(spec, settings))
+        expired = item is None and expire_if_due(session, item_id)
+    if item is None:  # duplicate, cancelled, finished, or past its deadline
+        if expired:
+            with session_scope() as session:
+                finish_if_done(session, row.batch_id)
+        return Verdict("expired" if expired else "skipped")
+    try:
+        decision = gate.enter(spec, item)
+    except redis.RedisError:
+        with session_scope() as session:  # give the attempt back; the sweep re-releases it
+            unclaim(session, item, 0.0, settings.queued_lease_s)
+        raise
     if not isinstance(decision, Pass):
         return _wait(item, decision, settings)
     with watcher.watch(item.batch_id) if watcher else nullcontext(Event()) as cancel:
@@ -187,6 +200,32 @@ def _cancelled(item: Claimed, spec: ModelSpec, exc: CallCancelled) -> str:
     return "cancelled"
 
 
+RECORD_TRIES = 5
+
+
+def _record(item: Claimed, response: ProviderResponse, latency_s: float, spec: ModelSpec) -> bool:
+    for attempt in range(1, RECORD_TRIES + 1):
+        try:
+            with session_scope() as session:
+                return record_success(session, _outcome(item, response, latency_s), spec)
+        except OperationalError:
+            if attempt == RECORD_TRIES:
+                raise
+            log.warning("item %d: database error recording the result, retrying", item.item_id)
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
+
+
+def _settle(gate: Gate, spec: ModelSpec, admitted: Pass, item: Claimed, **outcome: Any) -> None:
+    """Budget bookkeeping after a call; a Redis error must not undo the call's outcome."""
+    try:
+        gate.settle(spec, admitted, item.tenant_id, item.max_tokens, **outcome)
+    except redis.RedisError:
+        log.warning(
+            "item %d: Redis error settling the budget; the reservation ages out", item.item_id
+        )
+
+
 def _call(
     item: Claimed,
     spec: ModelSpec,
@@ -210,10 +249,28 @@ def _call(
     try:
         response = get_provider(spec).complete(request)
     except ProviderError as exc:
-        gate.settle(spec, admitted, item.tenant_id, item.max_tokens, error=exc)
+        _settle(gate, spec, admitted, item, error=exc)
         if isinstance(exc, CallCancelled):
             return _cancelled(item, spec, exc)
         with session_scope() as session:
+            if exc.billed:
+                # The provider may charge a call that failed after it was sent; its usage
+                # is unknown, so the ledger carries the prompt estimate, marked as waste.
+                record_waste(
+                    session,
+                    CallOutcome(
+                        item.item_id,
+                        item.attempt,
+                        item.prompt_tokens_est,
+                        0,
+                        {},
+                        None,
+                        int((time.monotonic() - started) * 1000),
+                        0,
+                    ),
+                    spec,
+                    f"failed_{exc.kind}",
+                )
             verdict = handle_failure(session, item, exc, spec, settings)
         if verdict != "retry":
             with session_scope() as session:
@@ -229,9 +286,10 @@ def _call(
         )
         return verdict
     latency_s = time.monotonic() - started
-    gate.settle(spec, admitted, item.tenant_id, item.max_tokens, response=response)
-    with session_scope() as session:
-        recorded = record_success(session, _outcome(item, response, latency_s), spec)
+    # A paid answer is recorded before anything else can fail (the budget lives in
+    # Redis, which may be restarting); a dropped database connection is retried.
+    recorded = _record(item, response, latency_s, spec)
+    _settle(gate, spec, admitted, item, response=response)
     with session_scope() as session:
         finish_if_done(session, item.batch_id)
     log.info(

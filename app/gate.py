@@ -30,6 +30,13 @@ SLOT_RETRY_S = 0.5
 DEFAULT_COOLDOWN_S = 1.0
 
 
+def running_lease_s(spec: ModelSpec, settings: Settings) -> float:
+    """How long a running item (and its concurrency slot) stays ours. A streamed call
+    may take up to twice its timeout (the SDK's timeout bounds each read, the stream
+    deadline is checked between chunks), so the lease covers both and a margin."""
+    return 2 * (spec.call_timeout_s or settings.call_timeout_s) + settings.running_lease_margin_s
+
+
 @dataclass(frozen=True)
 class Pass:
     """Admitted: the call may start now. Hand it back to :meth:`Gate.settle`."""
@@ -58,8 +65,7 @@ class Gate:
         self.enabled = settings.budget_enabled
 
     def _slot_lease_s(self, spec: ModelSpec) -> float:
-        timeout = spec.call_timeout_s or self.settings.call_timeout_s
-        return timeout + self.settings.running_lease_margin_s
+        return running_lease_s(spec, self.settings)
 
     def _take_slot(self, spec: ModelSpec, holder: str) -> bool:
         deadline = time.monotonic() + self.settings.slot_wait_s
@@ -135,6 +141,10 @@ class Gate:
             elif isinstance(error, PermanentProviderError):
                 self.budget.release(spec, rid, tenant_id)  # rejected before generating
                 counters.incr(self.client, spec.name, counters.PERMANENT_ERRORS)
+            elif error is not None and not error.billed and error.status is None:
+                # Connect failure: nothing was sent, nothing was counted.
+                self.budget.release(spec, rid, tenant_id)
+                counters.incr(self.client, spec.name, counters.TRANSIENT_ERRORS)
             else:
                 # Transient: the provider may have counted it; keep the reservation.
                 counters.incr(self.client, spec.name, counters.TRANSIENT_ERRORS)

@@ -1,7 +1,9 @@
 """Every Redis key this project writes, in one place.
 
-Keys of one budget share a hash tag (``{...}``) so a Lua script touching
-them works on Redis Cluster too.
+Keys of one budget share a hash tag (``{...}``). The reservation script also
+touches the tenant's budget keys, so on Redis Cluster a model's and a tenant's
+keys would have to live in one slot: run the budget on a single Redis (or
+primary) as the project does today.
 """
 
 from __future__ import annotations

@@ -80,6 +80,13 @@ def check_models(
 
 def check_tenant(session: Session, tenant: Tenant, registry: Registry, models: list[str]) -> None:
     """429 when the tenant is over its own open-items or daily-token bounds."""
+    if tenant.max_pending_items is None and tenant.daily_token_quota is None:
+        return
+    # One tenant's concurrent submits (for any models) are counted one after another.
+    session.execute(
+        text("SELECT pg_advisory_xact_lock(:ns, :tenant)"),
+        {"ns": ADVISORY_NAMESPACE + 2, "tenant": tenant.id},
+    )
     if tenant.max_pending_items is not None:
         open_items = (
             session.scalar(

@@ -28,6 +28,7 @@ class SweepReport:
 
 def sweep(session: Session, settings: Settings) -> SweepReport:
     """One sweep pass in the caller's transaction."""
+    session.execute(query("sweep_cancel_orphans"))
     expired = list(session.execute(query("sweep_expire")).scalars())
     recovered = list(
         session.execute(query("sweep_requeue_lost"), {"max_attempts": settings.max_attempts})

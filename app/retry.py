@@ -49,13 +49,13 @@ def backoff_s(
 ) -> float:
     """Wait before attempt ``attempt + 1`` (``attempt`` counts from 1).
 
-    With a usable ``retry-after`` we wait exactly that (plus up to 10 % jitter so
-    many workers told the same thing do not return together); otherwise full
-    jitter over ``min(max_s, initial_s * 2**(attempt-1))``.
+    With a ``retry-after`` we wait that long, capped at ``MAX_RETRY_AFTER_S``
+    (plus up to 10 % jitter so many workers told the same thing do not return
+    together); otherwise full jitter over ``min(max_s, initial_s * 2**(attempt-1))``.
     """
     r = rng or random
-    if retry_after_s is not None and 0 <= retry_after_s <= MAX_RETRY_AFTER_S:
-        return retry_after_s * (1.0 + 0.1 * r.random())
+    if retry_after_s is not None and retry_after_s >= 0:
+        return min(retry_after_s, MAX_RETRY_AFTER_S) * (1.0 + 0.1 * r.random())
     ceiling = min(max_s, initial_s * (2 ** max(0, attempt - 1)))
     return r.uniform(0, ceiling)
 

@@ -11,6 +11,7 @@ from app.scheduling import release_all
 from tasks.celery_app import celery_app
 
 log = logging.getLogger(__name__)
+WAKE_EXPIRES_S = 10
 
 
 def dispatch_now() -> int:
@@ -37,4 +38,5 @@ def dispatch() -> int:
 
 def wake() -> None:
     """Ask a dispatcher to run soon (after a submit)."""
-    dispatch.apply_async()
+    # A wake-up is worthless later: the beat tick does the same work.
+    dispatch.apply_async(expires=WAKE_EXPIRES_S)

@@ -19,6 +19,20 @@ else
     local t = redis.call('TIME')
     now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
+-- Entries that left the window first (as budget_reserve.lua does), so "used"
+-- is what the window holds now.
+local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - span)
+if #old > 0 then
+    local tokens_freed, requests_freed = 0, 0
+    for _, member in ipairs(old) do
+        tokens_freed = tokens_freed + (tonumber(redis.call('HGET', KEYS[2], member)) or 0)
+        if string.sub(member, 1, 2) ~= 'o:' then requests_freed = requests_freed + 1 end
+        redis.call('HDEL', KEYS[2], member)
+    end
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - span)
+    if tokens_freed > 0 then redis.call('HINCRBY', KEYS[2], '_tokens', -tokens_freed) end
+    if requests_freed > 0 then redis.call('HINCRBY', KEYS[2], '_requests', -requests_freed) end
+end
 local used = tonumber(redis.call('HGET', KEYS[2], '_tokens')) or 0
 local ours = limit - used
 local missing = ours - remaining

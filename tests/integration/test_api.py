@@ -195,3 +195,24 @@ def test_bad_completion_window_is_400(api, key):
     assert res.status_code == 400
     assert "completion_window" in res.json["error"]["message"]
     assert _stored() == (0, 0)
+
+
+def test_concurrent_submits_with_one_idempotency_key_store_one_batch(key):
+    """Two submits racing with the same key: one batch, both answers name it, no 500."""
+    import threading
+
+    from app import client
+
+    rows = [chat_line(f"i{i}") for i in range(300)]  # slow enough for the two to overlap
+    answers: list = []
+
+    def submit() -> None:
+        answers.append(client.submit_batch(rows, tenant="acme", idempotency_key="race-1")["id"])
+
+    threads = [threading.Thread(target=submit) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 2 and answers[0] == answers[1]
+    assert _stored() == (1, 300)

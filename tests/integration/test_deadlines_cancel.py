@@ -132,3 +132,25 @@ def test_cancel_holds_across_a_worker_restart(clean_db, simulator, workers):
     info = client.get_batch(batch["id"], tenant="restart")
     assert info["status"] == "cancelled"
     assert info["request_counts"]["succeeded"] == 0
+
+
+def test_sweep_cancels_items_a_retry_left_in_a_cancelled_batch(clean_db):
+    """A retry that raced with the cancel put an item back to pending: it never runs."""
+    from sqlalchemy import update
+
+    from app import db
+    from app.config import get_settings
+    from app.recovery import sweep
+    from app.schema import Item
+
+    make_tenant("racer")
+    batch = client.submit_batch([chat_line(f"o{i}") for i in range(3)], tenant="racer")
+    client.cancel_batch(batch["id"], tenant="racer")
+    with db.session_scope() as s:  # what the losing side of the race leaves behind
+        s.execute(
+            update(Item).where(Item.custom_id == "o0").values(status="pending", finished_at=None)
+        )
+    with db.session_scope() as s:
+        sweep(s, get_settings())
+    counts = client.get_batch(batch["id"], tenant="racer")["request_counts"]
+    assert counts["cancelled"] == 3 and counts["pending"] == 0

@@ -140,6 +140,16 @@ def test_provider_error_storm_retries_through_the_dispatcher(clean_db, simulator
     with db.session_scope() as s:
         assert s.scalar(select(func.count()).select_from(Result)) == 40
         assert s.scalar(select(func.max(Item.attempts))) > 1
+        # Resets and malformed answers came after the request was sent: maybe billed,
+        # so they are in the ledger, as waste.
+        assert (
+            s.scalar(
+                select(func.count())
+                .select_from(UsageLedger)
+                .where(UsageLedger.waste_reason.like("failed_%"))
+            )
+            > 0
+        )
     assert_ledger_is_results_plus_waste()
 
 
