@@ -140,9 +140,10 @@ def _beat_schedule_file() -> str:
 
 
 def _celery_worker(queues: list[str], concurrency: int, beat: bool, name: str) -> None:
+    from app.procs import WORKER_POOL
     from tasks.celery_app import celery_app
 
-    argv = ["worker", "-Q", ",".join(queues), "-P", "threads", "-c", str(concurrency)]
+    argv = ["worker", "-Q", ",".join(queues), "-P", WORKER_POOL, "-c", str(concurrency)]
     argv += ["-n", f"{name}@%h", "--loglevel", get_settings().log_level]
     if beat:
         argv += ["-B", "-s", _beat_schedule_file()]
@@ -155,10 +156,15 @@ def worker(
         None, "--group", "-g", help="Model group(s) to serve; default: all."
     ),
     concurrency: int = typer.Option(0, help="Threads; default BATCHGEN_WORKER_CONCURRENCY."),
+    pool: str = typer.Option("threads", "--pool", "-P", help="Celery pool: threads only."),
 ) -> None:
     """A Celery worker (thread pool) for one or more model groups."""
+    from app.procs import pool_error
     from app.registry import get_registry
 
+    refused = pool_error(pool)
+    if refused:
+        fail(refused, 2)
     with handled():
         registry = get_registry()
     unknown = set(group or []) - set(registry.groups)

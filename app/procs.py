@@ -11,6 +11,33 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+#: The only Celery pool batchgen workers run: provider calls are I/O-bound, and the
+#: worker's state (database and Redis connection pools, leases, stop events) is per process.
+WORKER_POOL = "threads"
+
+
+def pool_error(pool: str) -> str | None:
+    """Why ``pool`` cannot run batchgen's tasks, or ``None`` for the supported pool."""
+    if pool in (WORKER_POOL, "thread", "celery.concurrency.thread:TaskPool"):
+        return None
+    return (
+        f"pool {pool!r} is not supported: batchgen workers run Celery's thread pool only "
+        f"(-P {WORKER_POOL}); use --concurrency for more parallel calls"
+    )
+
+
+def requested_pool(argv: list[str]) -> str | None:
+    """The pool asked for on a ``celery worker`` command line (``-P x``, ``-Px``,
+    ``--pool x``, ``--pool=x``), else ``None``."""
+    for i, arg in enumerate(argv):
+        if arg in ("-P", "--pool"):
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if arg.startswith("--pool="):
+            return arg.split("=", 1)[1]
+        if arg.startswith("-P") and not arg.startswith("--"):
+            return arg[2:]
+    return None
+
 
 @dataclass
 class WorkerProcess:
@@ -76,7 +103,7 @@ def start_worker(
         "-Q",
         ",".join(queues),
         "-P",
-        "threads",
+        WORKER_POOL,
         "-c",
         str(concurrency),
         "-n",

@@ -1,6 +1,7 @@
 """The Celery application; ``celery -A tasks.celery_app worker`` starts a worker."""
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,18 @@ def _setup_logging(**_: Any) -> None:
     from app.logs import configure_logging
 
     configure_logging()
+
+
+@signals.celeryd_init.connect
+def _refuse_other_pools(**_: Any) -> None:
+    # Celery takes an explicit "-P prefork" for its default and silently runs the
+    # configured pool instead; refuse any pool but threads rather than swap it.
+    from app.procs import pool_error, requested_pool
+
+    message = pool_error(requested_pool(sys.argv[1:]) or str(celery_app.conf.worker_pool))
+    if message:
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 @signals.worker_ready.connect

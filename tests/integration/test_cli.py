@@ -320,3 +320,24 @@ def test_usage_and_status(stack, run, tenant, tmp_path):
     status = json.loads(run("status", "--json").stdout)
     assert {m["model"] for m in status["models"]} >= {"sim-small", "sim-large"}
     assert "sim-small" in run("status").stdout
+
+
+def test_worker_prefork_pool_is_refused(services, folder):
+    """The worker runs the thread pool only; asking for another pool is a usage error,
+    never silently replaced (Celery itself swaps an explicit ``-P prefork`` for the
+    configured pool)."""
+    env = {**os.environ, "BATCHGEN_DATA_DIR": str(folder / "data")}
+    commands = [
+        [sys.executable, "-m", "app.cli", "worker", "-P", "prefork"],
+        [sys.executable, "-m", "app.cli", "worker", "--pool=solo"],
+        [sys.executable, "-m", "celery", "-A", "tasks.celery_app", "worker", "-P", "prefork"],
+        [sys.executable, "-m", "celery", "-A", "tasks.celery_app", "worker", "--pool=prefork"],
+    ]
+    for argv in commands:
+        try:
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{argv[2:]} started a worker instead of refusing") from None
+        assert done.returncode == 2, (argv, done.stdout, done.stderr)
+        assert "pool" in done.stderr and "threads" in done.stderr, (argv, done.stderr)
+        assert "ready." not in done.stdout + done.stderr
