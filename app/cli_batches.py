@@ -214,7 +214,10 @@ def nightly_run(
     date: str | None = typer.Option(None, "--date", help="YYYY-MM-DD; default: today (UTC)."),
     job: str | None = typer.Option(None, "--job", help="Only this job of the jobs file."),
     jobs_file: Path | None = typer.Option(
-        None, exists=True, dir_okay=False, help="Default: BATCHGEN_NIGHTLY_JOBS_FILE."
+        None,
+        exists=True,
+        dir_okay=False,
+        help="Default: BATCHGEN_NIGHTLY_JOBS_FILE. Another file needs --wait.",
     ),
     wait: bool = typer.Option(
         False, "--wait", help="Wait for the batches, write the output here, print the report."
@@ -225,7 +228,8 @@ def nightly_run(
 ) -> None:
     """Run the nightly description jobs for a date by hand (submits once per job and date).
 
-    Without --wait the dispatcher writes the output once the batches end.
+    Without --wait the dispatcher writes the output once the batches end, from the
+    jobs of its own BATCHGEN_NIGHTLY_JOBS_FILE (so --jobs-file must be that file).
     """
     from app.nightly import collect_job, jobs_from_settings, select_jobs, submit_job
 
@@ -234,6 +238,15 @@ def nightly_run(
     except ValueError as exc:
         raise typer.BadParameter("expected YYYY-MM-DD", param_hint="--date") from exc
     with services() as settings, handled():
+        configured = settings.nightly_jobs_file
+        if not wait and jobs_file and not _same_file(jobs_file, configured):
+            # Workers write a run's output from their own BATCHGEN_NIGHTLY_JOBS_FILE
+            # (messages carry no paths): another jobs file is collected here, with --wait.
+            fail(
+                f"--jobs-file {jobs_file} is not BATCHGEN_NIGHTLY_JOBS_FILE ({configured}): "
+                "the workers would not find its jobs; add --wait to write the output here",
+                2,
+            )
         jobs = select_jobs(jobs_from_settings(jobs_file), job)
         runs: dict[str, list[str]] = {}
         for j in jobs:
@@ -243,13 +256,8 @@ def nightly_run(
         if not wait:
             from tasks.nightly import collect
 
-            path = str(jobs_file.resolve()) if jobs_file else None
             for name in runs:
-                collect.apply_async(
-                    args=[name, day.isoformat()],
-                    kwargs={"jobs_file": path},
-                    countdown=settings.nightly_poll_s,
-                )
+                collect.apply_async(args=[name, day.isoformat()], countdown=settings.nightly_poll_s)
             if as_json:
                 print_json({"date": day.isoformat(), "batches": runs})
             else:
@@ -267,6 +275,10 @@ def nightly_run(
     else:
         for r in reports:
             console.print(r.line(), highlight=False)
+
+
+def _same_file(path: Path, other: Path | None) -> bool:
+    return other is not None and path.resolve() == other.resolve()
 
 
 def register(cli: typer.Typer) -> None:

@@ -59,13 +59,14 @@ def nightly(day: str | None = None) -> dict[str, list[str]]:
 # max_retries=None: waiting for a batch to end is not a failure; the batch's
 # own completion window bounds the wait.
 @celery_app.task(name="batchgen.nightly_collect", bind=True, ignore_result=True, max_retries=None)
-def collect(self: Task, job_name: str, day: str, jobs_file: str | None = None) -> str | None:
+def collect(self: Task, job_name: str, day: str) -> str | None:
     """Write the run's output and report once its batches have ended; else check again later.
 
-    ``jobs_file`` names another jobs file than ``BATCHGEN_NIGHTLY_JOBS_FILE``
-    (``batchgen nightly run --jobs-file``).
+    The job is looked up by name in this worker's ``BATCHGEN_NIGHTLY_JOBS_FILE``:
+    no path (jobs file, output, report) ever comes from a message, and a message
+    with more arguments than these two fails without running.
     """
-    (job,) = select_jobs(jobs_from_settings(jobs_file), job_name)
+    (job,) = select_jobs(jobs_from_settings(), job_name)
     report = collect_job(job, _day(day))
     if report is None:
         raise self.retry(countdown=get_settings().nightly_poll_s)

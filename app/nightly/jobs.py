@@ -132,7 +132,7 @@ def cron_schedule(expression: str) -> Any:
 
 
 def jobs_from_settings(jobs_file: Path | str | None = None) -> list[Job]:
-    """The jobs of ``jobs_file`` or of ``BATCHGEN_NIGHTLY_JOBS_FILE``."""
+    """The jobs of ``jobs_file`` (a local command's choice) or of ``BATCHGEN_NIGHTLY_JOBS_FILE``."""
     path = jobs_file or get_settings().nightly_jobs_file
     if not path:
         raise ConfigError("no jobs file: set BATCHGEN_NIGHTLY_JOBS_FILE")

@@ -93,7 +93,11 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stack(services, simulator, folder) -> Iterator[dict[str, Service]]:
     """``batchgen worker --group sim`` and ``batchgen dispatcher``: the commands' happy path
     and the processing for this module's batches."""
-    env = {"BATCHGEN_DATA_DIR": str(folder / "data"), "BATCHGEN_NIGHTLY_POLL_S": "0.3"}
+    env = {
+        "BATCHGEN_DATA_DIR": str(folder / "data"),
+        "BATCHGEN_NIGHTLY_POLL_S": "0.3",
+        "BATCHGEN_NIGHTLY_JOBS_FILE": str(folder / "nightly" / "jobs.toml"),
+    }
     procs = {
         "worker": start(["worker", "--group", "sim", "--concurrency", "8"], folder, env),
         "dispatcher": start(["dispatcher"], folder, env),
@@ -215,18 +219,25 @@ def test_batch_command_errors(services, run, tenant, tmp_path):
     assert result.exit_code == 1 and not (tmp_path / "r.jsonl").exists()
 
 
-def test_nightly_run(stack, run, tenant, tmp_path, restore_env):
-    (tmp_path / "catalog.jsonl").write_text(
+def test_nightly_run(stack, run, tenant, folder, tmp_path, restore_env):
+    jobs = folder / "nightly" / "jobs.toml"  # the dispatcher's BATCHGEN_NIGHTLY_JOBS_FILE
+    jobs.parent.mkdir(exist_ok=True)
+    (jobs.parent / "catalog.jsonl").write_text(
         "".join(json.dumps({"id": f"n{i}", "name": f"Vase {i}"}) + "\n" for i in range(8))
     )
-    jobs = tmp_path / "jobs.toml"
-    jobs.write_text(
+    text = (
         f'[[jobs]]\nname = "vases"\ntenant = "{tenant}"\nmodel = "sim-small"\n'
         'catalog = "catalog.jsonl"\nmax_tokens = 8\noutput = "out/{job}-{date}.csv"\n'
     )
-    os.environ["BATCHGEN_NIGHTLY_POLL_S"] = "0.3"
+    jobs.write_text(text)
+    other = tmp_path / "other-jobs.toml"
+    other.write_text(text)
+    os.environ.update(BATCHGEN_NIGHTLY_POLL_S="0.3", BATCHGEN_NIGHTLY_JOBS_FILE=str(jobs))
+    # Another jobs file than the workers' cannot be collected by them: --wait or nothing.
+    refused = run("nightly", "run", "--date", "2030-03-04", "--jobs-file", other)
+    assert refused.exit_code == 2 and "--wait" in refused.stderr, refused.output
     # Without --wait: submitted, and the dispatcher writes the output when it ends.
-    started = run("nightly", "run", "--date", "2030-03-04", "--jobs-file", jobs, "--json")
+    started = run("nightly", "run", "--date", "2030-03-04", "--json")
     assert started.exit_code == 0, started.output
     (batch_id,) = json.loads(started.stdout)["batches"]["vases"]
     waited = run("nightly", "run", "--date", "2030-03-04", "--jobs-file", jobs, "--wait")
@@ -234,7 +245,7 @@ def test_nightly_run(stack, run, tenant, tmp_path, restore_env):
     assert "already submitted" in waited.stderr
     assert waited.stdout.startswith("nightly job=vases date=2030-03-04 products=8 written=8 ")
     assert waited.stdout.strip().endswith(f"batches={batch_id}")
-    output = tmp_path / "out" / "vases-2030-03-04.csv"
+    output = jobs.parent / "out" / "vases-2030-03-04.csv"
     assert len(output.read_text().splitlines()) == 9  # header + 8
     stack["dispatcher"].wait(lambda: "nightly job=vases" in stack["dispatcher"].text(), 30)
 

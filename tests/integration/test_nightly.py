@@ -19,7 +19,7 @@ from app.config import get_settings
 from app.errors import ConfigError, ValidationFailed
 from app.nightly import Job, PromptRenderer, cron_schedule, load_jobs, output_table, submit_job
 from app.schema import Batch, Item, UsageLedger
-from tests.helpers import make_tenant, status_summary
+from tests.helpers import make_tenant, status_summary, wait_batches
 
 pytestmark = pytest.mark.integration
 DAY = "2030-01-02"
@@ -189,3 +189,49 @@ def test_jobs_file_and_template_errors(clean_db, tmp_path):
     default = PromptRenderer(job.model_copy(update={"template": None}))
     prompt = default.request({"id": "b", "colour": "red"}, 1)["body"]["messages"][0]["content"]
     assert "Product: b" in prompt and "colour: red" in prompt
+
+
+def _task_ended(log: str, task_id: str) -> str | None:
+    """The worker's log line saying how task ``task_id`` ended, once there is one."""
+    for line in log.splitlines():
+        if f"[{task_id}]" in line and ("succeeded" in line or "raised" in line):
+            return line
+    return None
+
+
+def test_nightly_collect_message_carries_no_file_path(
+    clean_db, simulator, workers, tmp_path, restore_env
+):
+    """A collect message names a job and a date; the jobs file (and so every path
+    written) comes from the worker's settings, never from the message."""
+    from tasks.celery_app import celery_app
+
+    (tmp_path / "catalog.jsonl").write_text(
+        "".join(json.dumps({"id": f"v{i}", "name": f"Vase {i}"}) + "\n" for i in range(3))
+    )
+    job = '[[jobs]]\nname = "vases"\ntenant = "acme"\nmodel = "sim-small"\nmax_tokens = 8\n'
+    good = tmp_path / "jobs.toml"
+    good.write_text(job + 'catalog = "catalog.jsonl"\noutput = "out/{job}-{date}.jsonl"\n')
+    planted = tmp_path / "elsewhere" / "jobs.toml"
+    planted.parent.mkdir()
+    planted.write_text(
+        job + f'catalog = "{tmp_path / "catalog.jsonl"}"\noutput = "written-here.jsonl"\n'
+    )
+    os.environ.update(BATCHGEN_NIGHTLY_JOBS_FILE=str(good), BATCHGEN_NIGHTLY_POLL_S="0.3")
+    get_settings.cache_clear()
+    worker = workers(concurrency=4)
+    make_tenant("acme")
+    (job_,) = load_jobs(good)
+    ids, _ = submit_job(job_, dt.date.fromisoformat(DAY))
+    wait_batches(ids)
+
+    sent = celery_app.send_task(
+        "batchgen.nightly_collect", args=["vases", DAY], kwargs={"jobs_file": str(planted)}
+    )
+    deadline = time.monotonic() + 30
+    while not (ended := _task_ended(worker.log_tail(400), sent.id)):
+        assert time.monotonic() < deadline, worker.log_tail()
+        time.sleep(0.1)
+    assert "succeeded" not in ended and "jobs_file" in ended, ended
+    assert not (planted.parent / "written-here.jsonl").exists()
+    assert not (tmp_path / "out").exists()  # the message alone does not run it either
