@@ -21,13 +21,25 @@ table and logs a one-line report. The jobs live in a TOML file
     max_tokens = 200
     output = "out/{job}-{date}.jsonl"       # .jsonl or .csv, or { table = "..." }
     report = "out/{job}-{date}.report"      # optional: the report line, also logged
+    rejects = "out/{job}-{date}.rejects.jsonl"  # optional: rows left out (see below)
+
+A catalog row that cannot make a prompt is not submitted (so not billed): a
+value the template prints or computes with is missing or empty (``None``,
+``""``, blanks; ``{% if product.x %}`` may test for it), the row has more
+fields than the CSV header, or a JSONL line is not a JSON object. It goes to
+the rejects file, one JSON object a line: ``{"line": <source line, or a
+table's row number in key order>, "id": <product key or null>, "reason":
+"missing or empty column 'price'"}`` (no other value of the row), and the
+rest of the job runs. Default: beside a file output
+(``<output>.rejects.jsonl``), else ``$BATCHGEN_DATA_DIR/nightly/``. The
+report line counts them (``rejected=N``).
 
 A table without ``url``/``url_env`` is in batchgen's own database. An output
 table is created if missing (``product_id, job, run_date, locale,
 description``); a run replaces its own rows.
 """
 
-from app.nightly.catalog import DEFAULT_TEMPLATE, PromptRenderer, read_catalog
+from app.nightly.catalog import DEFAULT_TEMPLATE, PromptRenderer, Reject, read_catalog
 from app.nightly.jobs import (
     Job,
     TableRef,
@@ -43,6 +55,7 @@ __all__ = [
     "DEFAULT_TEMPLATE",
     "Job",
     "PromptRenderer",
+    "Reject",
     "RunReport",
     "TableRef",
     "collect_job",

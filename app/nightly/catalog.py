@@ -23,28 +23,85 @@ Product: {{ product.name | default(product[id_column]) }}
 Answer with the description only."""
 
 
-def read_catalog(job: Job) -> Iterator[dict[str, Any]]:
-    """The catalog's products as dicts, in file or key order."""
+@dataclass(frozen=True)
+class Reject:
+    """A catalog row left out of the run: its source line (a table's row number in key
+    order), its product key if it has one, and why. No other value of the row."""
+
+    line: int
+    id: str | None
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "id": self.id, "reason": self.reason}
+
+
+#: A catalog row as read: its line and its values, or its line and what is wrong with it.
+SourceRow = tuple[int, dict[str, Any] | str]
+
+
+def read_catalog(job: Job) -> Iterator[SourceRow]:
+    """The catalog's rows in file or key order, each with its source line number."""
     if isinstance(job.catalog, TableRef):
-        yield from _read_table(job.catalog, job.id_column)
+        yield from enumerate(_read_table(job.catalog, job.id_column), start=1)
         return
     try:
         with open(job.catalog, encoding="utf-8-sig", newline="") as fh:
             if job.catalog.suffix.lower() == ".csv":
-                yield from csv.DictReader(fh)
-                return
-            for n, line in enumerate(fh, start=1):
-                if line.strip():
-                    row = json.loads(line)
-                    if not isinstance(row, dict):
-                        raise ValidationFailed(
-                            f"catalog {job.catalog.name}: line {n}: not an object"
-                        )
-                    yield row
+                yield from _csv_rows(fh)
+            else:
+                yield from _jsonl_rows(fh)
     except OSError as exc:
         raise ConfigError(f"catalog {job.catalog}: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
-        raise ValidationFailed(f"catalog {job.catalog.name}: line {exc.lineno}: bad JSON") from exc
+
+
+class _LineCounter:
+    """Iterates a file's lines, counting them (the csv module reads only what a row needs)."""
+
+    def __init__(self, lines: Iterable[str]) -> None:
+        self._lines = iter(lines)
+        self.count = 0
+
+    def __iter__(self) -> _LineCounter:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._lines)
+        self.count += 1
+        return line
+
+
+def _csv_rows(fh: Iterable[str]) -> Iterator[SourceRow]:
+    counter = _LineCounter(fh)
+    reader = csv.reader(counter)
+    header = next(reader, None)
+    while header is not None:
+        first_line = counter.count + 1  # a quoted field may span several lines
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield first_line, f"bad CSV: {exc}"
+            continue
+        if not fields:
+            continue  # a blank line
+        if len(fields) > len(header):
+            yield first_line, f"{len(fields)} fields, the header has {len(header)}"
+            continue
+        yield first_line, dict(zip(header, fields, strict=False))  # short: columns missing
+
+
+def _jsonl_rows(fh: Iterable[str]) -> Iterator[SourceRow]:
+    for n, line in enumerate(fh, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            yield n, "bad JSON"
+            continue
+        yield n, row if isinstance(row, dict) else "not a JSON object"
 
 
 def _read_table(ref: TableRef, id_column: str) -> Iterator[dict[str, Any]]:
@@ -62,18 +119,46 @@ def _read_table(ref: TableRef, id_column: str) -> Iterator[dict[str, Any]]:
         engine.dispose()
 
 
+def present(product: dict[str, Any]) -> dict[str, Any]:
+    """The product without its empty values: ``None`` and blank strings count as missing."""
+    return {
+        k: v
+        for k, v in product.items()
+        if v is not None and not (isinstance(v, str) and not v.strip())
+    }
+
+
+def _missing_value_class() -> type:
+    from jinja2 import Undefined
+
+    class MissingValue(Undefined):
+        """A missing or empty value: false in ``{% if %}``, an error once printed or used."""
+
+        __slots__ = ()
+        __str__ = Undefined._fail_with_undefined_error  # type: ignore[assignment]
+
+        @property
+        def _undefined_message(self) -> str:
+            if isinstance(self._undefined_obj, dict) and isinstance(self._undefined_name, str):
+                return f"missing or empty column {self._undefined_name!r}"
+            return str(super()._undefined_message)
+
+    return MissingValue
+
+
 @dataclass
 class PromptRenderer:
-    """Renders a job's template (sandboxed, undefined names are errors) for one product."""
+    """Renders a job's template (sandboxed) for one product. A value the template prints
+    or computes with that is missing or empty rejects the product (:class:`Reject`)."""
 
     job: Job
     _template: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        from jinja2 import StrictUndefined, TemplateError
+        from jinja2 import TemplateError
         from jinja2.sandbox import SandboxedEnvironment
 
-        env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
+        env = SandboxedEnvironment(undefined=_missing_value_class(), autoescape=False)
         try:
             source = self.job.template.read_text("utf-8") if self.job.template else None
             self._template = env.from_string(source or DEFAULT_TEMPLATE)
@@ -82,13 +167,24 @@ class PromptRenderer:
         except TemplateError as exc:
             raise ConfigError(f"template {self.job.template}: {exc}") from exc
 
-    def request(self, product: dict[str, Any], n: int) -> dict[str, Any]:
-        """The OpenAI Batch request line for product number ``n`` (1-based)."""
-        from jinja2 import TemplateError
+    def render(self, row: SourceRow) -> dict[str, Any] | Reject:
+        """The OpenAI Batch request line for a catalog row, or why the row is left out."""
+        line, values = row
+        if isinstance(values, str):
+            return Reject(line, None, values)
+        try:
+            return self.request(values)
+        except ValidationFailed as exc:
+            key = present(values).get(self.job.id_column)
+            return Reject(line, None if key is None else str(key), str(exc))
 
-        key = product.get(self.job.id_column)
-        if key is None or str(key) == "":
-            raise ValidationFailed(f"catalog product {n}: no {self.job.id_column!r} value")
+    def request(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The request line for a product (:class:`ValidationFailed` if it cannot render)."""
+        from jinja2 import TemplateError, UndefinedError
+
+        product = present(values)
+        if product.get(self.job.id_column) is None:
+            raise ValidationFailed(f"no {self.job.id_column!r} value")
         try:
             prompt = self._template.render(
                 product=product,
@@ -97,12 +193,14 @@ class PromptRenderer:
                 job=self.job.name,
                 id_column=self.job.id_column,
             )
-        except TemplateError as exc:  # the message names the variable, not the product text
-            raise ValidationFailed(f"template, product {key}: {exc}") from exc
+        except UndefinedError as exc:  # names the column, not the product's text
+            raise ValidationFailed(str(exc)) from exc
+        except TemplateError as exc:
+            raise ValidationFailed(f"template: {exc}") from exc
         messages = [{"role": "system", "content": self.job.system}] if self.job.system else []
         messages.append({"role": "user", "content": prompt.strip()})
         return {
-            "custom_id": str(key),
+            "custom_id": str(product[self.job.id_column]),
             "method": "POST",
             "url": "/v1/chat/completions",
             "body": {

@@ -53,6 +53,7 @@ class Job(BaseModel):
     max_tokens: PositiveInt = 300
     completion_window: str = "24h"
     report: Path | None = None
+    rejects: Path | None = None
 
     @model_validator(mode="after")
     def _file_kinds(self) -> Job:
@@ -60,7 +61,20 @@ class Job(BaseModel):
             value = getattr(self, name)
             if isinstance(value, Path) and value.suffix.lower() not in (".csv", ".jsonl"):
                 raise ValueError(f"{name}: a .csv or .jsonl file or a {{ table = ... }}")
+        if self.rejects is not None and self.rejects.suffix.lower() != ".jsonl":
+            raise ValueError("rejects: a .jsonl file")
         return self
+
+    def rejects_path(self, day: dt.date) -> Path:
+        """Where a run's rejected catalog rows go: ``rejects``, else beside a file output
+        (``<output>.rejects.jsonl``), else in the data folder."""
+        if self.rejects is not None:
+            template = self.rejects
+        elif isinstance(self.output, Path):
+            template = self.output.with_suffix(".rejects.jsonl")
+        else:
+            template = get_settings().data_dir.resolve() / "nightly" / "{job}-{date}.rejects.jsonl"
+        return self.path(template, day)
 
     def key_prefix(self, day: dt.date) -> str:
         """The idempotency keys of this job's batches for ``day`` start with this."""
@@ -100,7 +114,7 @@ def load_jobs(path: Path | str) -> list[Job]:
 
 def _resolve(job: Job, base: Path) -> Job:
     updates: dict[str, Any] = {}
-    for name in ("catalog", "output", "template", "report"):
+    for name in ("catalog", "output", "template", "report", "rejects"):
         value = getattr(job, name)
         if isinstance(value, Path) and not value.is_absolute():
             updates[name] = base / value

@@ -15,7 +15,7 @@ from app import client
 from app.config import Settings, get_settings
 from app.db import session_scope
 from app.errors import NotFound, ValidationFailed
-from app.nightly.catalog import PromptRenderer, chunks, read_catalog
+from app.nightly.catalog import PromptRenderer, Reject, chunks, read_catalog
 from app.nightly.jobs import Job, TableRef
 from app.nightly.output import description, write_file, write_table, write_text
 from app.schema import Batch, Tenant, UsageLedger
@@ -41,17 +41,29 @@ def run_batch_ids(job: Job, day: dt.date) -> list[str]:
 def submit_job(job: Job, day: dt.date, settings: Settings | None = None) -> tuple[list[str], bool]:
     """Submit the job's batches for ``day`` unless they exist; returns ``(ids, created)``.
 
-    A catalog larger than ``BATCHGEN_MAX_BATCH_LINES`` goes in several parts,
-    each a batch with its own idempotency key.
+    A catalog row that cannot make a prompt (a value the template uses is
+    missing or empty, a malformed line) is not submitted: it goes to the run's
+    rejects file (:meth:`Job.rejects_path`) with its source line, and the other
+    rows run. A catalog larger than ``BATCHGEN_MAX_BATCH_LINES`` goes in
+    several parts, each a batch with its own idempotency key.
     """
     settings = settings or get_settings()
     before = set(run_batch_ids(job, day))
     renderer = PromptRenderer(job)
+    rejects: list[Reject] = []
+
+    def requests() -> Iterator[dict[str, Any]]:
+        for row in read_catalog(job):
+            rendered = renderer.render(row)
+            if isinstance(rendered, Reject):
+                rejects.append(rendered)
+            else:
+                yield rendered
+
     ids: list[str] = []
-    for part, products in enumerate(chunks(read_catalog(job), settings.max_batch_lines)):
-        offset = part * settings.max_batch_lines
+    for part, lines in enumerate(chunks(requests(), settings.max_batch_lines)):
         batch = client.submit_batch(
-            (renderer.request(p, offset + i + 1) for i, p in enumerate(products)),
+            lines,
             tenant=job.tenant,
             completion_window=job.completion_window,
             metadata={"nightly_job": job.name, "run_date": day.isoformat(), "part": part},
@@ -59,11 +71,35 @@ def submit_job(job: Job, day: dt.date, settings: Settings | None = None) -> tupl
             priority=Priority.BULK,
         )
         ids.append(batch["id"])
+    rejects_file = job.rejects_path(day)
+    write_file(rejects_file, (r.as_dict() for r in rejects))  # empty: none rejected
+    if rejects:
+        log.warning(
+            "nightly job=%s date=%s rejected=%d rows, see %s",
+            job.name,
+            day,
+            len(rejects),
+            rejects_file,
+        )
     if not ids:
-        raise ValidationFailed(f"nightly job {job.name}: the catalog is empty")
+        raise ValidationFailed(
+            f"nightly job {job.name}: no product to describe; "
+            f"{len(rejects)} rows rejected, see {rejects_file}"
+            if rejects
+            else f"nightly job {job.name}: the catalog is empty"
+        )
     created = not set(ids) <= before
     log.info("nightly job=%s date=%s batches=%s created=%s", job.name, day, ids, created)
     return ids, created
+
+
+def _rejected(job: Job, day: dt.date) -> int:
+    """How many catalog rows the run's submission left out (its rejects file's lines)."""
+    try:
+        with open(job.rejects_path(day), encoding="utf-8") as fh:
+            return sum(1 for line in fh if line.strip())
+    except FileNotFoundError:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -79,6 +115,7 @@ class RunReport:
     failed: int
     expired: int
     cancelled: int
+    rejected: int
     prompt_tokens: int
     completion_tokens: int
     cost_usd: Decimal
@@ -87,7 +124,7 @@ class RunReport:
         return (
             f"nightly job={self.job} date={self.date} products={self.products} "
             f"written={self.written} succeeded={self.succeeded} failed={self.failed} "
-            f"expired={self.expired} cancelled={self.cancelled} "
+            f"expired={self.expired} cancelled={self.cancelled} rejected={self.rejected} "
             f"prompt_tokens={self.prompt_tokens} completion_tokens={self.completion_tokens} "
             f"cost_usd={self.cost_usd:.6f} batches={','.join(self.batches)}"
         )
@@ -145,6 +182,7 @@ def collect_job(job: Job, day: dt.date) -> RunReport | None:
         failed=counts["failed"],
         expired=counts["expired"],
         cancelled=counts["cancelled"],
+        rejected=_rejected(job, day),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         cost_usd=cost_usd,

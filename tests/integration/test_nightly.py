@@ -23,6 +23,7 @@ from tests.helpers import make_tenant, status_summary, wait_batches
 
 pytestmark = pytest.mark.integration
 DAY = "2030-01-02"
+DAY1 = dt.date(2030, 1, 1)
 
 
 @pytest.fixture
@@ -130,7 +131,7 @@ def test_beat_fires_twice_one_batch_500_descriptions_and_report(
         body = s.scalar(select(Item.body).where(Item.batch_id == en.id, Item.custom_id == "p0007"))
     assert report == (
         f"nightly job=shop-en date={DAY} products=500 written=500 succeeded=500 failed=0 "
-        f"expired=0 cancelled=0 prompt_tokens={tokens[0]} completion_tokens={tokens[1]} "
+        f"expired=0 cancelled=0 rejected=0 prompt_tokens={tokens[0]} completion_tokens={tokens[1]} "
         f"cost_usd={Decimal(tokens[2]):.6f} batches={en.id}"
     )
     assert body["messages"] == [
@@ -172,7 +173,9 @@ def test_jobs_file_and_template_errors(clean_db, tmp_path):
         cron_schedule("0 2 * *")
     assert cron_schedule("30 1 * * 1-5").hour == {1}
 
-    (tmp_path / "c.jsonl").write_text('{"id": "a", "name": "A"}\n{"id": "b"}\n')
+    (tmp_path / "c.jsonl").write_text(
+        '{"id": "a", "name": "A"}\n{"id": "b"}\n\n{"id": "c", "name": null}\n[1]\n{"id": \n'
+    )
     (tmp_path / "t.j2").write_text("About {{ product.name }}")
     job = Job(
         name="j",
@@ -182,13 +185,25 @@ def test_jobs_file_and_template_errors(clean_db, tmp_path):
         output=tmp_path / "o.csv",
         template=tmp_path / "t.j2",
     )
-    with pytest.raises(ValidationFailed, match="product b"):  # b has no name: nothing stored
-        submit_job(job, dt.date(2030, 1, 1))
+    ids, _ = submit_job(job, dt.date(2030, 1, 1))  # b and c have no name: left out
     with db.session_scope() as s:
-        assert s.scalar(select(func.count()).select_from(Batch)) == 0
+        assert s.scalars(select(Item.custom_id).where(Item.batch_id.in_(ids))).all() == ["a"]
+    rejects = (tmp_path / "o.rejects.jsonl").read_text().splitlines()
+    assert [json.loads(r) for r in rejects] == [
+        {"line": 2, "id": "b", "reason": "missing or empty column 'name'"},
+        {"line": 4, "id": "c", "reason": "missing or empty column 'name'"},
+        {"line": 5, "id": None, "reason": "not a JSON object"},
+        {"line": 6, "id": None, "reason": "bad JSON"},
+    ]
+    (tmp_path / "none.jsonl").write_text('{"id": "x"}\n')
+    with pytest.raises(ValidationFailed, match="1 rows rejected"):  # nothing to submit
+        submit_job(job.model_copy(update={"catalog": tmp_path / "none.jsonl", "name": "k"}), DAY1)
+    with db.session_scope() as s:
+        assert s.scalar(select(func.count()).select_from(Batch)) == 1
     default = PromptRenderer(job.model_copy(update={"template": None}))
-    prompt = default.request({"id": "b", "colour": "red"}, 1)["body"]["messages"][0]["content"]
-    assert "Product: b" in prompt and "colour: red" in prompt
+    prompt = default.request({"id": "b", "colour": "red", "size": " "})["body"]["messages"][0]
+    assert "Product: b" in prompt["content"] and "colour: red" in prompt["content"]
+    assert "size" not in prompt["content"]
 
 
 def _task_ended(log: str, task_id: str) -> str | None:
@@ -234,4 +249,48 @@ def test_nightly_collect_message_carries_no_file_path(
         time.sleep(0.1)
     assert "succeeded" not in ended and "jobs_file" in ended, ended
     assert not (planted.parent / "written-here.jsonl").exists()
-    assert not (tmp_path / "out").exists()  # the message alone does not run it either
+    assert not (tmp_path / "out" / f"vases-{DAY}.jsonl").exists()  # nor from the settings
+
+
+def test_nightly_row_missing_a_column_goes_to_rejects(clean_db, tmp_path):
+    """A catalog row without a value the template uses is not submitted (nor billed): it
+    goes to the rejects file with its source line; the other rows run."""
+    (tmp_path / "catalog.csv").write_text(
+        "id,name,category,price\n"
+        "p1,Lamp 1,lighting,10.00\n"
+        "p2,Lamp 2,lighting\n"  # line 3: no price column
+        "p3,Lamp 3,lighting,\n"  # line 4: empty price
+        'p4,"Lamp\n4",lighting,12.00\n'  # lines 5-6: one row
+        "p5,Lamp 5,  ,13.00\n"  # line 7: blank category
+        "p6,Lamp 6,lighting,14.00,extra\n"  # line 8: more fields than the header
+        "p7,Lamp 7,lighting,15.00\n"
+    )
+    (tmp_path / "t.j2").write_text(
+        "About {{ product.name }} ({{ product.category }}, {{ product.price }} EUR)"
+        "{% if product.colour %}, {{ product.colour }}{% endif %}."
+    )
+    job = Job(
+        name="lamps",
+        tenant="acme",
+        model="sim-small",
+        catalog=tmp_path / "catalog.csv",
+        output=tmp_path / "out" / "{job}-{date}.jsonl",
+        template=tmp_path / "t.j2",
+    )
+    make_tenant("acme")
+    ids, created = submit_job(job, dt.date.fromisoformat(DAY))
+    assert created and len(ids) == 1
+    with db.session_scope() as s:
+        items = s.execute(
+            select(Item.custom_id, Item.body).where(Item.batch_id == ids[0]).order_by(Item.id)
+        ).all()
+    assert [i.custom_id for i in items] == ["p1", "p4", "p7"]
+    prompts = [i.body["messages"][0]["content"] for i in items]
+    assert prompts[0] == "About Lamp 1 (lighting, 10.00 EUR)."
+    assert not any("None" in p for p in prompts)
+
+    rejects = tmp_path / "out" / f"lamps-{DAY}.rejects.jsonl"
+    rows = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert [(r["line"], r["id"]) for r in rows] == [(3, "p2"), (4, "p3"), (7, "p5"), (8, None)]
+    assert "price" in rows[0]["reason"] and "price" in rows[1]["reason"]
+    assert "category" in rows[2]["reason"] and "fields" in rows[3]["reason"]
