@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     # Dispatch and leases.
     dispatch_interval_s: float = 1.0
     sweep_interval_s: float = 5.0
+    # One Celery beat sends the ticks: it holds a Redis lock with this lease (app/beat.py).
+    beat_lock_lease_s: float = 10.0
     # How far ahead of a model's concurrency cap the dispatcher releases work.
     dispatch_ahead_factor: float = 2.0
     queued_lease_s: float = 120.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -124,3 +125,20 @@ def start_worker(
             start_new_session=True,
         )
     return WorkerProcess(name, process, log_path, ready_path)
+
+
+def beat_pids(worker_pid: int) -> list[int]:
+    """The embedded beat process of a worker started with beat (``batchgen dispatcher``,
+    ``celery worker -B``): its live child processes, as the thread pool forks no other."""
+    import psutil
+
+    try:
+        children = psutil.Process(worker_pid).children()
+    except psutil.NoSuchProcess:
+        return []
+    alive = []
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child.pid)
+    return alive

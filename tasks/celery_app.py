@@ -33,6 +33,15 @@ def _refuse_other_pools(**_: Any) -> None:
         raise SystemExit(2)
 
 
+@signals.beat_embedded_init.connect
+def _beat_dies_with_worker(**_: Any) -> None:
+    # A beat embedded in a dispatcher (-B) is a child process: without this, a
+    # `kill -9` of the dispatcher leaves it sending ticks as an orphan.
+    from app.beat import die_with_parent
+
+    die_with_parent()
+
+
 @signals.worker_ready.connect
 def _warm_up(**_: Any) -> None:
     # Import the provider SDKs now rather than inside the first call: a call

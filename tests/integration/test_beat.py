@@ -1,0 +1,140 @@
+"""The dispatcher's embedded beat: it dies with its dispatcher, even after ``kill -9``,
+and only one beat sends the schedule's ticks at a time (a lease in Redis).
+
+The dispatchers are started as the product starts them (``batchgen dispatcher``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from app.beat import schedule_holder
+from app.procs import beat_pids
+
+pytestmark = pytest.mark.integration
+SENT = "Sending due task dispatch"
+LEASE_S = 2.0
+
+
+@dataclass
+class Dispatcher:
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def sends(self) -> int:
+        return self.log.read_text(errors="replace").count(SENT)
+
+    def beat(self) -> int:
+        """The pid of its embedded beat process, once there is one."""
+        wait_for(lambda: beat_pids(self.process.pid), f"no beat under {self.process.pid}")
+        (pid,) = beat_pids(self.process.pid)
+        return pid
+
+
+def wait_for(check: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture
+def dispatchers(clean_db, tmp_path) -> Iterator[Callable[[str], Dispatcher]]:
+    """``batchgen dispatcher`` processes; killed with any beat they left behind."""
+    started: list[Dispatcher] = []
+    beats: list[int] = []
+
+    def start(name: str) -> Dispatcher:
+        log, ready = tmp_path / f"{name}.log", tmp_path / f"{name}.ready"
+        env = {
+            **os.environ,
+            "BATCHGEN_DATA_DIR": str(tmp_path / name),
+            "BATCHGEN_READY_FILE": str(ready),
+            "BATCHGEN_BEAT_LOCK_LEASE_S": str(LEASE_S),
+        }
+        with open(log, "wb") as fh:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "app.cli", "dispatcher"],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        d = Dispatcher(process, log)
+        started.append(d)
+        wait_for(ready.exists, f"{name} not ready: {log.read_text()[-2000:]}", 60)
+        beats.append(d.beat())
+        return d
+
+    yield start
+    for d in started:
+        if d.process.poll() is None:
+            os.killpg(d.process.pid, signal.SIGTERM)
+            try:
+                d.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(d.process.pid, signal.SIGKILL)
+                d.process.wait()
+    for pid in beats:  # an orphan beat is no longer in its dispatcher's process group
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def control_queue_length(services: dict[str, str]) -> int:
+    return int(redis.Redis.from_url(services["REDIS_URL"]).llen("batchgen.control"))
+
+
+def test_dispatcher_kill_9_takes_its_beat_along(dispatchers, services):
+    client = redis.Redis.from_url(services["REDIS_URL"])
+    d = dispatchers("d1")
+    beat = d.beat()
+    wait_for(lambda: d.sends() >= 2, "no tick sent")
+    assert (schedule_holder(client) or "").split(":")[1] == str(beat)  # names the beat's pid
+
+    d.process.kill()  # kill -9 of the dispatcher alone, not of its process group
+    d.process.wait()
+    wait_for(lambda: gone(beat), f"beat {beat} survived its dispatcher", timeout_s=5)
+    wait_for(lambda: schedule_holder(client) is None, "lock kept", 5)  # a clean stop gave it back
+
+    # Nothing consumes the control queue now; an orphan beat would keep filling it.
+    queued = control_queue_length(services)
+    time.sleep(3)  # three dispatch intervals: the absence of ticks has no event to await
+    assert control_queue_length(services) == queued
+
+
+def test_two_dispatchers_one_schedule(dispatchers):
+    first = dispatchers("d1")
+    second = dispatchers("d2")
+    wait_for(lambda: "beat: Starting" in second.log.read_text(), "second beat not started")
+    base = first.sends(), second.sends()
+    wait_for(lambda: first.sends() + second.sends() >= sum(base) + 4, "no ticks")
+    holder, waiter = (first, second) if first.sends() > base[0] else (second, first)
+    assert waiter.sends() == base[waiter is second], "two beats send the schedule"
+    assert "holds the schedule" in waiter.log.read_text()
+
+    # The holder's dispatcher is killed (restart case): the other beat takes over
+    # once the lease ends, and it alone sends.
+    holder_beat = holder.beat()
+    holder.process.kill()
+    holder.process.wait()
+    wait_for(lambda: gone(holder_beat), "the killed dispatcher's beat survived", 5)
+    before = waiter.sends()
+    wait_for(lambda: waiter.sends() >= before + 2, "no takeover", timeout_s=4 * LEASE_S + 5)
