@@ -13,8 +13,10 @@ import atexit
 import contextlib
 import logging
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -115,6 +117,28 @@ def stop_postgres(server: Any) -> None:
     server.cleanup()
     # pgserver also registered an atexit hook; by then logging streams may be closed.
     atexit.unregister(server._cleanup)
+
+
+@contextlib.contextmanager
+def private_postgres(prefix: str = "batchgen-pg-") -> Iterator[Any]:
+    """An embedded PostgreSQL in a new folder of its own, stopped and removed at the end.
+
+    The folder is made here (``mkdtemp``: new, ours) in the system temporary
+    folder, never under a root other programs manage. Run as root, pgserver
+    runs the server as its own system user and opens every folder above the
+    data to it; a shared root that someone else locks again (pytest re-applies
+    mode 0700 to ``/tmp/pytest-of-<user>`` at each start) cuts a running
+    server off its files, and it stops.
+    """
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        server = start_postgres(folder / "pg")
+        try:
+            yield server
+        finally:
+            stop_postgres(server)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def ensure_database(url: str, name: str) -> str:

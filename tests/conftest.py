@@ -7,6 +7,7 @@ database 15. Without them, they start embedded PostgreSQL and Redis.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,34 +28,42 @@ def _redis_test_url(url: str) -> str:
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """DATABASE_URL and REDIS_URL of migrated, empty, real servers."""
     from app import db, embedded
+
+    with contextlib.ExitStack() as stack:
+        if os.environ.get("DATABASE_URL"):
+            server_url = os.environ["DATABASE_URL"]
+        else:
+            # Its data stays out of pytest's temporary root, which every other pytest
+            # run on the machine locks again (mode 0700) when it starts.
+            server_url = str(stack.enter_context(embedded.private_postgres()).get_uri())
+        if os.environ.get("REDIS_URL"):
+            redis_url = _redis_test_url(os.environ["REDIS_URL"])
+        else:
+            folder = tmp_path_factory.mktemp("services") / "redis"
+            redis_server = embedded.RedisServer(embedded.free_port(), folder).start()
+            stack.callback(redis_server.stop)
+            redis_url = redis_server.url
+        name = f"batchgen_test_{os.getpid()}"
+        embedded.drop_database(server_url, name)
+        db_url = embedded.ensure_database(server_url, name)
+        stack.callback(embedded.drop_database, server_url, name)
+        stack.enter_context(_environment(DATABASE_URL=db_url, REDIS_URL=redis_url))
+        stack.callback(lambda: db.get_engine().dispose())
+        db.upgrade()
+        yield {"DATABASE_URL": db_url, "REDIS_URL": redis_url, "server_url": server_url}
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """Set environment variables (and fresh settings) for the block, then put them back."""
     from app.config import get_settings
 
-    base = tmp_path_factory.mktemp("services")
-    postgres = None if os.environ.get("DATABASE_URL") else embedded.start_postgres(base / "pg")
-    server_url = os.environ.get("DATABASE_URL") or str(postgres.get_uri())
-    name = f"batchgen_test_{os.getpid()}"
-    embedded.drop_database(server_url, name)
-    db_url = embedded.ensure_database(server_url, name)
-    redis_server = None
-    if os.environ.get("REDIS_URL"):
-        redis_url = _redis_test_url(os.environ["REDIS_URL"])
-    else:
-        redis_server = embedded.RedisServer(embedded.free_port(), base / "redis").start()
-        redis_url = redis_server.url
-    saved = {k: os.environ.get(k) for k in ("DATABASE_URL", "REDIS_URL")}
-    os.environ["DATABASE_URL"] = db_url
-    os.environ["REDIS_URL"] = redis_url
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     get_settings.cache_clear()
-    db.upgrade()
     try:
-        yield {"DATABASE_URL": db_url, "REDIS_URL": redis_url, "server_url": server_url}
+        yield
     finally:
-        db.get_engine().dispose()
-        embedded.drop_database(server_url, name)
-        if redis_server:
-            redis_server.stop()
-        if postgres is not None:
-            embedded.stop_postgres(postgres)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
