@@ -24,7 +24,7 @@ from app.procs import beat_pids
 
 pytestmark = pytest.mark.integration
 SENT = "Sending due task dispatch"
-LEASE_S = 2.0
+LEASE_S = 5.0  # long enough that a loaded machine does not lose it by a stall
 
 
 @dataclass
@@ -137,4 +137,19 @@ def test_two_dispatchers_one_schedule(dispatchers):
     holder.process.wait()
     wait_for(lambda: gone(holder_beat), "the killed dispatcher's beat survived", 5)
     before = waiter.sends()
-    wait_for(lambda: waiter.sends() >= before + 2, "no takeover", timeout_s=4 * LEASE_S + 5)
+    wait_for(lambda: waiter.sends() >= before + 2, "no takeover", timeout_s=2 * LEASE_S + 5)
+
+
+def test_schedule_lock_has_one_holder_and_a_lease(clean_db):
+    from app.beat import ScheduleLock
+    from app.redis_client import get_redis
+
+    a, b = ScheduleLock(get_redis(), lease_s=0.5), ScheduleLock(get_redis(), lease_s=0.5)
+    assert a.hold() and not b.hold()
+    assert a.hold()  # renewed by its holder
+    wait_for(b.hold, "the lease did not run out", timeout_s=5)  # the holder stopped renewing
+    assert not a.hold()
+    a.release()  # not a's any more: nothing happens
+    assert not a.hold()
+    b.release()
+    assert a.hold()
