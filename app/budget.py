@@ -9,10 +9,11 @@ the first minute included: there is no initial burst beyond the limit.
 Models sharing a ``budget_key`` (one provider account) share one budget.
 
 Fairness: a caller the model's budget denies joins a line (by item, ordered
-by first denial); the first ``budget_held_claims`` in line hold a claim on the
-tokens they asked for, and any other reservation must leave room for the
-claims ahead of it. So capacity freed while a 30k-token request waits builds
-up for it instead of going, 1k at a time, to the small requests behind it.
+by first denial); the first ``budget_held_claims`` in line (at most one limit
+of tokens together) hold a claim on the tokens they asked for, and any other
+reservation must leave room for the claims ahead of it. So capacity freed
+while a 30k-token request waits builds up for it instead of going, 1k at a
+time, to the small requests behind it.
 A claim lapses ``budget_claim_ttl_s`` after its caller's last try.
 
 The pure functions at the top are the budget maths; :class:`Budget` is the

@@ -77,11 +77,13 @@ class Settings(BaseSettings):
     # the next call probes the provider again); an item waiting on a cooldown is
     # never expired before its own deadline.
     max_cooldown_s: float = 60.0
-    # Fairness for large requests: the first budget_held_claims callers denied by
-    # a model's budget hold their claim on the tokens they asked for, so smaller
-    # requests are granted only if room for the claim remains. A claim lapses
-    # budget_claim_ttl_s after its caller's last try (a vanished caller frees it).
-    budget_held_claims: int = 1
+    # Fairness for large requests: callers denied by a model's budget line up by
+    # first denial; the first budget_held_claims of them (at most one limit of
+    # tokens together) hold a claim on the tokens they asked for, and any other
+    # request is granted only if room for the claims ahead of it remains (0: no
+    # claims, the first to find room wins). A claim lapses budget_claim_ttl_s
+    # after its caller's last try (a vanished caller frees it by itself).
+    budget_held_claims: int = 32
     budget_claim_ttl_s: float = 150.0
 
     # Broker: unacked messages come back after this; longer than any countdown we use.

@@ -10,11 +10,13 @@
 --
 -- Fairness: a caller denied by the model's budget joins a line of waiters
 -- (by a stable id per item, not per attempt), ordered by its first denial.
--- The first `held_claims` waiters hold a claim on the tokens they asked for:
--- any other reservation is granted only if it leaves room for the claims
--- ahead of it, so freed capacity accumulates for a large request instead of
--- going to a stream of small ones. A waiter's place lasts claim_ttl_s from
--- its last try, so a waiter that vanished frees its claim by itself.
+-- The first `held_claims` waiters (at most one limit of tokens together) hold
+-- a claim on the tokens they asked for: any other reservation is granted only
+-- if it leaves room for the claims ahead of it, so freed capacity accumulates
+-- for a large request instead of going to a stream of small ones. The first
+-- waiter has nothing ahead of it, so the line always moves. A waiter's place
+-- lasts claim_ttl_s from its last try, so a waiter that vanished frees its
+-- claim by itself.
 --
 -- KEYS[1] model log (zset)   KEYS[2] model amounts (hash)
 -- KEYS[3] tenant log (zset)  KEYS[4] tenant amounts (hash)
@@ -76,6 +78,8 @@ local function wait_for(log, amounts, need, count_requests)
             return tonumber(entries[i + 1]) + span - now
         end
     end
+    -- More than the whole log (claims ahead of it): try again when the log has emptied.
+    if #entries > 0 then return math.max(0.001, tonumber(entries[#entries]) + span - now) end
     return span
 end
 
@@ -101,13 +105,16 @@ if claim_ttl > 0 then
     local gone = redis.call('ZRANGEBYSCORE', line_seen, '-inf', now - claim_ttl)
     for _, w in ipairs(gone) do leave_line(w) end
 end
--- Tokens claimed by the waiters ahead of this caller (all claims if it holds none).
+-- Tokens claimed by the waiters ahead of this caller (all claims if it holds none):
+-- the first held_claims waiters, as long as their claims fit in one limit together.
 local held = 0
 if held_claims > 0 then
     local head = redis.call('ZRANGE', line, 0, held_claims - 1)
     for _, w in ipairs(head) do
         if w == waiter then break end
-        held = held + (tonumber(redis.call('HGET', line_tokens, w)) or 0)
+        local claim = tonumber(redis.call('HGET', line_tokens, w)) or 0
+        if held + claim > tokens_limit then break end
+        held = held + claim
     end
 end
 
