@@ -6,8 +6,6 @@ dies holding one loses it when the lease runs out, with no cleanup needed.
 
 from __future__ import annotations
 
-import time
-
 import redis
 
 from app import keys
@@ -30,5 +28,5 @@ class Slots:
         self.client.zrem(keys.slots(model), holder)
 
     def held(self, model: str) -> int:
-        """Slots currently held (leases not yet expired)."""
-        return int(self.client.zcount(keys.slots(model), time.time(), "+inf"))
+        """Slots currently held (leases not yet expired, on Redis's clock like the scores)."""
+        return int(script(self.client, "slot_count")(keys=[keys.slots(model)]))

@@ -75,6 +75,18 @@ class Settings(BaseSettings):
     max_countdown_s: float = 60.0
     # How long a worker polls for a concurrency slot before handing the item back.
     slot_wait_s: float = 2.0
+    # A 429's retry-after closes the whole budget key for at most this long (then
+    # the next call probes the provider again); an item waiting on a cooldown is
+    # never expired before its own deadline.
+    max_cooldown_s: float = 60.0
+    # Fairness for large requests: callers denied by a model's budget line up by
+    # first denial; the first budget_held_claims of them (at most one limit of
+    # tokens together) hold a claim on the tokens they asked for, and any other
+    # request is granted only if room for the claims ahead of it remains (0: no
+    # claims, the first to find room wins). A claim lapses budget_claim_ttl_s
+    # after its caller's last try (a vanished caller frees it by itself).
+    budget_held_claims: int = 32
+    budget_claim_ttl_s: float = 150.0
 
     # Broker: unacked messages come back after this; longer than any countdown we use.
     visibility_timeout_s: int = 3600

@@ -103,12 +103,29 @@ class Verdict:
 
 
 def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
-    """The gate said no: hand the item back (short wait, long wait) or end it."""
+    """The gate said no: hand the item back (short wait, long wait) or end it.
+
+    Only a firm wait past the deadline expires the item (:func:`retry.plan_wait`);
+    a tenant-budget wait goes back to pending so it holds no dispatch capacity.
+    """
     with session_scope() as session:
         if isinstance(decision, Never):
             finish_failed(session, item, "too_large", decision.reason)
             verdict = Verdict("failed")
-        elif not retry.fits_deadline(decision.wait_s, time_left_s(item.deadline_at, item.now)):
+        else:
+            plan = retry.plan_wait(
+                decision.wait_s,
+                time_left_s(item.deadline_at, item.now),
+                firm=decision.kind.firm,
+                releases_dispatch=decision.kind.releases_dispatch,
+                max_countdown_s=settings.max_countdown_s,
+            )
+            if plan.action is retry.WaitAction.DEFER:
+                defer(session, item, plan.wait_s, decision.reason)
+                return Verdict("deferred")
+            if plan.action is retry.WaitAction.REQUEUE:
+                unclaim(session, item, plan.wait_s, settings.queued_lease_s)
+                return Verdict("wait", plan.wait_s)
             finish_failed(
                 session,
                 item,
@@ -117,12 +134,6 @@ def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
                 ItemStatus.EXPIRED,
             )
             verdict = Verdict("expired")
-        elif decision.wait_s > settings.max_countdown_s:
-            defer(session, item, decision.wait_s, decision.reason)
-            return Verdict("deferred")
-        else:
-            unclaim(session, item, decision.wait_s, settings.queued_lease_s)
-            return Verdict("wait", decision.wait_s)
     with session_scope() as session:
         finish_if_done(session, item.batch_id)
     return verdict

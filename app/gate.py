@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from enum import StrEnum
 
 import redis
 
@@ -45,15 +46,47 @@ class Pass:
     tokens: int
 
 
+class WaitKind(StrEnum):
+    """What denied a call, which decides what a waiting item may do meanwhile."""
+
+    SLOT = "slot"  # all concurrency slots held: they free within a call's time
+    COOLDOWN = "cooldown"  # the provider said 429: a probe at the cooldown's end may pass
+    TOKENS = "tokens"  # the model's tokens in the window: they free at a known time
+    REQUESTS = "requests"  # the model's requests in the window
+    TENANT = "tenant"  # the tenant's own tokens_per_min
+
+    @property
+    def firm(self) -> bool:
+        """The wait is a lower bound: a call before it is impossible."""
+        return self in (WaitKind.TOKENS, WaitKind.REQUESTS, WaitKind.TENANT)
+
+    @property
+    def releases_dispatch(self) -> bool:
+        """The item waits on its own tenant, so it must not hold the model's dispatch
+        window (other tenants' items could use it meanwhile)."""
+        return self is WaitKind.TENANT
+
+
 @dataclass(frozen=True)
 class Wait:
     wait_s: float
     reason: str
+    kind: WaitKind = WaitKind.TOKENS
 
 
 @dataclass(frozen=True)
 class Never:
     reason: str
+
+
+_KINDS = {k.value for k in WaitKind}
+_REASONS = {
+    WaitKind.SLOT: "no free concurrency slot",
+    WaitKind.COOLDOWN: "provider cooldown after a 429",
+    WaitKind.TOKENS: "token budget exhausted",
+    WaitKind.REQUESTS: "request budget exhausted",
+    WaitKind.TENANT: "tenant token budget exhausted",
+}
 
 
 class Gate:
@@ -85,13 +118,14 @@ class Gate:
             return Pass(reservation_id, tokens)
         if not self._take_slot(spec, reservation_id):
             counters.incr(self.client, spec.name, counters.SLOT_DENIALS)
-            return Wait(countdown_s(SLOT_RETRY_S), "no free concurrency slot")
+            return Wait(countdown_s(SLOT_RETRY_S), "no free concurrency slot", WaitKind.SLOT)
         grant = self.budget.reserve(
             spec,
             reservation_id,
             tokens,
             tenant_id=item.tenant_id,
             tenant_tokens_per_min=item.tenant_tokens_per_min,
+            waiter_id=str(item.item_id),  # one place in line per item, across its retries
         )
         if grant.granted:
             return Pass(reservation_id, tokens)
@@ -103,7 +137,8 @@ class Gate:
         counters.incr(self.client, spec.name, counters.BUDGET_DENIALS)
         wait = countdown_s(grant.wait_s)
         counters.incr(self.client, spec.name, counters.BUDGET_WAIT_S, float(wait))
-        return Wait(wait, "token budget exhausted")
+        kind = WaitKind(grant.reason) if grant.reason in _KINDS else WaitKind.TOKENS
+        return Wait(wait, _REASONS[kind], kind)
 
     def settle(
         self,

@@ -23,6 +23,21 @@ def cooldown(budget_key: str) -> str:
     return f"{PREFIX}budget:{{{budget_key}}}:cooldown"
 
 
+def budget_waiters(budget_key: str) -> str:
+    """Zset of callers denied by the budget, scored by their first denial (the line)."""
+    return f"{PREFIX}budget:{{{budget_key}}}:waiters"
+
+
+def budget_waiter_tokens(budget_key: str) -> str:
+    """Hash: waiter -> tokens it asked for (what its claim holds)."""
+    return f"{PREFIX}budget:{{{budget_key}}}:waiter-tokens"
+
+
+def budget_waiters_seen(budget_key: str) -> str:
+    """Zset of waiters scored by their last try (a waiter gone quiet loses its place)."""
+    return f"{PREFIX}budget:{{{budget_key}}}:waiters-seen"
+
+
 def tenant_log(tenant_id: int) -> str:
     return f"{PREFIX}tenant-budget:{{t{tenant_id}}}:log"
 

@@ -6,6 +6,7 @@ import functools
 import os
 import re
 import tomllib
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 
@@ -115,7 +116,28 @@ def parse_registry(text: str, source: str = "<string>") -> Registry:
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])
             raise ConfigError(f"{source}: model {name!r}: {loc}: {first['msg']}") from exc
+    check_shared_budgets(models.values(), source)
     return Registry(models)
+
+
+SHARED_LIMITS = ("tokens_per_min", "requests_per_min")
+
+
+def check_shared_budgets(models: Iterable[ModelSpec], source: str = "<string>") -> None:
+    """Models sharing a ``budget_key`` share one provider account, hence one budget:
+    they must declare the same limits (else one of them may never get capacity)."""
+    by_key: dict[str, list[ModelSpec]] = {}
+    for spec in models:
+        by_key.setdefault(spec.budget_key, []).append(spec)
+    for key, specs in sorted(by_key.items()):
+        for field in SHARED_LIMITS:
+            values = {getattr(m, field) for m in specs}
+            if len(values) > 1:
+                declared = ", ".join(f"{m.name!r}: {getattr(m, field)}" for m in specs)
+                raise ConfigError(
+                    f"{source}: models sharing budget_key {key!r} declare different "
+                    f"{field} ({declared}); one account has one limit: make them equal"
+                )
 
 
 @functools.cache

@@ -11,6 +11,8 @@ import email.utils
 import random
 import time
 from collections.abc import Mapping
+from enum import StrEnum
+from typing import NamedTuple
 
 INITIAL_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
@@ -63,3 +65,43 @@ def backoff_s(
 def fits_deadline(wait_s: float, time_left_s: float, min_call_s: float = 1.0) -> bool:
     """True when waiting ``wait_s`` still leaves ``min_call_s`` for the call itself."""
     return wait_s + min_call_s <= time_left_s
+
+
+class WaitAction(StrEnum):
+    EXPIRE = "expire"  # end the item: no call can happen before its deadline
+    REQUEUE = "requeue"  # stay queued; the task retries itself after the wait
+    DEFER = "defer"  # back to pending; the dispatcher releases it after the wait
+
+
+class WaitPlan(NamedTuple):
+    action: WaitAction
+    wait_s: float
+
+
+def plan_wait(
+    wait_s: float,
+    time_left_s: float,
+    *,
+    firm: bool,
+    releases_dispatch: bool,
+    max_countdown_s: float,
+    min_call_s: float = 1.0,
+) -> WaitPlan:
+    """What an item the gate denied does meanwhile.
+
+    An item is expired early only when the wait is ``firm`` (tokens already
+    reserved in the window cannot free sooner) and would pass its deadline. A
+    wait that may end sooner (a provider cooldown, which a probe after it can
+    end; a concurrency slot) never expires it: it comes back by its deadline at
+    the latest, and is expired then if it still could not run. A wait on the
+    item's own tenant gives its place in the dispatch window back (``DEFER``);
+    so does any wait longer than a broker countdown should be.
+    """
+    if time_left_s <= 0:
+        return WaitPlan(WaitAction.EXPIRE, 0.0)
+    if firm and not fits_deadline(wait_s, time_left_s, min_call_s):
+        return WaitPlan(WaitAction.EXPIRE, 0.0)
+    wait = wait_s if firm else min(wait_s, time_left_s)
+    if releases_dispatch or wait > max_countdown_s:
+        return WaitPlan(WaitAction.DEFER, wait)
+    return WaitPlan(WaitAction.REQUEUE, wait)

@@ -4,8 +4,15 @@
 -- ages out when the provider's window resets, so our budget converges on the
 -- provider's count (providers count tokens differently from tiktoken).
 --
+-- The header was received age_s ago (a streamed call reads it at its start
+-- and reports it at its end), so it is compared with the window as it was
+-- then: entries that aged out since are not "missing" from the provider's
+-- count, and the observation ages out when the provider's counter resets,
+-- counted from the header, not from now.
+--
 -- KEYS[1] model log  KEYS[2] model amounts
--- ARGV: id, provider_remaining, tokens_limit, reset_s, window_s, guard_s, now_s (optional)
+-- ARGV: id, provider_remaining, tokens_limit, reset_s, window_s, guard_s,
+--       now_s (optional), age_s (seconds since the header was received)
 -- Returns the tokens added (0 when the provider has at least what we think).
 
 local remaining = tonumber(ARGV[2])
@@ -19,8 +26,21 @@ else
     local t = redis.call('TIME')
     now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
--- Entries that left the window first (as budget_reserve.lua does), so "used"
--- is what the window holds now.
+local age = math.max(0, tonumber(ARGV[8]) or 0)
+local seen_at = now - age
+
+-- What the window held when the header was received: reservations granted up
+-- to then and still inside it then, and observations not yet reset then.
+local used = 0
+local entries = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. (seen_at - span), '+inf', 'WITHSCORES')
+for i = 1, #entries, 2 do
+    local member = entries[i]
+    if string.sub(member, 1, 2) == 'o:' or tonumber(entries[i + 1]) <= seen_at then
+        used = used + (tonumber(redis.call('HGET', KEYS[2], member)) or 0)
+    end
+end
+
+-- Entries that left the window (as budget_reserve.lua does).
 local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - span)
 if #old > 0 then
     local tokens_freed, requests_freed = 0, 0
@@ -33,14 +53,15 @@ if #old > 0 then
     if tokens_freed > 0 then redis.call('HINCRBY', KEYS[2], '_tokens', -tokens_freed) end
     if requests_freed > 0 then redis.call('HINCRBY', KEYS[2], '_requests', -requests_freed) end
 end
-local used = tonumber(redis.call('HGET', KEYS[2], '_tokens')) or 0
-local ours = limit - used
-local missing = ours - remaining
+
+local missing = limit - used - remaining
 if missing <= 0 then return 0 end
 -- Scored so that it leaves the window when the provider's counter resets.
-local score = now - span + math.min(reset_s, span)
+local score = seen_at - span + math.min(reset_s, span)
+if score <= now - span then return 0 end  -- the provider has reset since
 local member = 'o:' .. ARGV[1]
+local before = tonumber(redis.call('HGET', KEYS[2], member)) or 0
 redis.call('ZADD', KEYS[1], score, member)
 redis.call('HSET', KEYS[2], member, missing)
-redis.call('HINCRBY', KEYS[2], '_tokens', missing)
+if missing ~= before then redis.call('HINCRBY', KEYS[2], '_tokens', missing - before) end
 return missing

@@ -206,6 +206,7 @@ class AnthropicProvider:
         watch = StreamWatch(request)
         stream = client.messages.create(**params, stream=True)
         headers = stream.response.headers
+        limits = anthropic_rate_limits(headers)  # as of now, the start of the stream
         message_id = model = stop_reason = None
         output_tokens: int | None = None
         stopped = False
@@ -240,5 +241,5 @@ class AnthropicProvider:
             body=chat_completion(
                 message_id, model or request.spec.name, text, finish, prompt, output_tokens
             ),
-            rate_limits=anthropic_rate_limits(headers),
+            rate_limits=limits,
         )

@@ -50,6 +50,16 @@ class RateLimitState:
     remaining_tokens: int | None = None
     reset_requests_s: float | None = None
     reset_tokens_s: float | None = None
+    # time.monotonic() when the headers were received (a stream's headers arrive at
+    # its start, long before the call ends); None: just now.
+    received_s: float | None = None
+
+    def age_s(self, now_monotonic_s: float | None = None) -> float:
+        """Seconds since the headers were received."""
+        if self.received_s is None:
+            return 0.0
+        now = time.monotonic() if now_monotonic_s is None else now_monotonic_s
+        return max(0.0, now - self.received_s)
 
 
 @dataclass(frozen=True)

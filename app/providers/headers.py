@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import time
 from collections.abc import Mapping
 
 from app.providers.base import RateLimitState
@@ -36,13 +37,17 @@ def _lower(headers: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items()}
 
 
-def openai_rate_limits(headers: Mapping[str, str]) -> RateLimitState:
+def openai_rate_limits(
+    headers: Mapping[str, str], received_s: float | None = None
+) -> RateLimitState:
+    """``received_s``: ``time.monotonic()`` when the headers arrived (default: now)."""
     h = _lower(headers)
     return RateLimitState(
         remaining_requests=_int(h.get("x-ratelimit-remaining-requests")),
         remaining_tokens=_int(h.get("x-ratelimit-remaining-tokens")),
         reset_requests_s=parse_openai_duration_s(h.get("x-ratelimit-reset-requests")),
         reset_tokens_s=parse_openai_duration_s(h.get("x-ratelimit-reset-tokens")),
+        received_s=time.monotonic() if received_s is None else received_s,
     )
 
 
@@ -57,8 +62,9 @@ def _rfc3339_in_s(text: str | None, now: dt.datetime) -> float | None:
 
 
 def anthropic_rate_limits(
-    headers: Mapping[str, str], now: dt.datetime | None = None
+    headers: Mapping[str, str], now: dt.datetime | None = None, received_s: float | None = None
 ) -> RateLimitState:
+    """``received_s``: ``time.monotonic()`` when the headers arrived (default: now)."""
     h = _lower(headers)
     now = now or dt.datetime.now(dt.UTC)
     return RateLimitState(
@@ -66,4 +72,5 @@ def anthropic_rate_limits(
         remaining_tokens=_int(h.get("anthropic-ratelimit-tokens-remaining")),
         reset_requests_s=_rfc3339_in_s(h.get("anthropic-ratelimit-requests-reset"), now),
         reset_tokens_s=_rfc3339_in_s(h.get("anthropic-ratelimit-tokens-reset"), now),
+        received_s=time.monotonic() if received_s is None else received_s,
     )

@@ -161,6 +161,7 @@ class OpenAIProvider:
             **_params(request), stream=True, stream_options={"include_usage": True}
         )
         headers = stream.response.headers
+        limits = openai_rate_limits(headers)  # as of now, the start of the stream
         first: ChatCompletionChunk | None = None
         finish: str | None = None
         usage = None
@@ -210,6 +211,6 @@ class OpenAIProvider:
             finish_reason=finish,
             request_id=headers.get("x-request-id") or first.id,
             body=body,
-            rate_limits=openai_rate_limits(headers),
+            rate_limits=limits,
             usage_estimated=estimated,
         )

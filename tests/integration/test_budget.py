@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import select
 
+from app import keys
 from app.budget import Budget, charged_tokens, countdown_s
 from app.concurrency import Slots
 from app.config import Settings
@@ -123,7 +128,7 @@ def test_release_and_reconcile_give_tokens_back(budget):
     assert budget.reconcile(s, "a", 500) == -400  # actual charge policy refund
     assert budget.reserve(s, "b", 200, now_s=1.0).granted
     assert budget.release(s, "b") == -200
-    assert budget.used(s) == (500, 1)
+    assert budget.used(s, now_s=1.0) == (500, 1)
 
 
 def test_models_sharing_a_budget_key_share_the_budget(budget):
@@ -176,3 +181,174 @@ def test_budget_maths():
     assert charged_tokens(ChargePolicy.ACTUAL, 100, 20, 300) == 120
     waits = [countdown_s(10.0) for _ in range(50)]
     assert all(10.0 <= w <= 11.0 for w in waits) and len(set(waits)) > 1
+
+
+# --- issue 10: cooldowns, stale headers, fairness for large requests, metrics ---------
+
+
+def test_one_429_with_long_retry_after_expires_nothing(clean_db):
+    """retry-after: 3600 on one call: the cooldown is capped, and an item whose deadline
+    is nearer than the cooldown is handed back (not expired) since a probe may pass."""
+    from sqlalchemy import update
+
+    from app import client, db
+    from app.config import get_settings
+    from app.errors import RateLimited
+    from app.execution import run_item
+    from app.gate import Gate, Pass
+    from app.registry import get_registry
+    from app.schema import Item
+    from tests.helpers import chat_line, make_tenant
+
+    settings, registry = get_settings(), get_registry()
+    small = registry["sim-small"]
+    gate = Gate(get_redis(), settings)
+    make_tenant("t")
+    batch = client.submit_batch(
+        [chat_line("a", model="sim-small")], tenant="t", completion_window="30s"
+    )
+    with db.session_scope() as s:
+        item_id = s.scalar(select(Item.id).where(Item.batch_id == batch["id"]))
+        s.execute(update(Item).where(Item.id == item_id).values(status="queued"))
+    # Another call on the same account got a 429 asking for an hour.
+    gate.settle(small, Pass("other:1", 10), 1, 10, error=RateLimited("429", retry_after_s=3600))
+    assert 0 < get_redis().pttl(keys.cooldown(small.budget_key)) <= 60_000  # the default cap
+
+    verdict = run_item(item_id, registry, settings, gate)
+
+    assert verdict.outcome in ("wait", "deferred")
+    with db.session_scope() as s:
+        assert s.scalar(select(Item.status).where(Item.id == item_id)) in ("queued", "pending")
+
+
+def test_cooldown_write_keeps_the_longer_cooldown(budget):
+    """A 2 s and a 30 s cooldown written at the same instant: the 30 s one stays."""
+    s = spec(key="racy")
+    key = keys.cooldown(s.budget_key)
+    lost = 0
+    for _ in range(300):
+        get_redis().delete(key)
+        start = threading.Barrier(2)
+
+        def write(seconds: float, start: threading.Barrier = start) -> None:
+            start.wait()
+            budget.cool_down(s, seconds)
+
+        threads = [threading.Thread(target=write, args=(x,)) for x in (30.0, 2.0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        lost += get_redis().pttl(key) <= 2000
+    assert lost == 0
+
+
+def test_stale_rate_limit_header_is_compared_with_the_window_when_received(budget):
+    """A 20 s streamed call: its header, read at the start, counted a reservation that
+    left our window during the call. That reservation is not "missing" at the end."""
+    s = spec(tpm=1000)
+    assert budget.reserve(s, "x", 600, now_s=-50.0).granted  # leaves the window at 11 s
+    assert budget.reserve(s, "a", 100, now_s=0.0).granted
+    # At 0.5 s the provider had counted both: 300 remain, reset in 60 s.
+    header = RateLimitState(remaining_tokens=300, reset_tokens_s=60.0)
+    assert budget.observe(s, header, "a", now_s=20.5, age_s=20.0) == 0
+    assert budget.reserve(s, "b", 900, now_s=21.0).granted
+    # A header from a call that outlived the whole window says nothing about it.
+    assert budget.observe(s, header, "b", now_s=90.0, age_s=70.0) == 0
+    # A fresh header that really reports less than we think still lowers the budget.
+    fresh = RateLimitState(remaining_tokens=0, reset_tokens_s=10.0)
+    assert budget.reserve(s, "c", 1, now_s=83.0).granted
+    assert budget.observe(s, fresh, "c", now_s=83.5, age_s=0.2) == 999
+
+
+def test_header_age_comes_from_when_it_was_received(budget):
+    s = spec(tpm=1000)
+    assert budget.reserve(s, "a", 600, now_s=0.0).granted
+    received = time.monotonic() - 70.0  # a stream's headers, 70 s ago
+    header = RateLimitState(remaining_tokens=400, reset_tokens_s=60.0, received_s=received)
+    assert budget.observe(s, header, "a", now_s=70.5) == 0
+    assert budget.used(s, now_s=70.5) == (0, 0)
+
+
+LIMIT = 100_000
+SPAN_S = WINDOW_S + GUARD_S
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    n_workers=st.integers(3, 10),
+    sizes=st.lists(st.sampled_from([1_000, 1_000, 1_000, 2_000, 30_000, 60_000]), min_size=3),
+    call_s=st.floats(0.05, 3.0),
+    jitter=st.floats(0.0, 1.0),
+)
+def test_large_requests_are_not_starved_by_small_ones(budget, n_workers, sizes, call_s, jitter):
+    """Workers on a virtual clock, each taking the next request of a 1k..60k mix and
+    retrying when told to: small traffic saturates the budget, yet every request is
+    granted within two windows per request that was already waiting when it was first
+    denied (first-denied, first-served), and no window holds more than the limit."""
+    get_redis().flushdb()
+    s = spec(tpm=LIMIT, rpm=1_000_000)
+    end_s = 6 * SPAN_S
+    wake: list[tuple[float, int]] = [(0.01 * w, w) for w in range(n_workers)]
+    current: dict[int, tuple[str, int]] = {}
+    first_denied: dict[str, float] = {}
+    ahead: dict[str, int] = {}  # requests already waiting at its first denial
+    granted: list[tuple[float, int]] = []
+    served = 0
+    while wake:
+        wake.sort()
+        now, w = wake.pop(0)
+        if now > end_s:
+            break
+        if w not in current:
+            served += 1
+            current[w] = (f"i{served}", sizes[served % len(sizes)])
+        item, tokens = current[w]
+        grant = budget.reserve(s, f"{item}:r", tokens, waiter_id=item, now_s=now)
+        if grant.granted:
+            granted.append((now, tokens))
+            if item in first_denied:
+                bound = 2 * SPAN_S * (ahead[item] + 1) + 2 * jitter
+                assert now - first_denied.pop(item) <= bound, (item, tokens, ahead[item])
+            del current[w]
+            wake.append((now + call_s, w))
+        else:
+            assert grant.reason == "tokens" and grant.wait_s > 0
+            if item not in first_denied:
+                ahead[item] = len(first_denied)
+                first_denied[item] = now
+            wake.append((now + grant.wait_s + jitter * (w % 2), w))
+    for item, since in first_denied.items():  # still waiting at the end: not for too long
+        assert end_s - since <= 2 * SPAN_S * (ahead[item] + 1) + 2 * jitter, item
+    for t, _ in granted:
+        assert sum(a for g, a in granted if t - WINDOW_S < g <= t) <= LIMIT
+
+
+def test_a_vanished_waiter_frees_its_claim(budget):
+    s = spec(tpm=100_000, rpm=1_000_000)
+    assert budget.reserve(s, "small:1", 90_000, now_s=0.0).granted
+    big = budget.reserve(s, "big:r", 30_000, waiter_id="big", now_s=1.0)
+    assert not big.granted  # "big" now holds a claim on 30k tokens
+    assert not budget.reserve(s, "s2:r", 5_000, waiter_id="s2", now_s=2.0).granted
+    # "big" never comes back: after the claim's TTL others may use the capacity.
+    later = 1.0 + budget.claim_ttl_s + 1.0
+    assert budget.reserve(s, "s3:r", 90_000, waiter_id="s3", now_s=later).granted
+
+
+def test_metrics_read_the_window_and_slots_on_redis_clock(budget, monkeypatch):
+    s = spec(tpm=1000)
+    assert budget.reserve(s, "new", 100).granted  # on Redis's clock: in the window
+    seconds, micros = get_redis().time()
+    redis_now = seconds + micros / 1e6
+    assert budget.reserve(s, "old", 600, now_s=redis_now - 100.0).granted  # left it since
+    assert budget.used(s) == (100, 1)  # no reservation has expired "old" yet
+    slots = Slots(get_redis())
+    assert slots.acquire("m", "live", limit=2, lease_s=30)
+    assert slots.acquire("m", "gone", limit=2, lease_s=0.01)
+    time.sleep(0.05)
+    real = time.time
+    for skew_s in (-3600.0, 3600.0):  # this host's clock an hour behind, then ahead
+        monkeypatch.setattr(time, "time", lambda skew_s=skew_s: real() + skew_s)
+        assert slots.held("m") == 1

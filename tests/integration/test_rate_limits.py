@@ -174,3 +174,68 @@ def test_budget_starvation_fails_nothing_and_work_resumes(limited, workers):
 
 def stats_requests(sim) -> int:
     return httpx.get(f"{sim.base_url}/_sim/stats").json()["requests"]
+
+
+FAIR_TOML = """
+[models."shared"]
+provider = "openai"
+base_url = "{base_url}/v1"
+api_key_env = "BATCHGEN_SIMULATOR_KEY"
+group = "shared"
+budget_key = "shared-account"
+context_window = 16384
+max_output_tokens = 400
+tokens_per_min = 1000000
+requests_per_min = 100000
+max_concurrency = 2
+input_usd_per_1m = 1.0
+output_usd_per_1m = 2.0
+"""
+
+
+def succeeded(batch_id: str) -> int:
+    with db.session_scope() as s:
+        return s.scalar(
+            select(func.count())
+            .select_from(Item)
+            .where(Item.batch_id == batch_id, Item.status == "succeeded")
+        )
+
+
+def test_tenant_token_limit_does_not_starve_other_tenants(clean_db, tmp_path, monkeypatch, workers):
+    """A tenant allowed one item per budget window fills the model's dispatch window
+    (2 slots × 2) with items that only wait for its own budget. Another tenant must
+    still run at once: all its items finish before the limited tenant's budget lets
+    its second item run (before the fix it could not even start until then)."""
+    with SimulatorThread(SimulatorConfig(latency_base_ms=20, seed=5)) as sim:
+        models = tmp_path / "models.toml"
+        models.write_text(FAIR_TOML.format(base_url=sim.base_url))
+        env = {
+            "BATCHGEN_MODELS_FILE": str(models),
+            "BATCHGEN_BUDGET_WINDOW_S": "15",
+            "BATCHGEN_BUDGET_GUARD_S": "0.5",
+            "BATCHGEN_DISPATCH_INTERVAL_S": "0.3",
+        }
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        get_settings.cache_clear()
+        make_tenant("limited", tokens_per_min=100)  # one ~75-token item per window
+        make_tenant("free")
+        slow = client.submit_batch(
+            [chat_line(f"l{i}", model="shared") for i in range(12)], tenant="limited"
+        )
+        workers(["llm.shared", "batchgen.control"], concurrency=4, env=env)
+        # The limited tenant's first item ran; the rest now wait on its budget.
+        deadline = time.monotonic() + 30
+        while succeeded(slow["id"]) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        fast = client.submit_batch(
+            [chat_line(f"f{i}", model="shared") for i in range(12)], tenant="free"
+        )
+        deadline = time.monotonic() + 60
+        while succeeded(fast["id"]) < 12 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        done_fast, done_slow = succeeded(fast["id"]), succeeded(slow["id"])
+    get_settings.cache_clear()
+    assert done_fast == 12
+    assert done_slow == 1
