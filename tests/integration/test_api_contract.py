@@ -61,6 +61,15 @@ def _await(condition: Callable[[], bool], timeout_s: float) -> bool:
     return condition()
 
 
+@pytest.fixture
+def celery_configured(clean_db: dict[str, str]) -> None:
+    """Load the Celery app's configuration now: it reads the settings once, and the
+    test below points them at another Redis for a while."""
+    from tasks.celery_app import celery_app
+
+    assert celery_app.conf.broker_url
+
+
 class HoldingProxy:
     """A TCP proxy to Redis; while ``hold`` is set, bytes from clients wait for ``release``."""
 
@@ -104,7 +113,9 @@ class HoldingProxy:
             s.close()
 
 
-def test_refused_submit_does_not_hold_the_admission_lock_across_redis(clean_db, monkeypatch):
+def test_refused_submit_does_not_hold_the_admission_lock_across_redis(
+    clean_db, celery_configured, monkeypatch
+):
     """Case 12: the rejection counter is written after the rollback, so a slow Redis
     delays only the refused caller, never another tenant's valid submit."""
     make_tenant("capped", max_pending_items=1)
@@ -387,7 +398,9 @@ def test_submit_while_postgres_is_down_is_json_503(clean_db, monkeypatch):
     assert int(res.headers["Retry-After"]) >= 1
 
 
-def test_metrics_and_status_while_redis_is_down_are_json_503(clean_db, monkeypatch):
+def test_metrics_and_status_while_redis_is_down_are_json_503(
+    clean_db, celery_configured, monkeypatch
+):
     """Case 24: Redis unreachable → /metrics and /v1/status answer 503 JSON with Retry-After."""
     api = create_app().test_client()
     admin = make_tenant("ops", is_admin=True)
