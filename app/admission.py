@@ -4,19 +4,30 @@ Pure: no database, no network. :func:`parse_lines` streams a binary JSONL
 body and yields one :class:`ItemDraft` per line, raising a
 :class:`ValidationFailed` that names the line and the field at the first bad
 line. Token estimates are computed here, once, and stored on the item.
+
+Counting tokens costs CPU, so a line is first held against a floor computed
+from its byte length alone (:func:`app.tokens.min_tokens`), counting stops
+once a prompt is known not to fit, and one request may hand the tokenizer at
+most ``Limits.max_tokenize_bytes`` of text in all.
+
+Text PostgreSQL cannot store (a NUL character, an unpaired surrogate: legal
+JSON, refused by ``jsonb``) is refused here, before it reaches the database,
+whose error messages would quote it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app import tokens
 from app.deadlines import parse_duration_s
 from app.errors import PayloadTooLarge, ValidationFailed
-from app.registry import Registry
+from app.registry import ModelSpec, Registry
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
 MAX_CUSTOM_ID_CHARS = 512
@@ -39,6 +50,94 @@ class ItemDraft:
 class Limits:
     max_lines: int
     max_bytes: int
+    max_tokenize_bytes: int | None = None  # prompt text handed to the tokenizer, all lines
+
+
+@dataclass(slots=True)
+class TokenizeBudget:
+    """How much prompt text one request may still hand the tokenizer."""
+
+    max_bytes: int | None
+    spent: int = 0
+
+    def spend(self, text_bytes: int, line_no: int) -> None:
+        self.spent += text_bytes
+        if self.max_bytes is not None and self.spent > self.max_bytes:
+            raise PayloadTooLarge(
+                f"the batch's prompts hold more than {self.max_bytes} bytes of text to "
+                "count; split it",
+                line=line_no,
+            )
+
+
+# JSON escapes that may decode to text PostgreSQL refuses: NUL, or a surrogate.
+_SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+
+
+def _storable(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # an unpaired surrogate
+        return False
+    return True
+
+
+def unstorable_path(value: Any, path: str = "") -> str | None:
+    """The path of the first string (key or value) that PostgreSQL cannot store, or None.
+
+    Such a string holds a NUL character or an unpaired surrogate. Paths read
+    ``body.messages[0].content``.
+    """
+    if isinstance(value, str):
+        return None if _storable(value) else path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            sub = f"{path}.{key}" if path else str(key)
+            if not _storable(str(key)):
+                return path or "(key)"
+            found = unstorable_path(item, sub)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = unstorable_path(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+UNSTORABLE = "contains a NUL character (\\u0000) or an unpaired surrogate, which cannot be stored"
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass
+class RequestFingerprint:
+    """SHA-256 of what a submit asks for: its parameters and every validated line.
+
+    Spelled canonically (key order, whitespace, line endings and blank lines do
+    not matter), so a resubmit of the same request matches however its JSON
+    was written, and any other body or parameter does not.
+    """
+
+    params: dict[str, Any]
+    _hash: Any = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._hash = hashlib.sha256(_canonical(self.params) + b"\n")
+
+    def track(self, drafts: Iterable[ItemDraft]) -> Iterator[ItemDraft]:
+        """Pass ``drafts`` through, adding each to the fingerprint."""
+        for d in drafts:
+            self._hash.update(_canonical([d.custom_id, d.body, d.timeout_s]) + b"\n")
+            yield d
+
+    def hexdigest(self) -> str:
+        return str(self._hash.hexdigest())
 
 
 def _fail(line_no: int, field: str | None, message: str) -> ValidationFailed:
@@ -79,7 +178,35 @@ def _messages(body: dict[str, Any], line_no: int) -> list[dict[str, Any]]:
     return messages
 
 
-def validate_line(raw: bytes, line_no: int, registry: Registry) -> ItemDraft:
+def _check_fits(
+    messages: list[dict[str, Any]],
+    line_no: int,
+    spec: ModelSpec,
+    max_tokens: int,
+    budget: TokenizeBudget,
+) -> int:
+    """The prompt's tokens; refuses a prompt that cannot fit the context window,
+    cheaply by its byte length first, and counts no further than the window."""
+    allowed = spec.context_window - max_tokens
+    size = tokens.text_bytes(messages)
+    floor = tokens.min_tokens(size, spec.encoding)
+    prompt_tokens = floor
+    if floor <= allowed:
+        budget.spend(size, line_no)
+        prompt_tokens = tokens.count_messages(messages, spec.encoding, limit=allowed)
+    if prompt_tokens > allowed:
+        raise _fail(
+            line_no,
+            "body.messages",
+            f"a prompt of more than {max(allowed, 0)} tokens plus max_tokens {max_tokens} "
+            f"exceeds the context window of {spec.context_window} for {spec.name}",
+        )
+    return prompt_tokens
+
+
+def validate_line(
+    raw: bytes, line_no: int, registry: Registry, budget: TokenizeBudget | None = None
+) -> ItemDraft:
     """Validate one JSONL line; raises :class:`ValidationFailed`."""
     try:
         text = raw.decode("utf-8")
@@ -91,6 +218,10 @@ def validate_line(raw: bytes, line_no: int, registry: Registry) -> ItemDraft:
         raise _fail(line_no, None, f"malformed JSON: {exc.msg} at column {exc.colno}") from exc
     if not isinstance(obj, dict):
         raise _fail(line_no, None, "must be a JSON object")
+    if _SUSPECT_ESCAPE.search(raw):
+        bad = unstorable_path(obj)
+        if bad is not None:
+            raise _fail(line_no, bad, UNSTORABLE)
 
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
@@ -116,14 +247,7 @@ def validate_line(raw: bytes, line_no: int, registry: Registry) -> ItemDraft:
         raise _fail(line_no, "body.stream", "streaming is not available in batches")
     messages = _messages(body, line_no)
     max_tokens = _max_tokens(body, line_no, spec.max_output_tokens, model_name)
-    prompt_tokens = tokens.count_messages(messages, spec.encoding)
-    if prompt_tokens + max_tokens > spec.context_window:
-        raise _fail(
-            line_no,
-            "body.messages",
-            f"prompt of {prompt_tokens} tokens plus max_tokens {max_tokens} exceeds "
-            f"the context window of {spec.context_window} for {model_name}",
-        )
+    prompt_tokens = _check_fits(messages, line_no, spec, max_tokens, budget or TokenizeBudget(None))
     timeout_s = None
     if "timeout" in obj:  # our extension of the Batch format: a per-item deadline
         try:
@@ -155,9 +279,10 @@ def parse_lines(stream: Iterable[bytes], registry: Registry, limits: Limits) -> 
     """Validate a JSONL body line by line; duplicates of custom_id are rejected."""
     seen: set[str] = set()
     any_line = False
+    budget = TokenizeBudget(limits.max_tokenize_bytes)
     for line_no, raw in iter_lines(stream, limits):
         any_line = True
-        draft = validate_line(raw, line_no, registry)
+        draft = validate_line(raw, line_no, registry, budget)
         if draft.custom_id in seen:
             raise _fail(line_no, "custom_id", f"duplicate custom_id {draft.custom_id!r}")
         seen.add(draft.custom_id)

@@ -1,18 +1,26 @@
 """The HTTP API (Flask): OpenAI-Batch-style endpoints scoped to the caller's tenant.
 
 ``create_app()`` builds a standalone app; ``blueprint`` can be mounted into a
-host app under any prefix (see :mod:`app.integrations.flask`).
+host app under any prefix (see :mod:`app.integrations.flask`), with
+:func:`install_error_handlers` so that every answer below the prefix, errors
+included (404, 405, 500, 503), is JSON ``{"error": {"code", "message", …}}``.
 """
 
 from __future__ import annotations
 
+import functools
+import hmac
 import json
+import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import redis
 from flask import Blueprint, Flask, Response, g, jsonify, request, stream_with_context
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
+from werkzeug.exceptions import HTTPException
 
 from app import batches, client
 from app.batches import SubmitOptions
@@ -25,14 +33,24 @@ from app.errors import (
     Overloaded,
     PayloadTooLarge,
     Unauthorized,
+    Unavailable,
     ValidationFailed,
 )
 from app.schema import Tenant
 from app.status import Priority
 from app.tenants import authenticate
 
+log = logging.getLogger(__name__)
 blueprint = Blueprint("batchgen", __name__)
 READ_CHUNK_BYTES = 1 << 16
+# Error codes of the HTTP errors the framework raises (routing, methods, sizes).
+HTTP_CODES = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
 
 
 def _bearer() -> str | None:
@@ -92,13 +110,7 @@ def create_batch() -> tuple[Response, int]:
     settings = get_settings()
     if request.content_length and request.content_length > settings.max_body_bytes:
         raise PayloadTooLarge(f"body larger than {settings.max_body_bytes} bytes")
-    options = _submit_options()
-    with session_scope() as session:
-        described, created = client.submit_in_session(
-            session, _reload(session, tenant), _body_lines(), options
-        )
-    if created:
-        client.wake_dispatcher()
+    described, created = client.submit(tenant, _body_lines(), _submit_options())
     response = jsonify(described)
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
@@ -111,15 +123,8 @@ def list_batches() -> Response:
         limit = int(request.args.get("limit", 20))
     except ValueError as exc:
         raise ValidationFailed("limit must be an integer", field="limit") from exc
-    data = client.list_batches(tenant=_caller(), limit=limit, after=request.args.get("after"))
-    return jsonify(
-        {
-            "object": "list",
-            "data": data,
-            "has_more": len(data) == limit,
-            "last_id": data[-1]["id"] if data else None,
-        }
-    )
+    page = client.list_batches_page(tenant=_caller(), limit=limit, after=request.args.get("after"))
+    return jsonify(page)
 
 
 @blueprint.get("/v1/batches/<batch_id>")
@@ -131,7 +136,7 @@ def get_batch(batch_id: str) -> Response:
 def batch_results(batch_id: str) -> Response:
     tenant = _caller()
     with session_scope() as session:  # 404 before the stream starts
-        batches.get_owned_batch(session, _reload(session, tenant), batch_id)
+        batches.get_readable_batch(session, _reload(session, tenant), batch_id)
 
     def lines() -> Iterator[bytes]:
         for row in client.iter_results(batch_id, tenant=tenant):
@@ -177,12 +182,25 @@ def status() -> Response:
         return jsonify(snapshot(session, get_redis(), get_registry(), get_settings()))
 
 
+def _check_metrics_access() -> None:
+    """The metrics token (compared in constant time) or an admin API key; never open."""
+    presented = _bearer()
+    if presented is None:
+        raise Unauthorized(
+            "metrics need 'Authorization: Bearer <BATCHGEN_METRICS_TOKEN or an admin key>'"
+        )
+    token = get_settings().metrics_token
+    if token and hmac.compare_digest(presented.encode(), token.encode()):
+        return
+    if not _caller().is_admin:
+        raise Forbidden("metrics need the metrics token or an admin key")
+
+
 @blueprint.get("/metrics")
 def metrics() -> Response:
-    """Prometheus metrics for the whole deployment (bearer ``BATCHGEN_METRICS_TOKEN`` if set)."""
-    token = get_settings().metrics_token
-    if token and _bearer() != token:
-        raise Unauthorized("metrics need 'Authorization: Bearer <BATCHGEN_METRICS_TOKEN>'")
+    """Prometheus metrics for the whole deployment (bearer ``BATCHGEN_METRICS_TOKEN``
+    or an admin key: they name tenants and their usage)."""
+    _check_metrics_access()
     from app.metrics import StateCollector, render
     from app.redis_client import get_redis
     from app.registry import get_registry
@@ -202,15 +220,107 @@ def _retry_after(seconds: float) -> str:
     return str(max(1, math.ceil(seconds)))
 
 
+def _error_response(
+    status: int, body: dict[str, object], retry_after_s: float | None = None
+) -> tuple[Response, int]:
+    response = jsonify({"error": body})
+    if retry_after_s is not None:
+        response.headers["Retry-After"] = _retry_after(retry_after_s)
+    return response, status
+
+
 @blueprint.app_errorhandler(BatchgenError)
 def handle_error(exc: BatchgenError) -> tuple[Response, int]:
-    if isinstance(exc, ClientError | Overloaded):
-        response = jsonify({"error": exc.to_dict()})
-        retry_after = getattr(exc, "retry_after_s", None)
-        if retry_after is not None:
-            response.headers["Retry-After"] = _retry_after(retry_after)
-        return response, exc.status_code
-    return jsonify({"error": {"code": "internal", "message": type(exc).__name__}}), 500
+    if isinstance(exc, ClientError | Overloaded | Unavailable):
+        return _error_response(exc.status_code, exc.to_dict(), getattr(exc, "retry_after_s", None))
+    log.error("internal error: %s", type(exc).__name__)
+    return _error_response(500, {"code": "internal", "message": "internal error"})
+
+
+def unavailable(exc: BaseException, retry_after_s: float) -> Unavailable | None:
+    """The 503 for an exception that says PostgreSQL or Redis is unreachable, else None.
+
+    Pure. Pool time-outs (no free connection), refused or dropped connections
+    and a server shutting down are the database's; connection errors and
+    time-outs are Redis's.
+    """
+    if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError):
+        return Unavailable(
+            "database_unavailable",
+            "the database is unavailable; retry later",
+            retry_after_s=retry_after_s,
+        )
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | redis.BusyLoadingError):
+        return Unavailable(
+            "redis_unavailable", "Redis is unavailable; retry later", retry_after_s=retry_after_s
+        )
+    return None
+
+
+def _sqlstate(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)
+    return str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "-")
+
+
+def _under(prefix: str) -> bool:
+    return not prefix or request.path == prefix or request.path.startswith(prefix + "/")
+
+
+Handler = Callable[[Any], Any]
+
+
+def _http_error(prefix: str, host_handler: Handler | None, exc: HTTPException) -> Any:
+    if not _under(prefix):  # the host app's own page
+        return host_handler(exc) if host_handler else exc
+    code = exc.code or 500
+    response, status = _error_response(
+        code,
+        {"code": HTTP_CODES.get(code, "http_error"), "message": exc.description or exc.name},
+    )
+    allow = getattr(exc, "valid_methods", None)
+    if allow:
+        response.headers["Allow"] = ", ".join(allow)
+    return response, status
+
+
+def _unexpected_error(prefix: str, host_handler: Handler | None, exc: Exception) -> Any:
+    """Any other exception under the API: a JSON 503 or 500. The log carries the
+    class and SQLSTATE only: a driver's message may quote the request."""
+    if not _under(prefix):  # the host app's own handling
+        if host_handler:
+            return host_handler(exc)
+        raise exc
+    answer = unavailable(exc, get_settings().unavailable_retry_after_s)
+    if answer is not None:
+        log.warning(
+            "%s %s: %s (%s, sqlstate %s)",
+            request.method,
+            request.path,
+            answer.code,
+            type(exc).__name__,
+            _sqlstate(exc),
+        )
+        return handle_error(answer)
+    log.error(
+        "%s %s: internal error (%s, sqlstate %s)",
+        request.method,
+        request.path,
+        type(exc).__name__,
+        _sqlstate(exc),
+    )
+    return _error_response(500, {"code": "internal", "message": "internal error"})
+
+
+def install_error_handlers(app: Flask, prefix: str = "") -> None:
+    """Answer every error below ``prefix`` (everything, for ``""``) as JSON.
+
+    Paths outside the prefix keep the host app's own error pages and handling.
+    """
+    prefix = prefix.rstrip("/")
+    existing = app.error_handler_spec[None][None]
+    for kind, handler in ((HTTPException, _http_error), (Exception, _unexpected_error)):
+        host_handler = existing.get(kind)
+        app.register_error_handler(kind, functools.partial(handler, prefix, host_handler))
 
 
 def create_app() -> Flask:
@@ -220,4 +330,5 @@ def create_app() -> Flask:
     configure_logging()
     app = Flask("batchgen")
     app.register_blueprint(blueprint)
+    install_error_handlers(app)
     return app

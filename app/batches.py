@@ -1,12 +1,15 @@
 """Batches: storing a submission all-or-nothing, reading it back, cancelling it.
 
 Every function takes the caller's tenant and answers :class:`NotFound` for a
-batch of another tenant, exactly as for one that does not exist.
+batch of another tenant, exactly as for one that does not exist. An admin key
+may read every tenant's batches (:func:`get_readable_batch`); changing a batch
+(a cancel) is its owner's alone (:func:`get_owned_batch`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -18,16 +21,27 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app import quotas
-from app.admission import CHAT_COMPLETIONS, ItemDraft, Limits, parse_lines
+from app.admission import (
+    CHAT_COMPLETIONS,
+    UNSTORABLE,
+    ItemDraft,
+    Limits,
+    RequestFingerprint,
+    parse_lines,
+    unstorable_path,
+)
 from app.config import Settings
 from app.deadlines import parse_duration_s
-from app.errors import NotFound, ValidationFailed
+from app.errors import IdempotencyKeyReused, NotFound, ValidationFailed
 from app.registry import Registry
 from app.schema import Batch, Item, Result, Tenant
 from app.status import TERMINAL, BatchStatus, ItemStatus, Priority, batch_status
 
 INSERT_CHUNK = 1000
 OPEN_STATUSES = [s.value for s in ItemStatus if s not in TERMINAL]
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+# What a batch id can look like (``batch_`` + hex); anything else is no batch.
+BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,47 @@ def _item_rows(
         }
 
 
+def _check_options(options: SubmitOptions) -> float:
+    """Validate the submit's parameters; returns the completion window in seconds."""
+    key = options.idempotency_key
+    if key is not None:
+        if len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+            raise ValidationFailed(
+                f"Idempotency-Key longer than {MAX_IDEMPOTENCY_KEY_CHARS} characters",
+                field="Idempotency-Key",
+            )
+        if not key.isprintable():
+            raise ValidationFailed(
+                "Idempotency-Key must be printable characters", field="Idempotency-Key"
+            )
+    window_s = parse_duration_s(options.completion_window)
+    if options.metadata is not None:
+        if not isinstance(options.metadata, dict):
+            raise ValidationFailed("metadata must be an object", field="metadata")
+        bad = unstorable_path(options.metadata)
+        if bad is not None:
+            raise ValidationFailed(f"metadata: {bad or 'a key'} {UNSTORABLE}", field="metadata")
+    return window_s
+
+
+def _replay(existing: Batch, drafts: Iterable[ItemDraft], fingerprint: RequestFingerprint) -> Batch:
+    """The batch an Idempotency-Key named, once the request proves to be the same one.
+
+    The request is validated in full first (a bad request is a 400 whether or
+    not its key was used). Batches stored before fingerprints existed replay
+    as before.
+    """
+    for _ in drafts:
+        pass
+    if existing.request_sha256 not in (None, fingerprint.hexdigest()):
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key {existing.idempotency_key!r} was used for a different request "
+            f"(batch {existing.id}); send a new key with a new request",
+            field="Idempotency-Key",
+        )
+    return existing
+
+
 def store_batch(
     session: Session,
     tenant: Tenant,
@@ -85,19 +140,33 @@ def store_batch(
     """Validate and store a batch in the caller's transaction.
 
     Returns ``(batch, created)``; ``created`` is False when the idempotency key
-    named an existing batch. Any error leaves the transaction to be rolled back,
-    so nothing of a bad batch is stored. Items are inserted in chunks while the
-    body is read, so a large file is neither held whole nor sent row by row.
+    named an existing batch for the same request (another request under a used
+    key raises :class:`IdempotencyKeyReused`). Any error leaves the transaction
+    to be rolled back, so nothing of a bad batch is stored. Items are inserted
+    in chunks while the body is read, so a large file is neither held whole
+    nor sent row by row.
     """
-    if options.idempotency_key:
-        if len(options.idempotency_key) > 200:
-            raise ValidationFailed("Idempotency-Key longer than 200 characters")
-        existing = _find_idempotent(session, tenant.id, options.idempotency_key)
+    window_s = _check_options(options)
+    priority = Priority(options.priority)
+    key = options.idempotency_key or None
+    fingerprint = RequestFingerprint(
+        {
+            "endpoint": CHAT_COMPLETIONS,
+            "completion_window_s": window_s,
+            "metadata": options.metadata,
+            "priority": priority.value,
+        }
+    )
+    limits = Limits(
+        max_lines=settings.max_batch_lines,
+        max_bytes=settings.max_body_bytes,
+        max_tokenize_bytes=settings.max_tokenize_bytes,
+    )
+    drafts = fingerprint.track(parse_lines(lines, registry, limits))
+    if key is not None:
+        existing = _find_idempotent(session, tenant.id, key)
         if existing is not None:
-            return existing, False
-    window_s = parse_duration_s(options.completion_window)
-    if options.metadata is not None and not isinstance(options.metadata, dict):
-        raise ValidationFailed("metadata must be an object", field="metadata")
+            return _replay(existing, drafts, fingerprint), False
     now = session.scalar(select(func.now()))
     assert now is not None
     batch = Batch(
@@ -105,11 +174,11 @@ def store_batch(
         tenant_id=tenant.id,
         status=BatchStatus.IN_PROGRESS.value,
         endpoint=CHAT_COMPLETIONS,
-        priority=Priority(options.priority).value,
+        priority=priority.value,
         completion_window_s=int(window_s),
         deadline_at=now + dt.timedelta(seconds=window_s),
         metadata_=options.metadata,
-        idempotency_key=options.idempotency_key,
+        idempotency_key=key,
         total_items=0,
         created_at=now,
     )
@@ -117,29 +186,44 @@ def store_batch(
         with session.begin_nested():  # a concurrent twin with the same key waits here
             session.add(batch)
     except IntegrityError:
-        # The twin committed first: answer with its batch, as a resubmit would get.
-        existing = _find_idempotent(session, tenant.id, options.idempotency_key or "")
+        # The twin committed first: the same request gets its batch, as a resubmit would.
+        existing = _find_idempotent(session, tenant.id, key or "")
         if existing is None:
             raise
-        return existing, False
+        return _replay(existing, drafts, fingerprint), False
 
-    limits = Limits(max_lines=settings.max_batch_lines, max_bytes=settings.max_body_bytes)
     tokens_by_model: dict[str, int] = {}
-    rows = _item_rows(parse_lines(lines, registry, limits), batch, tenant.id, tokens_by_model)
+    rows = _item_rows(drafts, batch, tenant.id, tokens_by_model)
     total = 0
     while chunk := list(islice(rows, INSERT_CHUNK)):
         session.execute(insert(Item), chunk)
         total += len(chunk)
     batch.total_items = total
+    batch.request_sha256 = fingerprint.hexdigest()
     session.flush()
     quotas.check_models(session, tokens_by_model, registry, settings)
     quotas.check_tenant(session, tenant, registry, sorted(tokens_by_model))
     return batch, True
 
 
-def get_owned_batch(session: Session, tenant: Tenant, batch_id: str) -> Batch:
-    batch = session.get(Batch, batch_id)
+def _get_batch(session: Session, batch_id: str) -> Batch | None:
+    if not BATCH_ID.fullmatch(batch_id):
+        return None  # never sent to the database: it could not be stored anyway
+    return session.get(Batch, batch_id)
+
+
+def get_readable_batch(session: Session, tenant: Tenant, batch_id: str) -> Batch:
+    """A batch the caller may read: its own, or any for an admin key."""
+    batch = _get_batch(session, batch_id)
     if batch is None or (batch.tenant_id != tenant.id and not tenant.is_admin):
+        raise NotFound(f"no batch {batch_id!r}")
+    return batch
+
+
+def get_owned_batch(session: Session, tenant: Tenant, batch_id: str) -> Batch:
+    """A batch of the caller's own tenant, what it may change (admin keys: their own only)."""
+    batch = _get_batch(session, batch_id)
+    if batch is None or batch.tenant_id != tenant.id:
         raise NotFound(f"no batch {batch_id!r}")
     return batch
 
@@ -183,20 +267,34 @@ def describe(session: Session, batch: Batch) -> dict[str, Any]:
     }
 
 
-def list_batches(
+def list_page(
     session: Session, tenant: Tenant, *, limit: int = 20, after: str | None = None
-) -> list[Batch]:
-    """The tenant's batches, newest first; ``after`` is the last id of the previous page."""
+) -> tuple[list[Batch], bool]:
+    """One page of the tenant's batches, newest first, and whether more follow.
+
+    ``after`` is the last id of the previous page. One row beyond the page is
+    read, so an exactly full last page says ``has_more = False``.
+    """
     if not 1 <= limit <= 100:
         raise ValidationFailed("limit must be between 1 and 100", field="limit")
     query = select(Batch).where(Batch.tenant_id == tenant.id)
     if after:
+        if not BATCH_ID.fullmatch(after):
+            raise ValidationFailed("after must be a batch id", field="after")
         anchor = get_owned_batch(session, tenant, after)
         query = query.where(
             (Batch.created_at, Batch.id) < (anchor.created_at, anchor.id)  # type: ignore[operator]
         )
-    query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit)
-    return list(session.scalars(query))
+    query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)
+    rows = list(session.scalars(query))
+    return rows[:limit], len(rows) > limit
+
+
+def list_batches(
+    session: Session, tenant: Tenant, *, limit: int = 20, after: str | None = None
+) -> list[Batch]:
+    """The tenant's batches, newest first; ``after`` is the last id of the previous page."""
+    return list_page(session, tenant, limit=limit, after=after)[0]
 
 
 def refresh_status(session: Session, batch_id: str) -> str:
@@ -205,13 +303,15 @@ def refresh_status(session: Session, batch_id: str) -> str:
     assert batch is not None
     if batch.finished_at is not None:
         return batch.status
-    has_open = session.scalar(
-        select(exists().where(Item.batch_id == batch_id, Item.status.in_(OPEN_STATUSES)))
-    )
-    counts = {ItemStatus.PENDING: 1} if has_open else {}
+    counts = {
+        ItemStatus(status): n
+        for status, n in session.execute(
+            select(Item.status, func.count()).where(Item.batch_id == batch_id).group_by(Item.status)
+        )
+    }
     status = batch_status(counts, batch.cancel_requested_at is not None)
     batch.status = status.value
-    if not has_open:
+    if not any(n for s, n in counts.items() if s not in TERMINAL):
         batch.finished_at = session.scalar(select(func.now()))
     return batch.status
 

@@ -42,6 +42,8 @@ RequestLines = Iterable[bytes] | Iterable[Mapping[str, Any]] | str | Path
 def _tenant(session: Session, tenant: str | Tenant) -> Tenant:
     if isinstance(tenant, Tenant):
         found = session.get(Tenant, tenant.id)
+    elif "\x00" in tenant:  # no stored name has one; PostgreSQL would refuse the query
+        found = None
     else:
         found = session.scalar(select(Tenant).where(Tenant.name == tenant))
     if found is None:
@@ -62,31 +64,58 @@ def as_lines(requests: RequestLines) -> Iterator[bytes]:
             yield json.dumps(entry, ensure_ascii=False).encode("utf-8") + b"\n"
 
 
-def submit_in_session(
-    session: Session, tenant: Tenant, lines: Iterable[bytes], options: SubmitOptions
-) -> tuple[dict[str, Any], bool]:
-    """Store a batch in ``session``'s transaction; returns its description and ``created``.
-
-    A refusal is counted per tenant and reason (metrics) before it propagates.
-    """
+def _count_rejection(tenant: str, reason: str) -> None:
+    """Count a refused submit (metrics); never in a transaction, never raises."""
     try:
-        batch, created = batches.store_batch(
-            session, tenant, lines, options, get_registry(), get_settings()
-        )
+        counters.record_rejection(get_redis(), tenant, reason)
+    except Exception as exc:  # the refusal itself is what the caller must see
+        log.warning("could not count a rejection: %s", type(exc).__name__)
+
+
+def submit(
+    tenant: str | Tenant, lines: Iterable[bytes], options: SubmitOptions
+) -> tuple[dict[str, Any], bool]:
+    """Store a batch in a transaction of its own; returns its description and ``created``.
+
+    The transaction holds advisory locks (app/quotas.py), so it makes no network
+    call but PostgreSQL's: a refusal is counted in Redis after the rollback,
+    and the dispatcher is woken after the commit. Once the batch is committed,
+    nothing turns the answer into an error.
+    """
+    name: str | None = None
+    try:
+        with session_scope() as session:
+            owner = _tenant(session, tenant)
+            name = owner.name
+            batch, created = batches.store_batch(
+                session, owner, lines, options, get_registry(), get_settings()
+            )
+            described = batches.describe(session, batch)
     except (ClientError, Overloaded) as exc:
-        counters.record_rejection(get_redis(), tenant.name, exc.code)
+        if name is not None:
+            _count_rejection(name, exc.code)
         raise
-    return batches.describe(session, batch), created
+    if created:
+        wake_dispatcher()
+    return described, created
 
 
 def wake_dispatcher() -> None:
-    """Tell a dispatcher new work is waiting (a Celery message; beat covers a lost one)."""
-    from tasks.dispatch import wake
+    """Tell a dispatcher new work is waiting: best effort, it never raises.
 
+    The batch is committed already and the beat tick releases it anyway, so a
+    failure here (the broker down, a host project whose own ``tasks`` module
+    hides ours) is logged, never answered.
+    """
     try:
+        from tasks.dispatch import wake
+
         wake()
-    except Exception:  # the batch is stored; the beat tick dispatches it anyway
-        log.warning("could not wake the dispatcher; the next beat tick will release the batch")
+    except Exception as exc:
+        log.warning(
+            "could not wake the dispatcher (%s); the next beat tick will release the batch",
+            type(exc).__name__,
+        )
 
 
 def submit_batch(
@@ -103,23 +132,18 @@ def submit_batch(
     ``requests`` is a JSONL file path, an iterable of JSONL byte lines, or an
     iterable of dicts in the OpenAI Batch input format
     (``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body"}``).
-    With an ``idempotency_key`` already used by this tenant, the existing
-    batch is returned and nothing new is stored.
+    With an ``idempotency_key`` this tenant already used for the same request,
+    the existing batch is returned and nothing new is stored; for another
+    request, :class:`~app.errors.IdempotencyKeyReused` (422) is raised.
     """
     options = SubmitOptions(completion_window, metadata, idempotency_key, Priority(priority))
-    with session_scope() as session:
-        described, created = submit_in_session(
-            session, _tenant(session, tenant), as_lines(requests), options
-        )
-    if created:
-        wake_dispatcher()
-    return described
+    return submit(tenant, as_lines(requests), options)[0]
 
 
 def get_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
-    """Status and ``request_counts`` of one of the tenant's batches."""
+    """Status and ``request_counts`` of one of the tenant's batches (any, for an admin)."""
     with session_scope() as session:
-        batch = batches.get_owned_batch(session, _tenant(session, tenant), batch_id)
+        batch = batches.get_readable_batch(session, _tenant(session, tenant), batch_id)
         return batches.describe(session, batch)
 
 
@@ -127,23 +151,37 @@ def list_batches(
     *, tenant: str | Tenant, limit: int = 20, after: str | None = None
 ) -> list[dict[str, Any]]:
     """The tenant's batches, newest first."""
+    return list(list_batches_page(tenant=tenant, limit=limit, after=after)["data"])
+
+
+def list_batches_page(
+    *, tenant: str | Tenant, limit: int = 20, after: str | None = None
+) -> dict[str, Any]:
+    """One page of the tenant's batches as the API lists them:
+    ``{"object": "list", "data", "has_more", "first_id", "last_id"}``."""
     with session_scope() as session:
         owner = _tenant(session, tenant)
-        return [
-            batches.describe(session, b)
-            for b in batches.list_batches(session, owner, limit=limit, after=after)
-        ]
+        page, has_more = batches.list_page(session, owner, limit=limit, after=after)
+        data = [batches.describe(session, b) for b in page]
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": has_more,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }
 
 
 def iter_results(batch_id: str, *, tenant: str | Tenant) -> Iterator[dict[str, Any]]:
     """Finished items of a batch in input order, OpenAI Batch output format."""
     with session_scope() as session:
-        batch = batches.get_owned_batch(session, _tenant(session, tenant), batch_id)
+        batch = batches.get_readable_batch(session, _tenant(session, tenant), batch_id)
         yield from batches.iter_results(session, batch)
 
 
 def cancel_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
-    """Cancel: items not yet running end now; running calls are stopped."""
+    """Cancel one of the tenant's own batches (an admin key, too, cancels only its own):
+    items not yet running end now; running calls are stopped."""
     for attempt in range(1, CANCEL_TRIES + 1):
         try:
             with session_scope() as session:
@@ -153,7 +191,10 @@ def cancel_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
         except OperationalError:  # a deadlock with a concurrent sweep: PostgreSQL chose us
             if attempt == CANCEL_TRIES:
                 raise
-    announce(get_redis(), batch_id)
+    try:  # committed: the answer stands; workers also poll for cancels
+        announce(get_redis(), batch_id)
+    except Exception as exc:
+        log.warning("could not announce a cancel (%s); workers will poll", type(exc).__name__)
     return described
 
 

@@ -9,12 +9,37 @@ PostgreSQL and Redis servers from PyPI packages and fills them in.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODELS_FILE = Path(__file__).with_name("models.toml")
+# Settings whose whole value is a secret, and settings that are URLs with a password.
+SECRET_SUFFIXES = ("_password", "_token", "_secret", "_api_key")
+REDACTED = "***"
+_SECRET_PARAMS = ("password", "secret", "token", "key")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (user info or query) masked: ``postgresql://u:***@h/db``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return REDACTED
+    netloc, query = parts.netloc, parts.query
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:{REDACTED}@{netloc.rpartition('@')[2]}"
+    if query:  # e.g. redis://h/0?password=…
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode(
+            [(k, REDACTED if k.lower().endswith(_SECRET_PARAMS) else v) for k, v in pairs],
+            safe="*",
+        )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 class Settings(BaseSettings):
@@ -44,6 +69,11 @@ class Settings(BaseSettings):
     default_completion_window_s: int = 24 * 3600
     # Backlog bound per model, in minutes of its tokens_per_min (see app/quotas.py).
     max_backlog_min: float = 60.0
+    # Text a submit may hand the tokenizer in all (bytes of prompt text, all lines);
+    # more → 413. Bounds the CPU one request can cost (see app/admission.py).
+    max_tokenize_bytes: int = 64 * 1024 * 1024
+    # Retry-After of a 503 when PostgreSQL or Redis is unreachable.
+    unavailable_retry_after_s: float = 5.0
 
     # Dispatch and leases.
     dispatch_interval_s: float = 1.0
@@ -94,7 +124,7 @@ class Settings(BaseSettings):
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000
-    # When set, GET /metrics wants "Authorization: Bearer <token>".
+    # GET /metrics wants "Authorization: Bearer <token>" (or an admin API key).
     metrics_token: str | None = Field(default=None, repr=False)
 
     # Nightly description jobs (app/nightly/, tasks/nightly.py) -----------------
@@ -108,6 +138,15 @@ class Settings(BaseSettings):
     flower_user: str | None = None
     flower_password: str | None = Field(default=None, repr=False)
     # ------------------------------------------------ end of nightly description jobs
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        """What repr() and str() show: secrets masked, passwords cut out of URLs."""
+        for name, value in super().__repr_args__():
+            if isinstance(value, str) and name and name.endswith(SECRET_SUFFIXES):
+                value = REDACTED
+            elif isinstance(value, str) and "://" in value:
+                value = redact_url(value)
+            yield name, value
 
     @property
     def broker_url(self) -> str:

@@ -162,7 +162,7 @@ def _watch(
                 for i in infos
             )
             progress.update(task, completed=done)
-            if all(i["status"] in ("completed", "cancelled") for i in infos):
+            if all(i["finished_at"] is not None for i in infos):
                 return all(
                     i["request_counts"]["succeeded"] == i["request_counts"]["total"] for i in infos
                 )

@@ -9,8 +9,10 @@
 │   ├── ``Forbidden``          403 (an admin key is needed)
 │   ├── ``NotFound``           404 (also another tenant's id)
 │   ├── ``Conflict``           409
+│   ├── ``IdempotencyKeyReused`` 422 (the key names another request)
 │   └── ``OverQuota``          429 + Retry-After (the tenant's own limits)
 ├── ``Overloaded``             503 + Retry-After (model backlog full)
+├── ``Unavailable``            503 + Retry-After (PostgreSQL or Redis unreachable)
 └── ``ProviderError``          a provider call failed
     ├── ``TransientProviderError``   retry with backoff (408, 409, 5xx, reset, timeout)
     │   ├── ``RateLimited``          429, carries retry-after
@@ -82,6 +84,13 @@ class Conflict(ClientError):
     code = "conflict"
 
 
+class IdempotencyKeyReused(ClientError):
+    """The Idempotency-Key was used before for a different request (IETF draft: 422)."""
+
+    status_code = 422
+    code = "idempotency_key_reused"
+
+
 class RetryAdvice:
     """Mixin for errors that tell the caller when to come back."""
 
@@ -105,6 +114,25 @@ class Overloaded(BatchgenError, RetryAdvice):
 
     def __init__(self, message: str, *, retry_after_s: float):
         super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    def to_dict(self) -> dict[str, object]:
+        return {"code": self.code, "message": self.message}
+
+
+class Unavailable(BatchgenError, RetryAdvice):
+    """A service the answer needs (PostgreSQL, Redis) is unreachable: 503, come back later.
+
+    ``code`` names the service (``database_unavailable``, ``redis_unavailable``);
+    the message never carries the driver's text, which may quote the request.
+    """
+
+    status_code = 503
+
+    def __init__(self, code: str, message: str, *, retry_after_s: float):
+        super().__init__(message)
+        self.code = code
         self.message = message
         self.retry_after_s = retry_after_s
 

@@ -18,7 +18,8 @@ class ItemStatus(StrEnum):
 class BatchStatus(StrEnum):
     IN_PROGRESS = "in_progress"
     CANCELLING = "cancelling"  # cancel asked, some calls still running
-    COMPLETED = "completed"  # every item terminal, not cancelled
+    COMPLETED = "completed"  # every item terminal, not cancelled, not all expired
+    EXPIRED = "expired"  # every item expired: none of it ran
     CANCELLED = "cancelled"
 
 
@@ -72,8 +73,16 @@ def can_move(src: ItemStatus, dst: ItemStatus) -> bool:
 
 
 def batch_status(counts: dict[ItemStatus, int], cancel_requested: bool) -> BatchStatus:
-    """A batch's status from its item counts: finished when no item is left to run."""
+    """A batch's status from its item counts: finished when no item is left to run;
+    ``expired`` when every item expired (partly expired batches are ``completed``
+    and say so in their counts)."""
     open_items = sum(n for s, n in counts.items() if s not in TERMINAL)
     if open_items:
         return BatchStatus.CANCELLING if cancel_requested else BatchStatus.IN_PROGRESS
-    return BatchStatus.CANCELLED if cancel_requested else BatchStatus.COMPLETED
+    if cancel_requested:
+        return BatchStatus.CANCELLED
+    if counts.get(ItemStatus.EXPIRED, 0) and not any(
+        n for s, n in counts.items() if s is not ItemStatus.EXPIRED
+    ):
+        return BatchStatus.EXPIRED
+    return BatchStatus.COMPLETED

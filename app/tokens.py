@@ -9,6 +9,14 @@ A model whose encoding has no local file gets a documented estimate instead:
 ``ceil(utf8_bytes / 4)`` per text (OpenAI's rule of thumb of ~4 characters a
 token, counted in bytes so non-Latin scripts are not under-counted), plus the
 same per-message overhead. One warning is logged per encoding, never a crash.
+
+Counting is bounded for admission: :func:`min_tokens` is a floor from the byte
+length alone (no token is longer than the encoding's longest token), and a
+``limit`` stops counting once it is passed. Long texts are counted in pieces cut
+where a space follows a non-space, which is a boundary of tiktoken's own
+pre-tokenizer for the shipped encodings, so the sum is the exact count; only a
+run of more than ``CHUNK_CHARS / 2`` characters without such a boundary is cut
+elsewhere (its count may then differ by a token or so per cut).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import functools
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import tiktoken
@@ -37,6 +45,9 @@ TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
 TOKENS_REPLY_PRIMING = 3
 ESTIMATE_BYTES_PER_TOKEN = 4
+# Longer texts are tokenized in pieces of at most this many characters, so a
+# limit can stop early and one huge word cannot make BPE slow.
+CHUNK_CHARS = 1 << 15
 
 
 def _offline_constructors() -> dict[str, Callable[[], dict[str, Any]]]:
@@ -84,12 +95,54 @@ def get_encoding(encoding_name: str) -> tiktoken.Encoding | None:
     )
 
 
-def count_text(text: str, encoding_name: str) -> int:
-    """Tokens in ``text`` under ``encoding_name`` (exact, or the documented estimate)."""
+@functools.cache
+def max_token_bytes(encoding_name: str) -> int:
+    """Bytes of the encoding's longest token (the estimate's bytes per token without one)."""
+    enc = get_encoding(encoding_name)
+    if enc is None:
+        return ESTIMATE_BYTES_PER_TOKEN
+    return max(len(token) for token in enc.token_byte_values())
+
+
+def min_tokens(text_bytes: int, encoding_name: str) -> int:
+    """A floor of the tokens of ``text_bytes`` bytes of text, without tokenizing it."""
+    return math.ceil(text_bytes / max_token_bytes(encoding_name))
+
+
+def _boundary(text: str, lo: int, hi: int) -> int:
+    """An index in ``(lo, hi]`` where a space follows a non-space, else ``hi``."""
+    i = text.rfind(" ", lo + 1, hi + 1)
+    while i > lo:
+        if not text[i - 1].isspace():
+            return i
+        i = text.rfind(" ", lo + 1, i)
+    return hi
+
+
+def _chunks(text: str) -> Iterable[str]:
+    start = 0
+    while len(text) - start > CHUNK_CHARS:
+        cut = _boundary(text, start + CHUNK_CHARS // 2, start + CHUNK_CHARS)
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+def count_text(text: str, encoding_name: str, limit: int | None = None) -> int:
+    """Tokens in ``text`` under ``encoding_name`` (exact, or the documented estimate).
+
+    With ``limit``, counting may stop once the count passes it: the answer is
+    then some number above ``limit``.
+    """
     enc = get_encoding(encoding_name)
     if enc is None:
         return math.ceil(len(text.encode("utf-8")) / ESTIMATE_BYTES_PER_TOKEN)
-    return len(enc.encode(text, disallowed_special=()))
+    total = 0
+    for chunk in _chunks(text):
+        total += len(enc.encode(chunk, disallowed_special=()))
+        if limit is not None and total > limit:
+            break
+    return total
 
 
 def _content_text(content: Any) -> Iterable[str]:
@@ -102,16 +155,37 @@ def _content_text(content: Any) -> Iterable[str]:
                 yield part["text"]
 
 
-def count_messages(messages: Iterable[Mapping[str, Any]], encoding_name: str) -> int:
-    """Prompt tokens of a chat request, with OpenAI's per-message overhead."""
-    total = TOKENS_REPLY_PRIMING
+def _texts(messages: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, str]]:
+    """``(key, text)`` of every text of a chat request that counts as prompt."""
     for message in messages:
-        total += TOKENS_PER_MESSAGE
         for key, value in message.items():
             if key == "content":
-                total += sum(count_text(t, encoding_name) for t in _content_text(value))
+                for text in _content_text(value):
+                    yield key, text
             elif isinstance(value, str):
-                total += count_text(value, encoding_name)
-                if key == "name":
-                    total += TOKENS_PER_NAME
+                yield key, value
+
+
+def text_bytes(messages: Iterable[Mapping[str, Any]]) -> int:
+    """UTF-8 bytes of the prompt text of a chat request (what the counter tokenizes)."""
+    return sum(len(text.encode("utf-8", "surrogatepass")) for _, text in _texts(messages))
+
+
+def count_messages(
+    messages: Iterable[Mapping[str, Any]], encoding_name: str, limit: int | None = None
+) -> int:
+    """Prompt tokens of a chat request, with OpenAI's per-message overhead.
+
+    With ``limit``, counting may stop once the count passes it: the answer is
+    then some number above ``limit``.
+    """
+    messages = list(messages)
+    total = TOKENS_REPLY_PRIMING + TOKENS_PER_MESSAGE * len(messages)
+    for key, text in _texts(messages):
+        if limit is not None and total > limit:
+            break
+        left = None if limit is None else limit - total
+        total += count_text(text, encoding_name, left)
+        if key == "name":
+            total += TOKENS_PER_NAME
     return total

@@ -12,8 +12,11 @@
         batch = batchgen.submit_batch(rows, tenant=shop)   # or current_app.extensions["batchgen"]
 
 The API's routes answer under the prefix exactly as the standalone API does
-(``POST <prefix>/v1/batches`` …); a :class:`~app.errors.BatchgenError` raised
-in any view of the host app becomes the same JSON error answer.
+(``POST <prefix>/v1/batches`` …), every error below the prefix included (404,
+405, 500, 503 as JSON; the host's pages elsewhere are left alone); a
+:class:`~app.errors.BatchgenError` raised in any view of the host app becomes
+the same JSON error answer. Access logs of the host's server lose their query
+strings (they may carry a batch's ``metadata``).
 """
 
 from __future__ import annotations
@@ -36,11 +39,15 @@ class BatchGen:
 
     def init_app(self, app: Flask) -> None:
         """Export the app's ``BATCHGEN_*`` config, mount the API, register the extension."""
-        from app.api import blueprint
+        from app.api import blueprint, install_error_handlers
+        from app.logs import redact_access_logs
 
         apply_settings(app.config)
         prefix = app.config.setdefault("BATCHGEN_URL_PREFIX", DEFAULT_URL_PREFIX)
-        app.register_blueprint(blueprint, url_prefix=(prefix or "").rstrip("/") or None)
+        mount = (prefix or "").rstrip("/")
+        app.register_blueprint(blueprint, url_prefix=mount or None)
+        install_error_handlers(app, mount)
+        redact_access_logs()
         app.extensions[EXTENSION_KEY] = self
 
     # The Python API (app.client), for the host app's own views and jobs.

@@ -81,8 +81,8 @@ def test_django_api_equals_flask_api_and_worker_processes(clean_db, simulator, w
     assert res.status_code == 200, res.content
     batch = res.json()
     assert batch["request_counts"]["total"] == 10 and batch["completion_window"] == "7200s"
-    again = client.post(
-        "/batchgen/v1/batches",
+    again = client.post(  # the same request again (the key names it, parameters included)
+        "/batchgen/v1/batches?completion_window=2h",
         data=jsonl(rows),
         content_type="application/jsonl",
         HTTP_IDEMPOTENCY_KEY="dj-1",
@@ -133,6 +133,28 @@ def test_django_api_equals_flask_api_and_worker_processes(clean_db, simulator, w
         assert ours.status_code == theirs.status_code, url
         assert ours.content == theirs.data, url
         assert ours["Content-Type"] == theirs.headers["Content-Type"], url
+
+
+def test_django_mount_answers_every_error_as_json(clean_db, client, monkeypatch):
+    """Case 16 under Django: unknown paths, wrong methods and unexpected failures below
+    the include answer the documented JSON error, not Django's or Flask's HTML."""
+    from app import client as python_api
+
+    key = make_tenant("acme")
+    missing = client.get("/batchgen/v1/nothing-here", **_auth(key))
+    assert missing.status_code == 404 and missing["Content-Type"] == "application/json"
+    assert missing.json()["error"]["code"] == "not_found"
+    wrong = client.delete("/batchgen/v1/batches", **_auth(key))
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+    assert "POST" in wrong["Allow"]
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(python_api, "get_batch", broken)
+    failed = client.get("/batchgen/v1/batches/batch_0", **_auth(key))
+    assert failed.status_code == 500
+    assert failed.json() == {"error": {"code": "internal", "message": "internal error"}}
 
 
 def test_management_command_and_errors(clean_db, tmp_path, capsys):

@@ -17,10 +17,19 @@ from tests.helpers import chat_line, jsonl, make_tenant, usage_totals, wait_batc
 pytestmark = pytest.mark.integration
 
 PROMPT = "Confidential roadmap item number"
+METRICS_TOKEN = "scrape-token-for-tests"
+
+
+@pytest.fixture(autouse=True)
+def _metrics_token(monkeypatch):
+    """/metrics is never open: the scrapes below present the metrics token."""
+    from app.config import get_settings
+
+    monkeypatch.setattr(get_settings(), "metrics_token", METRICS_TOKEN)
 
 
 def _scrape(api) -> dict[tuple[str, tuple], float]:
-    res = api.get("/metrics")
+    res = api.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
     assert res.status_code == 200
     assert PROMPT not in res.text
     samples = {}

@@ -14,5 +14,7 @@ class BatchgenConfig(AppConfig):
         from django.conf import settings
 
         from app.integrations import apply_settings
+        from app.logs import redact_access_logs
 
         apply_settings({key: getattr(settings, key) for key in dir(settings) if key.isupper()})
+        redact_access_logs()  # runserver's log line would carry ?metadata=…

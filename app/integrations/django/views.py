@@ -26,10 +26,11 @@ HOP_BY_HOP = frozenset(
 @functools.cache
 def wsgi_app() -> Flask:
     """The API as a WSGI app of its own (the host's logging is left alone)."""
-    from app.api import blueprint
+    from app.api import blueprint, install_error_handlers
 
     api_app = Flask("batchgen.django")
     api_app.register_blueprint(blueprint)
+    install_error_handlers(api_app)  # every answer below the mount is JSON, errors too
     return api_app
 
 
