@@ -7,10 +7,17 @@ single call, and in worker processes where a worker must die.
 
 from __future__ import annotations
 
+import datetime as dt
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
-from sqlalchemy import func, select
+import redis
+from sqlalchemy import func, make_url, select, text, update
+from sqlalchemy.exc import OperationalError
 
 from app import client, db, keys
 from app.config import Settings, get_settings
@@ -20,11 +27,23 @@ from app.redis_client import get_redis
 from app.registry import Registry, parse_registry
 from app.scheduling import release_all
 from app.schema import Item, TenantDailyUsage, UsageLedger
-from tests.helpers import chat_line, make_tenant
+from tests.helpers import (
+    assert_ledger_is_results_plus_waste,
+    chat_line,
+    make_tenant,
+    wait_batches,
+)
+from tests.proxy import TcpProxy
 
 pytestmark = pytest.mark.integration
 
 MODEL_OF_KIND = {"openai": "sim-small", "anthropic": "sim-claude"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_simulator(simulator: Any) -> None:
+    """Item ids restart with every test: start with an empty request log."""
+    httpx.post(f"{simulator.base_url}/_sim/reset").raise_for_status()
 
 
 def _registry() -> Registry:
@@ -71,3 +90,161 @@ def test_refused_connection_is_not_billed(clean_db, simulator, kind, stream):
         item = s.get(Item, item_id)
         assert item is not None
         assert (item.status, item.error_code, item.sent_at) == ("pending", "transient", None)
+
+
+# -- case 9: the concurrency slot is owned from enter() to settle() -------------------------
+
+SENT_AT_FAILS = """
+CREATE FUNCTION refuse_sent_at() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'database unavailable (test)' USING ERRCODE = 'connection_failure';
+END $$;
+CREATE TRIGGER refuse_sent_at BEFORE UPDATE OF sent_at ON items
+FOR EACH ROW WHEN (NEW.sent_at IS NOT NULL) EXECUTE FUNCTION refuse_sent_at();
+"""
+
+
+@pytest.fixture
+def sent_at_fails(clean_db) -> Iterator[None]:
+    """Every ``mark_sent`` gets a real connection-class error from PostgreSQL."""
+    with db.get_engine().begin() as conn:
+        conn.execute(text(SENT_AT_FAILS))
+    yield
+    with db.get_engine().begin() as conn:
+        conn.execute(text("DROP TRIGGER refuse_sent_at ON items; DROP FUNCTION refuse_sent_at()"))
+
+
+def _assert_handed_back(item_id: int, spec_name: str, gate: Gate, registry: Registry) -> None:
+    assert get_redis().zcard(keys.slots(spec_name)) == 0  # the slot is free at once
+    with db.session_scope() as s:
+        item = s.get(Item, item_id)
+        assert item is not None
+        assert (item.status, item.attempts, item.sent_at) == ("queued", 0, None)
+    assert _count(UsageLedger) == 0
+
+
+def test_slot_leaks_on_redis_error_inside_the_gate(clean_db, simulator):
+    """Redis fails after the slot was taken (the budget reservation errors)."""
+    registry = _registry()
+    spec = registry["sim-small"]
+    item_id = _queue_one(registry, spec.name, "slot-redis")
+    gate = Gate(get_redis(), get_settings())
+    # A real Redis error inside the reservation script: its hash is a string now.
+    get_redis().set(keys.budget_amounts(spec.budget_key), "not a hash")
+    with pytest.raises(redis.RedisError):
+        run_item(item_id, registry, get_settings(), gate)
+    _assert_handed_back(item_id, spec.name, gate, registry)
+
+
+def test_slot_leaks_on_database_error_in_mark_sent(sent_at_fails, simulator):
+    """PostgreSQL fails when the item is marked sent, after the slot and tokens were taken."""
+    registry = _registry()
+    spec = registry["sim-small"]
+    item_id = _queue_one(registry, spec.name, "slot-db")
+    gate = Gate(get_redis(), get_settings())
+    with pytest.raises(OperationalError):
+        run_item(item_id, registry, get_settings(), gate)
+    _assert_handed_back(item_id, spec.name, gate, registry)
+    assert gate.budget.used(spec) == (0, 0)  # nothing was sent: the reservation is back
+    assert _count(TenantDailyUsage) == 0
+
+
+# -- case 2: a paid answer survives a database outage while the lease lasts ----------------
+
+RECORD_RETRY_LINE = "database error recording the result"
+
+
+def _sim_calls(sim_url: str, item_id: int) -> list[dict[str, Any]]:
+    return list(httpx.get(f"{sim_url}/_sim/log", params={"item": str(item_id)}).json())
+
+
+def _await(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_paid_answer_survives_database_outage(clean_db, simulator, workers):
+    """PostgreSQL becomes unreachable while the provider answers: the worker keeps the
+    answer and records it once the database is back (one call, one ledger row)."""
+    db_url = make_url(clean_db["DATABASE_URL"])
+    proxy = TcpProxy(db_url.host or "127.0.0.1", db_url.port or 5432).start()
+    proxied = db_url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 1500})
+    try:
+        make_tenant("outage")
+        batch = client.submit_batch([chat_line("o0")], tenant="outage")
+        with db.session_scope() as s:
+            item_id = s.scalar(select(Item.id))
+        worker = workers(
+            concurrency=2,
+            env={
+                "DATABASE_URL": proxied,
+                "BATCHGEN_CALL_TIMEOUT_S": "5",
+                "BATCHGEN_RUNNING_LEASE_MARGIN_S": "1",
+                "BATCHGEN_SWEEP_INTERVAL_S": "0.5",
+            },
+        )
+        _await(lambda: _sim_calls(simulator.base_url, item_id), 30, "the provider call")
+        proxy.cut()  # the provider is answering now; the database is gone
+        try:
+            _await(
+                lambda: worker.log_tail(1_000_000).count(RECORD_RETRY_LINE) >= 6,
+                15,
+                "the worker to keep retrying the record",
+            )
+        finally:
+            proxy.restore()
+        wait_batches([batch["id"]], timeout_s=60)
+    finally:
+        httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
+        proxy.stop()
+
+    assert len(_sim_calls(simulator.base_url, item_id)) == 1  # paid once
+    with db.session_scope() as s:
+        item = s.get(Item, item_id)
+        assert item is not None
+        assert (item.status, item.attempts) == ("succeeded", 1)
+    assert _count(UsageLedger) == 1
+    assert_ledger_is_results_plus_waste()
+    assert get_redis().zcard(keys.slots("sim-small")) == 0  # the gate was settled
+
+
+# -- case 10: deadlines on one clock (the database's), not the worker host's ---------------
+
+
+@pytest.mark.parametrize("offset_s", [100.0, -60.0], ids=["ahead-100s", "behind-60s"])
+def test_deadlines_on_the_worker_clock(clean_db, simulator, monkeypatch, offset_s):
+    """The worker host's clock is off by ``offset_s``. Ahead, calls still get the time
+    left (not 0); behind, a call is cut at the deadline, not 60 s later."""
+    from app import deadlines
+
+    real = deadlines.host_now
+    monkeypatch.setattr(deadlines, "host_now", lambda: real() + dt.timedelta(seconds=offset_s))
+    registry = _registry()
+    ahead = offset_s > 0
+    window = "30s" if ahead else "4s"
+    latency_ms = 50 if ahead else 8000  # behind: the answer comes after the deadline
+    httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": latency_ms})
+    try:
+        item_id = _queue_one(registry, "sim-small", f"clock{offset_s:+.0f}", max_tokens=20)
+        with db.session_scope() as s:
+            s.execute(
+                update(Item)  # the deadline, on PostgreSQL's clock
+                .where(Item.id == item_id)
+                .values(deadline_at=func.now() + dt.timedelta(seconds=float(window[:-1])))
+            )
+            deadline_at = s.scalar(select(Item.deadline_at).where(Item.id == item_id))
+        verdict = run_item(item_id, registry, get_settings(), Gate(get_redis(), get_settings()))
+    finally:
+        httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
+    calls = _sim_calls(simulator.base_url, item_id)
+    assert len(calls) == 1
+    if ahead:
+        assert verdict.outcome == "succeeded"
+    else:
+        assert verdict.outcome == "expired"
+        assert calls[0]["completed"] is False  # the worker left before the late answer
+        assert calls[0]["end_ts"] <= deadline_at.timestamp() + 1.0
