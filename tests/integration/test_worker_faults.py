@@ -8,6 +8,7 @@ single call, and in worker processes where a worker must die.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,11 +24,13 @@ from app import client, db, keys
 from app.config import Settings, get_settings
 from app.execution import run_item
 from app.gate import Gate
+from app.recovery import sweep
 from app.redis_client import get_redis
-from app.registry import Registry, parse_registry
+from app.registry import Registry, get_registry, parse_registry
 from app.scheduling import release_all
-from app.schema import Item, TenantDailyUsage, UsageLedger
+from app.schema import Batch, Item, TenantDailyUsage, UsageLedger
 from tests.helpers import (
+    assert_daily_usage_matches_ledger,
     assert_ledger_is_results_plus_waste,
     chat_line,
     make_tenant,
@@ -216,7 +219,7 @@ def test_paid_answer_survives_database_outage(clean_db, simulator, workers):
 
 
 @pytest.mark.parametrize("offset_s", [100.0, -60.0], ids=["ahead-100s", "behind-60s"])
-def test_deadlines_on_the_worker_clock(clean_db, simulator, monkeypatch, offset_s):
+def test_deadlines_not_on_the_worker_clock(clean_db, simulator, monkeypatch, offset_s):
     """The worker host's clock is off by ``offset_s``. Ahead, calls still get the time
     left (not 0); behind, a call is cut at the deadline, not 60 s later."""
     from app import deadlines
@@ -248,3 +251,147 @@ def test_deadlines_on_the_worker_clock(clean_db, simulator, monkeypatch, offset_
         assert verdict.outcome == "expired"
         assert calls[0]["completed"] is False  # the worker left before the late answer
         assert calls[0]["end_ts"] <= deadline_at.timestamp() + 1.0
+
+
+# -- case 11: the sweep honours the model's own attempt cap --------------------------------
+
+
+def _models_file(tmp_path: Path, model: str, **fields: object) -> Path:
+    """The shipped registry with extra fields for one model, as a file of its own."""
+    text_ = Path(get_settings().models_file).read_text(encoding="utf-8")
+    header = f'[models."{model}"]\n'
+    extra = "".join(f"{k} = {v!r}\n" for k, v in fields.items())
+    path = tmp_path / "models.toml"
+    path.write_text(text_.replace(header, header + extra), encoding="utf-8")
+    return path
+
+
+def _lose_lease(item_id: int, attempts: int, *, sent: bool) -> None:
+    """The item's worker vanished: running, its lease over (sent or not)."""
+    with db.session_scope() as s:
+        s.execute(
+            update(Item)
+            .where(Item.id == item_id)
+            .values(
+                status="running",
+                attempts=attempts,
+                started_at=func.now(),
+                sent_at=func.now() if sent else None,
+                lease_expires_at=func.now() - dt.timedelta(seconds=1),
+            )
+        )
+
+
+def test_sweep_honours_model_max_attempts(clean_db, simulator, restore_env, tmp_path):
+    """A model capped at 2 attempts whose worker was lost on the 2nd: no 3rd call."""
+    os.environ["BATCHGEN_MODELS_FILE"] = str(_models_file(tmp_path, "sim-small", max_attempts=2))
+    get_settings.cache_clear()
+    assert get_settings().max_attempts > 2  # the global cap alone would allow a third
+    registry = _registry()
+    item_id = _queue_one(registry, "sim-small", "capped")
+    _lose_lease(item_id, attempts=2, sent=False)
+    with db.session_scope() as s:
+        report = sweep(s, get_settings())
+    assert (report.failed, report.requeued) == (1, 0)
+    with db.session_scope() as s:
+        item = s.get(Item, item_id)
+        assert item is not None
+        assert (item.status, item.error_code) == ("failed", "worker_lost")
+
+
+# -- case 22: sent => may be billed => ledgered, on every path -----------------------------
+
+
+@pytest.mark.parametrize("cancelled", [False, True], ids=["requeued", "cancelled"])
+def test_killed_worker_sent_calls_are_ledgered_by_the_sweep(clean_db, simulator, cancelled):
+    """A running item whose call was sent loses its lease: the sweep ledgers the call as
+    waste (prompt estimate), once, and the daily usage follows the ledger."""
+    registry = _registry()
+    item_id = _queue_one(registry, "sim-small", "lost")
+    _lose_lease(item_id, attempts=1, sent=True)
+    if cancelled:
+        with db.session_scope() as s:
+            s.execute(update(Batch).values(cancel_requested_at=func.now()))
+    for _ in range(2):  # a second sweep finds nothing more to ledger
+        with db.session_scope() as s:
+            sweep(s, get_settings())
+    with db.session_scope() as s:
+        rows = s.execute(select(UsageLedger.attempt, UsageLedger.waste_reason)).all()
+        item = s.get(Item, item_id)
+        assert item is not None
+        assert item.status == ("cancelled" if cancelled else "pending")
+    assert rows == [(1, "worker_lost")]
+    assert_ledger_is_results_plus_waste()
+    assert_daily_usage_matches_ledger()
+
+
+def test_lost_attempt_answer_turns_its_waste_row_into_the_result(clean_db, simulator):
+    """The 'lost' worker was alive after all: its answer becomes the result, and the
+    sweep's waste row for that same call becomes the result's row (never two rows)."""
+    from app.accounting import CallOutcome, record_success
+
+    registry = _registry()
+    spec = registry["sim-small"]
+    item_id = _queue_one(registry, "sim-small", "alive")
+    _lose_lease(item_id, attempts=1, sent=True)
+    with db.session_scope() as s:
+        sweep(s, get_settings())
+    with db.session_scope() as s:
+        answer = CallOutcome(item_id, 1, 11, 22, {"choices": []}, "req-1", 5, 1)
+        assert record_success(s, answer, spec) is True
+    with db.session_scope() as s:
+        rows = s.execute(
+            select(UsageLedger.attempt, UsageLedger.waste_reason, UsageLedger.completion_tokens)
+        ).all()
+        item = s.get(Item, item_id)
+        assert item is not None and item.status == "succeeded"
+        daily = s.execute(select(TenantDailyUsage.requests, TenantDailyUsage.prompt_tokens)).all()
+    assert rows == [(1, None, 22)]
+    assert daily == [(1, 11)]
+    assert_ledger_is_results_plus_waste()
+    assert_daily_usage_matches_ledger()
+
+
+def test_killed_worker_sent_calls_are_ledgered(clean_db, simulator, workers):
+    """kill -9 of a worker mid-call: every call the simulator admitted (the provider may
+    bill it) has a ledger row, matched per item with the simulator's own request log."""
+    fast_leases = {
+        "BATCHGEN_CALL_TIMEOUT_S": "5",
+        "BATCHGEN_RUNNING_LEASE_MARGIN_S": "1",
+        "BATCHGEN_QUEUED_LEASE_S": "8",
+        "BATCHGEN_SWEEP_INTERVAL_S": "0.5",
+    }
+    httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 700})
+    try:
+        make_tenant("kill")
+        batch = client.submit_batch([chat_line(f"k{i}") for i in range(40)], tenant="kill")
+        victim = workers(
+            get_registry().queues, concurrency=8, beat=False, env=fast_leases, name="victim"
+        )
+        workers(concurrency=8, beat=True, env=fast_leases, name="survivor")
+        _await(lambda: "succeeded prompt_tokens" in victim.log_tail(200), 30, "a first answer")
+        _await(lambda: _in_flight(simulator.base_url) >= 4, 10, "calls in flight")
+        victim.kill()
+        wait_batches([batch["id"]], timeout_s=120)
+    finally:
+        httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
+
+    admitted: dict[int, int] = {}
+    for entry in httpx.get(f"{simulator.base_url}/_sim/log").json():
+        if entry["admitted"] and entry["item"] is not None:
+            admitted[int(entry["item"])] = admitted.get(int(entry["item"]), 0) + 1
+    with db.session_scope() as s:
+        ledgered = dict(
+            s.execute(select(UsageLedger.item_id, func.count()).group_by(UsageLedger.item_id)).all()
+        )
+        retried = s.scalar(select(func.count()).select_from(Item).where(Item.attempts > 1))
+    assert retried > 0  # the kill really hit calls in flight
+    unledgered = {i: n for i, n in admitted.items() if ledgered.get(i, 0) < n}
+    assert unledgered == {}, f"calls the provider admitted without a ledger row: {unledgered}"
+    assert client.get_batch(batch["id"], tenant="kill")["request_counts"]["succeeded"] == 40
+    assert_ledger_is_results_plus_waste()
+    assert_daily_usage_matches_ledger()
+
+
+def _in_flight(sim_url: str) -> int:
+    return sum(1 for e in httpx.get(f"{sim_url}/_sim/log").json() if e["end_ts"] is None)
