@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -10,7 +11,7 @@ from sqlalchemy import Date, cast, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from app.registry import ModelSpec
+from app.registry import ModelSpec, Registry
 from app.schema import Item, Result, TenantDailyUsage, UsageLedger
 from app.status import TERMINAL, ItemStatus
 
@@ -39,6 +40,48 @@ class CallOutcome:
     queue_wait_ms: int
 
 
+# Waste rows written without the provider's answer, because the worker that sent
+# the call was lost (its lease ran out) or another attempt finished the item while
+# this one was in flight. Their usage is the prompt estimate; if the answer still
+# comes, it replaces the estimate in place (never a second row for one call).
+LOST_CALL = "worker_lost"
+SUPERSEDED_CALL = "superseded_in_flight"
+ESTIMATED = frozenset({LOST_CALL, SUPERSEDED_CALL})
+
+
+def _add_daily(
+    session: Session,
+    item: Item,
+    day: dt.date,
+    requests: int,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cost: Decimal,
+) -> None:
+    """Add to the tenant's daily totals (deltas may be negative when an estimate is replaced)."""
+    stmt = pg_insert(TenantDailyUsage).values(
+        tenant_id=item.tenant_id,
+        day=day,
+        model=item.model,
+        requests=requests,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cost_usd=cost,
+    )
+    session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["tenant_id", "day", "model"],
+            set_={
+                "requests": TenantDailyUsage.requests + stmt.excluded.requests,
+                "prompt_tokens": TenantDailyUsage.prompt_tokens + stmt.excluded.prompt_tokens,
+                "completion_tokens": TenantDailyUsage.completion_tokens
+                + stmt.excluded.completion_tokens,
+                "cost_usd": TenantDailyUsage.cost_usd + stmt.excluded.cost_usd,
+            },
+        )
+    )
+
+
 def _ledger(
     session: Session, item: Item, outcome: CallOutcome, cost: Decimal, waste: str | None
 ) -> bool:
@@ -63,28 +106,68 @@ def _ledger(
         return False
     # Days are UTC days, whatever the database server's time zone.
     day = session.scalar(select(cast(func.timezone("UTC", func.now()), Date)))
-    stmt = pg_insert(TenantDailyUsage).values(
-        tenant_id=item.tenant_id,
-        day=day,
-        model=item.model,
-        requests=1,
-        prompt_tokens=outcome.prompt_tokens,
-        completion_tokens=outcome.completion_tokens,
-        cost_usd=cost,
-    )
-    session.execute(
-        stmt.on_conflict_do_update(
-            index_elements=["tenant_id", "day", "model"],
-            set_={
-                "requests": TenantDailyUsage.requests + 1,
-                "prompt_tokens": TenantDailyUsage.prompt_tokens + stmt.excluded.prompt_tokens,
-                "completion_tokens": TenantDailyUsage.completion_tokens
-                + stmt.excluded.completion_tokens,
-                "cost_usd": TenantDailyUsage.cost_usd + stmt.excluded.cost_usd,
-            },
-        )
-    )
+    assert day is not None
+    _add_daily(session, item, day, 1, outcome.prompt_tokens, outcome.completion_tokens, cost)
     return True
+
+
+def _replace_estimate(
+    session: Session, item: Item, outcome: CallOutcome, cost: Decimal, waste: str | None
+) -> bool:
+    """The answer of a call ledgered as an estimate arrived after all: its row takes the
+    real usage (and becomes the result's row when ``waste`` is None), the daily totals
+    of the row's day follow. False when (item, attempt) has no estimated row."""
+    row = session.scalars(
+        select(UsageLedger)
+        .where(UsageLedger.item_id == item.id, UsageLedger.attempt == outcome.attempt)
+        .with_for_update()
+    ).one_or_none()
+    if row is None or row.waste_reason not in ESTIMATED:
+        return False
+    day = session.scalar(select(cast(func.timezone("UTC", row.created_at), Date)))
+    assert day is not None
+    _add_daily(
+        session,
+        item,
+        day,
+        0,
+        outcome.prompt_tokens - row.prompt_tokens,
+        outcome.completion_tokens - row.completion_tokens,
+        cost - row.cost_usd,
+    )
+    row.prompt_tokens = outcome.prompt_tokens
+    row.completion_tokens = outcome.completion_tokens
+    row.cost_usd = cost
+    row.waste_reason = waste
+    return True
+
+
+def _estimate(item: Item, attempt: int, spec: ModelSpec | None) -> tuple[CallOutcome, Decimal]:
+    """A sent call whose answer we do not have: the prompt estimate, no completion."""
+    outcome = CallOutcome(item.id, attempt, item.prompt_tokens_est, 0, {}, None, 0, 0)
+    cost = cost_usd(item.prompt_tokens_est, 0, spec) if spec is not None else Decimal(0)
+    return outcome, cost
+
+
+def record_lost_call(session: Session, item_id: int, attempt: int, registry: Registry) -> bool:
+    """Ledger as waste a sent call whose worker was lost (once per (item, attempt))."""
+    item = session.get(Item, item_id)
+    assert item is not None
+    outcome, cost = _estimate(item, attempt, registry.get(item.model))
+    return _ledger(session, item, outcome, cost, LOST_CALL)
+
+
+def _supersede(session: Session, item: Item, attempt: int, spec: ModelSpec) -> None:
+    """``attempt`` finishes the item while a newer attempt's call is in flight: that call
+    may be billed too, and its worker may never report it; ledger it now as waste."""
+    newer_sent = (
+        item.status == ItemStatus.RUNNING.value
+        and item.attempts != attempt
+        and item.sent_at is not None
+    )
+    if newer_sent:
+        outcome, cost = _estimate(item, item.attempts, spec)
+        _ledger(session, item, outcome, cost, SUPERSEDED_CALL)
 
 
 def record_success(session: Session, outcome: CallOutcome, spec: ModelSpec) -> bool:
@@ -100,13 +183,20 @@ def record_success(session: Session, outcome: CallOutcome, spec: ModelSpec) -> b
     assert item is not None
     cost = cost_usd(outcome.prompt_tokens, outcome.completion_tokens, spec)
     if item.status in TERMINAL:
-        _ledger(session, item, outcome, cost, f"item_already_{item.status}")
+        waste = f"item_already_{item.status}"
+        if not _ledger(session, item, outcome, cost, waste):
+            _replace_estimate(session, item, outcome, cost, waste)
         return False
     # Not terminal: even if our lease ran out and the item went back to the
     # queue, the answer is good; it becomes the result and the newer attempt
-    # will find the item finished when it claims it.
-    if not _ledger(session, item, outcome, cost, None):
+    # will find the item finished when it claims it. If the sweep ledgered this
+    # call as lost meanwhile, that row becomes the result's row.
+    recorded = _ledger(session, item, outcome, cost, None) or _replace_estimate(
+        session, item, outcome, cost, None
+    )
+    if not recorded:
         return False  # this very attempt was already recorded
+    _supersede(session, item, outcome.attempt, spec)
     session.execute(
         pg_insert(Result)
         .values(

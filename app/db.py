@@ -7,12 +7,33 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine
+import psycopg
+from sqlalchemy import Engine, create_engine, exc
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import get_settings
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# A connect that gets no answer (a host gone, a partition) fails after this long.
+CONNECT_TIMEOUT_S = 10
+
+# Errors that say "the database could not be reached or dropped us", not "this
+# statement is wrong": worth retrying the same transaction. Pool time-outs
+# (every connection busy or none could be made) count as such.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    exc.OperationalError,
+    exc.InterfaceError,
+    exc.TimeoutError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+
+
+def is_transient(error: BaseException) -> bool:
+    """True for a database error that a retry of the whole transaction may cure."""
+    if isinstance(error, TRANSIENT_ERRORS):
+        return True
+    return isinstance(error, exc.DBAPIError) and error.connection_invalidated
 
 
 @functools.cache
@@ -26,6 +47,7 @@ def _engine_for(url: str) -> Engine:
         # Bound parameters hold prompts: never put them in error messages or logs.
         hide_parameters=True,
         pool_recycle=1800,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
     )
 
 

@@ -32,6 +32,18 @@ def parse_duration_s(text: str | int | float, field: str = "completion_window") 
     return seconds
 
 
+def host_now() -> dt.datetime:
+    """This host's wall clock (UTC). Never compare it with a time set by PostgreSQL:
+    hosts drift; deadlines and leases use :func:`carried_forward` instead."""
+    return dt.datetime.now(dt.UTC)
+
+
+def carried_forward(read_at: dt.datetime, read_mono_s: float, mono_s: float) -> dt.datetime:
+    """A clock read once at ``read_at`` (when ``time.monotonic()`` was ``read_mono_s``),
+    carried forward to the monotonic instant ``mono_s``."""
+    return read_at + dt.timedelta(seconds=max(0.0, mono_s - read_mono_s))
+
+
 def time_left_s(deadline: dt.datetime, now: dt.datetime) -> float:
     """Seconds until ``deadline`` (negative once passed)."""
     return (deadline - now).total_seconds()

@@ -8,27 +8,32 @@ dispatcher, or fail) → settle the budget.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from threading import Event
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from sqlalchemy import func, select
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from app import retry
+from app import db, retry
 from app.accounting import CallOutcome, record_success, record_waste
 from app.batches import finish_if_done
 from app.cancellation import CancelWatcher
 from app.config import Settings
 from app.db import session_scope
 from app.deadlines import call_timeout_s, time_left_s
-from app.errors import CallCancelled, PermanentProviderError, ProviderError, RateLimited
+from app.errors import (
+    CallCancelled,
+    PermanentProviderError,
+    ProviderError,
+    RateLimited,
+    TransientProviderError,
+)
 from app.gate import Gate, Never, Pass, Wait, running_lease_s
 from app.items import (
     Claimed,
@@ -47,6 +52,7 @@ from app.schema import Item
 from app.status import ItemStatus
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def handle_failure(
@@ -147,6 +153,7 @@ def run_item(
     watcher: CancelWatcher | None = None,
 ) -> Verdict:
     """Run one delivery of an item end to end."""
+    read_mono_s = time.monotonic()  # before the transaction whose now() the claim returns
     with session_scope() as session:
         row = session.execute(
             select(Item.model, Item.batch_id).where(Item.id == item_id)
@@ -154,7 +161,7 @@ def run_item(
         spec = registry.get(row.model) if row is not None else None
         if row is None or spec is None:
             return Verdict("skipped")
-        item = claim(session, item_id, running_lease_s(spec, settings))
+        item = claim(session, item_id, running_lease_s(spec, settings), read_mono_s)
         expired = item is None and expire_if_due(session, item_id)
     if item is None:  # duplicate, cancelled, finished, or past its deadline
         if expired:
@@ -164,29 +171,113 @@ def run_item(
     try:
         decision = gate.enter(spec, item)
     except redis.RedisError:
-        with session_scope() as session:  # give the attempt back; the sweep re-releases it
-            unclaim(session, item, 0.0, settings.queued_lease_s)
+        _give_back(item, settings)
         raise
     if not isinstance(decision, Pass):
         return _wait(item, decision, settings)
-    with watcher.watch(item.batch_id) if watcher else nullcontext(Event()) as cancel:
+    return _run_admitted(item, spec, decision, gate, settings, watcher)
+
+
+# What the gate is settled with when nothing reached the provider: the whole
+# reservation is given back.
+NOT_SENT = CallCancelled("not sent", billed=False)
+
+
+@dataclass
+class Settlement:
+    """How the call ended, for :meth:`Gate.settle` (filled in as the call goes)."""
+
+    response: ProviderResponse | None = None
+    error: ProviderError | None = NOT_SENT
+
+
+def _run_admitted(
+    item: Claimed,
+    spec: ModelSpec,
+    admitted: Pass,
+    gate: Gate,
+    settings: Settings,
+    watcher: CancelWatcher | None,
+) -> Verdict:
+    """From the gate's yes to its settlement: the slot and the reservation are ours
+    until :func:`_settle` in ``finally``, whatever fails in between."""
+    settlement = Settlement()
+    try:
+        with watcher.watch(item.batch_id) if watcher else nullcontext(Event()) as cancel:
+            try:
+                with session_scope() as session:
+                    sent = mark_sent(session, item)
+            except Exception as exc:
+                if db.is_transient(exc):
+                    _give_back(item, settings)
+                raise
+            if not sent:  # the batch was cancelled between the claim and now
+                return Verdict("cancelled")
+            return Verdict(_call(item, spec, settings, cancel, settlement))
+    finally:
+        _settle(gate, spec, admitted, item, settlement)
+
+
+def _give_back(item: Claimed, settings: Settings) -> None:
+    """Nothing was sent: back to the queue, the attempt not counted (best effort;
+    if the database is unreachable too, the lease runs out and the sweep does it)."""
+    try:
         with session_scope() as session:
-            sent = mark_sent(session, item)
-        if not sent:  # the batch was cancelled between the claim and now
-            gate.settle(
-                spec,
-                decision,
-                item.tenant_id,
-                item.max_tokens,
-                error=CallCancelled("cancelled before sending", billed=False),
+            unclaim(session, item, 0.0, settings.queued_lease_s)
+    except Exception as exc:
+        if not db.is_transient(exc):
+            raise
+        log.warning("item %d: database error handing the item back; the sweep will", item.item_id)
+
+
+# Retrying a transaction while the database is away: first wait, doubling up to the cap.
+DB_RETRY_FIRST_S = 0.1
+DB_RETRY_MAX_S = 2.0
+
+
+def _with_db_retries(item: Claimed, what: str, work: Callable[[Session], T]) -> T:
+    """Run ``work`` in a transaction; on a database outage (dropped connection, refused
+    connect, pool time-out) retry it with backoff for as long as our lease lasts.
+
+    Used for what follows a provider call: the call is paid, so its outcome must
+    not be dropped while the item is still ours. Past the lease the error is
+    raised (the sweep then ledgers the call as waste and hands the item back).
+    """
+    delay_s = DB_RETRY_FIRST_S
+    while True:
+        try:
+            with session_scope() as session:
+                return work(session)
+        except Exception as exc:
+            left_s = item.lease_left_s()
+            if not db.is_transient(exc) or left_s <= 0:
+                raise
+            log.warning(
+                "item %d: database error %s (%s), retrying; lease left %.1f s",
+                item.item_id,
+                what,
+                type(exc).__name__,
+                left_s,
             )
-            return Verdict("cancelled")
-        return Verdict(_call(item, spec, decision, gate, settings, cancel))
+            time.sleep(min(delay_s, left_s))
+            delay_s = min(2 * delay_s, DB_RETRY_MAX_S)
+
+
+def _finish_batch(item: Claimed) -> None:
+    """Close the batch if this was its last item (best effort: the sweep also does it)."""
+    try:
+        with session_scope() as session:
+            finish_if_done(session, item.batch_id)
+    except Exception as exc:
+        if not db.is_transient(exc):
+            raise
+        log.warning("item %d: database error closing its batch; the sweep will", item.item_id)
 
 
 def _cancelled(item: Claimed, spec: ModelSpec, exc: CallCancelled) -> str:
     """The batch was cancelled mid-call: the item ends cancelled; a billed call is waste."""
-    with session_scope() as session:
+
+    def work(session: Session) -> None:
         finish_failed(
             session, item, "cancelled", "batch cancelled during the call", ItemStatus.CANCELLED
         )
@@ -206,29 +297,21 @@ def _cancelled(item: Claimed, spec: ModelSpec, exc: CallCancelled) -> str:
                 spec,
                 "cancelled_mid_call",
             )
-    with session_scope() as session:
-        finish_if_done(session, item.batch_id)
+
+    _with_db_retries(item, "recording the cancellation", work)
+    _finish_batch(item)
     return "cancelled"
 
 
-RECORD_TRIES = 5
-
-
-def _record(item: Claimed, response: ProviderResponse, latency_s: float, spec: ModelSpec) -> bool:
-    for attempt in range(1, RECORD_TRIES + 1):
-        try:
-            with session_scope() as session:
-                return record_success(session, _outcome(item, response, latency_s), spec)
-        except OperationalError:
-            if attempt == RECORD_TRIES:
-                raise
-            log.warning("item %d: database error recording the result, retrying", item.item_id)
-            time.sleep(0.2 * attempt)
-    raise AssertionError("unreachable")
-
-
-def _settle(gate: Gate, spec: ModelSpec, admitted: Pass, item: Claimed, **outcome: Any) -> None:
+def _settle(
+    gate: Gate, spec: ModelSpec, admitted: Pass, item: Claimed, settlement: Settlement
+) -> None:
     """Budget bookkeeping after a call; a Redis error must not undo the call's outcome."""
+    outcome: dict[str, Any] = (
+        {"response": settlement.response}
+        if settlement.response is not None
+        else {"error": settlement.error}
+    )
     try:
         gate.settle(spec, admitted, item.tenant_id, item.max_tokens, **outcome)
     except redis.RedisError:
@@ -240,13 +323,13 @@ def _settle(gate: Gate, spec: ModelSpec, admitted: Pass, item: Claimed, **outcom
 def _call(
     item: Claimed,
     spec: ModelSpec,
-    admitted: Pass,
-    gate: Gate,
     settings: Settings,
     cancel: Event,
+    settlement: Settlement,
 ) -> str:
+    # Time left on PostgreSQL's clock (where the deadline was set), not this host's.
     timeout = call_timeout_s(
-        spec.call_timeout_s or settings.call_timeout_s, item.deadline_at, dt.datetime.now(dt.UTC)
+        spec.call_timeout_s or settings.call_timeout_s, item.deadline_at, item.db_now()
     )
     request = ProviderRequest(
         spec=spec,
@@ -257,52 +340,24 @@ def _call(
         stream=settings.stream_calls,
     )
     started = time.monotonic()
+    # From here the provider may see the request: unless told otherwise, the
+    # reservation is kept (the provider may have counted it).
+    settlement.error = MAYBE_SENT
     try:
         response = get_provider(spec).complete(request)
     except ProviderError as exc:
-        _settle(gate, spec, admitted, item, error=exc)
-        if isinstance(exc, CallCancelled):
-            return _cancelled(item, spec, exc)
-        with session_scope() as session:
-            if exc.billed:
-                # The provider may charge a call that failed after it was sent; its usage
-                # is unknown, so the ledger carries the prompt estimate, marked as waste.
-                record_waste(
-                    session,
-                    CallOutcome(
-                        item.item_id,
-                        item.attempt,
-                        item.prompt_tokens_est,
-                        0,
-                        {},
-                        None,
-                        int((time.monotonic() - started) * 1000),
-                        0,
-                    ),
-                    spec,
-                    f"failed_{exc.kind}",
-                )
-            verdict = handle_failure(session, item, exc, spec, settings)
-        if verdict != "retry":
-            with session_scope() as session:
-                finish_if_done(session, item.batch_id)
-        log.warning(
-            "item %d attempt %d model %s %s: %s status=%s",
-            item.item_id,
-            item.attempt,
-            spec.name,
-            verdict,
-            exc.kind,
-            exc.status,
-        )
-        return verdict
+        settlement.error = exc
+        return _failed(item, spec, settings, exc, started)
+    settlement.response, settlement.error = response, None
     latency_s = time.monotonic() - started
-    # A paid answer is recorded before anything else can fail (the budget lives in
-    # Redis, which may be restarting); a dropped database connection is retried.
-    recorded = _record(item, response, latency_s, spec)
-    _settle(gate, spec, admitted, item, response=response)
-    with session_scope() as session:
-        finish_if_done(session, item.batch_id)
+    # A paid answer is recorded before anything else; a database outage is waited
+    # out for as long as the lease lasts.
+    recorded = _with_db_retries(
+        item,
+        "recording the result",
+        lambda session: record_success(session, _outcome(item, response, latency_s), spec),
+    )
+    _finish_batch(item)
     log.info(
         "item %d attempt %d model %s succeeded prompt_tokens=%d completion_tokens=%d "
         "latency_ms=%d recorded=%s",
@@ -315,3 +370,48 @@ def _call(
         recorded,
     )
     return "succeeded" if recorded else "duplicate"
+
+
+MAYBE_SENT = TransientProviderError("the call did not end normally", billed=True)
+
+
+def _failed(
+    item: Claimed, spec: ModelSpec, settings: Settings, exc: ProviderError, started: float
+) -> str:
+    if isinstance(exc, CallCancelled):
+        return _cancelled(item, spec, exc)
+
+    def work(session: Session) -> str:
+        if exc.billed:
+            # The provider may charge a call that failed after it was sent; its usage
+            # is unknown, so the ledger carries the prompt estimate, marked as waste.
+            record_waste(
+                session,
+                CallOutcome(
+                    item.item_id,
+                    item.attempt,
+                    item.prompt_tokens_est,
+                    0,
+                    {},
+                    None,
+                    int((time.monotonic() - started) * 1000),
+                    0,
+                ),
+                spec,
+                f"failed_{exc.kind}",
+            )
+        return handle_failure(session, item, exc, spec, settings)
+
+    verdict = _with_db_retries(item, "recording the failure", work)
+    if verdict != "retry":
+        _finish_batch(item)
+    log.warning(
+        "item %d attempt %d model %s %s: %s status=%s",
+        item.item_id,
+        item.attempt,
+        spec.name,
+        verdict,
+        exc.kind,
+        exc.status,
+    )
+    return verdict

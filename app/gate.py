@@ -10,6 +10,7 @@ it: a 429 starts a cooldown, rate-limit headers lower our budget.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -110,6 +111,11 @@ class Gate:
                 return False
             time.sleep(SLOT_POLL_S)
 
+    def _free_slot(self, spec: ModelSpec, holder: str) -> None:
+        """Release a slot after a failure (best effort: if Redis is down, its lease ends)."""
+        with contextlib.suppress(redis.RedisError):
+            self.slots.release(spec.name, holder)
+
     def enter(self, spec: ModelSpec, item: Claimed) -> Pass | Wait | Never:
         """Take a slot and reserve tokens, or say how long to wait."""
         tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
@@ -119,14 +125,18 @@ class Gate:
         if not self._take_slot(spec, reservation_id):
             counters.incr(self.client, spec.name, counters.SLOT_DENIALS)
             return Wait(countdown_s(SLOT_RETRY_S), "no free concurrency slot", WaitKind.SLOT)
-        grant = self.budget.reserve(
-            spec,
-            reservation_id,
-            tokens,
-            tenant_id=item.tenant_id,
-            tenant_tokens_per_min=item.tenant_tokens_per_min,
-            waiter_id=str(item.item_id),  # one place in line per item, across its retries
-        )
+        try:  # the slot is ours: it is handed on in a Pass or freed here
+            grant = self.budget.reserve(
+                spec,
+                reservation_id,
+                tokens,
+                tenant_id=item.tenant_id,
+                tenant_tokens_per_min=item.tenant_tokens_per_min,
+                waiter_id=str(item.item_id),  # one place in line per item, across its retries
+            )
+        except BaseException:
+            self._free_slot(spec, reservation_id)
+            raise
         if grant.granted:
             return Pass(reservation_id, tokens)
         self.slots.release(spec.name, reservation_id)

@@ -7,19 +7,27 @@ or a finished item simply matches nothing.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from app.deadlines import carried_forward
 from app.schema import Batch, Item, Tenant
 from app.status import ItemStatus
 
 
 @dataclass(frozen=True)
 class Claimed:
-    """What a worker needs of an item it now runs (``attempt`` counts from 1)."""
+    """What a worker needs of an item it now runs (``attempt`` counts from 1).
+
+    Times set by PostgreSQL (``deadline_at``, ``lease_expires_at``) are only ever
+    compared with PostgreSQL's clock: ``now`` as read at the claim, carried
+    forward with this process's monotonic clock from ``read_mono_s`` (see
+    :meth:`db_now`). The worker host's wall clock plays no part.
+    """
 
     item_id: int
     batch_id: str
@@ -33,11 +41,32 @@ class Claimed:
     prompt_tokens_est: int
     max_tokens: int
     tenant_tokens_per_min: int | None
+    lease_expires_at: dt.datetime
     now: dt.datetime
+    # time.monotonic() taken no later than the start of the claiming transaction
+    # (whose now() is ``now``), so that :meth:`db_now` never runs behind.
+    read_mono_s: float
+
+    def db_now(self, mono_s: float | None = None) -> dt.datetime:
+        """PostgreSQL's clock at ``mono_s`` (default: now) as seen from this process."""
+        return carried_forward(
+            self.now, self.read_mono_s, time.monotonic() if mono_s is None else mono_s
+        )
+
+    def lease_left_s(self) -> float:
+        """Seconds until this attempt's lease runs out (negative once it has)."""
+        return (self.lease_expires_at - self.db_now()).total_seconds()
 
 
-def claim(session: Session, item_id: int, lease_s: float) -> Claimed | None:
-    """``queued → running`` with a lease; None when the item is not ours to run."""
+def claim(
+    session: Session, item_id: int, lease_s: float, read_mono_s: float | None = None
+) -> Claimed | None:
+    """``queued → running`` with a lease; None when the item is not ours to run.
+
+    ``read_mono_s``: ``time.monotonic()`` from before the session's transaction
+    began (default: now, exact when the claim is the transaction's first statement).
+    """
+    mono_s = time.monotonic() if read_mono_s is None else read_mono_s
     now = func.now()
     row = session.execute(
         update(Item)
@@ -66,10 +95,14 @@ def claim(session: Session, item_id: int, lease_s: float) -> Claimed | None:
             Item.prompt_tokens_est,
             Item.max_tokens,
             Tenant.tokens_per_min,
+            Item.lease_expires_at,
             now,
         )
     ).one_or_none()
-    return Claimed(*row) if row is not None else None
+    if row is None:
+        return None
+    values: tuple[Any, ...] = (*row, mono_s)
+    return Claimed(*values)
 
 
 def expire_if_due(session: Session, item_id: int) -> bool:

@@ -87,3 +87,27 @@ def assert_ledger_is_results_plus_waste() -> None:
     results = usage_totals(Result)
     waste = usage_totals(UsageLedger, UsageLedger.waste_reason.is_not(None))
     assert [r + w for r, w in zip(results, waste, strict=True)] == list(ledger)
+
+
+def assert_daily_usage_matches_ledger() -> None:
+    """``tenant_daily_usage`` holds the ledger's totals per tenant and model: one request
+    per ledger row, the same tokens and cost."""
+    from app.schema import TenantDailyUsage, UsageLedger
+
+    def totals(table: Any, count: Any) -> dict[tuple, tuple]:
+        with db.session_scope() as session:
+            rows = session.execute(
+                select(
+                    table.tenant_id,
+                    table.model,
+                    count,
+                    func.sum(table.prompt_tokens),
+                    func.sum(table.completion_tokens),
+                    func.sum(table.cost_usd),
+                ).group_by(table.tenant_id, table.model)
+            ).all()
+        return {(r[0], r[1]): tuple(r[2:]) for r in rows}
+
+    ledger = totals(UsageLedger, func.count())
+    daily = totals(TenantDailyUsage, func.sum(TenantDailyUsage.requests))
+    assert daily == ledger

@@ -54,6 +54,7 @@ ERROR_TYPE_STATUS = {
     "overloaded_error": 529,
 }
 _MALFORMED = (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError)
+_SDK_ERRORS = (anthropic.AnthropicError, httpx2.HTTPError, *_MALFORMED)
 
 
 @functools.cache
@@ -174,8 +175,8 @@ class AnthropicProvider:
             return self._plain(client, params)
         except ProviderError:
             raise
-        except (anthropic.AnthropicError, httpx2.HTTPError, *_MALFORMED) as exc:
-            raise translate(exc, in_stream=request.stream) from None
+        except _SDK_ERRORS as exc:  # before any answer: the connect may have failed
+            raise translate(exc) from None
 
     def _plain(self, client: anthropic.Anthropic, params: dict[str, Any]) -> ProviderResponse:
         raw = client.messages.with_raw_response.create(**params)
@@ -226,6 +227,8 @@ class AnthropicProvider:
                 elif event.type == "message_stop":
                     stopped = True
                 watch.check()
+        except _SDK_ERRORS as exc:  # the answer had started: it may be billed
+            raise translate(exc, in_stream=True) from None
         finally:
             stream.close()
         if message_id is None or output_tokens is None or not stopped:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import httpcore2
 import httpx2
 
 from app.errors import (
@@ -40,6 +41,16 @@ _CONTEXT_HINTS = re.compile(
     r"context[ _]length|context window|maximum context|prompt is too long", re.IGNORECASE
 )
 _SAFE_CODE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+# Failures before any byte of the request was written, at the httpx layer and at
+# the httpcore layer under it (which the SDKs' chains end in).
+_NEVER_SENT: tuple[type[BaseException], ...] = (
+    httpx2.ConnectError,
+    httpx2.ConnectTimeout,
+    httpx2.PoolTimeout,
+    httpcore2.ConnectError,
+    httpcore2.ConnectTimeout,
+    httpcore2.PoolTimeout,
+)
 
 
 @dataclass(frozen=True)
@@ -148,24 +159,49 @@ def status_message(
     return " ".join(parts)
 
 
-def _root(exc: BaseException) -> BaseException:
-    while exc.__cause__ is not None and exc.__cause__ is not exc:
-        exc = exc.__cause__
-    return exc
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception it was raised from or while handling (each once).
+
+    SDKs wrap transport errors in layers (``openai.APIConnectionError`` from
+    ``httpx2.ConnectError`` from ``httpcore2.ConnectError`` while handling
+    ``ConnectionRefusedError``), linked by ``__cause__`` or only by ``__context__``.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        pending.extend(e for e in (current.__context__, current.__cause__) if e is not None)
+
+
+def never_sent(exc: BaseException) -> bool:
+    """True when the request surely never reached the provider: the connection
+    (or a connection from the pool) could not be had, so no byte was written."""
+    return any(isinstance(e, _NEVER_SENT) for e in exception_chain(exc))
 
 
 def transport_error(exc: BaseException, *, in_stream: bool = False) -> TransientProviderError:
     """A timeout, reset or protocol failure (SDK-wrapped or raw ``httpx2``) as a transient error.
 
-    ``billed`` is True unless the request surely never reached the provider
-    (connect failures), or always when the answer had already started.
+    ``in_stream`` says the answer had started (status and headers received):
+    then it may be billed, whatever failed. Before that, ``billed`` is False
+    only when the request surely never left (connect failures, pool time-outs).
     """
-    root = _root(exc)
-    never_sent = isinstance(root, httpx2.ConnectError | httpx2.ConnectTimeout | httpx2.PoolTimeout)
-    billed = in_stream or not never_sent
-    if isinstance(root, httpx2.TimeoutException) or "Timeout" in type(exc).__name__:
-        return TransientProviderError(f"timeout ({type(root).__name__})", billed=billed)
-    return TransientProviderError(f"connection error ({type(root).__name__})", billed=billed)
+    unsent = not in_stream and never_sent(exc)
+    root = _innermost(exc)
+    if isinstance(root, TimeoutError | httpx2.TimeoutException) or "Timeout" in type(exc).__name__:
+        return TransientProviderError(f"timeout ({type(root).__name__})", billed=not unsent)
+    return TransientProviderError(f"connection error ({type(root).__name__})", billed=not unsent)
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The exception at the bottom of the ``__cause__`` chain (for the message)."""
+    while exc.__cause__ is not None and exc.__cause__ is not exc:
+        exc = exc.__cause__
+    return exc
 
 
 class StreamWatch:

@@ -7,6 +7,7 @@ import re
 import time
 from collections.abc import Mapping
 
+from app.deadlines import host_now
 from app.providers.base import RateLimitState
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
@@ -66,7 +67,7 @@ def anthropic_rate_limits(
 ) -> RateLimitState:
     """``received_s``: ``time.monotonic()`` when the headers arrived (default: now)."""
     h = _lower(headers)
-    now = now or dt.datetime.now(dt.UTC)
+    now = now or host_now()  # the reset times are on the provider's clock
     return RateLimitState(
         remaining_requests=_int(h.get("anthropic-ratelimit-requests-remaining")),
         remaining_tokens=_int(h.get("anthropic-ratelimit-tokens-remaining")),

@@ -42,6 +42,7 @@ __all__ = ["ITEM_HEADER", "OpenAIProvider", "classify_status", "translate"]
 # Body fields the adapter sets itself.
 _OWN_FIELDS = ("model", "messages", "stream", "stream_options")
 _MALFORMED = (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError)
+_SDK_ERRORS = (openai.OpenAIError, httpx2.HTTPError, *_MALFORMED)
 
 
 @functools.cache
@@ -125,8 +126,8 @@ class OpenAIProvider:
             return self._plain(client, request)
         except ProviderError:
             raise
-        except (openai.OpenAIError, httpx2.HTTPError, *_MALFORMED) as exc:
-            raise translate(exc, in_stream=request.stream) from None
+        except _SDK_ERRORS as exc:  # before any answer: the connect may have failed
+            raise translate(exc) from None
 
     def _plain(self, client: openai.OpenAI, request: ProviderRequest) -> ProviderResponse:
         raw = client.chat.completions.with_raw_response.create(**_params(request))
@@ -175,6 +176,8 @@ class OpenAIProvider:
                         finish = choice.finish_reason or finish
                 usage = chunk.usage or usage
                 watch.check()
+        except _SDK_ERRORS as exc:  # the answer had started: it may be billed
+            raise translate(exc, in_stream=True) from None
         finally:
             stream.close()
         if first is None or finish is None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from types import TracebackType
+from typing import Any
 
 from aiohttp import web
 
@@ -36,6 +39,10 @@ class SimulatorThread:
     Use as a context manager (or call :meth:`start` / :meth:`stop`). ``port=0``
     binds a free port; :attr:`base_url` is then e.g. ``"http://127.0.0.1:41234"``
     (OpenAI clients use ``base_url + "/v1"``, Anthropic clients ``base_url``).
+
+    :meth:`refusing_connections` makes the provider unreachable for a while:
+    the listening socket is closed, so every connect is refused by the kernel
+    (a real ``ECONNREFUSED``, the request never leaves the client).
     """
 
     def __init__(
@@ -47,6 +54,7 @@ class SimulatorThread:
         self.app = create_app(self.config)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -100,9 +108,40 @@ class SimulatorThread:
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=BACKLOG)
-        await site.start()
+        await self._listen()
+
+    async def _listen(self) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, self.host, self.port, backlog=BACKLOG)
+        await self._site.start()
         self.port = int(self._runner.addresses[0][1])
+
+    async def _stop_listening(self) -> None:
+        assert self._runner is not None and self._site is not None
+        await self._site.stop()
+        self._site = None
+        # Idle keep-alive connections close too (requests in progress finish first),
+        # so a client cannot reuse one: its next request must connect, and is refused.
+        if self._runner.server is not None:
+            self._runner.server.pre_shutdown()
+        await asyncio.sleep(0.05)
+
+    def _run_in_loop(self, coro: Coroutine[Any, Any, None]) -> None:
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
+
+    @contextmanager
+    def refusing_connections(self) -> Iterator[None]:
+        """While inside, nothing listens on the simulator's port: connects are refused.
+
+        On exit the simulator listens on the same port again (state, log and
+        counters are kept).
+        """
+        self._run_in_loop(self._stop_listening())
+        try:
+            yield
+        finally:
+            self._run_in_loop(self._listen())
 
     def stop(self) -> None:
         """Stop the server and join the thread (in-flight requests are cancelled)."""

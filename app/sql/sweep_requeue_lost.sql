@@ -2,39 +2,51 @@
 -- (running). They go back to pending for the dispatcher, unless their batch
 -- was cancelled (then they end cancelled: no new request after a cancel),
 -- their deadline has passed (expired), or a running item has used all its
--- attempts (failed, with the reason).
+-- attempts (failed, with the reason). The attempt cap is the model's own,
+-- never above the global one (:attempt_caps maps model -> cap; models not in
+-- it use :max_attempts).
+--
+-- ``was_sent``: the lost attempt's request had been sent, so the provider may
+-- bill it; the caller ledgers it as waste in the same transaction.
+WITH lost AS (
+    SELECT i.id,
+        i.status = 'running' AND i.sent_at IS NOT NULL AS was_sent,
+        CASE
+            WHEN b.cancel_requested_at IS NOT NULL THEN 'cancelled'
+            WHEN i.deadline_at <= now() THEN 'expired'
+            WHEN i.status = 'running' AND i.attempts >= LEAST(
+                :max_attempts,
+                COALESCE((CAST(:attempt_caps AS jsonb) ->> i.model)::int, :max_attempts)
+            ) THEN 'failed'
+            ELSE 'pending'
+        END AS next_status,
+        i.status AS prev_status
+    FROM items AS i
+    JOIN batches AS b ON b.id = i.batch_id
+    WHERE i.status IN ('queued', 'running')
+      AND i.lease_expires_at < now()
+    ORDER BY i.id
+    FOR UPDATE OF i
+)
 UPDATE items
-SET status = CASE
-        WHEN b.cancel_requested_at IS NOT NULL THEN 'cancelled'
-        WHEN items.deadline_at <= now() THEN 'expired'
-        WHEN items.status = 'running' AND items.attempts >= :max_attempts THEN 'failed'
-        ELSE 'pending'
-    END,
-    error_code = CASE
-        WHEN b.cancel_requested_at IS NOT NULL THEN 'cancelled'
-        WHEN items.deadline_at <= now() THEN 'expired'
-        WHEN items.status = 'running' AND items.attempts >= :max_attempts THEN 'worker_lost'
+SET status = lost.next_status,
+    error_code = CASE lost.next_status
+        WHEN 'cancelled' THEN 'cancelled'
+        WHEN 'expired' THEN 'expired'
+        WHEN 'failed' THEN 'worker_lost'
         ELSE items.error_code
     END,
     last_error = CASE
-        WHEN b.cancel_requested_at IS NOT NULL THEN 'batch cancelled'
-        WHEN items.deadline_at <= now() THEN 'deadline passed'
-        WHEN items.status = 'running' AND items.attempts >= :max_attempts
+        WHEN lost.next_status = 'cancelled' THEN 'batch cancelled'
+        WHEN lost.next_status = 'expired' THEN 'deadline passed'
+        WHEN lost.next_status = 'failed'
             THEN 'the worker running this item was lost on every attempt'
-        WHEN items.status = 'running' THEN 'lease expired: worker lost, retrying'
+        WHEN lost.prev_status = 'running' THEN 'lease expired: worker lost, retrying'
         ELSE items.last_error
     END,
-    finished_at = CASE
-        WHEN b.cancel_requested_at IS NOT NULL
-            OR items.deadline_at <= now()
-            OR (items.status = 'running' AND items.attempts >= :max_attempts)
-            THEN now()
-        ELSE NULL
-    END,
+    finished_at = CASE WHEN lost.next_status = 'pending' THEN NULL ELSE now() END,
     lease_expires_at = NULL,
     sent_at = NULL
-FROM batches AS b
-WHERE b.id = items.batch_id
-  AND items.status IN ('queued', 'running')
-  AND items.lease_expires_at < now()
-RETURNING items.id, items.batch_id, items.status
+FROM lost
+WHERE items.id = lost.id
+RETURNING items.id, items.batch_id, items.status, items.attempts, lost.was_sent

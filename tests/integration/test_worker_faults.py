@@ -1,0 +1,397 @@
+"""The worker under faults around one provider call: what is billed, what is kept.
+
+Real PostgreSQL, Redis and the simulator over HTTP; one delivery is run in this
+process with :func:`app.execution.run_item` where the test needs to look at a
+single call, and in worker processes where a worker must die.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from sqlalchemy import func, make_url, select, text, update
+from sqlalchemy.exc import OperationalError
+
+from app import client, db, keys
+from app.config import Settings, get_settings
+from app.execution import run_item
+from app.gate import Gate
+from app.recovery import sweep
+from app.redis_client import get_redis
+from app.registry import Registry, get_registry, parse_registry
+from app.scheduling import release_all
+from app.schema import Batch, Item, TenantDailyUsage, UsageLedger
+from tests.helpers import (
+    assert_daily_usage_matches_ledger,
+    assert_ledger_is_results_plus_waste,
+    chat_line,
+    make_tenant,
+    wait_batches,
+)
+from tests.proxy import TcpProxy
+
+pytestmark = pytest.mark.integration
+
+MODEL_OF_KIND = {"openai": "sim-small", "anthropic": "sim-claude"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_simulator(simulator: Any) -> None:
+    """Item ids restart with every test: start with an empty request log."""
+    httpx.post(f"{simulator.base_url}/_sim/reset").raise_for_status()
+
+
+def _registry() -> Registry:
+    """The shipped registry, pointing at this module's simulator (read now, not cached)."""
+    path = Path(get_settings().models_file)
+    return parse_registry(path.read_text(encoding="utf-8"), str(path))
+
+
+def _queue_one(registry: Registry, model: str, tenant: str, **line: object) -> int:
+    """Submit one request and move it to ``queued``, as the dispatcher would; its id."""
+    make_tenant(tenant)
+    client.submit_batch([chat_line("only", model=model, **line)], tenant=tenant)
+    with db.session_scope() as s:
+        released = release_all(s, registry, get_settings())
+    assert len(released) == 1
+    return released[0].item_id
+
+
+def _count(table: type, *where: object) -> int:
+    with db.session_scope() as s:
+        return int(s.scalar(select(func.count()).select_from(table).where(*where)) or 0)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_refused_connection_is_not_billed(clean_db, simulator, kind, stream):
+    """The provider's port refuses the TCP connection: nothing left the machine, so
+    nothing is ledgered or counted, and the token reservation and the slot are freed."""
+    registry = _registry()
+    spec = registry[MODEL_OF_KIND[kind]]
+    settings: Settings = get_settings().model_copy(update={"stream_calls": stream})
+    item_id = _queue_one(registry, spec.name, f"refused-{kind}-{stream}")
+    gate = Gate(get_redis(), settings)
+
+    with simulator.refusing_connections():
+        verdict = run_item(item_id, registry, settings, gate)
+
+    assert verdict.outcome == "retry"  # a transient failure, retried later
+    assert _count(UsageLedger) == 0
+    assert _count(TenantDailyUsage) == 0
+    assert gate.budget.used(spec) == (0, 0)  # the reservation was given back
+    assert get_redis().zcard(keys.slots(spec.name)) == 0
+    with db.session_scope() as s:
+        item = s.get(Item, item_id)
+        assert item is not None
+        assert (item.status, item.error_code, item.sent_at) == ("pending", "transient", None)
+
+
+# -- case 9: the concurrency slot is owned from enter() to settle() -------------------------
+
+SENT_AT_FAILS = """
+CREATE FUNCTION refuse_sent_at() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'database unavailable (test)' USING ERRCODE = 'connection_failure';
+END $$;
+CREATE TRIGGER refuse_sent_at BEFORE UPDATE OF sent_at ON items
+FOR EACH ROW WHEN (NEW.sent_at IS NOT NULL) EXECUTE FUNCTION refuse_sent_at();
+"""
+
+
+@pytest.fixture
+def sent_at_fails(clean_db) -> Iterator[None]:
+    """Every ``mark_sent`` gets a real connection-class error from PostgreSQL."""
+    with db.get_engine().begin() as conn:
+        conn.execute(text(SENT_AT_FAILS))
+    yield
+    with db.get_engine().begin() as conn:
+        conn.execute(text("DROP TRIGGER refuse_sent_at ON items; DROP FUNCTION refuse_sent_at()"))
+
+
+def _assert_handed_back(item_id: int, spec_name: str, gate: Gate, registry: Registry) -> None:
+    assert get_redis().zcard(keys.slots(spec_name)) == 0  # the slot is free at once
+    with db.session_scope() as s:
+        item = s.get(Item, item_id)
+        assert item is not None
+        assert (item.status, item.attempts, item.sent_at) == ("queued", 0, None)
+    assert _count(UsageLedger) == 0
+
+
+def test_slot_leaks_on_redis_error_inside_the_gate(clean_db, simulator):
+    """Redis fails after the slot was taken (the budget reservation errors)."""
+    registry = _registry()
+    spec = registry["sim-small"]
+    item_id = _queue_one(registry, spec.name, "slot-redis")
+    gate = Gate(get_redis(), get_settings())
+    # A real Redis error inside the reservation script: its hash is a string now.
+    get_redis().set(keys.budget_amounts(spec.budget_key), "not a hash")
+    with pytest.raises(redis.RedisError):
+        run_item(item_id, registry, get_settings(), gate)
+    _assert_handed_back(item_id, spec.name, gate, registry)
+
+
+def test_slot_leaks_on_database_error_in_mark_sent(sent_at_fails, simulator):
+    """PostgreSQL fails when the item is marked sent, after the slot and tokens were taken."""
+    registry = _registry()
+    spec = registry["sim-small"]
+    item_id = _queue_one(registry, spec.name, "slot-db")
+    gate = Gate(get_redis(), get_settings())
+    with pytest.raises(OperationalError):
+        run_item(item_id, registry, get_settings(), gate)
+    _assert_handed_back(item_id, spec.name, gate, registry)
+    assert gate.budget.used(spec) == (0, 0)  # nothing was sent: the reservation is back
+    assert _count(TenantDailyUsage) == 0
+
+
+# -- case 2: a paid answer survives a database outage while the lease lasts ----------------
+
+RECORD_RETRY_LINE = "database error recording the result"
+
+
+def _sim_calls(sim_url: str, item_id: int) -> list[dict[str, Any]]:
+    return list(httpx.get(f"{sim_url}/_sim/log", params={"item": str(item_id)}).json())
+
+
+def _await(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_paid_answer_survives_database_outage(clean_db, simulator, workers):
+    """PostgreSQL becomes unreachable while the provider answers: the worker keeps the
+    answer and records it once the database is back (one call, one ledger row)."""
+    db_url = make_url(clean_db["DATABASE_URL"])
+    proxy = TcpProxy(db_url.host or "127.0.0.1", db_url.port or 5432).start()
+    proxied = db_url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 1500})
+    try:
+        make_tenant("outage")
+        batch = client.submit_batch([chat_line("o0")], tenant="outage")
+        with db.session_scope() as s:
+            item_id = s.scalar(select(Item.id))
+        worker = workers(
+            concurrency=2,
+            env={
+                "DATABASE_URL": proxied,
+                "BATCHGEN_CALL_TIMEOUT_S": "5",
+                "BATCHGEN_RUNNING_LEASE_MARGIN_S": "1",
+                "BATCHGEN_SWEEP_INTERVAL_S": "0.5",
+            },
+        )
+        _await(lambda: _sim_calls(simulator.base_url, item_id), 30, "the provider call")
+        proxy.cut()  # the provider is answering now; the database is gone
+        try:
+            _await(
+                lambda: worker.log_tail(1_000_000).count(RECORD_RETRY_LINE) >= 6,
+                15,
+                "the worker to keep retrying the record",
+            )
+        finally:
+            proxy.restore()
+        wait_batches([batch["id"]], timeout_s=60)
+    finally:
+        httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
+        proxy.stop()
+
+    assert len(_sim_calls(simulator.base_url, item_id)) == 1  # paid once
+    with db.session_scope() as s:
+        item = s.get(Item, item_id)
+        assert item is not None
+        assert (item.status, item.attempts) == ("succeeded", 1)
+    assert _count(UsageLedger) == 1
+    assert_ledger_is_results_plus_waste()
+    assert get_redis().zcard(keys.slots("sim-small")) == 0  # the gate was settled
+
+
+# -- case 10: deadlines on one clock (the database's), not the worker host's ---------------
+
+
+@pytest.mark.parametrize("offset_s", [100.0, -60.0], ids=["ahead-100s", "behind-60s"])
+def test_deadlines_not_on_the_worker_clock(clean_db, simulator, monkeypatch, offset_s):
+    """The worker host's clock is off by ``offset_s``. Ahead, calls still get the time
+    left (not 0); behind, a call is cut at the deadline, not 60 s later."""
+    from app import deadlines
+
+    real = deadlines.host_now
+    monkeypatch.setattr(deadlines, "host_now", lambda: real() + dt.timedelta(seconds=offset_s))
+    registry = _registry()
+    ahead = offset_s > 0
+    window = "30s" if ahead else "4s"
+    latency_ms = 50 if ahead else 8000  # behind: the answer comes after the deadline
+    httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": latency_ms})
+    try:
+        item_id = _queue_one(registry, "sim-small", f"clock{offset_s:+.0f}", max_tokens=20)
+        with db.session_scope() as s:
+            s.execute(
+                update(Item)  # the deadline, on PostgreSQL's clock
+                .where(Item.id == item_id)
+                .values(deadline_at=func.now() + dt.timedelta(seconds=float(window[:-1])))
+            )
+            deadline_at = s.scalar(select(Item.deadline_at).where(Item.id == item_id))
+        verdict = run_item(item_id, registry, get_settings(), Gate(get_redis(), get_settings()))
+    finally:
+        httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
+    calls = _sim_calls(simulator.base_url, item_id)
+    assert len(calls) == 1
+    if ahead:
+        assert verdict.outcome == "succeeded"
+    else:
+        assert verdict.outcome == "expired"
+        assert calls[0]["completed"] is False  # the worker left before the late answer
+        assert calls[0]["end_ts"] <= deadline_at.timestamp() + 1.0
+
+
+# -- case 11: the sweep honours the model's own attempt cap --------------------------------
+
+
+def _models_file(tmp_path: Path, model: str, **fields: object) -> Path:
+    """The shipped registry with extra fields for one model, as a file of its own."""
+    text_ = Path(get_settings().models_file).read_text(encoding="utf-8")
+    header = f'[models."{model}"]\n'
+    extra = "".join(f"{k} = {v!r}\n" for k, v in fields.items())
+    path = tmp_path / "models.toml"
+    path.write_text(text_.replace(header, header + extra), encoding="utf-8")
+    return path
+
+
+def _lose_lease(item_id: int, attempts: int, *, sent: bool) -> None:
+    """The item's worker vanished: running, its lease over (sent or not)."""
+    with db.session_scope() as s:
+        s.execute(
+            update(Item)
+            .where(Item.id == item_id)
+            .values(
+                status="running",
+                attempts=attempts,
+                started_at=func.now(),
+                sent_at=func.now() if sent else None,
+                lease_expires_at=func.now() - dt.timedelta(seconds=1),
+            )
+        )
+
+
+def test_sweep_honours_model_max_attempts(clean_db, simulator, restore_env, tmp_path):
+    """A model capped at 2 attempts whose worker was lost on the 2nd: no 3rd call."""
+    os.environ["BATCHGEN_MODELS_FILE"] = str(_models_file(tmp_path, "sim-small", max_attempts=2))
+    get_settings.cache_clear()
+    assert get_settings().max_attempts > 2  # the global cap alone would allow a third
+    registry = _registry()
+    item_id = _queue_one(registry, "sim-small", "capped")
+    _lose_lease(item_id, attempts=2, sent=False)
+    with db.session_scope() as s:
+        report = sweep(s, get_settings())
+    assert (report.failed, report.requeued) == (1, 0)
+    with db.session_scope() as s:
+        item = s.get(Item, item_id)
+        assert item is not None
+        assert (item.status, item.error_code) == ("failed", "worker_lost")
+
+
+# -- case 22: sent => may be billed => ledgered, on every path -----------------------------
+
+
+@pytest.mark.parametrize("cancelled", [False, True], ids=["requeued", "cancelled"])
+def test_killed_worker_sent_calls_are_ledgered_by_the_sweep(clean_db, simulator, cancelled):
+    """A running item whose call was sent loses its lease: the sweep ledgers the call as
+    waste (prompt estimate), once, and the daily usage follows the ledger."""
+    registry = _registry()
+    item_id = _queue_one(registry, "sim-small", "lost")
+    _lose_lease(item_id, attempts=1, sent=True)
+    if cancelled:
+        with db.session_scope() as s:
+            s.execute(update(Batch).values(cancel_requested_at=func.now()))
+    for _ in range(2):  # a second sweep finds nothing more to ledger
+        with db.session_scope() as s:
+            sweep(s, get_settings())
+    with db.session_scope() as s:
+        rows = s.execute(select(UsageLedger.attempt, UsageLedger.waste_reason)).all()
+        item = s.get(Item, item_id)
+        assert item is not None
+        assert item.status == ("cancelled" if cancelled else "pending")
+    assert rows == [(1, "worker_lost")]
+    assert_ledger_is_results_plus_waste()
+    assert_daily_usage_matches_ledger()
+
+
+def test_lost_attempt_answer_turns_its_waste_row_into_the_result(clean_db, simulator):
+    """The 'lost' worker was alive after all: its answer becomes the result, and the
+    sweep's waste row for that same call becomes the result's row (never two rows)."""
+    from app.accounting import CallOutcome, record_success
+
+    registry = _registry()
+    spec = registry["sim-small"]
+    item_id = _queue_one(registry, "sim-small", "alive")
+    _lose_lease(item_id, attempts=1, sent=True)
+    with db.session_scope() as s:
+        sweep(s, get_settings())
+    with db.session_scope() as s:
+        answer = CallOutcome(item_id, 1, 11, 22, {"choices": []}, "req-1", 5, 1)
+        assert record_success(s, answer, spec) is True
+    with db.session_scope() as s:
+        rows = s.execute(
+            select(UsageLedger.attempt, UsageLedger.waste_reason, UsageLedger.completion_tokens)
+        ).all()
+        item = s.get(Item, item_id)
+        assert item is not None and item.status == "succeeded"
+        daily = s.execute(select(TenantDailyUsage.requests, TenantDailyUsage.prompt_tokens)).all()
+    assert rows == [(1, None, 22)]
+    assert daily == [(1, 11)]
+    assert_ledger_is_results_plus_waste()
+    assert_daily_usage_matches_ledger()
+
+
+def test_killed_worker_sent_calls_are_ledgered(clean_db, simulator, workers):
+    """kill -9 of a worker mid-call: every call the simulator admitted (the provider may
+    bill it) has a ledger row, matched per item with the simulator's own request log."""
+    fast_leases = {
+        "BATCHGEN_CALL_TIMEOUT_S": "5",
+        "BATCHGEN_RUNNING_LEASE_MARGIN_S": "1",
+        "BATCHGEN_QUEUED_LEASE_S": "8",
+        "BATCHGEN_SWEEP_INTERVAL_S": "0.5",
+    }
+    httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 700})
+    try:
+        make_tenant("kill")
+        batch = client.submit_batch([chat_line(f"k{i}") for i in range(40)], tenant="kill")
+        victim = workers(
+            get_registry().queues, concurrency=8, beat=False, env=fast_leases, name="victim"
+        )
+        workers(concurrency=8, beat=True, env=fast_leases, name="survivor")
+        _await(lambda: "succeeded prompt_tokens" in victim.log_tail(200), 30, "a first answer")
+        _await(lambda: _in_flight(simulator.base_url) >= 4, 10, "calls in flight")
+        victim.kill()
+        wait_batches([batch["id"]], timeout_s=120)
+    finally:
+        httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
+
+    admitted: dict[int, int] = {}
+    for entry in httpx.get(f"{simulator.base_url}/_sim/log").json():
+        if entry["admitted"] and entry["item"] is not None:
+            admitted[int(entry["item"])] = admitted.get(int(entry["item"]), 0) + 1
+    with db.session_scope() as s:
+        ledgered = dict(
+            s.execute(select(UsageLedger.item_id, func.count()).group_by(UsageLedger.item_id)).all()
+        )
+        retried = s.scalar(select(func.count()).select_from(Item).where(Item.attempts > 1))
+    assert retried > 0  # the kill really hit calls in flight
+    unledgered = {i: n for i, n in admitted.items() if ledgered.get(i, 0) < n}
+    assert unledgered == {}, f"calls the provider admitted without a ledger row: {unledgered}"
+    assert client.get_batch(batch["id"], tenant="kill")["request_counts"]["succeeded"] == 40
+    assert_ledger_is_results_plus_waste()
+    assert_daily_usage_matches_ledger()
+
+
+def _in_flight(sim_url: str) -> int:
+    return sum(1 for e in httpx.get(f"{sim_url}/_sim/log").json() if e["end_ts"] is None)
