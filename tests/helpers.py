@@ -111,3 +111,66 @@ def assert_daily_usage_matches_ledger() -> None:
     ledger = totals(UsageLedger, func.count())
     daily = totals(TenantDailyUsage, func.sum(TenantDailyUsage.requests))
     assert daily == ledger
+
+
+# --- Fault tests (tests/integration/test_faults_*.py) -----------------------------
+
+# Worker settings for fault tests: short leases and a fast sweep, so the items of a
+# killed worker come back within seconds.
+FAULT_CALL_TIMEOUT_S = 3
+FAULT_LEASE_MARGIN_S = 1
+# app.gate.running_lease_s with these settings: how long a dead worker's item and
+# concurrency slot stay taken.
+FAULT_RUNNING_LEASE_S = 2 * FAULT_CALL_TIMEOUT_S + FAULT_LEASE_MARGIN_S
+FAULT_ENV = {
+    "BATCHGEN_CALL_TIMEOUT_S": str(FAULT_CALL_TIMEOUT_S),
+    "BATCHGEN_RUNNING_LEASE_MARGIN_S": str(FAULT_LEASE_MARGIN_S),
+    "BATCHGEN_QUEUED_LEASE_S": "3",
+    "BATCHGEN_SWEEP_INTERVAL_S": "0.5",
+}
+
+
+def sim_config(base_url: str, **changes: Any) -> None:
+    """Change the simulator's run-time settings (``POST /_sim/config``)."""
+    import httpx
+
+    httpx.post(f"{base_url}/_sim/config", json=changes, timeout=10).raise_for_status()
+
+
+def sim_in_flight(base_url: str) -> int:
+    """Calls the simulator is answering right now."""
+    import httpx
+
+    return int(httpx.get(f"{base_url}/_sim/stats", timeout=10).json()["in_flight"])
+
+
+def submit_items(tenant: str, n: int) -> str:
+    """A new tenant and one batch of ``n`` chat requests for it; returns the batch id."""
+    from app import client
+
+    make_tenant(tenant)
+    batch = client.submit_batch([chat_line(f"{tenant}-{i}") for i in range(n)], tenant=tenant)
+    return str(batch["id"])
+
+
+def succeeded_items(batch_id: str) -> int:
+    from app.schema import Item
+
+    with db.session_scope() as session:
+        return int(
+            session.scalar(
+                select(func.count())
+                .select_from(Item)
+                .where(Item.batch_id == batch_id, Item.status == "succeeded")
+            )
+            or 0
+        )
+
+
+def wait_mid_run(simulator_url: str, batch_id: str, at_least: int = 10) -> None:
+    """Wait until a run is under way: ``at_least`` items done and calls in flight now."""
+    deadline = time.monotonic() + 60
+    while succeeded_items(batch_id) < at_least or sim_in_flight(simulator_url) == 0:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the run did not get under way: {status_summary()}")
+        time.sleep(0.05)

@@ -68,3 +68,58 @@ def restore_env() -> Iterator[None]:
     os.environ.clear()
     os.environ.update(saved)
     get_settings.cache_clear()
+
+
+@pytest.fixture
+def api_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start ``batchgen api`` as a real server process on a free port (environment
+    overrides per call); returns its base URL. Every one started is stopped after the test."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from app.embedded import free_port
+
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(env: dict[str, str] | None = None, timeout_s: float = 60.0) -> str:
+        port = free_port()
+        log_dir = tmp_path / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "app.cli", "api", "--host", "127.0.0.1", "--port", str(port)]
+        with open(log_dir / f"api-{port}.log", "wb") as log:
+            process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+        started.append(process)
+        base_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if process.poll() is not None:
+                log_text = (log_dir / f"api-{port}.log").read_text()
+                raise RuntimeError(f"API server exited: {log_text}")
+            try:
+                if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
+                    return base_url
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"API server not up after {timeout_s}s")
+            time.sleep(0.1)
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()

@@ -1,0 +1,273 @@
+"""PostgreSQL faults, injected mid-run into a PostgreSQL server of this module's own:
+a restart, 30 s of being unreachable while calls are in flight (a TCP proxy in front
+of it is cut), and a submit while it is down.
+
+The workers and the API server reach PostgreSQL through the proxy
+(:class:`tests.tcp_proxy.TcpProxy`); the test process itself connects directly, to
+submit and to check. Each test first proves that its fault really hit, then
+checks the shared invariants (:func:`tests.invariants.check_invariants`). The
+shared PostgreSQL is never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
+
+from app import db, embedded
+from app.config import get_settings
+from app.redis_client import get_redis
+from app.schema import Batch, Item
+from tests.helpers import (
+    FAULT_ENV,
+    chat_line,
+    jsonl,
+    make_tenant,
+    sim_config,
+    submit_items,
+    succeeded_items,
+    wait_batches,
+    wait_mid_run,
+)
+from tests.invariants import check_invariants, reset_simulator, simulator_log
+from tests.tcp_proxy import TcpProxy
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+DOWN_S = 3  # how long the restarted server stays down
+OUTAGE_S = 30
+
+
+def _bin_dir() -> Path:
+    """PostgreSQL's binaries: those of the pgserver wheel (a dependency), else Debian's."""
+    with contextlib.suppress(ImportError):
+        from pgserver._commands import POSTGRES_BIN_PATH
+
+        if (POSTGRES_BIN_PATH / "pg_ctl").exists():
+            return Path(POSTGRES_BIN_PATH)
+    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (candidate / "pg_ctl").exists():
+            return candidate
+    pytest.skip("no PostgreSQL binaries (pgserver or /usr/lib/postgresql)")
+
+
+def _server_user() -> str | None:
+    """PostgreSQL refuses to run as root: as root, run it as an unprivileged user."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "pgserver"):
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    pytest.skip("running as root and no 'postgres' or 'pgserver' user to run PostgreSQL")
+
+
+class OwnPostgres:
+    """A PostgreSQL server of this module's own, on a free loopback port.
+
+    Its data lives in a directory of its own under the system temp folder, not under
+    pytest's temporary root, which another pytest run may make unreadable."""
+
+    def __init__(self) -> None:
+        self.bin = _bin_dir()
+        self.user = _server_user()
+        self.port = embedded.free_port()
+        self.root = Path(tempfile.mkdtemp(prefix="batchgen-faults-pg-"))
+        self.root.chmod(0o755)
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+
+    def _run(self, *argv: str) -> None:
+        subprocess.run(
+            [str(self.bin / argv[0]), *argv[1:]],
+            check=True,
+            user=self.user,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+
+    def init(self) -> None:
+        if self.user is not None:
+            pw = pwd.getpwnam(self.user)
+            os.chown(self.root, pw.pw_uid, pw.pw_gid)
+        self._run(
+            "initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--encoding=utf8"
+        )
+
+    def start(self) -> None:
+        options = f"-p {self.port} -h 127.0.0.1 -k {self.root} -c fsync=off"
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def postmaster_pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def remove(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self.stop("immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+
+@dataclass
+class PgSetup:
+    server: OwnPostgres
+    proxy: TcpProxy
+    direct_url: str  # the test process
+    proxied_url: str  # workers and API servers
+
+    def worker_env(self, **extra: str) -> dict[str, str]:
+        return {**FAULT_ENV, "DATABASE_URL": self.proxied_url, **extra}
+
+
+@pytest.fixture(scope="module")
+def own_pg(services: dict[str, str]) -> Iterator[PgSetup]:
+    """Own PostgreSQL, migrated, with a proxy in front; the test process's
+    ``DATABASE_URL`` points at it (directly) for the module."""
+    server = OwnPostgres()
+    proxy = None
+    saved = os.environ["DATABASE_URL"]
+    try:
+        server.init()
+        server.start()
+        direct = embedded.ensure_database(server.url, "batchgen_faults")
+        db.upgrade(direct)
+        proxy = TcpProxy("127.0.0.1", server.port).start()
+        proxied = make_url(direct).set(port=proxy.port).render_as_string(hide_password=False)
+        os.environ["DATABASE_URL"] = direct
+        get_settings.cache_clear()
+        yield PgSetup(server, proxy, direct, proxied)
+    finally:
+        if os.environ["DATABASE_URL"] != saved:
+            db.get_engine().dispose()
+        os.environ["DATABASE_URL"] = saved
+        get_settings.cache_clear()
+        if proxy is not None:
+            proxy.stop()
+        server.remove()
+
+
+@pytest.fixture
+def sim(own_pg: PgSetup, simulator: Any, clean_db: dict[str, str]) -> Iterator[Any]:
+    """The simulator with an empty log; the module's database emptied (``clean_db``
+    empties the database of the current settings: the module's own)."""
+    own_pg.proxy.restore()
+    reset_simulator(simulator.base_url)
+    yield simulator
+    sim_config(simulator.base_url, latency_base_ms=50)
+
+
+def test_postgres_restarted_mid_run(sim, workers, own_pg):
+    """PostgreSQL goes down hard (immediate shutdown, as a crash) mid-run and comes back
+    after a few seconds: every connection of the workers breaks, and the calls in
+    flight come back to a database that is not there."""
+    sim_config(sim.base_url, latency_base_ms=300)
+    batch_id = submit_items("pgrestart", 100)
+    worker = workers(env=own_pg.worker_env(), name="worker")
+    wait_mid_run(sim.base_url, batch_id)
+    old_pid = own_pg.server.postmaster_pid()
+    done_before_stop = succeeded_items(batch_id)
+    own_pg.server.stop("immediate")
+    time.sleep(DOWN_S)
+    own_pg.server.start()
+    wait_batches([batch_id], timeout_s=120)
+
+    assert own_pg.server.postmaster_pid() != old_pid
+    assert done_before_stop < 100, "the run was over before the restart"
+    assert "OperationalError" in worker.log_tail(100_000), "the workers saw no database error"
+    report = check_invariants(sim.base_url, get_redis())
+    assert report.statuses == {"succeeded": 100}
+
+
+def test_postgres_unreachable_30s_during_calls(sim, workers, own_pg):
+    """PostgreSQL is unreachable for 30 s while calls are in flight: the proxy closes
+    every connection of the workers and refuses new ones. Paid answers arrive during
+    the outage and must be recorded once it ends, exactly once.
+
+    30 s is longer than the 2 s that recording a result retries today and than a
+    SQLAlchemy pool time-out (30 s); the running lease of this test (2 x 15 s call
+    time-out + 5 s = 35 s) outlasts the outage, as a lease must."""
+    sim_config(sim.base_url, latency_base_ms=500)
+    batch_id = submit_items("pgcut", 100)
+    env = own_pg.worker_env(
+        BATCHGEN_CALL_TIMEOUT_S="15",
+        BATCHGEN_RUNNING_LEASE_MARGIN_S="5",
+    )
+    workers(env=env, name="worker")
+    wait_mid_run(sim.base_url, batch_id)
+    cut_at = time.time()
+    closed = own_pg.proxy.cut()
+    try:
+        done_at_cut = succeeded_items(batch_id)
+        time.sleep(max(0.0, OUTAGE_S - (time.time() - cut_at)))
+    finally:
+        own_pg.proxy.restore()
+    restored_at = time.time()
+    wait_batches([batch_id], timeout_s=150)
+
+    assert closed > 0, "no worker connection went through the proxy"
+    assert done_at_cut < 100
+    answered_in_outage = [
+        e
+        for e in simulator_log(sim.base_url)
+        if e["status"] == 200 and e["completed"] and cut_at < e["end_ts"] < restored_at
+    ]
+    assert answered_in_outage, "no paid answer arrived while the database was unreachable"
+    report = check_invariants(sim.base_url, get_redis())
+    assert report.statuses == {"succeeded": 100}
+
+
+def test_submit_while_postgres_down(sim, workers, own_pg, api_server):
+    """POST /v1/batches while PostgreSQL is unreachable: a clear JSON 503 with
+    Retry-After, and nothing stored, not even part of the batch. The same request
+    (same Idempotency-Key) once it is back is stored once and runs once."""
+    key = make_tenant("pgdown")
+    auth = {"Authorization": f"Bearer {key}", "Idempotency-Key": "pgdown-1"}
+    body = jsonl([chat_line(f"pgdown-{i}") for i in range(20)])
+    api = api_server({"DATABASE_URL": own_pg.proxied_url})
+    assert httpx.get(f"{api}/v1/batches", headers=auth, timeout=30).status_code == 200
+    closed = own_pg.proxy.cut()
+    try:
+        refused = httpx.post(f"{api}/v1/batches", content=body, headers=auth, timeout=60)
+    finally:
+        own_pg.proxy.restore()
+
+    assert closed > 0, "the API server's connections did not go through the proxy"
+    with db.session_scope() as s:
+        assert s.scalar(select(func.count()).select_from(Batch)) == 0
+        assert s.scalar(select(func.count()).select_from(Item)) == 0
+    assert refused.status_code == 503, refused.text[:300]
+    assert refused.headers["content-type"].startswith("application/json"), refused.text[:300]
+    error = refused.json()["error"]
+    assert error["code"] and error["message"]
+    assert int(refused.headers["Retry-After"]) >= 1
+
+    accepted = httpx.post(f"{api}/v1/batches", content=body, headers=auth, timeout=60)
+    assert accepted.status_code == 200, accepted.text[:300]
+    batch_id = accepted.json()["id"]
+    workers(env=own_pg.worker_env(), name="worker")
+    wait_batches([batch_id], timeout_s=120)
+    with db.session_scope() as s:
+        assert s.scalar(select(func.count()).select_from(Batch)) == 1
+    report = check_invariants(sim.base_url, get_redis())
+    assert report.statuses == {"succeeded": 20}

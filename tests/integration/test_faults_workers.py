@@ -1,0 +1,429 @@
+"""Faults of the worker side, injected mid-run: killed worker processes, a warm
+shutdown with calls in flight, a killed dispatcher, forged and non-JSON broker
+messages, and budget waits longer than the broker's visibility timeout.
+
+Each test first proves that its fault really hit, then checks the shared
+invariants (:func:`tests.invariants.check_invariants`) against the simulator's
+own request log. Servers: the session's PostgreSQL and Redis; worker processes
+of their own per test; the simulator over HTTP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from kombu import Connection, Producer
+from sqlalchemy import select
+
+from app import client, db
+from app.procs import WorkerProcess
+from app.redis_client import get_redis
+from app.registry import get_registry
+from app.schema import Item
+from tests.helpers import (
+    FAULT_ENV,
+    FAULT_RUNNING_LEASE_S,
+    chat_line,
+    make_tenant,
+    sim_config,
+    submit_items,
+    succeeded_items,
+    wait_batches,
+    wait_mid_run,
+)
+from tests.invariants import check_invariants, reset_simulator, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CONTROL_QUEUE = "batchgen.control"
+SLOW_CALL_MS = 300  # long enough that a fault lands while calls are in flight
+
+
+@pytest.fixture
+def sim(simulator: Any, clean_db: dict[str, str]) -> Iterator[Any]:
+    """The module's simulator with an empty request log (item ids restart per test)."""
+    reset_simulator(simulator.base_url)
+    yield simulator
+    sim_config(simulator.base_url, latency_base_ms=50)
+
+
+def _ready(*procs: WorkerProcess) -> None:
+    """Wait for workers started together (``wait=False``): their start-ups overlap."""
+    for p in procs:
+        p.wait_ready()
+
+
+def _llm_queues() -> list[str]:
+    return list(get_registry().queues)
+
+
+def _group_alive(pgid: int) -> list[psutil.Process]:
+    """Live (not zombie) processes of process group ``pgid``."""
+    alive = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return alive
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a process group this test started."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _log(*procs: WorkerProcess) -> str:
+    return "\n".join(p.log_path.read_text(errors="replace") for p in procs)
+
+
+@pytest.fixture
+def prefork_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """A Celery worker with the prefork pool (tasks run in child processes), started
+    like :func:`app.procs.start_worker` starts the thread-pool workers."""
+    started: list[WorkerProcess] = []
+
+    def start(queues: list[str], concurrency: int, env: dict[str, str]) -> WorkerProcess:
+        name = f"prefork{uuid.uuid4().hex[:4]}"
+        log_dir = tmp_path / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path, ready_path = log_dir / f"{name}.log", log_dir / f"{name}.ready"
+        argv = [sys.executable, "-m", "celery", "-A", "tasks.celery_app", "worker"]
+        # "processes" is Celery's alias of prefork: a plain "-P prefork" reads as "no
+        # choice" to Celery's CLI, which then takes the configured thread pool.
+        argv += ["-Q", ",".join(queues), "-P", "processes", "-c", str(concurrency)]
+        argv += ["-n", f"{name}@%h", "--without-mingle", "--without-gossip", "-l", "INFO"]
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env, "BATCHGEN_READY_FILE": str(ready_path)},
+                start_new_session=True,
+            )
+        worker = WorkerProcess(name, process, log_path, ready_path)
+        started.append(worker)
+        return worker.wait_ready()
+
+    yield start
+    for w in started:
+        w.stop()
+        _kill_group(w.process.pid)
+
+
+def test_worker_child_sigkill_mid_call(sim, workers, prefork_worker):
+    """A prefork pool child is SIGKILLed while its provider call is in flight. Celery
+    requeues the message (reject on worker lost); the item is still running under the
+    dead attempt, so the sweep hands it back once its lease ends and it runs again.
+    The cut call reached the provider, so it must be in the ledger, as waste."""
+    sim_config(sim.base_url, latency_base_ms=SLOW_CALL_MS)
+    batch_id = submit_items("child", 100)
+    dispatcher = workers(
+        [CONTROL_QUEUE], concurrency=2, env=FAULT_ENV, name="dispatcher", wait=False
+    )
+    victim = prefork_worker(_llm_queues(), concurrency=4, env=FAULT_ENV)
+    _ready(dispatcher)
+    wait_mid_run(sim.base_url, batch_id, at_least=5)
+    children = psutil.Process(victim.process.pid).children()
+    assert children, "the prefork worker has no pool children"
+    children[0].send_signal(signal.SIGKILL)
+    wait_batches([batch_id], timeout_s=120)
+
+    assert victim.process.poll() is None, "the worker parent died with its child"
+    assert "SIGKILL" in victim.log_tail(10_000), "Celery did not see its child die"
+    report = check_invariants(
+        sim.base_url,
+        get_redis(),
+        slot_grace_s=FAULT_RUNNING_LEASE_S,
+        tolerate_unsent_reservations_of_retried=True,
+    )
+    assert report.cut_calls >= 1, f"no call was cut mid-flight: {report}"
+    assert report.statuses == {"succeeded": 100}
+
+
+def test_worker_parent_sigkill_mid_call(sim, workers):
+    """The worker's main process (thread pool: the calls run in it) is SIGKILLed alone,
+    not its process group, with calls in flight; the other worker finishes the run."""
+    sim_config(sim.base_url, latency_base_ms=SLOW_CALL_MS)
+    batch_id = submit_items("parent", 100)
+    survivor = workers(env=FAULT_ENV, name="survivor", wait=False)
+    victim = workers(_llm_queues(), beat=False, env=FAULT_ENV, name="victim", wait=False)
+    _ready(survivor, victim)
+    wait_until(
+        lambda: "succeeded prompt_tokens" in victim.log_tail(200), 60, "the victim to run items"
+    )
+    wait_mid_run(sim.base_url, batch_id, at_least=5)
+    os.kill(victim.process.pid, signal.SIGKILL)
+    victim.process.wait()
+    wait_batches([batch_id], timeout_s=120)
+
+    assert not _group_alive(victim.process.pid), "processes of the killed worker live on"
+    report = check_invariants(
+        sim.base_url,
+        get_redis(),
+        slot_grace_s=FAULT_RUNNING_LEASE_S,
+        tolerate_unsent_reservations_of_retried=True,
+    )
+    assert report.cut_calls >= 1, f"no call was cut mid-flight: {report}"
+    assert report.statuses == {"succeeded": 100}
+
+
+def test_sigterm_with_calls_in_flight(sim, workers):
+    """SIGTERM (warm shutdown) while calls are in flight: the calls under way finish
+    and are recorded, the messages not started go back to the broker, the worker
+    exits, the other one finishes the run. Nothing is wasted, nothing runs twice."""
+    sim_config(sim.base_url, latency_base_ms=SLOW_CALL_MS)
+    batch_id = submit_items("sigterm", 100)
+    survivor = workers(env=FAULT_ENV, name="survivor", wait=False)
+    victim = workers(_llm_queues(), beat=False, env=FAULT_ENV, name="victim", wait=False)
+    _ready(survivor, victim)
+    wait_until(
+        lambda: "succeeded prompt_tokens" in victim.log_tail(200), 60, "the victim to run items"
+    )
+    wait_mid_run(sim.base_url, batch_id, at_least=5)
+    os.kill(victim.process.pid, signal.SIGTERM)
+    assert victim.process.wait(60) == 0, victim.log_tail()
+    wait_batches([batch_id], timeout_s=120)
+
+    _, _, after_term = victim.log_tail(100_000).partition("Warm shutdown")
+    assert "succeeded prompt_tokens" in after_term, "no call was in flight at the SIGTERM"
+    report = check_invariants(sim.base_url, get_redis())
+    assert report.statuses == {"succeeded": 100}
+    assert report.cut_calls == 0, "a warm shutdown cut calls"
+    assert report.waste_rows == 0 and report.billed_calls == 100, report
+
+
+def test_dispatcher_sigkill_and_restart(sim, workers):
+    """The dispatcher (control queue with Celery beat embedded) is SIGKILLed mid-run,
+    its main process only, as ``kill -9 <pid>`` does; a new one is started. Its beat
+    must die with it: no orphan keeps sending ticks next to the new scheduler."""
+    batch_id = submit_items("dispatcher", 100)
+    old = workers([CONTROL_QUEUE], concurrency=2, env=FAULT_ENV, name="dispatcher", wait=False)
+    try:
+        _ready(old, workers(_llm_queues(), beat=False, env=FAULT_ENV, name="worker", wait=False))
+        wait_until(lambda: succeeded_items(batch_id) >= 10, 60, "the run to start")
+        group = old.process.pid  # start_new_session: the group id is the leader's pid
+        had_children = psutil.Process(group).children(recursive=True)
+        os.kill(old.process.pid, signal.SIGKILL)
+        old.process.wait()
+        done_at_kill = succeeded_items(batch_id)
+        time.sleep(2 * float(FAULT_ENV["BATCHGEN_SWEEP_INTERVAL_S"]) + 1)  # ticks would go on
+        orphans = _group_alive(group)
+        workers([CONTROL_QUEUE], concurrency=2, env=FAULT_ENV, name="dispatcher2")
+        wait_batches([batch_id], timeout_s=120)
+
+        assert had_children, "the dispatcher had no embedded beat process"
+        assert done_at_kill < 100, "the run was over before the kill"
+        report = check_invariants(sim.base_url, get_redis())
+        assert report.statuses == {"succeeded": 100}
+        assert not orphans, (
+            f"the killed dispatcher's beat lives on: {[p.pid for p in orphans]} "
+            "(a second scheduler next to the restarted one)"
+        )
+    finally:
+        _kill_group(old.process.pid)
+
+
+def _publish(task_id: str, args: list[Any], **options: Any) -> None:
+    from tasks.celery_app import celery_app
+
+    celery_app.send_task(
+        "batchgen.generate",
+        args=args,
+        kwargs={"model": "sim-small"},
+        queue=get_registry()["sim-small"].queue,
+        task_id=task_id,
+        **options,
+    )
+
+
+def test_forged_and_unknown_item_ids_published_to_the_queue(sim, workers):
+    """Messages published straight to a model queue with ids the dispatcher never
+    released: unknown, of a cancelled item, of an item already succeeded, not an
+    integer, out of range. None reaches the provider, none disturbs the run."""
+    sim_config(sim.base_url, latency_base_ms=200)
+    batch_id = submit_items("forged", 60)
+    make_tenant("other")
+    cancelled = client.submit_batch([chat_line(f"c{i}") for i in range(3)], tenant="other")
+    client.cancel_batch(cancelled["id"], tenant="other")
+    worker = workers(env=FAULT_ENV, name="worker")
+    wait_until(lambda: succeeded_items(batch_id) >= 5, 60, "the run to start")
+    with db.session_scope() as s:
+        done_id = s.scalar(select(Item.id).where(Item.status == "succeeded").limit(1))
+        cancelled_id = s.scalar(select(Item.id).where(Item.batch_id == cancelled["id"]).limit(1))
+    forged: dict[str, Any] = {
+        "unknown": 10**9,
+        "cancelled": cancelled_id,
+        "succeeded": done_id,
+        "text": "1 OR 1=1",
+        "negative": -1,
+        "out-of-range": 2**70,
+        "object": {"id": done_id},
+    }
+    for name, value in forged.items():
+        _publish(f"forged-{name}", [value])
+
+    def handled() -> bool:
+        log = worker.log_tail(100_000)
+        return all(
+            f"[forged-{n}] succeeded" in log or f"[forged-{n}] raised" in log for n in forged
+        )
+
+    wait_until(handled, 60, "every forged message to be handled")
+    wait_batches([batch_id], timeout_s=120)
+
+    assert worker.process.poll() is None
+    log = worker.log_tail(100_000)
+    for name in ("unknown", "cancelled", "succeeded", "negative"):
+        assert re.search(rf"\[forged-{name}\] succeeded in \S+ 'skipped'", log), name
+    report = check_invariants(sim.base_url, get_redis())
+    assert report.statuses == {"succeeded": 60, "cancelled": 3}
+    assert report.calls_per_item.get(done_id) == 1
+    assert cancelled_id not in report.calls_per_item
+
+
+class _TouchOnUnpickle:
+    """A pickle that creates a file when loaded: proof of deserialization."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.path, "w"))
+
+
+def test_non_json_message_is_rejected_not_executed(sim, workers, tmp_path):
+    """Task messages with a content type other than JSON (a pickle that would run code
+    when loaded, and plain text) are refused by the worker: never deserialized, never
+    executed, not redelivered; the run goes on."""
+    sim_config(sim.base_url, latency_base_ms=200)
+    batch_id = submit_items("content", 60)
+    worker = workers(env=FAULT_ENV, name="worker")
+    wait_until(lambda: succeeded_items(batch_id) >= 5, 60, "the run to start")
+    with db.session_scope() as s:
+        queued_id = s.scalar(select(Item.id).where(Item.status == "pending").limit(1))
+    marker = tmp_path / "unpickled"
+    _publish("pickled-1", [_TouchOnUnpickle(marker)], serializer="pickle")
+    _publish("pickled-2", [queued_id], serializer="pickle")
+    queue = get_registry()["sim-small"].queue
+    from tasks.celery_app import celery_app
+
+    with Connection(celery_app.conf.broker_url) as conn:
+        Producer(conn).publish(
+            f"[[{queued_id}], {{}}, {{}}]",
+            exchange="",
+            routing_key=queue,
+            content_type="text/plain",
+            content_encoding="utf-8",
+            headers={"lang": "py", "task": "batchgen.generate", "id": "plain-1"},
+        )
+
+    def refused() -> list[str]:
+        return [
+            line
+            for line in worker.log_tail(100_000).splitlines()
+            if "Received invalid task message: Refusing to deserialize untrusted" in line
+        ]
+
+    wait_until(lambda: len(refused()) >= 3, 60, "the worker to refuse the three messages")
+    wait_batches([batch_id], timeout_s=120)
+
+    assert not marker.exists(), "a pickle from the broker was loaded"
+    assert sum("type pickle" in line for line in refused()) == 2
+    assert sum("text/plain" in line for line in refused()) == 1
+    log = worker.log_tail(100_000)
+    for task_id in ("pickled-1", "pickled-2", "plain-1"):
+        assert f"[{task_id}] received" not in log, f"{task_id} was accepted as a task"
+    redis_client = get_redis()
+    assert redis_client.llen(queue) == 0
+    leftovers = [v for v in redis_client.hvals("unacked") if b"pickled-" in v or b"plain-" in v]
+    assert not leftovers, "a refused message waits for redelivery"
+    report = check_invariants(sim.base_url, get_redis())
+    assert report.statuses == {"succeeded": 60}
+    assert report.billed_calls == 60
+
+
+def _models_file(path: Path, tokens_per_min: int) -> Path:
+    """The shipped registry with a small token budget for sim-small."""
+    import tomllib
+
+    import app.config
+
+    source = app.config.DEFAULT_MODELS_FILE.read_text()
+    parsed = tomllib.loads(source)
+    old = parsed["models"]["sim-small"]["tokens_per_min"]
+    marker = '[models."sim-small"]'
+    head, _, tail = source.partition(marker)
+    tail = tail.replace(f"tokens_per_min = {old}", f"tokens_per_min = {tokens_per_min}", 1)
+    path.write_text(head + marker + tail)
+    return path
+
+
+VISIBILITY_TIMEOUT_S = 2
+
+
+def _restore_overdue(visibility_timeout_s: float) -> int:
+    """What the Redis transport does in every consumer (at connect, then periodically):
+    put messages unacknowledged for longer than the visibility timeout back in their
+    queue. Returns how many it found overdue."""
+    from tasks.celery_app import celery_app
+
+    options = {"visibility_timeout": visibility_timeout_s}
+    with Connection(celery_app.conf.broker_url, transport_options=options) as conn:
+        channel: Any = conn.default_channel
+        overdue = int(
+            channel.client.zcount(
+                channel.unacked_index_key, "-inf", time.time() - visibility_timeout_s
+            )
+        )
+        if overdue:
+            channel.qos.restore_visible(num=1000)
+        return overdue
+
+
+def test_budget_waits_longer_than_the_visibility_timeout_run_once(sim, workers, tmp_path):
+    """Budget waits go back to the broker as countdown retries; the worker holds such
+    a message unacknowledged until it is due. With waits longer than the broker's
+    visibility timeout, the Redis transport puts the same message back in its queue
+    (every consumer does that sweep when it connects and then every ~100 s; the test
+    runs it once the first message is overdue rather than waiting for it). Every
+    duplicate must be absorbed: each item reaches the provider exactly once.
+
+    Scaled: visibility timeout 2 s; a 4 s budget window (span 5 s with the guard)
+    makes budget waits of up to 5 s, longer than the visibility timeout."""
+    env = {
+        **FAULT_ENV,
+        "BATCHGEN_MODELS_FILE": str(_models_file(tmp_path / "models.toml", 600)),
+        "BATCHGEN_BUDGET_WINDOW_S": "4",
+        "BATCHGEN_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),
+    }
+    batch_id = submit_items("visibility", 40)
+    first = workers(env=env, name="first", wait=False)
+    second = workers(_llm_queues(), beat=False, env=env, name="second", wait=False)
+    _ready(first, second)
+    restored = wait_until(
+        lambda: _restore_overdue(VISIBILITY_TIMEOUT_S), 60, "a wait past the visibility timeout"
+    )
+    wait_batches([batch_id], timeout_s=180)
+
+    log = _log(first, second)
+    waits = [float(w.split("s", 1)[0]) for w in log.split("Retry in ")[1:]]
+    assert max(waits) > VISIBILITY_TIMEOUT_S, f"no wait exceeded the visibility timeout: {waits}"
+    assert restored >= 1 and log.count("'skipped'") >= 1, "no message was delivered twice"
+    report = check_invariants(sim.base_url, get_redis())
+    assert report.statuses == {"succeeded": 40}
+    assert report.billed_calls == 40 and report.waste_rows == 0, report

@@ -1,0 +1,320 @@
+"""The invariants every fault test checks once its run has ended, in one place.
+
+- every item is terminal;
+- one result per succeeded item, none for the others;
+- ledger = results + waste (per item and in total);
+- ``tenant_daily_usage`` = the ledger's totals per tenant, day and model;
+- no provider call counted twice unless ledgered as waste: the simulator's own
+  request log (``GET /_sim/log``, entries carry the item id of the
+  ``x-batchgen-item`` header) is matched per item against the ledger: every call
+  the provider answered or may bill has exactly one ledger row, every result is
+  one of the item's answered calls, and no unknown item id reached the provider;
+- every concurrency slot and budget reservation is released: no live slot is
+  held, the budget's running totals agree with its entries, and no reservation
+  is kept for a call that never reached the provider.
+
+:func:`check_invariants` returns what it saw (:class:`RunReport`), so a test
+can also prove that its fault really hit (calls cut mid-flight, items retried).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import redis
+from sqlalchemy import Date, cast, func, select
+
+from app import db, keys
+from app.registry import get_registry
+from app.schema import Item, Result, Tenant, TenantDailyUsage, UsageLedger
+from app.status import TERMINAL
+from tests.helpers import assert_ledger_is_results_plus_waste
+
+SHOWN = 10  # offending items listed in a failure message
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What the invariants saw, for a test's own proof that its fault hit."""
+
+    statuses: dict[str, int]
+    billed_calls: int
+    cut_calls: int  # admitted by the provider, then cut before the answer was complete
+    retried_items: int  # items with more than one attempt
+    waste_rows: int
+    calls_per_item: dict[int, int] = field(repr=False)
+
+
+def reset_simulator(base_url: str) -> None:
+    """Forget the simulator's request log and counters (ids restart with each clean test)."""
+    httpx.post(f"{base_url}/_sim/reset", timeout=10).raise_for_status()
+
+
+def simulator_log(base_url: str) -> list[dict[str, Any]]:
+    return list(httpx.get(f"{base_url}/_sim/log", timeout=30).json())
+
+
+def is_billed(entry: dict[str, Any]) -> bool:
+    """The provider admitted the call (counted it against the limits, may bill it),
+    and did not answer with a server error (a 5xx is not billed)."""
+    status = entry["status"]
+    return bool(entry["admitted"]) and (status is None or status < 500)
+
+
+def wait_until(
+    condition: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.1
+) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail with ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def _fail_if(problems: list[str], title: str) -> None:
+    if problems:
+        more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
+        raise AssertionError(f"{title}: " + "; ".join(problems[:SHOWN]) + more)
+
+
+def _items() -> dict[int, tuple[str, int]]:
+    with db.session_scope() as s:
+        return {i: (st, a) for i, st, a in s.execute(select(Item.id, Item.status, Item.attempts))}
+
+
+def _check_terminal(items: dict[int, tuple[str, int]]) -> None:
+    stuck = [f"item {i} is {st}" for i, (st, _) in sorted(items.items()) if st not in TERMINAL]
+    _fail_if(stuck, "items not terminal")
+
+
+def _check_results_and_ledger(items: dict[int, tuple[str, int]]) -> dict[int, list[Any]]:
+    """One result per succeeded item, each with its own non-waste ledger row; returns
+    the ledger rows per item."""
+    with db.session_scope() as s:
+        results = {r.item_id: r for r in s.scalars(select(Result))}
+        ledger_rows = list(s.execute(select(UsageLedger)).scalars())
+    ledger: dict[int, list[Any]] = defaultdict(list)
+    for row in ledger_rows:
+        ledger[row.item_id].append(row)
+    succeeded = {i for i, (st, _) in items.items() if st == "succeeded"}
+    problems = [f"item {i} succeeded without a result" for i in sorted(succeeded - set(results))]
+    problems += [f"item {i} is {items[i][0]} but has a result" for i in set(results) - succeeded]
+    for item_id in sorted(items):
+        paid = [r for r in ledger.get(item_id, []) if r.waste_reason is None]
+        expected = 1 if item_id in succeeded else 0
+        if len(paid) != expected:
+            problems.append(f"item {item_id}: {len(paid)} non-waste ledger rows, want {expected}")
+        result = results.get(item_id)
+        if result is not None and paid:
+            row = paid[0]
+            same = (row.attempt, row.prompt_tokens, row.completion_tokens, row.cost_usd) == (
+                result.attempt,
+                result.prompt_tokens,
+                result.completion_tokens,
+                result.cost_usd,
+            )
+            if not same:
+                problems.append(f"item {item_id}: result and its ledger row disagree")
+    _fail_if(problems, "results vs ledger")
+    assert_ledger_is_results_plus_waste()
+    return ledger
+
+
+def _check_daily_usage() -> None:
+    """``tenant_daily_usage`` holds exactly the ledger's totals per tenant, UTC day, model."""
+    u = UsageLedger
+    day = cast(func.timezone("UTC", u.created_at), Date)
+    with db.session_scope() as s:
+        from_ledger = {
+            (t, d, m): (n, int(p), int(c), Decimal(cost))
+            for t, d, m, n, p, c, cost in s.execute(
+                select(
+                    u.tenant_id,
+                    day,
+                    u.model,
+                    func.count(),
+                    func.sum(u.prompt_tokens),
+                    func.sum(u.completion_tokens),
+                    func.sum(u.cost_usd),
+                ).group_by(u.tenant_id, day, u.model)
+            )
+        }
+        d = TenantDailyUsage
+        daily = {
+            (t, dd, m): (int(n), int(p), int(c), Decimal(cost))
+            for t, dd, m, n, p, c, cost in s.execute(
+                select(
+                    d.tenant_id,
+                    d.day,
+                    d.model,
+                    d.requests,
+                    d.prompt_tokens,
+                    d.completion_tokens,
+                    d.cost_usd,
+                )
+            )
+        }
+    problems = [
+        f"{key}: daily usage {daily.get(key)} vs ledger {from_ledger.get(key)}"
+        for key in sorted(set(from_ledger) | set(daily), key=str)
+        if daily.get(key) != from_ledger.get(key)
+    ]
+    _fail_if(problems, "tenant_daily_usage is not the ledger's totals")
+
+
+def _check_provider_log(
+    log: list[dict[str, Any]], items: dict[int, tuple[str, int]], ledger: dict[int, list[Any]]
+) -> tuple[Counter[int], int]:
+    """Every call the provider may bill has exactly one ledger row; every result is
+    one of the item's answered calls. Returns billed calls per item and cut calls."""
+    billed: Counter[int] = Counter()
+    answered: dict[int, set[str]] = defaultdict(set)
+    problems: list[str] = []
+    cut = 0
+    for entry in log:
+        raw = entry.get("item")
+        try:
+            item_id = int(raw)
+        except (TypeError, ValueError):
+            problems.append(f"a call with item header {raw!r} reached the provider")
+            continue
+        if item_id not in items:
+            problems.append(f"a call for unknown item {item_id} reached the provider")
+            continue
+        if is_billed(entry):
+            billed[item_id] += 1
+            if not entry["completed"]:
+                cut += 1
+        if entry["status"] == 200 and entry["completed"]:
+            answered[item_id].add(entry["request_id"])
+    with db.session_scope() as s:
+        result_ids = dict(s.execute(select(Result.item_id, Result.provider_request_id)).all())
+    for item_id in sorted(set(billed) | set(ledger)):
+        rows = ledger.get(item_id, [])
+        if len(rows) != billed[item_id]:
+            reasons = sorted(str(r.waste_reason) for r in rows)
+            problems.append(
+                f"item {item_id}: {billed[item_id]} billed calls at the provider, "
+                f"{len(rows)} ledger rows {reasons}"
+            )
+    for item_id, request_id in sorted(result_ids.items()):
+        if request_id not in answered.get(item_id, set()):
+            problems.append(f"item {item_id}: result {request_id} is not an answered call of it")
+    _fail_if(problems, "provider calls vs ledger (simulator request log)")
+    return billed, cut
+
+
+def _redis_now(client: redis.Redis) -> float:
+    seconds, micros = client.time()
+    return float(seconds) + micros / 1_000_000
+
+
+def _live_slots(client: redis.Redis) -> dict[str, list[str]]:
+    now = _redis_now(client)
+    held = {}
+    for spec in get_registry():
+        members = client.zrangebyscore(keys.slots(spec.name), now, "+inf")
+        if members:
+            held[spec.name] = [m.decode() for m in members]
+    return held
+
+
+def _check_slots(client: redis.Redis, grace_s: float) -> None:
+    deadline = time.monotonic() + grace_s
+    while (held := _live_slots(client)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _fail_if([f"{m}: {h}" for m, h in held.items()], "concurrency slots still held")
+
+
+def _budget_keys() -> list[tuple[str, str, bool]]:
+    """(log key, amounts key, counts requests) of every model and tenant budget."""
+    out = {
+        (keys.budget_log(s.budget_key), keys.budget_amounts(s.budget_key), True)
+        for s in get_registry()
+    }
+    with db.session_scope() as s:
+        tenant_ids = [0, *s.scalars(select(Tenant.id))]
+    out |= {(keys.tenant_log(t), keys.tenant_amounts(t), False) for t in tenant_ids}
+    return sorted(out)
+
+
+def _check_reservations(
+    client: redis.Redis,
+    billed: Counter[int],
+    items: dict[int, tuple[str, int]],
+    tolerate_retried: bool,
+) -> None:
+    """Running totals agree with the entries, and every reservation still on the books
+    belongs to a call that reached the provider (a call that never did must give its
+    reservation back)."""
+    problems: list[str] = []
+    for log_key, amounts_key, counts_requests in _budget_keys():
+        members = {m.decode() for m in client.zrange(log_key, 0, -1)}
+        amounts = {k.decode(): int(v) for k, v in client.hgetall(amounts_key).items()}
+        entries = {k: v for k, v in amounts.items() if not k.startswith("_")}
+        if set(entries) != members:
+            problems.append(f"{log_key}: log and amounts disagree")
+        if amounts.get("_tokens", 0) != sum(entries.values()):
+            problems.append(
+                f"{amounts_key}: _tokens={amounts.get('_tokens', 0)} but the entries hold "
+                f"{sum(entries.values())}"
+            )
+        if counts_requests:
+            requests = sum(1 for m in entries if not m.startswith("o:"))
+            if amounts.get("_requests", 0) != requests:
+                problems.append(
+                    f"{amounts_key}: _requests={amounts.get('_requests', 0)} but {requests} "
+                    "reservations"
+                )
+        per_item = Counter(int(m.split(":", 1)[0]) for m in members if not m.startswith("o:"))
+        for item_id, kept in sorted(per_item.items()):
+            retried = items.get(item_id, ("", 0))[1] > 1
+            if kept > billed[item_id] and not (tolerate_retried and retried):
+                problems.append(
+                    f"{log_key}: item {item_id} keeps {kept} reservations for "
+                    f"{billed[item_id]} calls that reached the provider"
+                )
+    _fail_if(problems, "budget reservations")
+
+
+def check_invariants(
+    simulator_url: str,
+    redis_client: redis.Redis,
+    *,
+    slot_grace_s: float = 5.0,
+    tolerate_unsent_reservations_of_retried: bool = False,
+) -> RunReport:
+    """Check every invariant of a finished run (see the module docstring).
+
+    ``redis_client`` is the Redis the workers used for budgets and slots.
+    ``slot_grace_s`` is how long a slot may still be held after the last item ended
+    (a killed worker's slots free themselves when their lease ends).
+    ``tolerate_unsent_reservations_of_retried``: a worker killed between the grant
+    and the send cannot give its reservation back; such an item was retried.
+    """
+    items = _items()
+    assert items, "the run stored no items"
+    _check_terminal(items)
+    ledger = _check_results_and_ledger(items)
+    _check_daily_usage()
+    billed, cut = _check_provider_log(simulator_log(simulator_url), items, ledger)
+    _check_slots(redis_client, slot_grace_s)
+    _check_reservations(redis_client, billed, items, tolerate_unsent_reservations_of_retried)
+    return RunReport(
+        statuses=dict(Counter(st for st, _ in items.values())),
+        billed_calls=sum(billed.values()),
+        cut_calls=cut,
+        retried_items=sum(1 for _, a in items.values() if a > 1),
+        waste_rows=sum(1 for rows in ledger.values() for r in rows if r.waste_reason),
+        calls_per_item=dict(billed),
+    )

@@ -1,0 +1,148 @@
+"""A small TCP proxy that a test can cut and restore (a network fault on demand).
+
+``cut()`` closes every connection going through it and stops listening, so
+new connections are refused; ``restore()`` listens again on the same port.
+Threads only: one accept loop, one pump per direction of each connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from types import TracebackType
+
+CHUNK_BYTES = 1 << 16
+
+
+class TcpProxy:
+    """Forward ``127.0.0.1:<port>`` to ``upstream``; ``cut()`` / ``restore()`` on demand."""
+
+    def __init__(self, upstream_host: str, upstream_port: int, port: int = 0) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.port = port
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self._accepter: threading.Thread | None = None
+        self._sockets: set[socket.socket] = set()
+        self.accepted = 0  # connections accepted since start (proof that clients used us)
+        self.cuts = 0
+
+    # -- lifecycle -------------------------------------------------------------
+    def start(self) -> TcpProxy:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(128)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        self._accepter = threading.Thread(
+            target=self._accept_loop, args=(listener,), name=f"proxy-{self.port}", daemon=True
+        )
+        self._accepter.start()
+        return self
+
+    def cut(self) -> int:
+        """Stop listening and close every open connection; returns how many were closed."""
+        self.cuts += 1
+        self._close_listener()
+        with self._lock:
+            open_sockets = list(self._sockets)
+            self._sockets.clear()
+        for sock in open_sockets:
+            _close(sock)
+        return len(open_sockets) // 2
+
+    def restore(self) -> None:
+        """Listen again on the same port."""
+        if self._listener is None:
+            self.start()
+
+    def stop(self) -> None:
+        self.cut()
+
+    def __enter__(self) -> TcpProxy:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._sockets) // 2
+
+    # -- internals -------------------------------------------------------------
+    def _close_listener(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            # shutdown() wakes the thread blocked in accept(); close() alone may not.
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        if self._accepter is not None:
+            self._accepter.join(5)
+            self._accepter = None
+
+    def _accept_loop(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # the listener was closed by cut()
+            if self._listener is not listener:
+                _close(client)
+                return
+            try:
+                server = socket.create_connection(self.upstream, timeout=5)
+                server.settimeout(None)
+            except OSError:
+                _close(client)  # upstream down: the client sees its connection closed
+                continue
+            with self._lock:
+                self._sockets.update((client, server))
+                self.accepted += 1
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(CHUNK_BYTES)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._sockets.discard(src)
+                self._sockets.discard(dst)
+            _close(src)
+            _close(dst)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+def wait_port(host: str, port: int, timeout_s: float = 10.0) -> None:
+    """Block until something accepts connections on ``host:port``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
