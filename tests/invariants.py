@@ -67,6 +67,12 @@ def is_billed(entry: dict[str, Any]) -> bool:
     return bool(entry["admitted"]) and (status is None or status < 500)
 
 
+def cut_calls(base_url: str) -> int:
+    """Calls the provider admitted that ended before their answer was complete (the
+    client went away mid-call): proof that a fault hit calls in flight."""
+    return sum(1 for e in simulator_log(base_url) if is_billed(e) and not e["completed"])
+
+
 def wait_until(
     condition: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.1
 ) -> Any:
@@ -81,10 +87,20 @@ def wait_until(
         time.sleep(poll_s)
 
 
-def _fail_if(problems: list[str], title: str) -> None:
-    if problems:
-        more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
-        raise AssertionError(f"{title}: " + "; ".join(problems[:SHOWN]) + more)
+class Findings:
+    """Broken invariants, collected so that one failure names every one of them."""
+
+    def __init__(self) -> None:
+        self.sections: list[str] = []
+
+    def add(self, title: str, problems: list[str]) -> None:
+        if problems:
+            more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
+            self.sections.append(f"{title}: " + "; ".join(problems[:SHOWN]) + more)
+
+    def raise_if_any(self) -> None:
+        if self.sections:
+            raise AssertionError("invariants broken:\n- " + "\n- ".join(self.sections))
 
 
 def _items() -> dict[int, tuple[str, int]]:
@@ -92,12 +108,14 @@ def _items() -> dict[int, tuple[str, int]]:
         return {i: (st, a) for i, st, a in s.execute(select(Item.id, Item.status, Item.attempts))}
 
 
-def _check_terminal(items: dict[int, tuple[str, int]]) -> None:
+def _check_terminal(items: dict[int, tuple[str, int]], findings: Findings) -> None:
     stuck = [f"item {i} is {st}" for i, (st, _) in sorted(items.items()) if st not in TERMINAL]
-    _fail_if(stuck, "items not terminal")
+    findings.add("items not terminal", stuck)
 
 
-def _check_results_and_ledger(items: dict[int, tuple[str, int]]) -> dict[int, list[Any]]:
+def _check_results_and_ledger(
+    items: dict[int, tuple[str, int]], findings: Findings
+) -> dict[int, list[Any]]:
     """One result per succeeded item, each with its own non-waste ledger row; returns
     the ledger rows per item."""
     with db.session_scope() as s:
@@ -125,12 +143,15 @@ def _check_results_and_ledger(items: dict[int, tuple[str, int]]) -> dict[int, li
             )
             if not same:
                 problems.append(f"item {item_id}: result and its ledger row disagree")
-    _fail_if(problems, "results vs ledger")
-    assert_ledger_is_results_plus_waste()
+    findings.add("results vs ledger", problems)
+    try:
+        assert_ledger_is_results_plus_waste()
+    except AssertionError as exc:
+        findings.add("ledger totals are not results + waste", [str(exc)])
     return ledger
 
 
-def _check_daily_usage() -> None:
+def _check_daily_usage(findings: Findings) -> None:
     """``tenant_daily_usage`` holds exactly the ledger's totals per tenant, UTC day, model."""
     u = UsageLedger
     day = cast(func.timezone("UTC", u.created_at), Date)
@@ -169,11 +190,14 @@ def _check_daily_usage() -> None:
         for key in sorted(set(from_ledger) | set(daily), key=str)
         if daily.get(key) != from_ledger.get(key)
     ]
-    _fail_if(problems, "tenant_daily_usage is not the ledger's totals")
+    findings.add("tenant_daily_usage is not the ledger's totals", problems)
 
 
 def _check_provider_log(
-    log: list[dict[str, Any]], items: dict[int, tuple[str, int]], ledger: dict[int, list[Any]]
+    log: list[dict[str, Any]],
+    items: dict[int, tuple[str, int]],
+    ledger: dict[int, list[Any]],
+    findings: Findings,
 ) -> tuple[Counter[int], int]:
     """Every call the provider may bill has exactly one ledger row; every result is
     one of the item's answered calls. Returns billed calls per item and cut calls."""
@@ -210,7 +234,7 @@ def _check_provider_log(
     for item_id, request_id in sorted(result_ids.items()):
         if request_id not in answered.get(item_id, set()):
             problems.append(f"item {item_id}: result {request_id} is not an answered call of it")
-    _fail_if(problems, "provider calls vs ledger (simulator request log)")
+    findings.add("provider calls vs ledger (simulator request log)", problems)
     return billed, cut
 
 
@@ -229,11 +253,11 @@ def _live_slots(client: redis.Redis) -> dict[str, list[str]]:
     return held
 
 
-def _check_slots(client: redis.Redis, grace_s: float) -> None:
+def _check_slots(client: redis.Redis, grace_s: float, findings: Findings) -> None:
     deadline = time.monotonic() + grace_s
     while (held := _live_slots(client)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    _fail_if([f"{m}: {h}" for m, h in held.items()], "concurrency slots still held")
+    findings.add("concurrency slots still held", [f"{m}: {h}" for m, h in held.items()])
 
 
 def _budget_keys() -> list[tuple[str, str, bool]]:
@@ -253,6 +277,7 @@ def _check_reservations(
     billed: Counter[int],
     items: dict[int, tuple[str, int]],
     tolerate_retried: bool,
+    findings: Findings,
 ) -> None:
     """Running totals agree with the entries, and every reservation still on the books
     belongs to a call that reached the provider (a call that never did must give its
@@ -284,7 +309,7 @@ def _check_reservations(
                     f"{log_key}: item {item_id} keeps {kept} reservations for "
                     f"{billed[item_id]} calls that reached the provider"
                 )
-    _fail_if(problems, "budget reservations")
+    findings.add("budget reservations", problems)
 
 
 def check_invariants(
@@ -304,12 +329,16 @@ def check_invariants(
     """
     items = _items()
     assert items, "the run stored no items"
-    _check_terminal(items)
-    ledger = _check_results_and_ledger(items)
-    _check_daily_usage()
-    billed, cut = _check_provider_log(simulator_log(simulator_url), items, ledger)
-    _check_slots(redis_client, slot_grace_s)
-    _check_reservations(redis_client, billed, items, tolerate_unsent_reservations_of_retried)
+    findings = Findings()
+    _check_terminal(items, findings)
+    ledger = _check_results_and_ledger(items, findings)
+    _check_daily_usage(findings)
+    billed, cut = _check_provider_log(simulator_log(simulator_url), items, ledger, findings)
+    _check_slots(redis_client, slot_grace_s, findings)
+    _check_reservations(
+        redis_client, billed, items, tolerate_unsent_reservations_of_retried, findings
+    )
+    findings.raise_if_any()
     return RunReport(
         statuses=dict(Counter(st for st, _ in items.values())),
         billed_calls=sum(billed.values()),
