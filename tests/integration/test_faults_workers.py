@@ -14,11 +14,8 @@ import contextlib
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,67 +88,42 @@ def _log(*procs: WorkerProcess) -> str:
     return "\n".join(p.log_path.read_text(errors="replace") for p in procs)
 
 
-@pytest.fixture
-def prefork_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """A Celery worker with the prefork pool (tasks run in child processes), started
-    like :func:`app.procs.start_worker` starts the thread-pool workers."""
-    started: list[WorkerProcess] = []
-
-    def start(queues: list[str], concurrency: int, env: dict[str, str]) -> WorkerProcess:
-        name = f"prefork{uuid.uuid4().hex[:4]}"
-        log_dir = tmp_path / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log_path, ready_path = log_dir / f"{name}.log", log_dir / f"{name}.ready"
-        argv = [sys.executable, "-m", "celery", "-A", "tasks.celery_app", "worker"]
-        # "processes" is Celery's alias of prefork: a plain "-P prefork" reads as "no
-        # choice" to Celery's CLI, which then takes the configured thread pool.
-        argv += ["-Q", ",".join(queues), "-P", "processes", "-c", str(concurrency)]
-        argv += ["-n", f"{name}@%h", "--without-mingle", "--without-gossip", "-l", "INFO"]
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **env, "BATCHGEN_READY_FILE": str(ready_path)},
-                start_new_session=True,
-            )
-        worker = WorkerProcess(name, process, log_path, ready_path)
-        started.append(worker)
-        return worker.wait_ready()
-
-    yield start
-    for w in started:
-        w.stop()
-        _kill_group(w.process.pid)
+BEAT_LEASE_S = 3  # BATCHGEN_BEAT_LOCK_LEASE_S: how soon a standby beat takes over
 
 
-def test_worker_child_sigkill_mid_call(sim, workers, prefork_worker):
-    """A prefork pool child is SIGKILLed while its provider call is in flight. Celery
-    requeues the message (reject on worker lost); the item is still running under the
-    dead attempt, so the sweep hands it back once its lease ends and it runs again.
-    The cut call reached the provider, so it must be in the ledger, as waste."""
-    sim_config(sim.base_url, latency_base_ms=SLOW_CALL_MS)
+def test_worker_child_sigkill_mid_run(sim, workers):
+    """Workers run Celery's thread pool (any other is refused), so a worker's only
+    child process is its embedded beat (``-B``, as ``batchgen dispatcher`` runs it;
+    :func:`app.procs.beat_pids`). The beat holding the schedule is SIGKILLed mid-run:
+    its dispatcher goes on consuming, a standby dispatcher's beat takes the schedule
+    over once the lease runs out, and the run ends with the invariants intact."""
+    from app.beat import schedule_holder
+    from app.procs import beat_pids
+
+    env = {**FAULT_ENV, "BATCHGEN_BEAT_LOCK_LEASE_S": str(BEAT_LEASE_S)}
     batch_id = submit_items("child", 100)
-    dispatcher = workers(
-        [CONTROL_QUEUE], concurrency=2, env=FAULT_ENV, name="dispatcher", wait=False
+    first = workers([CONTROL_QUEUE], concurrency=2, env=env, name="dispatcher1", wait=False)
+    second = workers([CONTROL_QUEUE], concurrency=2, env=env, name="dispatcher2", wait=False)
+    llm = workers(_llm_queues(), beat=False, env=FAULT_ENV, name="worker", wait=False)
+    _ready(first, second, llm)
+    wait_until(lambda: succeeded_items(batch_id) >= 10, 60, "the run to start")
+    holder = wait_until(lambda: schedule_holder(get_redis()), 30, "a beat holding the schedule")
+    victim_pid = int(holder.split(":")[1])
+    parent = next(w for w in (first, second) if victim_pid in beat_pids(w.process.pid))
+    os.kill(victim_pid, signal.SIGKILL)
+    done_at_kill = succeeded_items(batch_id)
+    new_holder = wait_until(
+        lambda: (h := schedule_holder(get_redis())) and h != holder and h,
+        BEAT_LEASE_S + 30,
+        "a standby beat to take the schedule over",
     )
-    victim = prefork_worker(_llm_queues(), concurrency=4, env=FAULT_ENV)
-    _ready(dispatcher)
-    wait_mid_run(sim.base_url, batch_id, at_least=5)
-    children = psutil.Process(victim.process.pid).children()
-    assert children, "the prefork worker has no pool children"
-    children[0].send_signal(signal.SIGKILL)
     wait_batches([batch_id], timeout_s=120)
 
-    assert victim.process.poll() is None, "the worker parent died with its child"
-    assert "SIGKILL" in victim.log_tail(10_000), "Celery did not see its child die"
-    assert cut_calls(sim.base_url) >= 1, "no call was cut mid-flight"
-    report = check_invariants(
-        sim.base_url,
-        get_redis(),
-        slot_grace_s=FAULT_RUNNING_LEASE_S,
-        tolerate_unsent_reservations_of_retried=True,
-    )
+    assert done_at_kill < 100, "the run was over before the kill"
+    assert victim_pid not in beat_pids(parent.process.pid)
+    assert parent.process.poll() is None, "the beat's dispatcher died with it"
+    assert int(new_holder.split(":")[1]) != victim_pid
+    report = check_invariants(sim.base_url, get_redis())
     assert report.statuses == {"succeeded": 100}
 
 
