@@ -35,6 +35,7 @@ from tests.helpers import (
     chat_line,
     make_tenant,
     sim_config,
+    sim_in_flight,
     submit_items,
     succeeded_items,
     wait_batches,
@@ -46,6 +47,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CONTROL_QUEUE = "batchgen.control"
 SLOW_CALL_MS = 300  # long enough that a fault lands while calls are in flight
+SURVIVOR_THREADS = 4
 
 
 @pytest.fixture
@@ -132,13 +134,15 @@ def test_worker_parent_sigkill_mid_call(sim, workers):
     not its process group, with calls in flight; the other worker finishes the run."""
     sim_config(sim.base_url, latency_base_ms=SLOW_CALL_MS)
     batch_id = submit_items("parent", 100)
-    survivor = workers(env=FAULT_ENV, name="survivor", wait=False)
+    survivor = workers(concurrency=SURVIVOR_THREADS, env=FAULT_ENV, name="survivor", wait=False)
     victim = workers(_llm_queues(), beat=False, env=FAULT_ENV, name="victim", wait=False)
     _ready(survivor, victim)
     wait_until(
         lambda: "succeeded prompt_tokens" in victim.log_tail(200), 60, "the victim to run items"
     )
     wait_mid_run(sim.base_url, batch_id, at_least=5)
+    # More calls in flight than the survivor has threads: some are the victim's.
+    wait_until(lambda: sim_in_flight(sim.base_url) > SURVIVOR_THREADS, 60, "victim calls")
     os.kill(victim.process.pid, signal.SIGKILL)
     victim.process.wait()
     wait_batches([batch_id], timeout_s=120)
@@ -149,7 +153,7 @@ def test_worker_parent_sigkill_mid_call(sim, workers):
         sim.base_url,
         get_redis(),
         slot_grace_s=FAULT_RUNNING_LEASE_S,
-        tolerate_unsent_reservations_of_retried=True,
+        worker_killed=True,
     )
     assert report.statuses == {"succeeded": 100}
 
