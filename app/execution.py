@@ -219,11 +219,20 @@ def _run_admitted(
 
 
 def _give_back(item: Claimed, settings: Settings) -> None:
-    """Nothing was sent: back to the queue, the attempt not counted (best effort;
-    if the database is unreachable too, the lease runs out and the sweep does it)."""
+    """Nothing was sent: back to the queue, the attempt not counted.
+
+    Retried through a database outage for as long as the lease lasts: a
+    ``mark_sent`` whose commit landed but whose reply was lost leaves ``sent_at``
+    set, and if the sweep found it so it would ledger a call that was never made.
+    Past the lease the sweep hands the item back (and, seeing ``sent_at``,
+    ledgers the call as waste: it over-counts rather than misses).
+    """
     try:
-        with session_scope() as session:
-            unclaim(session, item, 0.0, settings.queued_lease_s)
+        _with_db_retries(
+            item,
+            "handing the item back",
+            lambda session: unclaim(session, item, 0.0, settings.queued_lease_s),
+        )
     except Exception as exc:
         if not db.is_transient(exc):
             raise

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -119,7 +118,10 @@ class Gate:
     def enter(self, spec: ModelSpec, item: Claimed) -> Pass | Wait | Never:
         """Take a slot and reserve tokens, or say how long to wait."""
         tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
-        reservation_id = f"{item.item_id}:{uuid.uuid4().hex[:12]}"
+        # One id per item and attempt: an attempt handed back unsent (its attempt
+        # number is reused) finds a reservation whose reply it lost, instead of
+        # leaving it on the books for a call that never happens.
+        reservation_id = f"{item.item_id}:{item.attempt}"
         if not self.enabled:
             return Pass(reservation_id, tokens)
         if not self._take_slot(spec, reservation_id):

@@ -23,7 +23,7 @@
 -- KEYS[5] cooldown key (string with a TTL while the provider said 429)
 -- KEYS[6] waiters (zset, score: first denial)  KEYS[7] waiters' tokens (hash)
 -- KEYS[8] waiters (zset, score: last try)
--- ARGV: id, tokens, tokens_limit, requests_limit, tenant_tokens_limit (0 = none),
+-- ARGV: id (one per item and attempt), tokens, tokens_limit, requests_limit, tenant_tokens_limit (0 = none),
 --       window_s, guard_s, now_s (empty = Redis TIME), waiter id (empty = none),
 --       claim_ttl_s, held_claims
 -- Returns {1, 0, ''} when granted, {0, wait_ms, reason} when denied (reason:
@@ -87,6 +87,16 @@ local function leave_line(w)
     redis.call('ZREM', line, w)
     redis.call('ZREM', line_seen, w)
     redis.call('HDEL', line_tokens, w)
+end
+
+-- The same reservation id again: a retry of an attempt whose reply was lost
+-- (Redis stalled past the client's timeout, then ran the script anyway). The
+-- entry is already on the books and still in the window, so it is this
+-- caller's: granted, nothing counted twice.
+local held_score = redis.call('ZSCORE', KEYS[1], id)
+if held_score and tonumber(held_score) > now - span then
+    if waiter ~= '' then leave_line(waiter) end
+    return {1, 0, ''}
 end
 
 local cooldown_ms = redis.call('PTTL', KEYS[5])

@@ -131,6 +131,25 @@ def test_release_and_reconcile_give_tokens_back(budget):
     assert budget.used(s, now_s=1.0) == (500, 1)
 
 
+def test_reservation_whose_reply_was_lost_is_adopted_by_its_retry(budget):
+    """Redis stalled past the client's timeout, then ran the reserve anyway: the
+    attempt, handed back unsent, retries with the same id and finds it granted,
+    so one call keeps one reservation (not two, not one nobody settles)."""
+    s = spec(tpm=1000, rpm=20)
+    assert budget.reserve(s, "7:1", 400, now_s=10.0).granted  # the reply that was lost
+    assert budget.reserve(s, "7:1", 400, now_s=15.0).granted  # the same attempt, retried
+    assert budget.used(s, now_s=15.0) == (400, 1)
+    # The running totals the reserve checks count it once too: 600 more still fit.
+    assert budget.reserve(s, "9:1", 600, now_s=15.0).granted
+    assert budget.release(s, "9:1") == -600
+    assert budget.release(s, "7:1") == -400
+    assert budget.used(s, now_s=15.0) == (0, 0)
+    # Once out of the window, the same id is a new reservation.
+    assert budget.reserve(s, "8:1", 300, now_s=20.0).granted
+    assert budget.reserve(s, "8:1", 300, now_s=20.0 + WINDOW_S + GUARD_S + 1).granted
+    assert budget.used(s, now_s=20.0 + WINDOW_S + GUARD_S + 1) == (300, 1)
+
+
 def test_models_sharing_a_budget_key_share_the_budget(budget):
     a, b = spec(tpm=1000, key="shared"), spec(tpm=1000, key="shared")
     assert budget.reserve(a, "x", 700, now_s=0.0).granted
