@@ -2,6 +2,8 @@
 
 ``cut()`` closes every connection going through it and stops listening, so
 new connections are refused; ``restore()`` listens again on the same port.
+While ``hold`` is set, bytes from clients wait until ``release`` is set (a
+server that stalls); ``held`` tells that something was held.
 Threads only: one accept loop, one pump per direction of each connection.
 """
 
@@ -28,6 +30,9 @@ class TcpProxy:
         self._sockets: set[socket.socket] = set()
         self.accepted = 0  # connections accepted since start (proof that clients used us)
         self.cuts = 0
+        self.hold = threading.Event()
+        self.held = threading.Event()
+        self.release = threading.Event()
 
     # -- lifecycle -------------------------------------------------------------
     def start(self) -> TcpProxy:
@@ -60,6 +65,7 @@ class TcpProxy:
             self.start()
 
     def stop(self) -> None:
+        self.release.set()
         self.cut()
 
     def __enter__(self) -> TcpProxy:
@@ -108,15 +114,20 @@ class TcpProxy:
             with self._lock:
                 self._sockets.update((client, server))
                 self.accepted += 1
-            for src, dst in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            for src, dst, from_client in ((client, server, True), (server, client, False)):
+                threading.Thread(
+                    target=self._pump, args=(src, dst, from_client), daemon=True
+                ).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, from_client: bool) -> None:
         try:
             while True:
                 data = src.recv(CHUNK_BYTES)
                 if not data:
                     break
+                if from_client and self.hold.is_set():
+                    self.held.set()
+                    self.release.wait()
                 dst.sendall(data)
         except OSError:
             pass

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from app.config import get_settings
 from app.errors import OverQuota
 from app.schema import Batch, Item, Tenant
 from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.integration
 
@@ -70,49 +70,6 @@ def celery_configured(clean_db: dict[str, str]) -> None:
     assert celery_app.conf.broker_url
 
 
-class HoldingProxy:
-    """A TCP proxy to Redis; while ``hold`` is set, bytes from clients wait for ``release``."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.hold = threading.Event()
-        self.held = threading.Event()
-        self.release = threading.Event()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = [self.listener]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            self.sockets += [conn, upstream]
-            threading.Thread(target=self._pipe, args=(conn, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, conn, False), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, from_client: bool) -> None:
-        try:
-            while data := src.recv(65536):
-                if from_client and self.hold.is_set():
-                    self.held.set()
-                    self.release.wait()
-                dst.sendall(data)
-        except OSError:
-            pass
-
-    def __enter__(self) -> HoldingProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release.set()
-        for s in self.sockets:
-            s.close()
-
-
 def test_refused_submit_does_not_hold_the_admission_lock_across_redis(
     clean_db, celery_configured, monkeypatch
 ):
@@ -121,7 +78,7 @@ def test_refused_submit_does_not_hold_the_admission_lock_across_redis(
     make_tenant("capped", max_pending_items=1)
     make_tenant("valid")
     target = urlsplit(clean_db["REDIS_URL"])
-    with HoldingProxy(target.hostname or "127.0.0.1", target.port or 6379) as proxy:
+    with TcpProxy(target.hostname or "127.0.0.1", target.port or 6379) as proxy:
         slow_url = f"redis://127.0.0.1:{proxy.port}{target.path}?socket_timeout=120"
         monkeypatch.setattr(get_settings(), "redis_url", slow_url)
         proxy.hold.set()

@@ -36,7 +36,7 @@ from tests.helpers import (
     make_tenant,
     wait_batches,
 )
-from tests.proxy import TcpProxy
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.integration
 
