@@ -13,6 +13,7 @@ import contextlib
 import socket
 import threading
 import time
+from pathlib import Path
 from types import TracebackType
 
 CHUNK_BYTES = 1 << 16
@@ -21,8 +22,16 @@ CHUNK_BYTES = 1 << 16
 class TcpProxy:
     """Forward ``127.0.0.1:<port>`` to ``upstream``; ``cut()`` / ``restore()`` on demand."""
 
-    def __init__(self, upstream_host: str, upstream_port: int, port: int = 0) -> None:
+    def __init__(
+        self,
+        upstream_host: str,
+        upstream_port: int,
+        port: int = 0,
+        *,
+        upstream_unix: str | None = None,
+    ) -> None:
         self.upstream = (upstream_host, upstream_port)
+        self.upstream_unix = upstream_unix  # a Unix socket path instead of host and port
         self.port = port
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
@@ -106,8 +115,7 @@ class TcpProxy:
                 _close(client)
                 return
             try:
-                server = socket.create_connection(self.upstream, timeout=5)
-                server.settimeout(None)
+                server = self._connect_upstream()
             except OSError:
                 _close(client)  # upstream down: the client sees its connection closed
                 continue
@@ -118,6 +126,20 @@ class TcpProxy:
                 threading.Thread(
                     target=self._pump, args=(src, dst, from_client), daemon=True
                 ).start()
+
+    def _connect_upstream(self) -> socket.socket:
+        if self.upstream_unix is None:
+            server = socket.create_connection(self.upstream, timeout=5)
+        else:
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.settimeout(5)
+            try:
+                server.connect(self.upstream_unix)
+            except OSError:
+                server.close()
+                raise
+        server.settimeout(None)
+        return server
 
     def _pump(self, src: socket.socket, dst: socket.socket, from_client: bool) -> None:
         try:
@@ -157,3 +179,26 @@ def wait_port(host: str, port: int, timeout_s: float = 10.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def proxy_for_postgres(url: str) -> tuple[TcpProxy, str]:
+    """A started proxy in front of the PostgreSQL of ``url`` and the URL through it.
+
+    The server may listen on TCP or, as the embedded one does, only on a Unix
+    socket (``?host=/socket/dir``); clients reach the proxy over TCP either way.
+    """
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    socket_dir = parsed.query.get("host")
+    if isinstance(socket_dir, tuple):
+        socket_dir = socket_dir[0]
+    if socket_dir:
+        (path,) = [p for p in Path(socket_dir).glob(".s.PGSQL.*") if p.suffix != ".lock"]
+        proxy = TcpProxy("", 0, upstream_unix=str(path))
+    else:
+        proxy = TcpProxy(parsed.host or "127.0.0.1", parsed.port or 5432)
+    proxy.start()
+    query = {k: v for k, v in parsed.query.items() if k != "host"}
+    through = parsed.set(host="127.0.0.1", port=proxy.port, query=query)
+    return proxy, through.render_as_string(hide_password=False)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from sqlalchemy import func, make_url, select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import OperationalError
 
 from app import client, db, keys
@@ -36,7 +36,7 @@ from tests.helpers import (
     make_tenant,
     wait_batches,
 )
-from tests.tcp_proxy import TcpProxy
+from tests.tcp_proxy import proxy_for_postgres
 
 pytestmark = pytest.mark.integration
 
@@ -172,9 +172,7 @@ def _await(condition: Callable[[], object], timeout_s: float, what: str) -> None
 def test_paid_answer_survives_database_outage(clean_db, simulator, workers):
     """PostgreSQL becomes unreachable while the provider answers: the worker keeps the
     answer and records it once the database is back (one call, one ledger row)."""
-    db_url = make_url(clean_db["DATABASE_URL"])
-    proxy = TcpProxy(db_url.host or "127.0.0.1", db_url.port or 5432).start()
-    proxied = db_url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    proxy, proxied = proxy_for_postgres(clean_db["DATABASE_URL"])
     httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 1500})
     try:
         make_tenant("outage")
