@@ -24,10 +24,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import tokens
-from app.deadlines import parse_duration_s
-from app.errors import PayloadTooLarge, ValidationFailed
-from app.registry import ModelSpec, Registry
+from batchgen import tokens
+from batchgen.deadlines import parse_duration_s
+from batchgen.errors import PayloadTooLarge, ValidationFailed
+from batchgen.registry import ModelSpec, Registry
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
 MAX_CUSTOM_ID_CHARS = 512

@@ -20,8 +20,8 @@ from sqlalchemy import exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import quotas
-from app.admission import (
+from batchgen import quotas
+from batchgen.admission import (
     CHAT_COMPLETIONS,
     UNSTORABLE,
     ItemDraft,
@@ -30,12 +30,12 @@ from app.admission import (
     parse_lines,
     unstorable_path,
 )
-from app.config import Settings
-from app.deadlines import parse_duration_s
-from app.errors import IdempotencyKeyReused, NotFound, ValidationFailed
-from app.registry import Registry
-from app.schema import Batch, Item, Result, Tenant
-from app.status import TERMINAL, BatchStatus, ItemStatus, Priority, batch_status
+from batchgen.config import Settings
+from batchgen.deadlines import parse_duration_s
+from batchgen.errors import IdempotencyKeyReused, NotFound, ValidationFailed
+from batchgen.registry import Registry
+from batchgen.schema import Batch, Item, Result, Tenant
+from batchgen.status import TERMINAL, BatchStatus, ItemStatus, Priority, batch_status
 
 INSERT_CHUNK = 1000
 OPEN_STATUSES = [s.value for s in ItemStatus if s not in TERMINAL]

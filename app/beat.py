@@ -37,8 +37,8 @@ from typing import Any
 import redis
 from celery.beat import PersistentScheduler
 
-from app.config import get_settings
-from app.redis_client import get_redis, script
+from batchgen.config import get_settings
+from batchgen.redis_client import get_redis, script
 
 log = logging.getLogger(__name__)
 

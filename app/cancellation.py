@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import redis
 
-from app import keys
+from batchgen import keys
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ def cancelled_batches_in(batch_ids: list[str]) -> set[str]:
     """Which of ``batch_ids`` have a cancel requested (PostgreSQL)."""
     from sqlalchemy import select
 
-    from app.db import session_scope
-    from app.schema import Batch
+    from batchgen.db import session_scope
+    from batchgen.schema import Batch
 
     with session_scope() as session:
         return set(

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from app.accounting import record_lost_call
-from app.batches import refresh_status
-from app.config import Settings
-from app.registry import Registry, get_registry
-from app.sqlfiles import query
+from batchgen.accounting import record_lost_call
+from batchgen.batches import refresh_status
+from batchgen.config import Settings
+from batchgen.registry import Registry, get_registry
+from batchgen.sqlfiles import query
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from app.schema import Base
+from batchgen.schema import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -43,7 +43,7 @@ def apply_settings(config: Mapping[str, Any]) -> dict[str, str]:
     The host's configuration wins over the environment. The settings cache is
     cleared so the next :func:`app.config.get_settings` sees the new values.
     """
-    from app.config import get_settings
+    from batchgen.config import get_settings
 
     exported = {
         key: _env_value(value)

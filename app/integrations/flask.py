@@ -1,7 +1,7 @@
 """The Flask extension: mount the batch API in a host app and hand it the Python API.
 
     from flask import Flask
-    from app.integrations.flask import BatchGen
+    from batchgen.integrations.flask import BatchGen
 
     app = Flask(__name__)
     app.config["BATCHGEN_URL_PREFIX"] = "/llm"   # default "/batchgen"
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from flask import Flask
 
-from app import client
-from app.integrations import apply_settings
+from batchgen import client
+from batchgen.integrations import apply_settings
 
 DEFAULT_URL_PREFIX = "/batchgen"
 EXTENSION_KEY = "batchgen"
@@ -39,8 +39,8 @@ class BatchGen:
 
     def init_app(self, app: Flask) -> None:
         """Export the app's ``BATCHGEN_*`` config, mount the API, register the extension."""
-        from app.api import blueprint, install_error_handlers
-        from app.logs import redact_access_logs
+        from batchgen.api import blueprint, install_error_handlers
+        from batchgen.logs import redact_access_logs
 
         apply_settings(app.config)
         prefix = app.config.setdefault("BATCHGEN_URL_PREFIX", DEFAULT_URL_PREFIX)

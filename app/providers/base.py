@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import httpcore2
 import httpx2
 
-from app.errors import (
+from batchgen.errors import (
     CallCancelled,
     ContextLengthExceeded,
     PermanentProviderError,
@@ -29,9 +29,9 @@ from app.errors import (
     RateLimited,
     TransientProviderError,
 )
-from app.registry import ModelSpec
-from app.retry import parse_retry_after_s
-from app.tokens import count_text
+from batchgen.registry import ModelSpec
+from batchgen.retry import parse_retry_after_s
+from batchgen.tokens import count_text
 
 # Sent with every call so the provider (and the simulator's log) can be matched to an item.
 ITEM_HEADER = "x-batchgen-item"

@@ -22,8 +22,8 @@ import openai
 import pydantic
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from app.errors import MalformedResponse, ProviderError
-from app.providers.base import (
+from batchgen.errors import MalformedResponse, ProviderError
+from batchgen.providers.base import (
     ITEM_HEADER,
     ProviderRequest,
     ProviderResponse,
@@ -34,8 +34,8 @@ from app.providers.base import (
     status_message,
     transport_error,
 )
-from app.providers.headers import openai_rate_limits
-from app.tokens import count_messages, count_text
+from batchgen.providers.headers import openai_rate_limits
+from batchgen.tokens import count_messages, count_text
 
 __all__ = ["ITEM_HEADER", "OpenAIProvider", "classify_status", "translate"]
 

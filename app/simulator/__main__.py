@@ -6,8 +6,8 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from app.simulator.config import DEFAULT_FAULT_KINDS, SimulatorConfig
-from app.simulator.runner import run_simulator
+from batchgen.simulator.config import DEFAULT_FAULT_KINDS, SimulatorConfig
+from batchgen.simulator.runner import run_simulator
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.tokens import count_text
+from batchgen.tokens import count_text
 
 NATURAL_MIN_TOKENS = 20
 NATURAL_MAX_TOKENS = 120

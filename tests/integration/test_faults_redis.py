@@ -22,10 +22,10 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from app import db
-from app.embedded import RedisServer, free_port
-from app.procs import WorkerProcess
-from app.schema import Batch, Item
+from batchgen import db
+from batchgen.embedded import RedisServer, free_port
+from batchgen.procs import WorkerProcess
+from batchgen.schema import Batch, Item
 from tests.helpers import (
     FAULT_ENV,
     FAULT_RUNNING_LEASE_S,
