@@ -6,7 +6,7 @@ body and yields one :class:`ItemDraft` per line, raising a
 line. Token estimates are computed here, once, and stored on the item.
 
 Counting tokens costs CPU, so a line is first held against a floor computed
-from its byte length alone (:func:`app.tokens.min_tokens`), counting stops
+from its byte length alone (:func:`batchgen.tokens.min_tokens`), counting stops
 once a prompt is known not to fit, and one request may hand the tokenizer at
 most ``Limits.max_tokenize_bytes`` of text in all.
 

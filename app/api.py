@@ -1,7 +1,7 @@
 """The HTTP API (Flask): OpenAI-Batch-style endpoints scoped to the caller's tenant.
 
 ``create_app()`` builds a standalone app; ``blueprint`` can be mounted into a
-host app under any prefix (see :mod:`app.integrations.flask`), with
+host app under any prefix (see :mod:`batchgen.integrations.flask`), with
 :func:`install_error_handlers` so that every answer below the prefix, errors
 included (404, 405, 500, 503), is JSON ``{"error": {"code", "message", …}}``.
 """

@@ -330,8 +330,8 @@ def cancel(session: Session, tenant: Tenant, batch_id: str) -> Batch:
 
     After this commits, no new provider request starts for the batch (workers
     re-check the item row when they claim it and right before they send, see
-    :func:`app.items.mark_sent`). Calls already under way are told to stop by
-    :func:`app.cancellation.announce` after the commit.
+    :func:`batchgen.items.mark_sent`). Calls already under way are told to stop by
+    :func:`batchgen.cancellation.announce` after the commit.
     """
     batch = get_owned_batch(session, tenant, batch_id)
     if batch.finished_at is not None:
@@ -344,7 +344,7 @@ def cancel(session: Session, tenant: Tenant, batch_id: str) -> Batch:
         .where(
             Item.batch_id == batch_id,
             Item.status.in_([ItemStatus.PENDING.value, ItemStatus.QUEUED.value])
-            # running but the request not yet sent: see app.items.mark_sent
+            # running but the request not yet sent: see batchgen.items.mark_sent
             | ((Item.status == ItemStatus.RUNNING.value) & Item.sent_at.is_(None)),
         )
         .values(

@@ -1,4 +1,4 @@
-"""Celery settings, read from the one settings object (app.config) and the model registry.
+"""Celery settings, read from the one settings object (batchgen.config) and the model registry.
 
 Queues: one per model group (``llm.<group>``, from the registry) and
 ``batchgen.control`` for the dispatcher and the sweep. Messages carry ids

@@ -2,7 +2,7 @@
 
 Each function opens its own transaction and names the tenant by name; the
 HTTP API authenticates an API key and then calls the same functions with the
-tenant it found. All raise the project's typed exceptions (:mod:`app.errors`).
+tenant it found. All raise the project's typed exceptions (:mod:`batchgen.errors`).
 
     from batchgen.client import submit_batch, get_batch, iter_results, cancel_batch
 
@@ -133,7 +133,7 @@ def submit_batch(
     (``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body"}``).
     With an ``idempotency_key`` this tenant already used for the same request,
     the existing batch is returned and nothing new is stored; for another
-    request, :class:`~app.errors.IdempotencyKeyReused` (422) is raised.
+    request, :class:`~batchgen.errors.IdempotencyKeyReused` (422) is raised.
     """
     options = SubmitOptions(completion_window, metadata, idempotency_key, Priority(priority))
     return submit(tenant, as_lines(requests), options)[0]

@@ -1,6 +1,6 @@
 """Running one delivery of an item: gate, claim, call, record exactly once.
 
-Celery-free, so it can be driven by the task in :mod:`tasks.generate` and by
+Celery-free, so it can be driven by the task in :mod:`batchgen.tasks.generate` and by
 tests alike. The path: claim (queued → running) → gate (concurrency slot, token
 budget) → mark sent → provider call → record the result (or retry through the
 dispatcher, or fail) → settle the budget.

@@ -3,7 +3,7 @@
 Postgres is the truth, so recovering from a lost broker message, a flushed
 Redis or a SIGKILLed worker is one UPDATE on leases that ran out. A lost
 attempt whose request had been sent may be billed by the provider: it is
-ledgered as waste in the same transaction (see :func:`app.accounting.record_lost_call`).
+ledgered as waste in the same transaction (see :func:`batchgen.accounting.record_lost_call`).
 """
 
 from __future__ import annotations

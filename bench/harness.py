@@ -65,7 +65,7 @@ def servers() -> Iterator[Path]:
 
 @contextlib.contextmanager
 def simulator_process(*args: str) -> Iterator[str]:
-    """``python -m app.simulator`` on a free port; yields its base URL."""
+    """``python -m batchgen.simulator`` on a free port; yields its base URL."""
     from batchgen.embedded import free_port
 
     port = free_port()

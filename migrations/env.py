@@ -1,4 +1,4 @@
-"""Alembic environment: the URL comes from the config set by app.db.alembic_config."""
+"""Alembic environment: the URL comes from the config set by batchgen.db.alembic_config."""
 
 from alembic import context
 from sqlalchemy import engine_from_config, pool

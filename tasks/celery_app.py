@@ -57,7 +57,7 @@ def _warm_up(**_: Any) -> None:
 
     for spec in get_registry():
         get_provider(spec)
-    # Tells a supervisor (app.procs, tests, benchmarks) that we consume now.
+    # Tells a supervisor (batchgen.procs, tests, benchmarks) that we consume now.
     ready_file = os.environ.get("BATCHGEN_READY_FILE")
     if ready_file:
         Path(ready_file).touch()

@@ -119,7 +119,7 @@ def assert_daily_usage_matches_ledger() -> None:
 # killed worker come back within seconds.
 FAULT_CALL_TIMEOUT_S = 3
 FAULT_LEASE_MARGIN_S = 1
-# app.gate.running_lease_s with these settings: how long a dead worker's item and
+# batchgen.gate.running_lease_s with these settings: how long a dead worker's item and
 # concurrency slot stay taken.
 FAULT_RUNNING_LEASE_S = 2 * FAULT_CALL_TIMEOUT_S + FAULT_LEASE_MARGIN_S
 FAULT_ENV = {

@@ -14,7 +14,7 @@
 The API's routes answer under the prefix exactly as the standalone API does
 (``POST <prefix>/v1/batches`` …), every error below the prefix included (404,
 405, 500, 503 as JSON; the host's pages elsewhere are left alone); a
-:class:`~app.errors.BatchgenError` raised in any view of the host app becomes
+:class:`~batchgen.errors.BatchgenError` raised in any view of the host app becomes
 the same JSON error answer. Access logs of the host's server lose their query
 strings (they may carry a batch's ``metadata``).
 """
@@ -50,7 +50,7 @@ class BatchGen:
         redact_access_logs()
         app.extensions[EXTENSION_KEY] = self
 
-    # The Python API (app.client), for the host app's own views and jobs.
+    # The Python API (batchgen.client), for the host app's own views and jobs.
     submit_batch = staticmethod(client.submit_batch)
     get_batch = staticmethod(client.get_batch)
     list_batches = staticmethod(client.list_batches)

@@ -1,7 +1,7 @@
 """The provider interface: one call, a deadline, a cancellation signal.
 
 Also what both adapters share: the mapping of HTTP statuses and transport
-failures to :mod:`app.errors`, and :class:`StreamWatch`, which ends a stream
+failures to :mod:`batchgen.errors`, and :class:`StreamWatch`, which ends a stream
 between chunks when the call is cancelled or its time is up.
 
 Error messages built here carry the HTTP status, exception class and the
@@ -113,7 +113,7 @@ class ProviderResponse:
 
 class Provider(Protocol):
     def complete(self, request: ProviderRequest) -> ProviderResponse:
-        """Make the call; raise a :class:`app.errors.ProviderError` subclass on failure."""
+        """Make the call; raise a :class:`batchgen.errors.ProviderError` subclass on failure."""
         ...
 
 

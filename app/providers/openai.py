@@ -1,6 +1,6 @@
 """OpenAI-compatible adapter on the official ``openai`` SDK (any ``base_url``).
 
-SDK retries are off: retry timing belongs to :mod:`app.retry` and the
+SDK retries are off: retry timing belongs to :mod:`batchgen.retry` and the
 dispatcher, which also honour the item's deadline.
 
 A ``base_url`` with an ``api-version`` query (Azure OpenAI's classic API,

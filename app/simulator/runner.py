@@ -66,7 +66,7 @@ class SimulatorThread:
 
     @property
     def state(self) -> SimState:
-        """The in-process :class:`~app.simulator.state.SimState` (read-only use from tests)."""
+        """The in-process :class:`~batchgen.simulator.state.SimState` (read-only use from tests)."""
         return self.app[STATE]
 
     def start(self) -> SimulatorThread:

@@ -2,7 +2,7 @@
 
 Limits are enforced per (API key, model). Every answer of the chat endpoints
 carries the request id header and, once the model is known, the rate-limit
-headers of its API. Faults come from :class:`~app.simulator.faults.FaultInjector`
+headers of its API. Faults come from :class:`~batchgen.simulator.faults.FaultInjector`
 (``x-sim-fault`` header forces one). Log lines carry ids, sizes and token
 counts only, never prompt or completion text.
 """

@@ -43,7 +43,7 @@ from tests.invariants import check_invariants, reset_simulator, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REDIS_SOCKET_TIMEOUT_S = 5  # app.redis_client
+REDIS_SOCKET_TIMEOUT_S = 5  # batchgen.redis_client
 PAUSE_S = 20
 
 

@@ -96,7 +96,7 @@ BEAT_LEASE_S = 3  # BATCHGEN_BEAT_LOCK_LEASE_S: how soon a standby beat takes ov
 def test_worker_child_sigkill_mid_run(sim, workers):
     """Workers run Celery's thread pool (any other is refused), so a worker's only
     child process is its embedded beat (``-B``, as ``batchgen dispatcher`` runs it;
-    :func:`app.procs.beat_pids`). The beat holding the schedule is SIGKILLed mid-run:
+    :func:`batchgen.procs.beat_pids`). The beat holding the schedule is SIGKILLed mid-run:
     its dispatcher goes on consuming, a standby dispatcher's beat takes the schedule
     over once the lease runs out, and the run ends with the invariants intact."""
     from batchgen.beat import schedule_holder

@@ -1,7 +1,7 @@
 """The worker under faults around one provider call: what is billed, what is kept.
 
 Real PostgreSQL, Redis and the simulator over HTTP; one delivery is run in this
-process with :func:`app.execution.run_item` where the test needs to look at a
+process with :func:`batchgen.execution.run_item` where the test needs to look at a
 single call, and in worker processes where a worker must die.
 """
 

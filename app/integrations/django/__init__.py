@@ -2,7 +2,7 @@
 
     # settings.py
     INSTALLED_APPS += ["batchgen.integrations.django"]
-    BATCHGEN_DATABASE_URL = "postgresql://…"   # any BATCHGEN_* setting of app.config
+    BATCHGEN_DATABASE_URL = "postgresql://…"   # any BATCHGEN_* setting of batchgen.config
 
     # urls.py
     path("batchgen/", include("batchgen.integrations.django.urls"))

@@ -1,4 +1,4 @@
-"""The Python API for Django views and jobs: thin, documented calls into :mod:`app.client`.
+"""The Python API for Django views and jobs: thin, documented calls into :mod:`batchgen.client`.
 
     from batchgen.integrations.django.services import submit_batch, get_batch
 
@@ -6,7 +6,7 @@
         batch = submit_batch(rows, tenant=shop, completion_window="2h")
         return JsonResponse(batch)
 
-Errors are :class:`app.errors.BatchgenError`; a ``ClientError`` carries the
+Errors are :class:`batchgen.errors.BatchgenError`; a ``ClientError`` carries the
 ``status_code`` and ``to_dict()`` the HTTP API answers with.
 """
 
