@@ -9,7 +9,7 @@ COPY app ./app
 COPY tasks ./tasks
 COPY migrations ./migrations
 COPY examples ./examples
-# gunicorn serves the API in production ('app.api:create_app()').
+# gunicorn serves the API in production ('batchgen.api:create_app()').
 RUN pip install -e . "gunicorn>=22" \
  && mkdir -p /srv/data /srv/examples/nightly/out \
  && chown -R nobody:nogroup /srv/data /srv/examples/nightly/out

@@ -11,9 +11,9 @@ from sqlalchemy import Date, cast, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from app.registry import ModelSpec, Registry
-from app.schema import Item, Result, TenantDailyUsage, UsageLedger
-from app.status import TERMINAL, ItemStatus
+from batchgen.registry import ModelSpec, Registry
+from batchgen.schema import Item, Result, TenantDailyUsage, UsageLedger
+from batchgen.status import TERMINAL, ItemStatus
 
 MILLION = Decimal(1_000_000)
 

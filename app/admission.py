@@ -6,7 +6,7 @@ body and yields one :class:`ItemDraft` per line, raising a
 line. Token estimates are computed here, once, and stored on the item.
 
 Counting tokens costs CPU, so a line is first held against a floor computed
-from its byte length alone (:func:`app.tokens.min_tokens`), counting stops
+from its byte length alone (:func:`batchgen.tokens.min_tokens`), counting stops
 once a prompt is known not to fit, and one request may hand the tokenizer at
 most ``Limits.max_tokenize_bytes`` of text in all.
 
@@ -24,10 +24,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import tokens
-from app.deadlines import parse_duration_s
-from app.errors import PayloadTooLarge, ValidationFailed
-from app.registry import ModelSpec, Registry
+from batchgen import tokens
+from batchgen.deadlines import parse_duration_s
+from batchgen.errors import PayloadTooLarge, ValidationFailed
+from batchgen.registry import ModelSpec, Registry
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
 MAX_CUSTOM_ID_CHARS = 512

@@ -1,7 +1,7 @@
 """The HTTP API (Flask): OpenAI-Batch-style endpoints scoped to the caller's tenant.
 
 ``create_app()`` builds a standalone app; ``blueprint`` can be mounted into a
-host app under any prefix (see :mod:`app.integrations.flask`), with
+host app under any prefix (see :mod:`batchgen.integrations.flask`), with
 :func:`install_error_handlers` so that every answer below the prefix, errors
 included (404, 405, 500, 503), is JSON ``{"error": {"code", "message", …}}``.
 """
@@ -22,11 +22,11 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 from werkzeug.exceptions import HTTPException
 
-from app import batches, client
-from app.batches import SubmitOptions
-from app.config import get_settings
-from app.db import session_scope
-from app.errors import (
+from batchgen import batches, client
+from batchgen.batches import SubmitOptions
+from batchgen.config import get_settings
+from batchgen.db import session_scope
+from batchgen.errors import (
     BatchgenError,
     ClientError,
     Forbidden,
@@ -36,9 +36,9 @@ from app.errors import (
     Unavailable,
     ValidationFailed,
 )
-from app.schema import Tenant
-from app.status import Priority
-from app.tenants import authenticate
+from batchgen.schema import Tenant
+from batchgen.status import Priority
+from batchgen.tenants import authenticate
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("batchgen", __name__)
@@ -174,9 +174,9 @@ def status() -> Response:
     """Per-model backlog, throughput and budget use, per-tenant progress (admin only)."""
     if not _caller().is_admin:
         raise Forbidden("the status view needs an admin key")
-    from app.redis_client import get_redis
-    from app.registry import get_registry
-    from app.status_view import snapshot
+    from batchgen.redis_client import get_redis
+    from batchgen.registry import get_registry
+    from batchgen.status_view import snapshot
 
     with session_scope() as session:
         return jsonify(snapshot(session, get_redis(), get_registry(), get_settings()))
@@ -201,9 +201,9 @@ def metrics() -> Response:
     """Prometheus metrics for the whole deployment (bearer ``BATCHGEN_METRICS_TOKEN``
     or an admin key: they name tenants and their usage)."""
     _check_metrics_access()
-    from app.metrics import StateCollector, render
-    from app.redis_client import get_redis
-    from app.registry import get_registry
+    from batchgen.metrics import StateCollector, render
+    from batchgen.redis_client import get_redis
+    from batchgen.registry import get_registry
 
     settings = get_settings()
     broker = get_redis(settings.broker_url) if settings.broker_url.startswith("redis") else None
@@ -325,7 +325,7 @@ def install_error_handlers(app: Flask, prefix: str = "") -> None:
 
 def create_app() -> Flask:
     """A standalone Flask app serving the API at the root."""
-    from app.logs import configure_logging
+    from batchgen.logs import configure_logging
 
     configure_logging()
     app = Flask("batchgen")

@@ -20,8 +20,8 @@ from sqlalchemy import exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import quotas
-from app.admission import (
+from batchgen import quotas
+from batchgen.admission import (
     CHAT_COMPLETIONS,
     UNSTORABLE,
     ItemDraft,
@@ -30,12 +30,12 @@ from app.admission import (
     parse_lines,
     unstorable_path,
 )
-from app.config import Settings
-from app.deadlines import parse_duration_s
-from app.errors import IdempotencyKeyReused, NotFound, ValidationFailed
-from app.registry import Registry
-from app.schema import Batch, Item, Result, Tenant
-from app.status import TERMINAL, BatchStatus, ItemStatus, Priority, batch_status
+from batchgen.config import Settings
+from batchgen.deadlines import parse_duration_s
+from batchgen.errors import IdempotencyKeyReused, NotFound, ValidationFailed
+from batchgen.registry import Registry
+from batchgen.schema import Batch, Item, Result, Tenant
+from batchgen.status import TERMINAL, BatchStatus, ItemStatus, Priority, batch_status
 
 INSERT_CHUNK = 1000
 OPEN_STATUSES = [s.value for s in ItemStatus if s not in TERMINAL]
@@ -330,8 +330,8 @@ def cancel(session: Session, tenant: Tenant, batch_id: str) -> Batch:
 
     After this commits, no new provider request starts for the batch (workers
     re-check the item row when they claim it and right before they send, see
-    :func:`app.items.mark_sent`). Calls already under way are told to stop by
-    :func:`app.cancellation.announce` after the commit.
+    :func:`batchgen.items.mark_sent`). Calls already under way are told to stop by
+    :func:`batchgen.cancellation.announce` after the commit.
     """
     batch = get_owned_batch(session, tenant, batch_id)
     if batch.finished_at is not None:
@@ -344,7 +344,7 @@ def cancel(session: Session, tenant: Tenant, batch_id: str) -> Batch:
         .where(
             Item.batch_id == batch_id,
             Item.status.in_([ItemStatus.PENDING.value, ItemStatus.QUEUED.value])
-            # running but the request not yet sent: see app.items.mark_sent
+            # running but the request not yet sent: see batchgen.items.mark_sent
             | ((Item.status == ItemStatus.RUNNING.value) & Item.sent_at.is_(None)),
         )
         .values(

@@ -2,7 +2,7 @@
 
 Two rules, each enough to stop duplicate ticks on its own in the common case:
 
-- **One holder.** :class:`LockedScheduler` (``beat_scheduler`` in celeryconfig.py)
+- **One holder.** :class:`LockedScheduler` (``beat_scheduler`` in batchgen.celeryconfig)
   sends due ticks only while it holds the schedule lock, a Redis key with a
   lease of ``BATCHGEN_BEAT_LOCK_LEASE_S`` that the holder renews at every tick
   (at least every third of the lease). Another beat (a second dispatcher, a
@@ -37,8 +37,8 @@ from typing import Any
 import redis
 from celery.beat import PersistentScheduler
 
-from app.config import get_settings
-from app.redis_client import get_redis, script
+from batchgen.config import get_settings
+from batchgen.redis_client import get_redis, script
 
 log = logging.getLogger(__name__)
 

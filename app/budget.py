@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import redis
 
-from app import keys
-from app.config import Settings
-from app.providers.base import RateLimitState
-from app.redis_client import script
-from app.registry import ChargePolicy, ModelSpec
+from batchgen import keys
+from batchgen.config import Settings
+from batchgen.providers.base import RateLimitState
+from batchgen.redis_client import script
+from batchgen.registry import ChargePolicy, ModelSpec
 
 MAX_JITTER_S = 1.0
 

@@ -1,7 +1,7 @@
 """Stopping provider calls that are under way when their batch is cancelled.
 
 The database is the truth (a cancelled item is never claimed or sent, see
-:func:`app.items.mark_sent`); this module only makes calls already sent stop
+:func:`batchgen.items.mark_sent`); this module only makes calls already sent stop
 early. A cancel is announced on a Redis channel; each worker process runs one
 watcher thread that sets the cancel event of its in-flight calls for that
 batch. Pub/sub loses messages while a subscriber reconnects, so the watcher
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import redis
 
-from app import keys
+from batchgen import keys
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ def cancelled_batches_in(batch_ids: list[str]) -> set[str]:
     """Which of ``batch_ids`` have a cancel requested (PostgreSQL)."""
     from sqlalchemy import select
 
-    from app.db import session_scope
-    from app.schema import Batch
+    from batchgen.db import session_scope
+    from batchgen.schema import Batch
 
     with session_scope() as session:
         return set(

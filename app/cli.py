@@ -10,13 +10,13 @@ import sys
 import typer
 from rich.table import Table
 
-from app.cli_batches import register as register_batch_commands
-from app.cli_common import console, err, fail, handled, print_json
-from app.cli_common import services as _services
-from app.cli_ops import register as register_ops_commands
-from app.config import get_settings
-from app.errors import BatchgenError
-from app.registry import ChargePolicy
+from batchgen.cli_batches import register as register_batch_commands
+from batchgen.cli_common import console, err, fail, handled, print_json
+from batchgen.cli_common import services as _services
+from batchgen.cli_ops import register as register_ops_commands
+from batchgen.config import get_settings
+from batchgen.errors import BatchgenError
+from batchgen.registry import ChargePolicy
 
 cli = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 tenants_cli = typer.Typer(no_args_is_help=True, help="Create, list and revoke tenants.")
@@ -37,7 +37,7 @@ def db_upgrade(revision: str = "head") -> None:
     """Apply migrations (creates the schema on an empty database)."""
     from alembic.util import CommandError
 
-    from app import db
+    from batchgen import db
 
     with _services():
         try:
@@ -55,7 +55,7 @@ def tenants_create(
     as_json: bool = JSON,
 ) -> None:
     """Create a tenant and print its API key (shown this once; only a hash is kept)."""
-    from app import db, tenants
+    from batchgen import db, tenants
 
     with _services(), handled(), db.session_scope() as session:
         tenant, key = tenants.create_tenant(session, name, weight=weight, is_admin=admin)
@@ -70,7 +70,7 @@ def tenants_create(
 @tenants_cli.command("list")
 def tenants_list(as_json: bool = JSON) -> None:
     """List tenants (key prefixes only)."""
-    from app import db, tenants
+    from batchgen import db, tenants
 
     with _services(), db.session_scope() as session:
         rows = [
@@ -96,7 +96,7 @@ def tenants_list(as_json: bool = JSON) -> None:
 @tenants_cli.command("revoke")
 def tenants_revoke(name: str, as_json: bool = JSON) -> None:
     """Revoke a tenant's API key (its batches stay; new requests get 401)."""
-    from app import db, tenants
+    from batchgen import db, tenants
 
     with _services(), handled(), db.session_scope() as session:
         tenants.revoke(session, name)
@@ -109,7 +109,7 @@ def tenants_revoke(name: str, as_json: bool = JSON) -> None:
 @cli.command()
 def models(as_json: bool = JSON) -> None:
     """Show the model registry."""
-    from app.registry import get_registry
+    from batchgen.registry import get_registry
 
     with handled():
         specs = list(get_registry())
@@ -140,8 +140,8 @@ def _beat_schedule_file() -> str:
 
 
 def _celery_worker(queues: list[str], concurrency: int, beat: bool, name: str) -> None:
-    from app.procs import WORKER_POOL
-    from tasks.celery_app import celery_app
+    from batchgen.procs import WORKER_POOL
+    from batchgen.tasks.celery_app import celery_app
 
     argv = ["worker", "-Q", ",".join(queues), "-P", WORKER_POOL, "-c", str(concurrency)]
     argv += ["-n", f"{name}@%h", "--loglevel", get_settings().log_level]
@@ -159,8 +159,8 @@ def worker(
     pool: str = typer.Option("threads", "--pool", "-P", help="Celery pool: threads only."),
 ) -> None:
     """A Celery worker (thread pool) for one or more model groups."""
-    from app.procs import pool_error
-    from app.registry import get_registry
+    from batchgen.procs import pool_error
+    from batchgen.registry import get_registry
 
     refused = pool_error(pool)
     if refused:
@@ -186,7 +186,7 @@ def dispatcher(
     ),
 ) -> None:
     """The dispatcher and sweep: a worker on the control queue (beat embedded by default)."""
-    from celeryconfig import CONTROL_QUEUE
+    from batchgen.celeryconfig import CONTROL_QUEUE
 
     with _services():
         _celery_worker([CONTROL_QUEUE], 2, beat, "dispatcher")
@@ -195,7 +195,7 @@ def dispatcher(
 @cli.command()
 def beat() -> None:
     """Celery beat alone (dispatch, sweep and nightly ticks); run exactly one."""
-    from tasks.celery_app import celery_app
+    from batchgen.tasks.celery_app import celery_app
 
     with _services() as settings:
         celery_app.start(["beat", "-s", _beat_schedule_file(), "--loglevel", settings.log_level])
@@ -222,7 +222,7 @@ def flower(
             "or pass --basic-auth user:password",
             2,
         )
-    from tasks.celery_app import celery_app
+    from batchgen.tasks.celery_app import celery_app
 
     with _services():
         console.print(f"flower on http://{address}:{port} (basic auth as {user})")
@@ -234,10 +234,10 @@ def flower(
 
 @cli.command()
 def api(host: str = "", port: int = 0) -> None:
-    """The HTTP API (development server; use gunicorn 'app.api:create_app()' in production)."""
+    """The HTTP API (development server; use gunicorn 'batchgen.api:create_app()' in production)."""
     from werkzeug.serving import run_simple
 
-    from app.api import create_app
+    from batchgen.api import create_app
 
     with _services() as settings:
         run_simple(
@@ -259,7 +259,7 @@ def simulator(
     ),
 ) -> None:
     """The provider simulator (OpenAI and Anthropic APIs, rate limits, faults)."""
-    from app.simulator import SimulatorConfig, run_simulator
+    from batchgen.simulator import SimulatorConfig, run_simulator
 
     config = SimulatorConfig(
         tokens_per_min=tpm or None,
@@ -279,7 +279,7 @@ def demo(
     anthropic: bool = typer.Option(False, "--anthropic", help="Use the Anthropic-mode model."),
 ) -> None:
     """End to end on embedded servers: simulator, worker, dispatcher, 3 tenants, a table."""
-    from app.demo import run_demo
+    from batchgen.demo import run_demo
 
     code = run_demo(items=items, anthropic=anthropic, console=console)
     raise typer.Exit(code)

@@ -18,8 +18,8 @@ from typing import Any
 
 import typer
 
-from app.cli_common import console, err, fail, handled, print_json, progress, services
-from app.status import Priority
+from batchgen.cli_common import console, err, fail, handled, print_json, progress, services
+from batchgen.status import Priority
 
 TENANT = typer.Option(..., "--tenant", "-t", help="The tenant's name.")
 JSON = typer.Option(False, "--json", help="Print one JSON document for scripts.")
@@ -52,7 +52,7 @@ def _done(counts: dict[str, int]) -> int:
 
 def _wait(batch_ids: list[str], tenant: str, interval_s: float, timeout_s: float) -> list[dict]:
     """Poll until every batch has ended, with a progress bar; returns their descriptions."""
-    from app import client
+    from batchgen import client
 
     deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
     with progress() as bar:
@@ -108,7 +108,7 @@ def submit(
     as_json: bool = JSON,
 ) -> None:
     """Submit a JSONL file as one batch (validated whole: all lines or nothing)."""
-    from app import client
+    from batchgen import client
 
     meta = None
     if metadata is not None:
@@ -158,7 +158,7 @@ def results(
     as_json: bool = JSON,
 ) -> None:
     """Write the finished items' results (OpenAI Batch output format) to a file."""
-    from app import client
+    from batchgen import client
 
     to_stdout = str(output) == "-"
     if to_stdout and as_json:
@@ -200,7 +200,7 @@ def cancel(
     batch_id: str = typer.Argument(..., metavar="BATCH"), tenant: str = TENANT, as_json: bool = JSON
 ) -> None:
     """Cancel a batch: items not yet running end now; running calls are stopped."""
-    from app import client
+    from batchgen import client
 
     with services(), handled():
         info = client.cancel_batch(batch_id, tenant=tenant)
@@ -231,7 +231,7 @@ def nightly_run(
     Without --wait the dispatcher writes the output once the batches end, from the
     jobs of its own BATCHGEN_NIGHTLY_JOBS_FILE (so --jobs-file must be that file).
     """
-    from app.nightly import collect_job, jobs_from_settings, select_jobs, submit_job
+    from batchgen.nightly import collect_job, jobs_from_settings, select_jobs, submit_job
 
     try:
         day = dt.date.fromisoformat(date) if date else dt.datetime.now(dt.UTC).date()
@@ -254,7 +254,7 @@ def nightly_run(
                 runs[j.name], created = submit_job(j, day)
             err.print(f"{j.name}: {'submitted' if created else 'already submitted'}")
         if not wait:
-            from tasks.nightly import collect
+            from batchgen.tasks.nightly import collect
 
             for name in runs:
                 collect.apply_async(args=[name, day.isoformat()], countdown=settings.nightly_poll_s)

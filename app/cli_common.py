@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from app.config import Settings, get_settings
-from app.errors import BatchgenError
+from batchgen.config import Settings, get_settings
+from batchgen.errors import BatchgenError
 
 console = Console()
 err = Console(stderr=True)
@@ -29,7 +29,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 @contextlib.contextmanager
 def services() -> Iterator[Settings]:
     """Ensure the servers run (embedded if no URLs are set), then yield fresh settings."""
-    from app import embedded
+    from batchgen import embedded
 
     with embedded.services(Settings().data_dir):
         get_settings.cache_clear()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from app.cli_common import console, handled, print_json, services
+from batchgen.cli_common import console, handled, print_json, services
 
 JSON = typer.Option(False, "--json", help="Print one JSON document for scripts.")
 
@@ -18,7 +18,7 @@ def usage(
     as_json: bool = JSON,
 ) -> None:
     """Requests, tokens, cost and waste from the usage ledger."""
-    from app import client
+    from batchgen import client
 
     with services(), handled():
         rows = client.usage(tenant=tenant, start=start, end=end, group_by=group_by)
@@ -50,11 +50,11 @@ def usage(
 
 def status(as_json: bool = JSON) -> None:
     """Per-model backlog, throughput and budget use, and per-tenant progress."""
-    from app.config import get_settings
-    from app.db import session_scope
-    from app.redis_client import get_redis
-    from app.registry import get_registry
-    from app.status_view import snapshot
+    from batchgen.config import get_settings
+    from batchgen.db import session_scope
+    from batchgen.redis_client import get_redis
+    from batchgen.registry import get_registry
+    from batchgen.status_view import snapshot
 
     with services(), handled(), session_scope() as session:
         data = snapshot(session, get_redis(), get_registry(), get_settings())

@@ -2,9 +2,9 @@
 
 Each function opens its own transaction and names the tenant by name; the
 HTTP API authenticates an API key and then calls the same functions with the
-tenant it found. All raise the project's typed exceptions (:mod:`app.errors`).
+tenant it found. All raise the project's typed exceptions (:mod:`batchgen.errors`).
 
-    from app.client import submit_batch, get_batch, iter_results, cancel_batch
+    from batchgen.client import submit_batch, get_batch, iter_results, cancel_batch
 
     batch = submit_batch(requests, tenant="acme", completion_window="2h")
     get_batch(batch["id"], tenant="acme")["request_counts"]
@@ -22,16 +22,16 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from app import batches, counters
-from app.batches import SubmitOptions
-from app.cancellation import announce
-from app.config import get_settings
-from app.db import session_scope
-from app.errors import ClientError, NotFound, Overloaded
-from app.redis_client import get_redis
-from app.registry import get_registry
-from app.schema import Tenant
-from app.status import Priority
+from batchgen import batches, counters
+from batchgen.batches import SubmitOptions
+from batchgen.cancellation import announce
+from batchgen.config import get_settings
+from batchgen.db import session_scope
+from batchgen.errors import ClientError, NotFound, Overloaded
+from batchgen.redis_client import get_redis
+from batchgen.registry import get_registry
+from batchgen.schema import Tenant
+from batchgen.status import Priority
 
 log = logging.getLogger(__name__)
 CANCEL_TRIES = 3
@@ -104,11 +104,10 @@ def wake_dispatcher() -> None:
     """Tell a dispatcher new work is waiting: best effort, it never raises.
 
     The batch is committed already and the beat tick releases it anyway, so a
-    failure here (the broker down, a host project whose own ``tasks`` module
-    hides ours) is logged, never answered.
+    failure here (the broker down) is logged, never answered.
     """
     try:
-        from tasks.dispatch import wake
+        from batchgen.tasks.dispatch import wake
 
         wake()
     except Exception as exc:
@@ -134,7 +133,7 @@ def submit_batch(
     (``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body"}``).
     With an ``idempotency_key`` this tenant already used for the same request,
     the existing batch is returned and nothing new is stored; for another
-    request, :class:`~app.errors.IdempotencyKeyReused` (422) is raised.
+    request, :class:`~batchgen.errors.IdempotencyKeyReused` (422) is raised.
     """
     options = SubmitOptions(completion_window, metadata, idempotency_key, Priority(priority))
     return submit(tenant, as_lines(requests), options)[0]
@@ -209,7 +208,7 @@ def usage(
     the admin view over all tenants) between ``start`` and ``end`` (ISO dates)."""
     import datetime as dt
 
-    from app import usage as usage_report
+    from batchgen import usage as usage_report
 
     first, last = usage_report.parse_range(start, end, dt.datetime.now(dt.UTC).date())
     with session_scope() as session:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import redis
 
-from app import keys
-from app.redis_client import script
+from batchgen import keys
+from batchgen.redis_client import script
 
 
 class Slots:

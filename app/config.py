@@ -1,8 +1,8 @@
-"""The one settings object, read by celeryconfig.py, the API, the CLI and the tasks.
+"""The one settings object, read by batchgen.celeryconfig, the API, the CLI and the tasks.
 
 Service URLs use their conventional names (``DATABASE_URL``, ``REDIS_URL``,
 ``CELERY_BROKER_URL``); everything else is ``BATCHGEN_*``. When
-``DATABASE_URL`` / ``REDIS_URL`` are unset, :mod:`app.embedded` starts real
+``DATABASE_URL`` / ``REDIS_URL`` are unset, :mod:`batchgen.embedded` starts real
 PostgreSQL and Redis servers from PyPI packages and fills them in.
 """
 

@@ -6,7 +6,7 @@ import contextlib
 
 import redis
 
-from app import keys
+from batchgen import keys
 
 BUDGET_DENIALS = "budget_denials"
 BUDGET_WAIT_S = "budget_wait_seconds"

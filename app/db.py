@@ -5,15 +5,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from importlib import resources
 
 import psycopg
 from sqlalchemy import Engine, create_engine, exc
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.config import get_settings
+from batchgen.config import get_settings
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# Read through the import system: the folder is migrations/ on disk, batchgen.migrations installed.
+MIGRATIONS_DIR = str(resources.files("batchgen.migrations"))
 # A connect that gets no answer (a host gone, a partition) fails after this long.
 CONNECT_TIMEOUT_S = 10
 
@@ -77,7 +78,7 @@ def alembic_config(url: str | None = None):  # type: ignore[no-untyped-def]
     from alembic.config import Config
 
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("script_location", MIGRATIONS_DIR)
     cfg.set_main_option("sqlalchemy.url", (url or get_settings().sqlalchemy_url).replace("%", "%%"))
     return cfg
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from app.errors import ValidationFailed
+from batchgen.errors import ValidationFailed
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}

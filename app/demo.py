@@ -86,10 +86,10 @@ def run_demo(items: int = 300, anthropic: bool = False, console: Console | None 
 
 
 def _run(items: int, anthropic: bool, console: Console, workdir: Path) -> int:
-    from app import client, db, embedded, tenants
-    from app.config import get_settings
-    from app.procs import start_worker
-    from app.simulator import SimulatorConfig, SimulatorThread
+    from batchgen import client, db, embedded, tenants
+    from batchgen.config import get_settings
+    from batchgen.procs import start_worker
+    from batchgen.simulator import SimulatorConfig, SimulatorThread
 
     started = time.monotonic()
     sim_config = SimulatorConfig(
@@ -100,7 +100,7 @@ def _run(items: int, anthropic: bool, console: Console, workdir: Path) -> int:
         get_settings.cache_clear()
         console.print(f"[bold]servers[/bold] PostgreSQL + Redis ready, simulator at {sim.base_url}")
         db.upgrade()
-        from app.registry import get_registry
+        from batchgen.registry import get_registry
 
         registry = get_registry()
         models = ["sim-small", "sim-claude" if anthropic else "sim-large"]
@@ -141,7 +141,7 @@ def _run(items: int, anthropic: bool, console: Console, workdir: Path) -> int:
 def _watch(
     batch_ids: dict[str, str], total: int, console: Console, timeout_s: float = 120.0
 ) -> bool:
-    from app import client
+    from batchgen import client
 
     columns = (
         TextColumn("{task.description}"),
@@ -171,8 +171,8 @@ def _watch(
 
 
 def _report(batch_ids: dict[str, str], console: Console) -> None:
-    from app.db import session_scope
-    from app.schema import Item, Result
+    from batchgen.db import session_scope
+    from batchgen.schema import Item, Result
 
     table = Table(
         "tenant",

@@ -1,6 +1,6 @@
 """Running one delivery of an item: gate, claim, call, record exactly once.
 
-Celery-free, so it can be driven by the task in :mod:`tasks.generate` and by
+Celery-free, so it can be driven by the task in :mod:`batchgen.tasks.generate` and by
 tests alike. The path: claim (queued → running) → gate (concurrency slot, token
 budget) → mark sent → provider call → record the result (or retry through the
 dispatcher, or fail) → settle the budget.
@@ -20,22 +20,22 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app import db, retry
-from app.accounting import CallOutcome, record_success, record_waste
-from app.batches import finish_if_done
-from app.cancellation import CancelWatcher
-from app.config import Settings
-from app.db import session_scope
-from app.deadlines import call_timeout_s, time_left_s
-from app.errors import (
+from batchgen import db, retry
+from batchgen.accounting import CallOutcome, record_success, record_waste
+from batchgen.batches import finish_if_done
+from batchgen.cancellation import CancelWatcher
+from batchgen.config import Settings
+from batchgen.db import session_scope
+from batchgen.deadlines import call_timeout_s, time_left_s
+from batchgen.errors import (
     CallCancelled,
     PermanentProviderError,
     ProviderError,
     RateLimited,
     TransientProviderError,
 )
-from app.gate import Gate, Never, Pass, Wait, running_lease_s
-from app.items import (
+from batchgen.gate import Gate, Never, Pass, Wait, running_lease_s
+from batchgen.items import (
     Claimed,
     claim,
     defer,
@@ -45,11 +45,11 @@ from app.items import (
     reschedule,
     unclaim,
 )
-from app.providers import get_provider
-from app.providers.base import ProviderRequest, ProviderResponse
-from app.registry import ModelSpec, Registry
-from app.schema import Item
-from app.status import ItemStatus
+from batchgen.providers import get_provider
+from batchgen.providers.base import ProviderRequest, ProviderResponse
+from batchgen.registry import ModelSpec, Registry
+from batchgen.schema import Item
+from batchgen.status import ItemStatus
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -17,14 +17,14 @@ from enum import StrEnum
 
 import redis
 
-from app import counters
-from app.budget import Budget, charged_tokens, countdown_s, reservation_tokens
-from app.concurrency import Slots
-from app.config import Settings
-from app.errors import CallCancelled, PermanentProviderError, ProviderError, RateLimited
-from app.items import Claimed
-from app.providers.base import ProviderResponse
-from app.registry import ModelSpec
+from batchgen import counters
+from batchgen.budget import Budget, charged_tokens, countdown_s, reservation_tokens
+from batchgen.concurrency import Slots
+from batchgen.config import Settings
+from batchgen.errors import CallCancelled, PermanentProviderError, ProviderError, RateLimited
+from batchgen.items import Claimed
+from batchgen.providers.base import ProviderResponse
+from batchgen.registry import ModelSpec
 
 SLOT_POLL_S = 0.05
 SLOT_RETRY_S = 0.5

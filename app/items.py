@@ -14,9 +14,9 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app.deadlines import carried_forward
-from app.schema import Batch, Item, Tenant
-from app.status import ItemStatus
+from batchgen.deadlines import carried_forward
+from batchgen.schema import Batch, Item, Tenant
+from batchgen.status import ItemStatus
 
 
 @dataclass(frozen=True)

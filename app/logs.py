@@ -23,7 +23,7 @@ from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
 
-from app.config import get_settings
+from batchgen.config import get_settings
 
 # Loggers that would print request or response bodies when verbose.
 QUIET_LOGGERS = ("openai", "anthropic", "httpx", "httpcore", "urllib3")

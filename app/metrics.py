@@ -24,13 +24,13 @@ from prometheus_client.core import (
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app import counters
-from app.budget import Budget
-from app.concurrency import Slots
-from app.config import Settings
-from app.registry import Registry
-from app.schema import Item, Result, Tenant, TenantDailyUsage
-from app.status import ItemStatus
+from batchgen import counters
+from batchgen.budget import Budget
+from batchgen.concurrency import Slots
+from batchgen.config import Settings
+from batchgen.registry import Registry
+from batchgen.schema import Item, Result, Tenant, TenantDailyUsage
+from batchgen.status import ItemStatus
 
 # Seconds; a queue wait or an upstream call of an LLM lies between 10 ms and 10 min.
 BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)

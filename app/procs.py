@@ -99,7 +99,7 @@ def start_worker(
         "-m",
         "celery",
         "-A",
-        "tasks.celery_app",
+        "batchgen.tasks",
         "worker",
         "-Q",
         ",".join(queues),

@@ -19,12 +19,12 @@ import math
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from app.config import Settings
-from app.errors import Overloaded, OverQuota, PayloadTooLarge
-from app.registry import ModelSpec, Registry
-from app.scheduling import ADVISORY_NAMESPACE
-from app.schema import Item, Tenant, TenantDailyUsage
-from app.status import TERMINAL, ItemStatus
+from batchgen.config import Settings
+from batchgen.errors import Overloaded, OverQuota, PayloadTooLarge
+from batchgen.registry import ModelSpec, Registry
+from batchgen.scheduling import ADVISORY_NAMESPACE
+from batchgen.schema import Item, Tenant, TenantDailyUsage
+from batchgen.status import TERMINAL, ItemStatus
 
 OPEN = [s.value for s in ItemStatus if s not in TERMINAL]
 MIN_RETRY_AFTER_S = 1.0

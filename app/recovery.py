@@ -3,7 +3,7 @@
 Postgres is the truth, so recovering from a lost broker message, a flushed
 Redis or a SIGKILLed worker is one UPDATE on leases that ran out. A lost
 attempt whose request had been sent may be billed by the provider: it is
-ledgered as waste in the same transaction (see :func:`app.accounting.record_lost_call`).
+ledgered as waste in the same transaction (see :func:`batchgen.accounting.record_lost_call`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from app.accounting import record_lost_call
-from app.batches import refresh_status
-from app.config import Settings
-from app.registry import Registry, get_registry
-from app.sqlfiles import query
+from batchgen.accounting import record_lost_call
+from batchgen.batches import refresh_status
+from batchgen.config import Settings
+from batchgen.registry import Registry, get_registry
+from batchgen.sqlfiles import query
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from importlib import resources
 import redis
 from redis.commands.core import Script
 
-from app.config import get_settings
+from batchgen.config import get_settings
 
 
 @functools.cache
@@ -29,7 +29,7 @@ def get_redis(url: str | None = None) -> redis.Redis:
 
 @functools.cache
 def _source(name: str) -> str:
-    return resources.files("app").joinpath("lua", f"{name}.lua").read_text("utf-8")
+    return resources.files("batchgen").joinpath("lua", f"{name}.lua").read_text("utf-8")
 
 
 @functools.cache

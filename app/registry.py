@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
 
-from app.errors import ConfigError
+from batchgen.errors import ConfigError
 
 QUEUE_PREFIX = "llm."
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -148,6 +148,6 @@ def load_registry(path: Path) -> Registry:
 
 def get_registry() -> Registry:
     """The registry named by the settings (``BATCHGEN_MODELS_FILE``)."""
-    from app.config import get_settings
+    from batchgen.config import get_settings
 
     return load_registry(get_settings().models_file)

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
-from app.config import Settings
-from app.registry import ModelSpec, Registry
-from app.schema import Item
-from app.sqlfiles import query
-from app.status import ItemStatus
+from batchgen.config import Settings
+from batchgen.registry import ModelSpec, Registry
+from batchgen.schema import Item
+from batchgen.sqlfiles import query
+from batchgen.status import ItemStatus
 
 # First key of the advisory locks this project takes (ASCII "BGDP").
 ADVISORY_NAMESPACE = 0x42474450

@@ -74,7 +74,7 @@ class Batch(Base):
     deadline_at: Mapped[dt.datetime] = mapped_column(TZ)
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
-    # SHA-256 of the request that used the key (app.admission.RequestFingerprint):
+    # SHA-256 of the request that used the key (batchgen.admission.RequestFingerprint):
     # the key replays this request only.
     request_sha256: Mapped[str | None] = mapped_column(String(64))
     total_items: Mapped[int] = mapped_column(Integer)

@@ -11,4 +11,4 @@ from sqlalchemy import TextClause, text
 @functools.cache
 def query(name: str) -> TextClause:
     """The statement in ``app/sql/<name>.sql``."""
-    return text(resources.files("app").joinpath("sql", f"{name}.sql").read_text("utf-8"))
+    return text(resources.files("batchgen").joinpath("sql", f"{name}.sql").read_text("utf-8"))

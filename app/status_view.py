@@ -13,12 +13,12 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.budget import Budget
-from app.concurrency import Slots
-from app.config import Settings
-from app.registry import Registry
-from app.schema import Batch, Item, Tenant
-from app.status import TERMINAL, ItemStatus
+from batchgen.budget import Budget
+from batchgen.concurrency import Slots
+from batchgen.config import Settings
+from batchgen.registry import Registry
+from batchgen.schema import Batch, Item, Tenant
+from batchgen.status import TERMINAL, ItemStatus
 
 THROUGHPUT_WINDOW_MIN = 5
 OPEN = [s.value for s in ItemStatus if s not in TERMINAL]

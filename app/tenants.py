@@ -10,8 +10,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.errors import Conflict, NotFound, Unauthorized, ValidationFailed
-from app.schema import Tenant
+from batchgen.errors import Conflict, NotFound, Unauthorized, ValidationFailed
+from batchgen.schema import Tenant
 
 KEY_PREFIX = "bg_"
 

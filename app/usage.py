@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import Date, cast, func, select
 from sqlalchemy.orm import Session
 
-from app.errors import ValidationFailed
-from app.schema import Tenant, TenantDailyUsage, UsageLedger
+from batchgen.errors import ValidationFailed
+from batchgen.schema import Tenant, TenantDailyUsage, UsageLedger
 
 GROUPS = ("model", "day", "tenant")
 MAX_RANGE_DAYS = 366

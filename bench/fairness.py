@@ -38,15 +38,15 @@ MODEL = "fair"
 
 
 def _tenant(name: str, weight: int = 1) -> None:
-    from app import db, tenants
+    from batchgen import db, tenants
 
     with db.session_scope() as s:
         tenants.create_tenant(s, name, weight=weight)
 
 
 def _latencies_s(batch_id: str) -> list[float]:
-    from app.db import session_scope
-    from app.schema import Item
+    from batchgen.db import session_scope
+    from batchgen.schema import Item
 
     with session_scope() as s:
         rows = s.execute(
@@ -63,9 +63,9 @@ def _p(values: list[float], q: int) -> float:
 
 def _publish_all(batch_id: str) -> None:
     """Naive fan-out: every item straight onto the model's queue, in order."""
-    from app.db import session_scope
-    from app.schema import Item
-    from tasks.generate import generate
+    from batchgen.db import session_scope
+    from batchgen.schema import Item
+    from batchgen.tasks.generate import generate
 
     with session_scope() as s:
         ids = list(
@@ -83,7 +83,7 @@ def _publish_all(batch_id: str) -> None:
 
 
 def interactive_latency(args: argparse.Namespace, sim_url: str, mode: str) -> list[float]:
-    from app import client
+    from batchgen import client
 
     reset_state(sim_url)
     _tenant("A")
@@ -106,9 +106,9 @@ def interactive_latency(args: argparse.Namespace, sim_url: str, mode: str) -> li
 
 def shares(args: argparse.Namespace, sim_url: str, weight_a: int) -> tuple[float, float]:
     """Items finished per tenant while both have backlog (after a warm-up)."""
-    from app import client
-    from app.db import session_scope
-    from app.schema import Item
+    from batchgen import client
+    from batchgen.db import session_scope
+    from batchgen.schema import Item
 
     reset_state(sim_url)
     _tenant("A", weight=weight_a)
@@ -152,8 +152,8 @@ def main() -> None:
 
     import os
 
-    from app.config import get_settings
-    from app.procs import start_worker
+    from batchgen.config import get_settings
+    from batchgen.procs import start_worker
 
     with (
         servers() as workdir,

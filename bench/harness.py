@@ -46,8 +46,8 @@ max_attempts = 50
 @contextlib.contextmanager
 def servers() -> Iterator[Path]:
     """Embedded (or given) PostgreSQL and Redis, a fresh database, migrated."""
-    from app import db, embedded
-    from app.config import get_settings
+    from batchgen import db, embedded
+    from batchgen.config import get_settings
 
     workdir = Path(tempfile.mkdtemp(prefix="batchgen-bench-"))
     with embedded.services(workdir / "data") as urls:
@@ -65,15 +65,15 @@ def servers() -> Iterator[Path]:
 
 @contextlib.contextmanager
 def simulator_process(*args: str) -> Iterator[str]:
-    """``python -m app.simulator`` on a free port; yields its base URL."""
-    from app.embedded import free_port
+    """``python -m batchgen.simulator`` on a free port; yields its base URL."""
+    from batchgen.embedded import free_port
 
     port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "app.simulator",
+            "batchgen.simulator",
             "--port",
             str(port),
             "--log-level",
@@ -103,8 +103,8 @@ def reset_state(sim_url: str) -> None:
     """
     from sqlalchemy.exc import OperationalError
 
-    from app.db import get_engine
-    from app.redis_client import get_redis
+    from batchgen.db import get_engine
+    from batchgen.redis_client import get_redis
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -157,8 +157,8 @@ def chat_requests(n: int, model: str, prefix: str, seed: int = 0) -> list[dict[s
 def wait_finished(batch_ids: list[str], timeout_s: float) -> None:
     from sqlalchemy import func, select
 
-    from app.db import session_scope
-    from app.schema import Batch
+    from batchgen.db import session_scope
+    from batchgen.schema import Batch
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

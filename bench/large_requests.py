@@ -72,9 +72,9 @@ def utilization(grants: list[tuple[float, int]], limit: int, window_s: float) ->
 def simulate(args: argparse.Namespace, held_claims: int, redis_url: str, label: str) -> Result:
     import redis
 
-    from app.budget import Budget, countdown_s
-    from app.config import Settings
-    from app.registry import ModelSpec
+    from batchgen.budget import Budget, countdown_s
+    from batchgen.config import Settings
+    from batchgen.registry import ModelSpec
 
     client = redis.Redis.from_url(redis_url)
     key = f"bench-large-{label}-{os.getpid()}"
@@ -161,7 +161,7 @@ def main() -> None:
     parser.add_argument("--held-claims", type=int, default=32, help="for run (a)")
     args = parser.parse_args()
 
-    from app import embedded
+    from batchgen import embedded
 
     server = None
     redis_url = os.environ.get("REDIS_URL")

@@ -62,8 +62,8 @@ def run(
     workdir: Path,
     models_file: Path,
 ) -> dict[str, float]:
-    from app import client, db, tenants
-    from app.procs import start_worker
+    from batchgen import client, db, tenants
+    from batchgen.procs import start_worker
 
     reset_state(sim_url)
     env = {
@@ -146,7 +146,7 @@ def main() -> None:
             )
         )
         os.environ["BATCHGEN_MODELS_FILE"] = str(models_file)
-        from app.config import get_settings
+        from batchgen.config import get_settings
 
         get_settings.cache_clear()
         results = {

@@ -23,7 +23,7 @@ from typing import Any
 from flask import Flask, jsonify, request
 from flask.typing import ResponseReturnValue
 
-from app.integrations.flask import BatchGen
+from batchgen.integrations.flask import BatchGen
 
 batchgen = BatchGen()
 

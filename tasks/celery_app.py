@@ -1,4 +1,4 @@
-"""The Celery application; ``celery -A tasks.celery_app worker`` starts a worker."""
+"""The Celery application; ``celery -A batchgen.tasks worker`` starts a worker."""
 
 import os
 import sys
@@ -8,15 +8,21 @@ from typing import Any
 from celery import Celery, signals
 
 celery_app = Celery(
-    "batchgen", include=["tasks.generate", "tasks.dispatch", "tasks.sweep", "tasks.nightly"]
+    "batchgen",
+    include=[
+        "batchgen.tasks.generate",
+        "batchgen.tasks.dispatch",
+        "batchgen.tasks.sweep",
+        "batchgen.tasks.nightly",
+    ],
 )
-celery_app.config_from_object("celeryconfig")
+celery_app.config_from_object("batchgen.celeryconfig")
 
 
 @signals.setup_logging.connect
 def _setup_logging(**_: Any) -> None:
     # Connecting here also stops Celery from replacing our handlers.
-    from app.logs import configure_logging
+    from batchgen.logs import configure_logging
 
     configure_logging()
 
@@ -25,7 +31,7 @@ def _setup_logging(**_: Any) -> None:
 def _refuse_other_pools(**_: Any) -> None:
     # Celery takes an explicit "-P prefork" for its default and silently runs the
     # configured pool instead; refuse any pool but threads rather than swap it.
-    from app.procs import pool_error, requested_pool
+    from batchgen.procs import pool_error, requested_pool
 
     message = pool_error(requested_pool(sys.argv[1:]) or str(celery_app.conf.worker_pool))
     if message:
@@ -37,7 +43,7 @@ def _refuse_other_pools(**_: Any) -> None:
 def _beat_dies_with_worker(**_: Any) -> None:
     # A beat embedded in a dispatcher (-B) is a child process: without this, a
     # `kill -9` of the dispatcher leaves it sending ticks as an orphan.
-    from app.beat import die_with_parent
+    from batchgen.beat import die_with_parent
 
     die_with_parent()
 
@@ -46,12 +52,12 @@ def _beat_dies_with_worker(**_: Any) -> None:
 def _warm_up(**_: Any) -> None:
     # Import the provider SDKs now rather than inside the first call: a call
     # admitted by the budget must reach the provider promptly.
-    from app.providers import get_provider
-    from app.registry import get_registry
+    from batchgen.providers import get_provider
+    from batchgen.registry import get_registry
 
     for spec in get_registry():
         get_provider(spec)
-    # Tells a supervisor (app.procs, tests, benchmarks) that we consume now.
+    # Tells a supervisor (batchgen.procs, tests, benchmarks) that we consume now.
     ready_file = os.environ.get("BATCHGEN_READY_FILE")
     if ready_file:
         Path(ready_file).touch()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from app.config import get_settings
-from app.db import session_scope
-from app.registry import get_registry
-from app.scheduling import release_all
-from tasks.celery_app import celery_app
+from batchgen.config import get_settings
+from batchgen.db import session_scope
+from batchgen.registry import get_registry
+from batchgen.scheduling import release_all
+from batchgen.tasks.celery_app import celery_app
 
 log = logging.getLogger(__name__)
 WAKE_EXPIRES_S = 10
@@ -20,7 +20,7 @@ def dispatch_now() -> int:
     The release commits before publishing: if a publish is lost, the item's
     queued lease runs out and the sweep hands it back to the dispatcher.
     """
-    from tasks.generate import generate
+    from batchgen.tasks.generate import generate
 
     with session_scope() as session:
         releases = release_all(session, get_registry(), get_settings())

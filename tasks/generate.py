@@ -6,14 +6,14 @@ import functools
 
 from celery import Task
 
-from app.cancellation import CancelWatcher
-from app.config import get_settings
-from app.execution import run_item
-from app.gate import Gate
-from app.redis_client import get_redis
-from app.registry import get_registry
-from tasks.celery_app import celery_app
-from tasks.dispatch import dispatch_now
+from batchgen.cancellation import CancelWatcher
+from batchgen.config import get_settings
+from batchgen.execution import run_item
+from batchgen.gate import Gate
+from batchgen.redis_client import get_redis
+from batchgen.registry import get_registry
+from batchgen.tasks.celery_app import celery_app
+from batchgen.tasks.dispatch import dispatch_now
 
 
 @functools.cache

@@ -12,10 +12,10 @@ import logging
 
 from celery import Task
 
-from app.config import get_settings
-from app.errors import BatchgenError
-from app.nightly import collect_job, jobs_from_settings, select_jobs, submit_job
-from tasks.celery_app import celery_app
+from batchgen.config import get_settings
+from batchgen.errors import BatchgenError
+from batchgen.nightly import collect_job, jobs_from_settings, select_jobs, submit_job
+from batchgen.tasks.celery_app import celery_app
 
 log = logging.getLogger(__name__)
 

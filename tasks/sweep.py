@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from app.config import get_settings
-from app.db import session_scope
-from app.recovery import sweep as sweep_once
-from tasks.celery_app import celery_app
-from tasks.dispatch import dispatch_now
+from batchgen.config import get_settings
+from batchgen.db import session_scope
+from batchgen.recovery import sweep as sweep_once
+from batchgen.tasks.celery_app import celery_app
+from batchgen.tasks.dispatch import dispatch_now
 
 
 @celery_app.task(name="batchgen.sweep", ignore_result=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -16,6 +17,27 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 TEST_REDIS_DB = 15
+# The folders' names on disk. Installed, they are batchgen, batchgen.tasks,
+# batchgen.migrations and batchgen.celeryconfig; a module loaded under one of these
+# names (the repo root is on sys.path) would be a second copy of ours.
+OLD_NAMES = ("app", "tasks", "celeryconfig", "migrations")
+
+
+def modules_under_old_names() -> list[str]:
+    return sorted(
+        name
+        for name in sys.modules
+        if name in OLD_NAMES or name.startswith(tuple(f"{old}." for old in OLD_NAMES))
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_module_under_an_old_name() -> Iterator[None]:
+    """Fails the run if anything imported ``app``, ``tasks``, ``celeryconfig`` or
+    ``migrations`` (or below) instead of the ``batchgen`` names."""
+    yield
+    loaded = modules_under_old_names()
+    assert not loaded, f"modules loaded under their on-disk names: {loaded}"
 
 
 def _redis_test_url(url: str) -> str:
@@ -27,7 +49,7 @@ def _redis_test_url(url: str) -> str:
 @pytest.fixture(scope="session")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """DATABASE_URL and REDIS_URL of migrated, empty, real servers."""
-    from app import db, embedded
+    from batchgen import db, embedded
 
     with contextlib.ExitStack() as stack:
         if os.environ.get("DATABASE_URL"):
@@ -56,7 +78,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
 @contextlib.contextmanager
 def _environment(**values: str) -> Iterator[None]:
     """Set environment variables (and fresh settings) for the block, then put them back."""
-    from app.config import get_settings
+    from batchgen.config import get_settings
 
     saved = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
@@ -78,7 +100,7 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
     import redis
     from sqlalchemy import text
 
-    from app.db import get_engine
+    from batchgen.db import get_engine
 
     with get_engine().begin() as conn:
         conn.execute(

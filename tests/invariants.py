@@ -30,10 +30,10 @@ import httpx
 import redis
 from sqlalchemy import Date, cast, func, select
 
-from app import db, keys
-from app.registry import get_registry
-from app.schema import Item, Result, Tenant, TenantDailyUsage, UsageLedger
-from app.status import TERMINAL
+from batchgen import db, keys
+from batchgen.registry import get_registry
+from batchgen.schema import Item, Result, Tenant, TenantDailyUsage, UsageLedger
+from batchgen.status import TERMINAL
 from tests.helpers import assert_ledger_is_results_plus_waste
 
 SHOWN = 10  # offending items listed in a failure message

@@ -1,9 +1,9 @@
 """Host-framework integrations: a Flask extension and a reusable Django app.
 
-Both mount the same HTTP API (:mod:`app.api`) under a prefix the host app
-chooses and hand trusted server code the Python API (:mod:`app.client`).
+Both mount the same HTTP API (:mod:`batchgen.api`) under a prefix the host app
+chooses and hand trusted server code the Python API (:mod:`batchgen.client`).
 Settings named ``BATCHGEN_*`` in the host app's configuration are exported to
-the environment, where the one settings object (:mod:`app.config`) and every
+the environment, where the one settings object (:mod:`batchgen.config`) and every
 child process (a worker started from the host) read them.
 """
 
@@ -41,9 +41,9 @@ def apply_settings(config: Mapping[str, Any]) -> dict[str, str]:
     """Export the ``BATCHGEN_*`` entries of a host app's config; returns what was set.
 
     The host's configuration wins over the environment. The settings cache is
-    cleared so the next :func:`app.config.get_settings` sees the new values.
+    cleared so the next :func:`batchgen.config.get_settings` sees the new values.
     """
-    from app.config import get_settings
+    from batchgen.config import get_settings
 
     exported = {
         key: _env_value(value)

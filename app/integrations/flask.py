@@ -1,7 +1,7 @@
 """The Flask extension: mount the batch API in a host app and hand it the Python API.
 
     from flask import Flask
-    from app.integrations.flask import BatchGen
+    from batchgen.integrations.flask import BatchGen
 
     app = Flask(__name__)
     app.config["BATCHGEN_URL_PREFIX"] = "/llm"   # default "/batchgen"
@@ -14,7 +14,7 @@
 The API's routes answer under the prefix exactly as the standalone API does
 (``POST <prefix>/v1/batches`` …), every error below the prefix included (404,
 405, 500, 503 as JSON; the host's pages elsewhere are left alone); a
-:class:`~app.errors.BatchgenError` raised in any view of the host app becomes
+:class:`~batchgen.errors.BatchgenError` raised in any view of the host app becomes
 the same JSON error answer. Access logs of the host's server lose their query
 strings (they may carry a batch's ``metadata``).
 """
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from flask import Flask
 
-from app import client
-from app.integrations import apply_settings
+from batchgen import client
+from batchgen.integrations import apply_settings
 
 DEFAULT_URL_PREFIX = "/batchgen"
 EXTENSION_KEY = "batchgen"
@@ -39,8 +39,8 @@ class BatchGen:
 
     def init_app(self, app: Flask) -> None:
         """Export the app's ``BATCHGEN_*`` config, mount the API, register the extension."""
-        from app.api import blueprint, install_error_handlers
-        from app.logs import redact_access_logs
+        from batchgen.api import blueprint, install_error_handlers
+        from batchgen.logs import redact_access_logs
 
         apply_settings(app.config)
         prefix = app.config.setdefault("BATCHGEN_URL_PREFIX", DEFAULT_URL_PREFIX)
@@ -50,7 +50,7 @@ class BatchGen:
         redact_access_logs()
         app.extensions[EXTENSION_KEY] = self
 
-    # The Python API (app.client), for the host app's own views and jobs.
+    # The Python API (batchgen.client), for the host app's own views and jobs.
     submit_batch = staticmethod(client.submit_batch)
     get_batch = staticmethod(client.get_batch)
     list_batches = staticmethod(client.list_batches)

@@ -39,8 +39,8 @@ table is created if missing (``product_id, job, run_date, locale,
 description``); a run replaces its own rows.
 """
 
-from app.nightly.catalog import DEFAULT_TEMPLATE, PromptRenderer, Reject, read_catalog
-from app.nightly.jobs import (
+from batchgen.nightly.catalog import DEFAULT_TEMPLATE, PromptRenderer, Reject, read_catalog
+from batchgen.nightly.jobs import (
     Job,
     TableRef,
     cron_schedule,
@@ -48,8 +48,8 @@ from app.nightly.jobs import (
     load_jobs,
     select_jobs,
 )
-from app.nightly.output import output_table
-from app.nightly.runs import RunReport, collect_job, run_batch_ids, submit_job
+from batchgen.nightly.output import output_table
+from batchgen.nightly.runs import RunReport, collect_job, run_batch_ids, submit_job
 
 __all__ = [
     "DEFAULT_TEMPLATE",

@@ -11,8 +11,8 @@ from typing import Any
 
 from sqlalchemy import MetaData, Table, create_engine, select
 
-from app.errors import ConfigError, ValidationFailed
-from app.nightly.jobs import Job, TableRef
+from batchgen.errors import ConfigError, ValidationFailed
+from batchgen.nightly.jobs import Job, TableRef
 
 DEFAULT_TEMPLATE = """\
 Write a {{ tone }} product description in the language of locale {{ locale }}.

@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
-from app.config import get_settings
-from app.errors import ConfigError, NotFound
+from batchgen.config import get_settings
+from batchgen.errors import ConfigError, NotFound
 
 
 class TableRef(BaseModel):

@@ -13,8 +13,8 @@ from typing import Any
 
 from sqlalchemy import Column, Date, MetaData, String, Table, Text, create_engine
 
-from app.nightly.catalog import chunks
-from app.nightly.jobs import Job, TableRef
+from batchgen.nightly.catalog import chunks
+from batchgen.nightly.jobs import Job, TableRef
 
 
 def description(row: dict[str, Any]) -> str | None:

@@ -11,15 +11,15 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from app import client
-from app.config import Settings, get_settings
-from app.db import session_scope
-from app.errors import NotFound, ValidationFailed
-from app.nightly.catalog import PromptRenderer, Reject, chunks, read_catalog
-from app.nightly.jobs import Job, TableRef
-from app.nightly.output import description, write_file, write_table, write_text
-from app.schema import Batch, Tenant, UsageLedger
-from app.status import Priority
+from batchgen import client
+from batchgen.config import Settings, get_settings
+from batchgen.db import session_scope
+from batchgen.errors import NotFound, ValidationFailed
+from batchgen.nightly.catalog import PromptRenderer, Reject, chunks, read_catalog
+from batchgen.nightly.jobs import Job, TableRef
+from batchgen.nightly.output import description, write_file, write_table, write_text
+from batchgen.schema import Batch, Tenant, UsageLedger
+from batchgen.status import Priority
 
 log = logging.getLogger(__name__)
 

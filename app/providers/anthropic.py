@@ -20,8 +20,8 @@ import anthropic
 import httpx2
 import pydantic
 
-from app.errors import MalformedResponse, ProviderError
-from app.providers.base import (
+from batchgen.errors import MalformedResponse, ProviderError
+from batchgen.providers.base import (
     ProviderRequest,
     ProviderResponse,
     StreamWatch,
@@ -31,7 +31,7 @@ from app.providers.base import (
     status_message,
     transport_error,
 )
-from app.providers.headers import anthropic_rate_limits
+from batchgen.providers.headers import anthropic_rate_limits
 
 FINISH_REASONS = {
     "end_turn": "stop",

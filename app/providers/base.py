@@ -1,7 +1,7 @@
 """The provider interface: one call, a deadline, a cancellation signal.
 
 Also what both adapters share: the mapping of HTTP statuses and transport
-failures to :mod:`app.errors`, and :class:`StreamWatch`, which ends a stream
+failures to :mod:`batchgen.errors`, and :class:`StreamWatch`, which ends a stream
 between chunks when the call is cancelled or its time is up.
 
 Error messages built here carry the HTTP status, exception class and the
@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import httpcore2
 import httpx2
 
-from app.errors import (
+from batchgen.errors import (
     CallCancelled,
     ContextLengthExceeded,
     PermanentProviderError,
@@ -29,9 +29,9 @@ from app.errors import (
     RateLimited,
     TransientProviderError,
 )
-from app.registry import ModelSpec
-from app.retry import parse_retry_after_s
-from app.tokens import count_text
+from batchgen.registry import ModelSpec
+from batchgen.retry import parse_retry_after_s
+from batchgen.tokens import count_text
 
 # Sent with every call so the provider (and the simulator's log) can be matched to an item.
 ITEM_HEADER = "x-batchgen-item"
@@ -113,7 +113,7 @@ class ProviderResponse:
 
 class Provider(Protocol):
     def complete(self, request: ProviderRequest) -> ProviderResponse:
-        """Make the call; raise a :class:`app.errors.ProviderError` subclass on failure."""
+        """Make the call; raise a :class:`batchgen.errors.ProviderError` subclass on failure."""
         ...
 
 

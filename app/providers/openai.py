@@ -1,6 +1,6 @@
 """OpenAI-compatible adapter on the official ``openai`` SDK (any ``base_url``).
 
-SDK retries are off: retry timing belongs to :mod:`app.retry` and the
+SDK retries are off: retry timing belongs to :mod:`batchgen.retry` and the
 dispatcher, which also honour the item's deadline.
 
 A ``base_url`` with an ``api-version`` query (Azure OpenAI's classic API,
@@ -22,8 +22,8 @@ import openai
 import pydantic
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from app.errors import MalformedResponse, ProviderError
-from app.providers.base import (
+from batchgen.errors import MalformedResponse, ProviderError
+from batchgen.providers.base import (
     ITEM_HEADER,
     ProviderRequest,
     ProviderResponse,
@@ -34,8 +34,8 @@ from app.providers.base import (
     status_message,
     transport_error,
 )
-from app.providers.headers import openai_rate_limits
-from app.tokens import count_messages, count_text
+from batchgen.providers.headers import openai_rate_limits
+from batchgen.tokens import count_messages, count_text
 
 __all__ = ["ITEM_HEADER", "OpenAIProvider", "classify_status", "translate"]
 

@@ -6,10 +6,10 @@ text after a configurable latency, and injects faults on demand. It is the
 default provider of the demo and the peer of the integration tests.
 """
 
-from app.simulator.config import SimulatorConfig
-from app.simulator.runner import SimulatorThread, run_simulator
-from app.simulator.server import create_app
-from app.simulator.text import completion_text, request_digest
+from batchgen.simulator.config import SimulatorConfig
+from batchgen.simulator.runner import SimulatorThread, run_simulator
+from batchgen.simulator.server import create_app
+from batchgen.simulator.text import completion_text, request_digest
 
 __all__ = [
     "SimulatorConfig",

@@ -1,4 +1,4 @@
-"""``python -m app.simulator``: run the provider simulator in the foreground."""
+"""``python -m batchgen.simulator``: run the provider simulator in the foreground."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from app.simulator.config import DEFAULT_FAULT_KINDS, SimulatorConfig
-from app.simulator.runner import run_simulator
+from batchgen.simulator.config import DEFAULT_FAULT_KINDS, SimulatorConfig
+from batchgen.simulator.runner import run_simulator
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line options (also used by the project CLI)."""
-    p = argparse.ArgumentParser(prog="python -m app.simulator", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m batchgen.simulator", description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8300)
     p.add_argument("--tpm", type=int, default=None, help="tokens per window (default: unlimited)")

@@ -10,7 +10,7 @@ import time
 
 from aiohttp import web
 
-from app.simulator.state import STATE
+from batchgen.simulator.state import STATE
 
 
 async def _models(request: web.Request) -> web.Response:

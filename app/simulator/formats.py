@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.simulator.limits import Admission
-from app.simulator.text import anthropic_prompt_messages
+from batchgen.simulator.limits import Admission
+from batchgen.simulator.text import anthropic_prompt_messages
 
 
 class BadRequest(Exception):

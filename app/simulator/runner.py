@@ -11,9 +11,9 @@ from typing import Any
 
 from aiohttp import web
 
-from app.simulator.config import SimulatorConfig
-from app.simulator.server import STATE, create_app
-from app.simulator.state import SimState
+from batchgen.simulator.config import SimulatorConfig
+from batchgen.simulator.server import STATE, create_app
+from batchgen.simulator.state import SimState
 
 BACKLOG = 2048
 SHUTDOWN_TIMEOUT_S = 1.0
@@ -66,7 +66,7 @@ class SimulatorThread:
 
     @property
     def state(self) -> SimState:
-        """The in-process :class:`~app.simulator.state.SimState` (read-only use from tests)."""
+        """The in-process :class:`~batchgen.simulator.state.SimState` (read-only use from tests)."""
         return self.app[STATE]
 
     def start(self) -> SimulatorThread:

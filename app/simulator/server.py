@@ -2,7 +2,7 @@
 
 Limits are enforced per (API key, model). Every answer of the chat endpoints
 carries the request id header and, once the model is known, the rate-limit
-headers of its API. Faults come from :class:`~app.simulator.faults.FaultInjector`
+headers of its API. Faults come from :class:`~batchgen.simulator.faults.FaultInjector`
 (``x-sim-fault`` header forces one). Log lines carry ids, sizes and token
 counts only, never prompt or completion text.
 """
@@ -18,15 +18,15 @@ from typing import Any
 
 from aiohttp import web
 
-from app.simulator import formats as fmt
-from app.simulator.admin import add_admin_routes
-from app.simulator.config import SimulatorConfig
-from app.simulator.faults import status_fault_answer
-from app.simulator.formats import BadRequest, ChatRequest
-from app.simulator.limits import Admission
-from app.simulator.state import STATE, LimitKey, SimState, key_id
-from app.simulator.text import completion_text, split_chunks
-from app.tokens import count_messages, count_text
+from batchgen.simulator import formats as fmt
+from batchgen.simulator.admin import add_admin_routes
+from batchgen.simulator.config import SimulatorConfig
+from batchgen.simulator.faults import status_fault_answer
+from batchgen.simulator.formats import BadRequest, ChatRequest
+from batchgen.simulator.limits import Admission
+from batchgen.simulator.state import STATE, LimitKey, SimState, key_id
+from batchgen.simulator.text import completion_text, split_chunks
+from batchgen.tokens import count_messages, count_text
 
 log = logging.getLogger(__name__)
 

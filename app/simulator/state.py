@@ -14,9 +14,9 @@ from typing import Any
 
 from aiohttp import web
 
-from app.simulator.config import SimulatorConfig
-from app.simulator.faults import FaultInjector
-from app.simulator.limits import Admission, SlidingWindowLimiter
+from batchgen.simulator.config import SimulatorConfig
+from batchgen.simulator.faults import FaultInjector
+from batchgen.simulator.limits import Admission, SlidingWindowLimiter
 
 LimitKey = tuple[str, str]  # (api key id, model)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.procs import WorkerProcess, start_worker
+from batchgen.procs import WorkerProcess, start_worker
 
 pytestmark = pytest.mark.integration
 
@@ -18,8 +18,8 @@ CONTROL_QUEUE = "batchgen.control"
 @pytest.fixture(scope="module")
 def simulator() -> Iterator[object]:
     """The provider simulator over real HTTP (latency 50 ms + 0.5 ms per output token)."""
-    from app.config import get_settings
-    from app.simulator import SimulatorConfig, SimulatorThread
+    from batchgen.config import get_settings
+    from batchgen.simulator import SimulatorConfig, SimulatorThread
 
     config = SimulatorConfig(latency_base_ms=50, latency_per_token_ms=0.5, seed=1)
     with SimulatorThread(config) as sim:
@@ -43,7 +43,7 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         name: str | None = None,
         wait: bool = True,
     ) -> WorkerProcess:
-        from app.registry import get_registry
+        from batchgen.registry import get_registry
 
         qs = queues or [*get_registry().queues, CONTROL_QUEUE]
         w = start_worker(
@@ -61,7 +61,7 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
 def restore_env() -> Iterator[None]:
     """Put ``os.environ`` back as it was after the test and forget the cached settings
     (for tests whose host-app config exports ``BATCHGEN_*`` variables)."""
-    from app.config import get_settings
+    from batchgen.config import get_settings
 
     saved = dict(os.environ)
     yield
@@ -81,7 +81,7 @@ def api_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
 
     import httpx
 
-    from app.embedded import free_port
+    from batchgen.embedded import free_port
 
     started: list[subprocess.Popen[bytes]] = []
 
@@ -89,7 +89,8 @@ def api_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
         port = free_port()
         log_dir = tmp_path / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "app.cli", "api", "--host", "127.0.0.1", "--port", str(port)]
+        argv = [sys.executable, "-m", "batchgen.cli", "api"]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
         with open(log_dir / f"api-{port}.log", "wb") as log:
             process = subprocess.Popen(
                 argv,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from app import client, db
-from app.api import create_app
-from app.config import get_settings
-from app.errors import Overloaded, OverQuota
-from app.schema import Batch, Item
+from batchgen import client, db
+from batchgen.api import create_app
+from batchgen.config import get_settings
+from batchgen.errors import Overloaded, OverQuota
+from batchgen.schema import Batch, Item
 from tests.helpers import chat_line, jsonl, make_tenant
 
 pytestmark = pytest.mark.integration

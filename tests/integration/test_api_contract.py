@@ -17,11 +17,11 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import func, select
 
-from app import client, db
-from app.api import create_app
-from app.config import get_settings
-from app.errors import OverQuota
-from app.schema import Batch, Item, Tenant
+from batchgen import client, db
+from batchgen.api import create_app
+from batchgen.config import get_settings
+from batchgen.errors import OverQuota
+from batchgen.schema import Batch, Item, Tenant
 from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
 from tests.tcp_proxy import TcpProxy
 
@@ -65,7 +65,7 @@ def _await(condition: Callable[[], bool], timeout_s: float) -> bool:
 def celery_configured(clean_db: dict[str, str]) -> None:
     """Load the Celery app's configuration now: it reads the settings once, and the
     test below points them at another Redis for a while."""
-    from tasks.celery_app import celery_app
+    from batchgen.tasks.celery_app import celery_app
 
     assert celery_app.conf.broker_url
 
@@ -115,12 +115,13 @@ def test_refused_submit_does_not_hold_the_admission_lock_across_redis(
 
 
 def test_submit_answer_survives_a_failing_dispatcher_wakeup(clean_db, tmp_path):
-    """Case 14: once the batch is committed, a failing wake-up (a host project with
-    its own ``tasks`` module, or the broker down) never turns the answer into an error."""
+    """Case 14: once the batch is committed, a failing wake-up (the broker down) never
+    turns the answer into an error; in a host project with its own ``tasks`` module
+    the wake-up (``batchgen.tasks``) is not shadowed."""
     make_tenant("host")
     script = (
         "import json\n"
-        "from app import client\n"
+        "from batchgen import client\n"
         "rows = [{'custom_id': 'a', 'method': 'POST', 'url': '/v1/chat/completions',\n"
         "         'body': {'model': 'sim-small', 'max_tokens': 5,\n"
         "                  'messages': [{'role': 'user', 'content': 'hi'}]}}]\n"
@@ -131,7 +132,7 @@ def test_submit_answer_survives_a_failing_dispatcher_wakeup(clean_db, tmp_path):
     (host / "tasks.py").write_text("# the host project's own Celery tasks\n")
     env = {**os.environ, "BATCHGEN_LOG_LEVEL": "WARNING"}
     runs = [
-        (host, env),  # `tasks` is the host's module: the wake-up cannot even be imported
+        (host, env),  # `tasks` is the host's module, the wake-up is batchgen.tasks'
         (tmp_path, {**env, "CELERY_BROKER_URL": "redis://127.0.0.1:1/0"}),  # broker down
     ]
     ids = []
@@ -184,7 +185,7 @@ def test_idempotency_key_reused_with_a_different_request_is_422(clean_db):
     assert replay.headers["Idempotent-Replayed"] == "true"
     assert _stored() == (1, 2)
 
-    from app.errors import IdempotencyKeyReused
+    from batchgen.errors import IdempotencyKeyReused
 
     client.submit_batch([chat_line("p")], tenant="acme", idempotency_key="py-1", metadata={"a": 1})
     with pytest.raises(IdempotencyKeyReused):
@@ -219,7 +220,7 @@ def test_flask_extension_errors_are_json_under_its_prefix_only(clean_db, monkeyp
     """Case 16 under the Flask extension: JSON below the prefix, the host's pages elsewhere."""
     from flask import Flask
 
-    from app.integrations.flask import BatchGen
+    from batchgen.integrations.flask import BatchGen
 
     key = make_tenant("acme")
     host = Flask("host")
@@ -276,7 +277,7 @@ def _deadline_passed(batch_id: str, custom_id: str | None = None) -> bool:
 
 
 def _sweep() -> None:
-    from app.recovery import sweep
+    from batchgen.recovery import sweep
 
     with db.session_scope() as session:
         sweep(session, get_settings())
@@ -434,7 +435,7 @@ def test_database_error_text_never_reaches_a_log(clean_db):
     from sqlalchemy import text
     from sqlalchemy.exc import DataError
 
-    from app.logs import DatabaseErrorRedactor
+    from batchgen.logs import DatabaseErrorRedactor
 
     out = io.StringIO()
     handler = logging.StreamHandler(out)

@@ -19,8 +19,8 @@ import psutil
 import pytest
 import redis
 
-from app.beat import schedule_holder
-from app.procs import beat_pids
+from batchgen.beat import schedule_holder
+from batchgen.procs import beat_pids
 
 pytestmark = pytest.mark.integration
 SENT = "Sending due task dispatch"
@@ -72,7 +72,7 @@ def dispatchers(clean_db, tmp_path) -> Iterator[Callable[[str], Dispatcher]]:
         }
         with open(log, "wb") as fh:
             process = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "dispatcher"],
+                [sys.executable, "-m", "batchgen.cli", "dispatcher"],
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -141,8 +141,8 @@ def test_two_dispatchers_one_schedule(dispatchers):
 
 
 def test_schedule_lock_has_one_holder_and_a_lease(clean_db):
-    from app.beat import ScheduleLock
-    from app.redis_client import get_redis
+    from batchgen.beat import ScheduleLock
+    from batchgen.redis_client import get_redis
 
     a, b = ScheduleLock(get_redis(), lease_s=0.5), ScheduleLock(get_redis(), lease_s=0.5)
     assert a.hold() and not b.hold()

@@ -10,13 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from app import keys
-from app.budget import Budget, charged_tokens, countdown_s
-from app.concurrency import Slots
-from app.config import Settings
-from app.providers.base import RateLimitState
-from app.redis_client import get_redis
-from app.registry import ChargePolicy, ModelSpec
+from batchgen import keys
+from batchgen.budget import Budget, charged_tokens, countdown_s
+from batchgen.concurrency import Slots
+from batchgen.config import Settings
+from batchgen.providers.base import RateLimitState
+from batchgen.redis_client import get_redis
+from batchgen.registry import ChargePolicy, ModelSpec
 
 pytestmark = pytest.mark.integration
 
@@ -210,13 +210,13 @@ def test_one_429_with_long_retry_after_expires_nothing(clean_db):
     is nearer than the cooldown is handed back (not expired) since a probe may pass."""
     from sqlalchemy import update
 
-    from app import client, db
-    from app.config import get_settings
-    from app.errors import RateLimited
-    from app.execution import run_item
-    from app.gate import Gate, Pass
-    from app.registry import get_registry
-    from app.schema import Item
+    from batchgen import client, db
+    from batchgen.config import get_settings
+    from batchgen.errors import RateLimited
+    from batchgen.execution import run_item
+    from batchgen.gate import Gate, Pass
+    from batchgen.registry import get_registry
+    from batchgen.schema import Item
     from tests.helpers import chat_line, make_tenant
 
     settings, registry = get_settings(), get_registry()

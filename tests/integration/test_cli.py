@@ -25,11 +25,11 @@ import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
-from app import db
-from app.cli import cli
-from app.config import get_settings
-from app.embedded import free_port
-from app.schema import Item, Result, Tenant
+from batchgen import db
+from batchgen.cli import cli
+from batchgen.config import get_settings
+from batchgen.embedded import free_port
+from batchgen.schema import Item, Result, Tenant
 from tests.helpers import chat_line, jsonl
 
 pytestmark = pytest.mark.integration
@@ -75,7 +75,7 @@ def start(args: list[str], folder: Path, env: dict[str, str] | None = None) -> S
     log, ready = folder / f"{name}.log", folder / f"{name}.ready"
     with open(log, "wb") as fh:
         process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", *args],
+            [sys.executable, "-m", "batchgen.cli", *args],
             stdout=fh,
             stderr=subprocess.STDOUT,
             env={**os.environ, "BATCHGEN_READY_FILE": str(ready), **(env or {})},
@@ -339,10 +339,10 @@ def test_worker_prefork_pool_is_refused(services, folder):
     configured pool)."""
     env = {**os.environ, "BATCHGEN_DATA_DIR": str(folder / "data")}
     commands = [
-        [sys.executable, "-m", "app.cli", "worker", "-P", "prefork"],
-        [sys.executable, "-m", "app.cli", "worker", "--pool=solo"],
-        [sys.executable, "-m", "celery", "-A", "tasks.celery_app", "worker", "-P", "prefork"],
-        [sys.executable, "-m", "celery", "-A", "tasks.celery_app", "worker", "--pool=prefork"],
+        [sys.executable, "-m", "batchgen.cli", "worker", "-P", "prefork"],
+        [sys.executable, "-m", "batchgen.cli", "worker", "--pool=solo"],
+        [sys.executable, "-m", "celery", "-A", "batchgen.tasks", "worker", "-P", "prefork"],
+        [sys.executable, "-m", "celery", "-A", "batchgen.tasks", "worker", "--pool=prefork"],
     ]
     for argv in commands:
         try:

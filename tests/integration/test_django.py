@@ -19,7 +19,7 @@ if not settings.configured:  # this module is the Django project of these tests
         SECRET_KEY="tests",
         ALLOWED_HOSTS=["testserver"],
         ROOT_URLCONF=__name__,
-        INSTALLED_APPS=["django.contrib.contenttypes", "app.integrations.django"],
+        INSTALLED_APPS=["django.contrib.contenttypes", "batchgen.integrations.django"],
         MIDDLEWARE=[
             "django.middleware.security.SecurityMiddleware",
             "django.middleware.common.CommonMiddleware",
@@ -36,8 +36,8 @@ from django.http import HttpRequest, JsonResponse  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.urls import include, path  # noqa: E402
 
-from app.api import create_app  # noqa: E402
-from app.integrations.django import services  # noqa: E402
+from batchgen.api import create_app  # noqa: E402
+from batchgen.integrations.django import services  # noqa: E402
 from tests.helpers import chat_line, jsonl, make_tenant, wait_batches  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -51,7 +51,7 @@ def describe(request: HttpRequest) -> JsonResponse:
 
 
 urlpatterns = [
-    path("batchgen/", include("app.integrations.django.urls")),
+    path("batchgen/", include("batchgen.integrations.django.urls")),
     path("describe", describe),
 ]
 
@@ -138,7 +138,7 @@ def test_django_api_equals_flask_api_and_worker_processes(clean_db, simulator, w
 def test_django_mount_answers_every_error_as_json(clean_db, client, monkeypatch):
     """Case 16 under Django: unknown paths, wrong methods and unexpected failures below
     the include answer the documented JSON error, not Django's or Flask's HTML."""
-    from app import client as python_api
+    from batchgen import client as python_api
 
     key = make_tenant("acme")
     missing = client.get("/batchgen/v1/nothing-here", **_auth(key))

@@ -8,16 +8,16 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from app import client, db
-from app.accounting import CallOutcome, record_success
-from app.config import get_settings
-from app.execution import run_item
-from app.gate import Gate
-from app.items import claim
-from app.redis_client import get_redis
-from app.registry import get_registry
-from app.scheduling import release_all
-from app.schema import Item, Result, UsageLedger
+from batchgen import client, db
+from batchgen.accounting import CallOutcome, record_success
+from batchgen.config import get_settings
+from batchgen.execution import run_item
+from batchgen.gate import Gate
+from batchgen.items import claim
+from batchgen.redis_client import get_redis
+from batchgen.registry import get_registry
+from batchgen.scheduling import release_all
+from batchgen.schema import Item, Result, UsageLedger
 from tests.helpers import (
     assert_ledger_is_results_plus_waste,
     chat_line,
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_same_task_delivered_twice_records_once(clean_db, simulator, workers):
-    from tasks.generate import generate
+    from batchgen.tasks.generate import generate
 
     make_tenant("dup")
     batch = client.submit_batch([chat_line(f"d{i}") for i in range(20)], tenant="dup")
@@ -172,7 +172,7 @@ def _wait_until_running(batch_id: str, at_least: int = 5) -> None:
 
 
 def _tenant_of(batch_id: str) -> str:
-    from app.schema import Batch, Tenant
+    from batchgen.schema import Batch, Tenant
 
     with db.session_scope() as s:
         return s.scalar(select(Tenant.name).join(Batch).where(Batch.id == batch_id))

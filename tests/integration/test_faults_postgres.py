@@ -28,10 +28,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from app import db, embedded
-from app.config import get_settings
-from app.redis_client import get_redis
-from app.schema import Batch, Item
+from batchgen import db, embedded
+from batchgen.config import get_settings
+from batchgen.redis_client import get_redis
+from batchgen.schema import Batch, Item
 from tests.helpers import (
     FAULT_ENV,
     chat_line,

@@ -24,11 +24,11 @@ import pytest
 from kombu import Connection, Producer
 from sqlalchemy import select
 
-from app import client, db
-from app.procs import WorkerProcess
-from app.redis_client import get_redis
-from app.registry import get_registry
-from app.schema import Item
+from batchgen import client, db
+from batchgen.procs import WorkerProcess
+from batchgen.redis_client import get_redis
+from batchgen.registry import get_registry
+from batchgen.schema import Item
 from tests.helpers import (
     FAULT_ENV,
     FAULT_RUNNING_LEASE_S,
@@ -96,11 +96,11 @@ BEAT_LEASE_S = 3  # BATCHGEN_BEAT_LOCK_LEASE_S: how soon a standby beat takes ov
 def test_worker_child_sigkill_mid_run(sim, workers):
     """Workers run Celery's thread pool (any other is refused), so a worker's only
     child process is its embedded beat (``-B``, as ``batchgen dispatcher`` runs it;
-    :func:`app.procs.beat_pids`). The beat holding the schedule is SIGKILLed mid-run:
+    :func:`batchgen.procs.beat_pids`). The beat holding the schedule is SIGKILLed mid-run:
     its dispatcher goes on consuming, a standby dispatcher's beat takes the schedule
     over once the lease runs out, and the run ends with the invariants intact."""
-    from app.beat import schedule_holder
-    from app.procs import beat_pids
+    from batchgen.beat import schedule_holder
+    from batchgen.procs import beat_pids
 
     env = {**FAULT_ENV, "BATCHGEN_BEAT_LOCK_LEASE_S": str(BEAT_LEASE_S)}
     batch_id = submit_items("child", 100)
@@ -231,7 +231,7 @@ def test_dispatcher_sigkill_and_restart(sim, workers):
 
 
 def _publish(task_id: str, args: list[Any], **options: Any) -> None:
-    from tasks.celery_app import celery_app
+    from batchgen.tasks.celery_app import celery_app
 
     celery_app.send_task(
         "batchgen.generate",
@@ -312,7 +312,7 @@ def test_non_json_message_is_rejected_not_executed(sim, workers, tmp_path):
     _publish("pickled-1", [_TouchOnUnpickle(marker)], serializer="pickle")
     _publish("pickled-2", [queued_id], serializer="pickle")
     queue = get_registry()["sim-small"].queue
-    from tasks.celery_app import celery_app
+    from batchgen.tasks.celery_app import celery_app
 
     with Connection(celery_app.conf.broker_url) as conn:
         Producer(conn).publish(
@@ -353,9 +353,9 @@ def _models_file(path: Path, tokens_per_min: int) -> Path:
     """The shipped registry with a small token budget for sim-small."""
     import tomllib
 
-    import app.config
+    from batchgen.config import DEFAULT_MODELS_FILE
 
-    source = app.config.DEFAULT_MODELS_FILE.read_text()
+    source = DEFAULT_MODELS_FILE.read_text()
     parsed = tomllib.loads(source)
     old = parsed["models"]["sim-small"]["tokens_per_min"]
     marker = '[models."sim-small"]'
@@ -372,7 +372,7 @@ def _restore_overdue(visibility_timeout_s: float) -> int:
     """What the Redis transport does in every consumer (at connect, then periodically):
     put messages unacknowledged for longer than the visibility timeout back in their
     queue. Returns how many it found overdue."""
-    from tasks.celery_app import celery_app
+    from batchgen.tasks.celery_app import celery_app
 
     options = {"visibility_timeout": visibility_timeout_s}
     with Connection(celery_app.conf.broker_url, transport_options=options) as conn:

@@ -12,8 +12,8 @@ from types import ModuleType
 import pytest
 from flask import Flask
 
-from app.api import create_app
-from app.integrations.flask import BatchGen
+from batchgen.api import create_app
+from batchgen.integrations.flask import BatchGen
 from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from app import client
-from app.embedded import free_port
+from batchgen import client
+from batchgen.embedded import free_port
 from tests.helpers import chat_line, make_tenant, wait_batches
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,7 @@ def flower(services, tmp_path):
             "-m",
             "celery",
             "-A",
-            "tasks.celery_app",
+            "batchgen.tasks",
             "flower",
             f"--port={port}",
             "--address=127.0.0.1",

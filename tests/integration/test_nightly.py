@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, func, select, text
 
-from app import db, embedded
-from app.config import get_settings
-from app.errors import ConfigError, ValidationFailed
-from app.nightly import Job, PromptRenderer, cron_schedule, load_jobs, output_table, submit_job
-from app.schema import Batch, Item, UsageLedger
+from batchgen import db, embedded
+from batchgen.config import get_settings
+from batchgen.errors import ConfigError, ValidationFailed
+from batchgen.nightly import Job, PromptRenderer, cron_schedule, load_jobs, output_table, submit_job
+from batchgen.schema import Batch, Item, UsageLedger
 from tests.helpers import make_tenant, status_summary, wait_batches
 
 pytestmark = pytest.mark.integration
@@ -95,7 +95,7 @@ def _wait_for(path: Path, timeout_s: float = 60.0) -> str:
 def test_beat_fires_twice_one_batch_500_descriptions_and_report(
     clean_db, simulator, workers, tmp_path, catalog_db, restore_env
 ):
-    from tasks.nightly import nightly
+    from batchgen.tasks.nightly import nightly
 
     shop_url, shop_engine = catalog_db
     jobs_file = _jobs_file(tmp_path, 500)
@@ -219,7 +219,7 @@ def test_nightly_collect_message_carries_no_file_path(
 ):
     """A collect message names a job and a date; the jobs file (and so every path
     written) comes from the worker's settings, never from the message."""
-    from tasks.celery_app import celery_app
+    from batchgen.tasks.celery_app import celery_app
 
     (tmp_path / "catalog.jsonl").write_text(
         "".join(json.dumps({"id": f"v{i}", "name": f"Vase {i}"}) + "\n" for i in range(3))

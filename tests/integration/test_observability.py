@@ -9,9 +9,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
-from app import db
-from app.api import create_app
-from app.schema import Item, Result, UsageLedger
+from batchgen import db
+from batchgen.api import create_app
+from batchgen.schema import Item, Result, UsageLedger
 from tests.helpers import chat_line, jsonl, make_tenant, usage_totals, wait_batches
 
 pytestmark = pytest.mark.integration
@@ -23,7 +23,7 @@ METRICS_TOKEN = "scrape-token-for-tests"
 @pytest.fixture(autouse=True)
 def _metrics_token(monkeypatch):
     """/metrics is never open: the scrapes below present the metrics token."""
-    from app.config import get_settings
+    from batchgen.config import get_settings
 
     monkeypatch.setattr(get_settings(), "metrics_token", METRICS_TOKEN)
 

@@ -8,9 +8,9 @@ import json
 import pytest
 import redis
 
-from app import client
-from app.config import get_settings
-from app.registry import get_registry
+from batchgen import client
+from batchgen.config import get_settings
+from batchgen.registry import get_registry
 from tests.helpers import chat_line, make_tenant
 
 pytestmark = pytest.mark.integration
@@ -19,7 +19,7 @@ SECRET = "Top secret launch of the Zorblax 9000 hover-kettle"
 
 
 def test_broker_messages_carry_ids_only(clean_db):
-    from tasks.dispatch import dispatch_now
+    from batchgen.tasks.dispatch import dispatch_now
 
     make_tenant("private")
     client.submit_batch(
@@ -48,8 +48,8 @@ def test_broker_messages_carry_ids_only(clean_db):
 def test_each_model_group_gets_only_its_own_messages(clean_db):
     """Custom rate-limit routing: a message lands in its group's queue and nowhere else,
     also once workers have declared every queue (as they do at start)."""
-    from tasks.celery_app import celery_app
-    from tasks.dispatch import dispatch_now
+    from batchgen.tasks.celery_app import celery_app
+    from batchgen.tasks.dispatch import dispatch_now
 
     with celery_app.connection_for_write() as conn:
         for queue in celery_app.amqp.queues.values():

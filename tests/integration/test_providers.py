@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.errors import (
+from batchgen.errors import (
     CallCancelled,
     ContextLengthExceeded,
     MalformedResponse,
@@ -22,14 +22,14 @@ from app.errors import (
     RateLimited,
     TransientProviderError,
 )
-from app.providers import get_provider
-from app.providers.anthropic import AnthropicProvider
-from app.providers.base import ProviderRequest, ProviderResponse
-from app.providers.openai import OpenAIProvider
-from app.registry import ModelSpec, ProviderKind
-from app.simulator import SimulatorConfig, SimulatorThread, completion_text
-from app.simulator.text import anthropic_prompt_messages
-from app.tokens import count_messages, count_text
+from batchgen.providers import get_provider
+from batchgen.providers.anthropic import AnthropicProvider
+from batchgen.providers.base import ProviderRequest, ProviderResponse
+from batchgen.providers.openai import OpenAIProvider
+from batchgen.registry import ModelSpec, ProviderKind
+from batchgen.simulator import SimulatorConfig, SimulatorThread, completion_text
+from batchgen.simulator.text import anthropic_prompt_messages
+from batchgen.tokens import count_messages, count_text
 
 SECRET = "zebra-quokka-secret"
 SYSTEM = "You are terse."

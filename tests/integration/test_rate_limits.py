@@ -10,13 +10,13 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from app import client, counters, db
-from app.budget import Budget
-from app.config import get_settings
-from app.redis_client import get_redis
-from app.registry import get_registry
-from app.schema import Item
-from app.simulator import SimulatorConfig, SimulatorThread
+from batchgen import client, counters, db
+from batchgen.budget import Budget
+from batchgen.config import get_settings
+from batchgen.redis_client import get_redis
+from batchgen.registry import get_registry
+from batchgen.schema import Item
+from batchgen.simulator import SimulatorConfig, SimulatorThread
 from tests.helpers import chat_line, make_tenant, wait_batches
 
 pytestmark = pytest.mark.integration

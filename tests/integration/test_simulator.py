@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
-from app.simulator import SimulatorConfig, SimulatorThread, completion_text, request_digest
-from app.simulator.text import anthropic_prompt_messages
-from app.tokens import count_messages, count_text
+from batchgen.simulator import SimulatorConfig, SimulatorThread, completion_text, request_digest
+from batchgen.simulator.text import anthropic_prompt_messages
+from batchgen.tokens import count_messages, count_text
 
 MODEL = "sim-gpt"
 CLAUDE = "sim-claude"
@@ -346,7 +346,7 @@ def test_rpm_limit(base: str, oai: openai.OpenAI) -> None:
 def test_no_text_in_server_logs(
     base: str, oai: openai.OpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="app.simulator")
+    caplog.set_level(logging.DEBUG, logger="batchgen.simulator")
     secret = [{"role": "user", "content": "zebra-quokka-secret"}]
     completion = oai.chat.completions.create(model=MODEL, messages=secret, max_tokens=50)
     time.sleep(0.05)

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from app import tokens
-from app.admission import Limits, parse_lines
-from app.errors import PayloadTooLarge, ValidationFailed
-from app.registry import get_registry
+from batchgen import tokens
+from batchgen.admission import Limits, parse_lines
+from batchgen.errors import PayloadTooLarge, ValidationFailed
+from batchgen.registry import get_registry
 
 LIMITS = Limits(max_lines=100, max_bytes=1 << 20)
 

@@ -8,11 +8,11 @@ import logging
 
 import pytest
 
-from app import tokens
-from app.admission import Limits, RequestFingerprint, parse_lines, validate_line
-from app.errors import PayloadTooLarge, ValidationFailed
-from app.registry import get_registry
-from app.status import BatchStatus, ItemStatus, batch_status
+from batchgen import tokens
+from batchgen.admission import Limits, RequestFingerprint, parse_lines, validate_line
+from batchgen.errors import PayloadTooLarge, ValidationFailed
+from batchgen.registry import get_registry
+from batchgen.status import BatchStatus, ItemStatus, batch_status
 
 
 def _line(text: str, custom_id: str = "a", max_tokens: int = 100) -> bytes:
@@ -118,7 +118,7 @@ def test_unreachable_services_are_503_with_retry_after():
     import redis
     from sqlalchemy import exc as sa_exc
 
-    from app.api import unavailable
+    from batchgen.api import unavailable
 
     db_down = sa_exc.OperationalError("SELECT 1", {}, Exception("connection refused"))
     assert unavailable(db_down, 5.0).code == "database_unavailable"  # type: ignore[union-attr]
@@ -131,7 +131,7 @@ def test_unreachable_services_are_503_with_retry_after():
 
 def test_settings_repr_shows_no_password(monkeypatch):
     """Case 28: repr() and str() of the settings mask secrets and URL passwords."""
-    from app.config import Settings
+    from batchgen.config import Settings
 
     secrets = ["pg-s3cret", "redis-hunter2", "amqp-pw9", "metrics-tok-77", "flower-pw-88"]
     settings = Settings(
@@ -149,7 +149,7 @@ def test_settings_repr_shows_no_password(monkeypatch):
 
 def test_access_log_records_of_every_server_lose_the_query_string():
     """Case 28: werkzeug, gunicorn and Django's runserver records keep the path only."""
-    from app.logs import AccessLogRedactor
+    from batchgen.logs import AccessLogRedactor
 
     redactor = AccessLogRedactor()
     secret = "metadata=%7B%22deal%22%3A%22Initech%22%7D"

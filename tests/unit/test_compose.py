@@ -13,9 +13,9 @@ import typer
 import yaml
 from typer.main import get_command
 
-from app.cli import cli
-from app.config import Settings
-from app.registry import get_registry
+from batchgen.cli import cli
+from batchgen.config import Settings
+from batchgen.registry import get_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 # Variables documented by the third-party images we use, per image name.

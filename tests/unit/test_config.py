@@ -6,10 +6,10 @@ import logging
 
 import pytest
 
-from app import tokens
-from app.config import Settings
-from app.errors import ConfigError
-from app.registry import parse_registry
+from batchgen import tokens
+from batchgen.config import Settings
+from batchgen.errors import ConfigError
+from batchgen.registry import parse_registry
 
 
 def test_settings_read_conventional_urls(monkeypatch):

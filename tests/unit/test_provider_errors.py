@@ -12,7 +12,7 @@ import httpx2
 import openai
 import pytest
 
-from app.errors import (
+from batchgen.errors import (
     CallCancelled,
     ContextLengthExceeded,
     MalformedResponse,
@@ -21,9 +21,9 @@ from app.errors import (
     RateLimited,
     TransientProviderError,
 )
-from app.providers import anthropic as anthropic_adapter
-from app.providers import openai as openai_adapter
-from app.providers.base import (
+from batchgen.providers import anthropic as anthropic_adapter
+from batchgen.providers import openai as openai_adapter
+from batchgen.providers.base import (
     Provider,
     ProviderRequest,
     StreamWatch,
@@ -31,7 +31,7 @@ from app.providers.base import (
     status_message,
     transport_error,
 )
-from app.registry import ModelSpec, ProviderKind
+from batchgen.registry import ModelSpec, ProviderKind
 
 REQUEST = httpx2.Request("POST", "http://provider.test/v1/chat/completions")
 

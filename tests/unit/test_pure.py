@@ -10,13 +10,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app import retry
-from app.accounting import cost_usd
-from app.deadlines import call_timeout_s, parse_duration_s
-from app.errors import ValidationFailed
-from app.providers.headers import anthropic_rate_limits, openai_rate_limits, parse_openai_duration_s
-from app.registry import get_registry
-from app.status import TERMINAL, TRANSITIONS, BatchStatus, ItemStatus, batch_status, can_move
+from batchgen import retry
+from batchgen.accounting import cost_usd
+from batchgen.deadlines import call_timeout_s, parse_duration_s
+from batchgen.errors import ValidationFailed
+from batchgen.providers.headers import (
+    anthropic_rate_limits,
+    openai_rate_limits,
+    parse_openai_duration_s,
+)
+from batchgen.registry import get_registry
+from batchgen.status import TERMINAL, TRANSITIONS, BatchStatus, ItemStatus, batch_status, can_move
 
 
 def test_retry_after_headers_are_parsed():

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.simulator.limits import SlidingWindowLimiter, max_window_sum
+from batchgen.simulator.limits import SlidingWindowLimiter, max_window_sum
 
 
 def _brute_max_window(events: list[tuple[float, int]], window_s: float) -> int:

@@ -9,17 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.simulator.config import SimulatorConfig
-from app.simulator.faults import FaultInjector
-from app.simulator.formats import BadRequest, go_duration, parse_anthropic, parse_openai
-from app.simulator.text import (
+from batchgen.simulator.config import SimulatorConfig
+from batchgen.simulator.faults import FaultInjector
+from batchgen.simulator.formats import BadRequest, go_duration, parse_anthropic, parse_openai
+from batchgen.simulator.text import (
     VOCABULARY,
     completion_text,
     natural_length,
     request_digest,
     split_chunks,
 )
-from app.tokens import count_text, get_encoding
+from batchgen.tokens import count_text, get_encoding
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi ü"}]
 

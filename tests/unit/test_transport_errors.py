@@ -9,9 +9,9 @@ import httpx2
 import openai
 import pytest
 
-from app.providers import anthropic as anthropic_adapter
-from app.providers import openai as openai_adapter
-from app.providers.base import never_sent, transport_error
+from batchgen.providers import anthropic as anthropic_adapter
+from batchgen.providers import openai as openai_adapter
+from batchgen.providers.base import never_sent, transport_error
 
 
 def _closed_port() -> int:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 
-from app.config import Settings
-from app.deadlines import call_timeout_s, carried_forward
-from app.recovery import attempt_caps
-from app.registry import parse_registry
+from batchgen.config import Settings
+from batchgen.deadlines import call_timeout_s, carried_forward
+from batchgen.recovery import attempt_caps
+from batchgen.registry import parse_registry
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 

@@ -1,14 +1,14 @@
 """A reusable Django app serving the batch API and offering the Python API.
 
     # settings.py
-    INSTALLED_APPS += ["app.integrations.django"]
-    BATCHGEN_DATABASE_URL = "postgresql://…"   # any BATCHGEN_* setting of app.config
+    INSTALLED_APPS += ["batchgen.integrations.django"]
+    BATCHGEN_DATABASE_URL = "postgresql://…"   # any BATCHGEN_* setting of batchgen.config
 
     # urls.py
-    path("batchgen/", include("app.integrations.django.urls"))
+    path("batchgen/", include("batchgen.integrations.django.urls"))
 
     # a view
-    from app.integrations.django.services import submit_batch
+    from batchgen.integrations.django.services import submit_batch
 
 The HTTP API answers under the include's prefix exactly as the standalone
 Flask API does (the same code serves it). The app has no models and no

@@ -6,15 +6,15 @@ from django.apps import AppConfig
 
 
 class BatchgenConfig(AppConfig):
-    name = "app.integrations.django"
+    name = "batchgen.integrations.django"
     label = "batchgen"
     verbose_name = "batchgen"
 
     def ready(self) -> None:
         from django.conf import settings
 
-        from app.integrations import apply_settings
-        from app.logs import redact_access_logs
+        from batchgen.integrations import apply_settings
+        from batchgen.logs import redact_access_logs
 
         apply_settings({key: getattr(settings, key) for key in dir(settings) if key.isupper()})
         redact_access_logs()  # runserver's log line would carry ?metadata=…

@@ -1,24 +1,17 @@
-"""The Python API for Django views and jobs: thin, documented calls into :mod:`app.client`.
+"""The Python API for Django views and jobs: thin, documented calls into :mod:`batchgen.client`.
 
-    from app.integrations.django.services import submit_batch, get_batch
+    from batchgen.integrations.django.services import submit_batch, get_batch
 
     def describe(request, shop):
         batch = submit_batch(rows, tenant=shop, completion_window="2h")
         return JsonResponse(batch)
 
-Errors are :class:`app.errors.BatchgenError`; a ``ClientError`` carries the
+Errors are :class:`batchgen.errors.BatchgenError`; a ``ClientError`` carries the
 ``status_code`` and ``to_dict()`` the HTTP API answers with.
 """
 
 from __future__ import annotations
 
-from app.client import (
-    cancel_batch,
-    get_batch,
-    iter_results,
-    list_batches,
-    submit_batch,
-    usage,
-)
+from batchgen.client import cancel_batch, get_batch, iter_results, list_batches, submit_batch, usage
 
 __all__ = ["cancel_batch", "get_batch", "iter_results", "list_batches", "submit_batch", "usage"]

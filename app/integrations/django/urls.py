@@ -1,10 +1,10 @@
-"""``path("batchgen/", include("app.integrations.django.urls"))`` mounts the batch API."""
+"""``path("batchgen/", include("batchgen.integrations.django.urls"))`` mounts the batch API."""
 
 from __future__ import annotations
 
 from django.urls import re_path
 
-from app.integrations.django.views import api
+from batchgen.integrations.django.views import api
 
 app_name = "batchgen"
 

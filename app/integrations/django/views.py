@@ -26,7 +26,7 @@ HOP_BY_HOP = frozenset(
 @functools.cache
 def wsgi_app() -> Flask:
     """The API as a WSGI app of its own (the host's logging is left alone)."""
-    from app.api import blueprint, install_error_handlers
+    from batchgen.api import blueprint, install_error_handlers
 
     api_app = Flask("batchgen.django")
     api_app.register_blueprint(blueprint)

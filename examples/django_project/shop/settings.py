@@ -10,7 +10,7 @@ ALLOWED_HOSTS = ["localhost", "127.0.0.1"]
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
-    "app.integrations.django",  # batchgen: the API's URLs, services, batchgen_submit
+    "batchgen.integrations.django",  # batchgen: the API's URLs, services, batchgen_submit
     "shop",
 ]
 MIDDLEWARE = [

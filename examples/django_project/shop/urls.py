@@ -3,7 +3,7 @@ from django.urls import include, path
 from shop import views
 
 urlpatterns = [
-    path("batchgen/", include("app.integrations.django.urls")),  # the batch API
+    path("batchgen/", include("batchgen.integrations.django.urls")),  # the batch API
     path("shops/<str:shop>/descriptions", views.describe),
     path("shops/<str:shop>/descriptions/<str:batch_id>", views.descriptions),
 ]

@@ -7,8 +7,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from app.errors import ClientError
-from app.integrations.django.services import get_batch, iter_results, submit_batch
+from batchgen.errors import ClientError
+from batchgen.integrations.django.services import get_batch, iter_results, submit_batch
 
 
 def _error(exc: ClientError) -> JsonResponse:

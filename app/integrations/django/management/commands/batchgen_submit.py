@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from app.errors import BatchgenError
-from app.integrations.django.services import submit_batch
+from batchgen.errors import BatchgenError
+from batchgen.integrations.django.services import submit_batch
 
 
 class Command(BaseCommand):

@@ -1,0 +1,87 @@
+"""Celery settings, read from the one settings object (batchgen.config) and the model registry.
+
+Queues: one per model group (``llm.<group>``, from the registry) and
+``batchgen.control`` for the dispatcher and the sweep. Messages carry ids
+only; results live in PostgreSQL, so Celery keeps none.
+"""
+
+from kombu import Queue
+
+from batchgen.config import get_settings
+from batchgen.registry import get_registry
+
+CONTROL_QUEUE = "batchgen.control"
+GENERATE_TASK = "batchgen.generate"
+
+_settings = get_settings()
+_registry = get_registry()
+
+broker_url = _settings.broker_url
+broker_connection_retry_on_startup = True
+broker_transport_options = {
+    # Unacked messages return after this; every countdown we use is far shorter.
+    "visibility_timeout": _settings.visibility_timeout_s,
+}
+
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+task_ignore_result = True
+result_backend = None
+
+# At-least-once delivery; the tasks are idempotent against PostgreSQL.
+task_acks_late = True
+task_reject_on_worker_lost = True
+worker_prefetch_multiplier = 1
+worker_pool = "threads"  # provider calls are I/O-bound
+worker_concurrency = _settings.worker_concurrency
+worker_hijack_root_logger = False
+
+# Flower and events: task names are readable, arguments are ids only.
+worker_send_task_events = True
+task_send_sent_event = True
+
+task_queues = [Queue(CONTROL_QUEUE)] + [Queue(q) for q in _registry.queues]
+task_default_queue = CONTROL_QUEUE
+
+
+def route_task(name, args, kwargs, options, task=None, **kw):  # noqa: ANN001, ANN201
+    """Custom rate-limit routing: each item goes to its model group's queue."""
+    if name == GENERATE_TASK:
+        spec = _registry.get((kwargs or {}).get("model", ""))
+        if spec is not None:
+            return {"queue": spec.queue}
+    return {"queue": CONTROL_QUEUE}
+
+
+task_routes = (route_task,)
+
+# One beat at a time sends the schedule (a lease in Redis), and an embedded beat
+# dies with its dispatcher (app/beat.py, tasks/celery_app.py).
+beat_scheduler = "batchgen.beat:LockedScheduler"
+
+# Ticks expire unconsumed after a few intervals, so a stalled dispatcher does not
+# come back to a pile of identical ticks.
+beat_schedule = {
+    "dispatch": {
+        "task": "batchgen.dispatch",
+        "schedule": _settings.dispatch_interval_s,
+        "options": {"expires": 5 * _settings.dispatch_interval_s},
+    },
+    "sweep": {
+        "task": "batchgen.sweep",
+        "schedule": _settings.sweep_interval_s,
+        "options": {"expires": 5 * _settings.sweep_interval_s},
+    },
+}
+
+# --- Nightly description jobs (app/nightly, tasks/nightly.py) ----------------
+# BATCHGEN_NIGHTLY_CRON (five cron fields, UTC) starts every job of
+# BATCHGEN_NIGHTLY_JOBS_FILE; the task does nothing while that is unset.
+from batchgen.nightly import cron_schedule  # noqa: E402
+
+beat_schedule["nightly-descriptions"] = {
+    "task": "batchgen.nightly",
+    "schedule": cron_schedule(_settings.nightly_cron),
+}
+# --- end of nightly description jobs ------------------------------------------

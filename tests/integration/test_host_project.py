@@ -1,0 +1,152 @@
+"""Issue 11: a host project whose own modules are named ``app`` (an ``app.py`` and an
+``app/`` package), ``tasks``, ``celeryconfig`` and ``migrations`` uses batchgen beside
+them: the Flask extension, the Python API and ``celery -A batchgen.tasks worker``.
+
+The host's processes run this venv's interpreter with the host folder as their working
+directory (first on ``sys.path``, as for ``python app.py`` and ``celery -A``). The CI
+job proves ``pip install -e .`` into a fresh venv; no second venv is built here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchgen.procs import WorkerProcess
+from tests.helpers import make_tenant
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+HOST_NAMES = ("app", "app.py", "tasks", "celeryconfig", "migrations")
+
+
+def _marker(name: str) -> str:
+    # Every host module leaves a mark when imported (if HOST_MARKS is set), so a
+    # test can tell which of them a process loaded.
+    return (
+        "import os as _os, pathlib as _pathlib\n"
+        "if _os.environ.get('HOST_MARKS'):\n"
+        f"    (_pathlib.Path(_os.environ['HOST_MARKS']) / {name!r}).touch()\n"
+    )
+
+
+# The host's own Flask app, in its app/ package, with batchgen mounted on it.
+HOST_APP_PACKAGE = """
+from flask import Flask
+
+from batchgen.integrations.flask import BatchGen
+
+
+def create_app():
+    flask_app = Flask("host")
+    flask_app.config["BATCHGEN_URL_PREFIX"] = "/llm"
+    BatchGen(flask_app)
+
+    @flask_app.get("/")
+    def home():
+        return "the host's own page"
+
+    return flask_app
+"""
+
+# The host's app.py: its entry script. It imports its own app, tasks, celeryconfig
+# and migrations, answers one request through the extension and submits a batch
+# through the Python API.
+HOST_APP_SCRIPT = """
+import json
+import os
+import sys
+
+import app
+import celeryconfig
+import migrations
+import tasks
+from batchgen import client
+
+here = os.path.dirname(os.path.abspath(__file__))
+for module in (app, tasks, celeryconfig, migrations):
+    assert module.__file__.startswith(here), (module.__name__, module.__file__)
+assert celeryconfig.broker_url == "memory://" and tasks.HOST
+
+rows = [
+    {"custom_id": f"host-{i}", "method": "POST", "url": "/v1/chat/completions",
+     "body": {"model": "sim-small", "max_tokens": 5,
+              "messages": [{"role": "user", "content": f"hello {i}"}]}}
+    for i in range(3)
+]
+submitted = client.submit_batch(rows, tenant="host")
+web = app.create_app().test_client()
+auth = {"Authorization": "Bearer " + os.environ["HOST_KEY"]}
+answer = web.get("/llm/v1/batches/" + submitted["id"], headers=auth)
+assert web.get("/").text == "the host's own page"
+print(json.dumps({"status_code": answer.status_code, "body": answer.json,
+                  "stored": client.get_batch(submitted["id"], tenant="host")}))
+"""
+
+
+def _write_host(host: Path) -> None:
+    (host / "app").mkdir(parents=True)
+    (host / "app" / "__init__.py").write_text(_marker("app") + HOST_APP_PACKAGE)
+    (host / "app.py").write_text(_marker("app.py") + HOST_APP_SCRIPT)
+    (host / "tasks.py").write_text(_marker("tasks") + "HOST = True  # Celery's convention\n")
+    (host / "celeryconfig.py").write_text(_marker("celeryconfig") + 'broker_url = "memory://"\n')
+    (host / "migrations").mkdir()
+    (host / "migrations" / "__init__.py").write_text(_marker("migrations"))
+
+
+def test_host_project_with_colliding_names_uses_batchgen(clean_db, tmp_path):
+    host = tmp_path / "host"
+    _write_host(host)
+    key = make_tenant("host")
+    script_marks = tmp_path / "script-marks"
+    worker_marks = tmp_path / "worker-marks"
+    script_marks.mkdir()
+    worker_marks.mkdir()
+    env = {**os.environ, "BATCHGEN_LOG_LEVEL": "WARNING"}
+    env.pop("PYTHONPATH", None)
+
+    # The worker starts first: its start-up overlaps the script's.
+    log_path = tmp_path / "worker.log"
+    ready_path = tmp_path / "worker.ready"
+    celery = str(Path(sys.executable).with_name("celery"))
+    argv = [celery, "-A", "batchgen.tasks", "worker", "-P", "threads", "-c", "2"]
+    argv += ["-Q", "batchgen.control", "--without-mingle", "--without-gossip"]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            argv,
+            cwd=host,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**env, "HOST_MARKS": str(worker_marks), "BATCHGEN_READY_FILE": str(ready_path)},
+            start_new_session=True,
+        )
+    worker = WorkerProcess("host-worker", process, log_path, ready_path)
+    try:
+        done = subprocess.run(
+            [sys.executable, "app.py"],
+            cwd=host,
+            env={**env, "HOST_MARKS": str(script_marks), "HOST_KEY": key},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = json.loads(done.stdout.splitlines()[-1])
+        assert out["status_code"] == 200, out
+        assert out["body"]["id"] == out["stored"]["id"]
+        assert out["body"]["request_counts"]["total"] == 3
+        # The script ran the host's app.py and imported the host's own modules.
+        assert sorted(p.name for p in script_marks.iterdir()) == sorted(HOST_NAMES)
+
+        worker.wait_ready(timeout_s=90)
+        assert worker.process.poll() is None
+    finally:
+        worker.stop()
+    # batchgen's worker (its worker_ready hook wrote the ready file) loaded none of
+    # the host's modules, although Celery puts the host folder on sys.path.
+    assert list(worker_marks.iterdir()) == [], worker.log_tail()
