@@ -22,10 +22,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 from werkzeug.exceptions import HTTPException
 
-from batchgen import batches, client
-from batchgen.batches import SubmitOptions
+from batchgen import python_api
 from batchgen.config import get_settings
-from batchgen.db import session_scope
+from batchgen.domain.status import Priority
 from batchgen.errors import (
     BatchgenError,
     ClientError,
@@ -36,9 +35,11 @@ from batchgen.errors import (
     Unavailable,
     ValidationFailed,
 )
-from batchgen.schema import Tenant
-from batchgen.status import Priority
-from batchgen.tenants import authenticate
+from batchgen.store import batches
+from batchgen.store.batches import SubmitOptions
+from batchgen.store.db import session_scope
+from batchgen.store.schema import Tenant
+from batchgen.store.tenants import authenticate
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("batchgen", __name__)
@@ -110,7 +111,7 @@ def create_batch() -> tuple[Response, int]:
     settings = get_settings()
     if request.content_length and request.content_length > settings.max_body_bytes:
         raise PayloadTooLarge(f"body larger than {settings.max_body_bytes} bytes")
-    described, created = client.submit(tenant, _body_lines(), _submit_options())
+    described, created = python_api.submit(tenant, _body_lines(), _submit_options())
     response = jsonify(described)
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
@@ -123,13 +124,15 @@ def list_batches() -> Response:
         limit = int(request.args.get("limit", 20))
     except ValueError as exc:
         raise ValidationFailed("limit must be an integer", field="limit") from exc
-    page = client.list_batches_page(tenant=_caller(), limit=limit, after=request.args.get("after"))
+    page = python_api.list_batches_page(
+        tenant=_caller(), limit=limit, after=request.args.get("after")
+    )
     return jsonify(page)
 
 
 @blueprint.get("/v1/batches/<batch_id>")
 def get_batch(batch_id: str) -> Response:
-    return jsonify(client.get_batch(batch_id, tenant=_caller()))
+    return jsonify(python_api.get_batch(batch_id, tenant=_caller()))
 
 
 @blueprint.get("/v1/batches/<batch_id>/results")
@@ -139,7 +142,7 @@ def batch_results(batch_id: str) -> Response:
         batches.get_readable_batch(session, _reload(session, tenant), batch_id)
 
     def lines() -> Iterator[bytes]:
-        for row in client.iter_results(batch_id, tenant=tenant):
+        for row in python_api.iter_results(batch_id, tenant=tenant):
             yield json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n"
 
     return Response(stream_with_context(lines()), mimetype="application/jsonl")
@@ -147,7 +150,7 @@ def batch_results(batch_id: str) -> Response:
 
 @blueprint.post("/v1/batches/<batch_id>/cancel")
 def cancel_batch(batch_id: str) -> Response:
-    return jsonify(client.cancel_batch(batch_id, tenant=_caller()))
+    return jsonify(python_api.cancel_batch(batch_id, tenant=_caller()))
 
 
 @blueprint.get("/v1/usage")
@@ -160,7 +163,7 @@ def usage() -> Response:
     group_by = request.args.get("group_by", "model")
     if group_by == "tenant" and not everyone:
         raise ValidationFailed("group_by=tenant needs tenant=all", field="group_by")
-    rows = client.usage(
+    rows = python_api.usage(
         tenant=None if everyone else tenant,
         start=request.args.get("from"),
         end=request.args.get("to"),
@@ -174,9 +177,9 @@ def status() -> Response:
     """Per-model backlog, throughput and budget use, per-tenant progress (admin only)."""
     if not _caller().is_admin:
         raise Forbidden("the status view needs an admin key")
-    from batchgen.redis_client import get_redis
+    from batchgen.limits.backend import get_redis
+    from batchgen.monitoring.snapshot import snapshot
     from batchgen.registry import get_registry
-    from batchgen.status_view import snapshot
 
     with session_scope() as session:
         return jsonify(snapshot(session, get_redis(), get_registry(), get_settings()))
@@ -201,8 +204,8 @@ def metrics() -> Response:
     """Prometheus metrics for the whole deployment (bearer ``BATCHGEN_METRICS_TOKEN``
     or an admin key: they name tenants and their usage)."""
     _check_metrics_access()
-    from batchgen.metrics import StateCollector, render
-    from batchgen.redis_client import get_redis
+    from batchgen.limits.backend import get_redis
+    from batchgen.monitoring.metrics import StateCollector, render
     from batchgen.registry import get_registry
 
     settings = get_settings()

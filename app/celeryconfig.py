@@ -57,8 +57,8 @@ def route_task(name, args, kwargs, options, task=None, **kw):  # noqa: ANN001, A
 task_routes = (route_task,)
 
 # One beat at a time sends the schedule (a lease in Redis), and an embedded beat
-# dies with its dispatcher (app/beat.py, tasks/celery_app.py).
-beat_scheduler = "batchgen.beat:LockedScheduler"
+# dies with its dispatcher (app/worker/beat.py, tasks/celery_app.py).
+beat_scheduler = "batchgen.worker.beat:LockedScheduler"
 
 # Ticks expire unconsumed after a few intervals, so a stalled dispatcher does not
 # come back to a pile of identical ticks.

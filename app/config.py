@@ -67,10 +67,10 @@ class Settings(BaseSettings):
     max_batch_lines: int = 50_000
     max_body_bytes: int = 200 * 1024 * 1024
     default_completion_window_s: int = 24 * 3600
-    # Backlog bound per model, in minutes of its tokens_per_min (see app/quotas.py).
+    # Backlog bound per model, in minutes of its tokens_per_min (see app/store/quotas.py).
     max_backlog_min: float = 60.0
     # Text a submit may hand the tokenizer in all (bytes of prompt text, all lines);
-    # more → 413. Bounds the CPU one request can cost (see app/admission.py).
+    # more → 413. Bounds the CPU one request can cost (see app/domain/admission.py).
     max_tokenize_bytes: int = 64 * 1024 * 1024
     # Retry-After of a 503 when PostgreSQL or Redis is unreachable.
     unavailable_retry_after_s: float = 5.0
@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     # Dispatch and leases.
     dispatch_interval_s: float = 1.0
     sweep_interval_s: float = 5.0
-    # One Celery beat sends the ticks: it holds a Redis lock with this lease (app/beat.py).
+    # One Celery beat sends the ticks: it holds a Redis lock with this lease (app/worker/beat.py).
     beat_lock_lease_s: float = 10.0
     # How far ahead of a model's concurrency cap the dispatcher releases work.
     dispatch_ahead_factor: float = 2.0
@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     retry_base_s: float = 0.5
     retry_max_s: float = 30.0
 
-    # Token budget (app/budget.py). The registry's tokens_per_min and
+    # Token budget (app/limits/budget.py). The registry's tokens_per_min and
     # requests_per_min apply to every window of budget_window_s seconds (60 in
     # production; tests shorten it together with the simulator's window). A
     # reservation counts budget_guard_s longer, covering the time from grant

@@ -38,15 +38,15 @@ MODEL = "fair"
 
 
 def _tenant(name: str, weight: int = 1) -> None:
-    from batchgen import db, tenants
+    from batchgen.store import db, tenants
 
     with db.session_scope() as s:
         tenants.create_tenant(s, name, weight=weight)
 
 
 def _latencies_s(batch_id: str) -> list[float]:
-    from batchgen.db import session_scope
-    from batchgen.schema import Item
+    from batchgen.store.db import session_scope
+    from batchgen.store.schema import Item
 
     with session_scope() as s:
         rows = s.execute(
@@ -63,8 +63,8 @@ def _p(values: list[float], q: int) -> float:
 
 def _publish_all(batch_id: str) -> None:
     """Naive fan-out: every item straight onto the model's queue, in order."""
-    from batchgen.db import session_scope
-    from batchgen.schema import Item
+    from batchgen.store.db import session_scope
+    from batchgen.store.schema import Item
     from batchgen.tasks.generate import generate
 
     with session_scope() as s:
@@ -83,7 +83,7 @@ def _publish_all(batch_id: str) -> None:
 
 
 def interactive_latency(args: argparse.Namespace, sim_url: str, mode: str) -> list[float]:
-    from batchgen import client
+    from batchgen import python_api as client
 
     reset_state(sim_url)
     _tenant("A")
@@ -106,9 +106,9 @@ def interactive_latency(args: argparse.Namespace, sim_url: str, mode: str) -> li
 
 def shares(args: argparse.Namespace, sim_url: str, weight_a: int) -> tuple[float, float]:
     """Items finished per tenant while both have backlog (after a warm-up)."""
-    from batchgen import client
-    from batchgen.db import session_scope
-    from batchgen.schema import Item
+    from batchgen import python_api as client
+    from batchgen.store.db import session_scope
+    from batchgen.store.schema import Item
 
     reset_state(sim_url)
     _tenant("A", weight=weight_a)
@@ -153,7 +153,7 @@ def main() -> None:
     import os
 
     from batchgen.config import get_settings
-    from batchgen.procs import start_worker
+    from batchgen.worker.procs import start_worker
 
     with (
         servers() as workdir,

@@ -46,8 +46,9 @@ max_attempts = 50
 @contextlib.contextmanager
 def servers() -> Iterator[Path]:
     """Embedded (or given) PostgreSQL and Redis, a fresh database, migrated."""
-    from batchgen import db, embedded
+    from batchgen import embedded
     from batchgen.config import get_settings
+    from batchgen.store import db
 
     workdir = Path(tempfile.mkdtemp(prefix="batchgen-bench-"))
     with embedded.services(workdir / "data") as urls:
@@ -103,8 +104,8 @@ def reset_state(sim_url: str) -> None:
     """
     from sqlalchemy.exc import OperationalError
 
-    from batchgen.db import get_engine
-    from batchgen.redis_client import get_redis
+    from batchgen.limits.backend import get_redis
+    from batchgen.store.db import get_engine
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -157,8 +158,8 @@ def chat_requests(n: int, model: str, prefix: str, seed: int = 0) -> list[dict[s
 def wait_finished(batch_ids: list[str], timeout_s: float) -> None:
     from sqlalchemy import func, select
 
-    from batchgen.db import session_scope
-    from batchgen.schema import Batch
+    from batchgen.store.db import session_scope
+    from batchgen.store.schema import Batch
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

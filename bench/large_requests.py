@@ -1,7 +1,7 @@
 """Do large requests get through a token budget kept busy by small ones?
 
 A mix of 1k-token and 30k-token requests under one 100k tokens/min limit,
-driven through the real reservation script (``app/lua/budget_reserve.lua``)
+driven through the real reservation script (``app/limits/lua/budget_reserve.lua``)
 on a real Redis by many simulated workers on a virtual clock (the script
 takes ``now_s``), so 30 minutes of traffic take seconds and every run is
 reproducible. Each worker loops like a Celery worker does: take the next
@@ -72,8 +72,8 @@ def utilization(grants: list[tuple[float, int]], limit: int, window_s: float) ->
 def simulate(args: argparse.Namespace, held_claims: int, redis_url: str, label: str) -> Result:
     import redis
 
-    from batchgen.budget import Budget, countdown_s
     from batchgen.config import Settings
+    from batchgen.limits.budget import Budget, countdown_s
     from batchgen.registry import ModelSpec
 
     client = redis.Redis.from_url(redis_url)

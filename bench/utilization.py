@@ -62,8 +62,9 @@ def run(
     workdir: Path,
     models_file: Path,
 ) -> dict[str, float]:
-    from batchgen import client, db, tenants
-    from batchgen.procs import start_worker
+    from batchgen import python_api as client
+    from batchgen.store import db, tenants
+    from batchgen.worker.procs import start_worker
 
     reset_state(sim_url)
     env = {

@@ -1,9 +1,9 @@
-"""Alembic environment: the URL comes from the config set by batchgen.db.alembic_config."""
+"""Alembic environment: the URL comes from the config set by batchgen.store.db.alembic_config."""
 
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from batchgen.schema import Base
+from batchgen.store.schema import Base
 
 config = context.config
 target_metadata = Base.metadata

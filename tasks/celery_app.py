@@ -31,7 +31,7 @@ def _setup_logging(**_: Any) -> None:
 def _refuse_other_pools(**_: Any) -> None:
     # Celery takes an explicit "-P prefork" for its default and silently runs the
     # configured pool instead; refuse any pool but threads rather than swap it.
-    from batchgen.procs import pool_error, requested_pool
+    from batchgen.worker.procs import pool_error, requested_pool
 
     message = pool_error(requested_pool(sys.argv[1:]) or str(celery_app.conf.worker_pool))
     if message:
@@ -43,7 +43,7 @@ def _refuse_other_pools(**_: Any) -> None:
 def _beat_dies_with_worker(**_: Any) -> None:
     # A beat embedded in a dispatcher (-B) is a child process: without this, a
     # `kill -9` of the dispatcher leaves it sending ticks as an orphan.
-    from batchgen.beat import die_with_parent
+    from batchgen.worker.beat import die_with_parent
 
     die_with_parent()
 
@@ -57,7 +57,7 @@ def _warm_up(**_: Any) -> None:
 
     for spec in get_registry():
         get_provider(spec)
-    # Tells a supervisor (batchgen.procs, tests, benchmarks) that we consume now.
+    # Tells a supervisor (batchgen.worker.procs, tests, benchmarks) that we consume now.
     ready_file = os.environ.get("BATCHGEN_READY_FILE")
     if ready_file:
         Path(ready_file).touch()

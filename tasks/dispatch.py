@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 from batchgen.config import get_settings
-from batchgen.db import session_scope
 from batchgen.registry import get_registry
-from batchgen.scheduling import release_all
+from batchgen.store.db import session_scope
 from batchgen.tasks.celery_app import celery_app
+from batchgen.worker.dispatch import release_all
 
 log = logging.getLogger(__name__)
 WAKE_EXPIRES_S = 10

@@ -6,14 +6,14 @@ import functools
 
 from celery import Task
 
-from batchgen.cancellation import CancelWatcher
 from batchgen.config import get_settings
-from batchgen.execution import run_item
-from batchgen.gate import Gate
-from batchgen.redis_client import get_redis
+from batchgen.limits.backend import get_redis
+from batchgen.limits.gate import Gate
 from batchgen.registry import get_registry
 from batchgen.tasks.celery_app import celery_app
 from batchgen.tasks.dispatch import dispatch_now
+from batchgen.worker.cancellation import CancelWatcher
+from batchgen.worker.execution import run_item
 
 
 @functools.cache

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from batchgen.config import get_settings
-from batchgen.db import session_scope
-from batchgen.recovery import sweep as sweep_once
+from batchgen.store.db import session_scope
 from batchgen.tasks.celery_app import celery_app
 from batchgen.tasks.dispatch import dispatch_now
+from batchgen.worker.sweep import sweep as sweep_once
 
 
 @celery_app.task(name="batchgen.sweep", ignore_result=True)

@@ -49,7 +49,8 @@ def _redis_test_url(url: str) -> str:
 @pytest.fixture(scope="session")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """DATABASE_URL and REDIS_URL of migrated, empty, real servers."""
-    from batchgen import db, embedded
+    from batchgen import embedded
+    from batchgen.store import db
 
     with contextlib.ExitStack() as stack:
         if os.environ.get("DATABASE_URL"):
@@ -100,7 +101,7 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
     import redis
     from sqlalchemy import text
 
-    from batchgen.db import get_engine
+    from batchgen.store.db import get_engine
 
     with get_engine().begin() as conn:
         conn.execute(

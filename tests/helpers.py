@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from batchgen import db, tenants
+from batchgen.store import db, tenants
 
 
 def chat_line(
@@ -40,7 +40,7 @@ def make_tenant(name: str, **kw: Any) -> str:
 
 def wait_batches(batch_ids: list[str], timeout_s: float = 120.0) -> None:
     """Wait until every batch is finished (completed or cancelled)."""
-    from batchgen.schema import Batch
+    from batchgen.store.schema import Batch
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -57,7 +57,7 @@ def wait_batches(batch_ids: list[str], timeout_s: float = 120.0) -> None:
 
 
 def status_summary() -> dict[str, int]:
-    from batchgen.schema import Item
+    from batchgen.store.schema import Item
 
     with db.session_scope() as session:
         return dict(session.execute(select(Item.status, func.count()).group_by(Item.status)).all())
@@ -81,7 +81,7 @@ def usage_totals(table: Any, *where: Any) -> tuple:
 def assert_ledger_is_results_plus_waste() -> None:
     """Exactly-once accounting: every billed call is in the ledger, each result once,
     and what is not a result is marked as waste."""
-    from batchgen.schema import Result, UsageLedger
+    from batchgen.store.schema import Result, UsageLedger
 
     ledger = usage_totals(UsageLedger)
     results = usage_totals(Result)
@@ -92,7 +92,7 @@ def assert_ledger_is_results_plus_waste() -> None:
 def assert_daily_usage_matches_ledger() -> None:
     """``tenant_daily_usage`` holds the ledger's totals per tenant and model: one request
     per ledger row, the same tokens and cost."""
-    from batchgen.schema import TenantDailyUsage, UsageLedger
+    from batchgen.store.schema import TenantDailyUsage, UsageLedger
 
     def totals(table: Any, count: Any) -> dict[tuple, tuple]:
         with db.session_scope() as session:
@@ -119,7 +119,7 @@ def assert_daily_usage_matches_ledger() -> None:
 # killed worker come back within seconds.
 FAULT_CALL_TIMEOUT_S = 3
 FAULT_LEASE_MARGIN_S = 1
-# batchgen.gate.running_lease_s with these settings: how long a dead worker's item and
+# batchgen.limits.gate.running_lease_s with these settings: how long a dead worker's item and
 # concurrency slot stay taken.
 FAULT_RUNNING_LEASE_S = 2 * FAULT_CALL_TIMEOUT_S + FAULT_LEASE_MARGIN_S
 FAULT_ENV = {
@@ -146,7 +146,7 @@ def sim_in_flight(base_url: str) -> int:
 
 def submit_items(tenant: str, n: int) -> str:
     """A new tenant and one batch of ``n`` chat requests for it; returns the batch id."""
-    from batchgen import client
+    from batchgen import python_api as client
 
     make_tenant(tenant)
     batch = client.submit_batch([chat_line(f"{tenant}-{i}") for i in range(n)], tenant=tenant)
@@ -154,7 +154,7 @@ def submit_items(tenant: str, n: int) -> str:
 
 
 def succeeded_items(batch_id: str) -> int:
-    from batchgen.schema import Item
+    from batchgen.store.schema import Item
 
     with db.session_scope() as session:
         return int(

@@ -30,10 +30,11 @@ import httpx
 import redis
 from sqlalchemy import Date, cast, func, select
 
-from batchgen import db, keys
+from batchgen.domain.status import TERMINAL
+from batchgen.limits import redis_keys as keys
 from batchgen.registry import get_registry
-from batchgen.schema import Item, Result, Tenant, TenantDailyUsage, UsageLedger
-from batchgen.status import TERMINAL
+from batchgen.store import db
+from batchgen.store.schema import Item, Result, Tenant, TenantDailyUsage, UsageLedger
 from tests.helpers import assert_ledger_is_results_plus_waste
 
 SHOWN = 10  # offending items listed in a failure message

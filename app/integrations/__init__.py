@@ -1,7 +1,7 @@
 """Host-framework integrations: a Flask extension and a reusable Django app.
 
 Both mount the same HTTP API (:mod:`batchgen.api`) under a prefix the host app
-chooses and hand trusted server code the Python API (:mod:`batchgen.client`).
+chooses and hand trusted server code the Python API (:mod:`batchgen.python_api`).
 Settings named ``BATCHGEN_*`` in the host app's configuration are exported to
 the environment, where the one settings object (:mod:`batchgen.config`) and every
 child process (a worker started from the host) read them.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from flask import Flask
 
-from batchgen import client
+from batchgen import python_api
 from batchgen.integrations import apply_settings
 
 DEFAULT_URL_PREFIX = "/batchgen"
@@ -50,10 +50,10 @@ class BatchGen:
         redact_access_logs()
         app.extensions[EXTENSION_KEY] = self
 
-    # The Python API (batchgen.client), for the host app's own views and jobs.
-    submit_batch = staticmethod(client.submit_batch)
-    get_batch = staticmethod(client.get_batch)
-    list_batches = staticmethod(client.list_batches)
-    iter_results = staticmethod(client.iter_results)
-    cancel_batch = staticmethod(client.cancel_batch)
-    usage = staticmethod(client.usage)
+    # The Python API (batchgen.python_api), for the host app's own views and jobs.
+    submit_batch = staticmethod(python_api.submit_batch)
+    get_batch = staticmethod(python_api.get_batch)
+    list_batches = staticmethod(python_api.list_batches)
+    iter_results = staticmethod(python_api.iter_results)
+    cancel_batch = staticmethod(python_api.cancel_batch)
+    usage = staticmethod(python_api.usage)

@@ -11,15 +11,15 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from batchgen import client
+from batchgen import python_api
 from batchgen.config import Settings, get_settings
-from batchgen.db import session_scope
+from batchgen.domain.status import Priority
 from batchgen.errors import NotFound, ValidationFailed
 from batchgen.nightly.catalog import PromptRenderer, Reject, chunks, read_catalog
 from batchgen.nightly.jobs import Job, TableRef
 from batchgen.nightly.output import description, write_file, write_table, write_text
-from batchgen.schema import Batch, Tenant, UsageLedger
-from batchgen.status import Priority
+from batchgen.store.db import session_scope
+from batchgen.store.schema import Batch, Tenant, UsageLedger
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def submit_job(job: Job, day: dt.date, settings: Settings | None = None) -> tupl
 
     ids: list[str] = []
     for part, lines in enumerate(chunks(requests(), settings.max_batch_lines)):
-        batch = client.submit_batch(
+        batch = python_api.submit_batch(
             lines,
             tenant=job.tenant,
             completion_window=job.completion_window,
@@ -135,7 +135,7 @@ class RunReport:
 
 def _descriptions(job: Job, batch_ids: list[str]) -> Iterator[dict[str, Any]]:
     for batch_id in batch_ids:
-        for row in client.iter_results(batch_id, tenant=job.tenant):
+        for row in python_api.iter_results(batch_id, tenant=job.tenant):
             text = description(row)
             if text is not None:
                 yield {"id": row["custom_id"], "locale": job.locale, "description": text}
@@ -159,7 +159,7 @@ def collect_job(job: Job, day: dt.date) -> RunReport | None:
     batch_ids = run_batch_ids(job, day)
     if not batch_ids:
         raise NotFound(f"nightly job {job.name}: no batches for {day.isoformat()}")
-    infos = [client.get_batch(b, tenant=job.tenant) for b in batch_ids]
+    infos = [python_api.get_batch(b, tenant=job.tenant) for b in batch_ids]
     if any(info["finished_at"] is None for info in infos):
         return None
     rows = _descriptions(job, batch_ids)

@@ -21,6 +21,8 @@ from typing import Any, Protocol
 import httpcore2
 import httpx2
 
+from batchgen.domain.retry import parse_retry_after_s
+from batchgen.domain.tokens import count_text
 from batchgen.errors import (
     CallCancelled,
     ContextLengthExceeded,
@@ -30,8 +32,6 @@ from batchgen.errors import (
     TransientProviderError,
 )
 from batchgen.registry import ModelSpec
-from batchgen.retry import parse_retry_after_s
-from batchgen.tokens import count_text
 
 # Sent with every call so the provider (and the simulator's log) can be matched to an item.
 ITEM_HEADER = "x-batchgen-item"

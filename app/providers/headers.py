@@ -7,7 +7,7 @@ import re
 import time
 from collections.abc import Mapping
 
-from batchgen.deadlines import host_now
+from batchgen.domain.deadlines import host_now
 from batchgen.providers.base import RateLimitState
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")

@@ -1,6 +1,6 @@
 """OpenAI-compatible adapter on the official ``openai`` SDK (any ``base_url``).
 
-SDK retries are off: retry timing belongs to :mod:`batchgen.retry` and the
+SDK retries are off: retry timing belongs to :mod:`batchgen.domain.retry` and the
 dispatcher, which also honour the item's deadline.
 
 A ``base_url`` with an ``api-version`` query (Azure OpenAI's classic API,
@@ -22,6 +22,7 @@ import openai
 import pydantic
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from batchgen.domain.tokens import count_messages, count_text
 from batchgen.errors import MalformedResponse, ProviderError
 from batchgen.providers.base import (
     ITEM_HEADER,
@@ -35,7 +36,6 @@ from batchgen.providers.base import (
     transport_error,
 )
 from batchgen.providers.headers import openai_rate_limits
-from batchgen.tokens import count_messages, count_text
 
 __all__ = ["ITEM_HEADER", "OpenAIProvider", "classify_status", "translate"]
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from batchgen.domain.tokens import count_messages, count_text
 from batchgen.simulator import formats as fmt
 from batchgen.simulator.admin import add_admin_routes
 from batchgen.simulator.config import SimulatorConfig
@@ -26,7 +27,6 @@ from batchgen.simulator.formats import BadRequest, ChatRequest
 from batchgen.simulator.limits import Admission
 from batchgen.simulator.state import STATE, LimitKey, SimState, key_id
 from batchgen.simulator.text import completion_text, split_chunks
-from batchgen.tokens import count_messages, count_text
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from batchgen.tokens import count_text
+from batchgen.domain.tokens import count_text
 
 NATURAL_MIN_TOKENS = 20
 NATURAL_MAX_TOKENS = 120
@@ -106,7 +106,7 @@ def completion_text(
 ) -> tuple[str, int, str]:
     """The simulated answer to ``messages``: ``(text, completion_tokens, finish_reason)``.
 
-    ``completion_tokens == batchgen.tokens.count_text(text, encoding) <= max_tokens``;
+    ``completion_tokens == batchgen.domain.tokens.count_text(text, encoding) <= max_tokens``;
     ``finish_reason`` is ``"length"`` when ``max_tokens`` cut the natural
     length short, else ``"stop"``.
     """

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgen.procs import WorkerProcess, start_worker
+from batchgen.worker.procs import WorkerProcess, start_worker
 
 pytestmark = pytest.mark.integration
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from batchgen import client, db
+from batchgen import python_api as client
 from batchgen.api import create_app
 from batchgen.config import get_settings
 from batchgen.errors import Overloaded, OverQuota
-from batchgen.schema import Batch, Item
+from batchgen.store import db
+from batchgen.store.schema import Batch, Item
 from tests.helpers import chat_line, jsonl, make_tenant
 
 pytestmark = pytest.mark.integration

@@ -7,10 +7,10 @@ import json
 import pytest
 from sqlalchemy import func, select
 
-from batchgen import db
 from batchgen.api import create_app
 from batchgen.config import get_settings
-from batchgen.schema import Batch, Item
+from batchgen.store import db
+from batchgen.store.schema import Batch, Item
 from tests.helpers import chat_line, jsonl, make_tenant
 
 pytestmark = pytest.mark.integration
@@ -134,7 +134,7 @@ def test_missing_or_unknown_key_is_401(api, key, header):
 
 
 def test_revoked_key_is_401(api, key):
-    from batchgen import tenants
+    from batchgen.store import tenants
 
     with db.session_scope() as s:
         tenants.revoke(s, "acme")
@@ -201,7 +201,7 @@ def test_concurrent_submits_with_one_idempotency_key_store_one_batch(key):
     """Two submits racing with the same key: one batch, both answers name it, no 500."""
     import threading
 
-    from batchgen import client
+    from batchgen import python_api as client
 
     rows = [chat_line(f"i{i}") for i in range(300)]  # slow enough for the two to overlap
     answers: list = []

@@ -17,11 +17,12 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import func, select
 
-from batchgen import client, db
+from batchgen import python_api as client
 from batchgen.api import create_app
 from batchgen.config import get_settings
 from batchgen.errors import OverQuota
-from batchgen.schema import Batch, Item, Tenant
+from batchgen.store import db
+from batchgen.store.schema import Batch, Item, Tenant
 from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
 from tests.tcp_proxy import TcpProxy
 
@@ -277,7 +278,7 @@ def _deadline_passed(batch_id: str, custom_id: str | None = None) -> bool:
 
 
 def _sweep() -> None:
-    from batchgen.recovery import sweep
+    from batchgen.worker.sweep import sweep
 
     with db.session_scope() as session:
         sweep(session, get_settings())

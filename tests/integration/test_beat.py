@@ -19,8 +19,8 @@ import psutil
 import pytest
 import redis
 
-from batchgen.beat import schedule_holder
-from batchgen.procs import beat_pids
+from batchgen.worker.beat import schedule_holder
+from batchgen.worker.procs import beat_pids
 
 pytestmark = pytest.mark.integration
 SENT = "Sending due task dispatch"
@@ -141,8 +141,8 @@ def test_two_dispatchers_one_schedule(dispatchers):
 
 
 def test_schedule_lock_has_one_holder_and_a_lease(clean_db):
-    from batchgen.beat import ScheduleLock
-    from batchgen.redis_client import get_redis
+    from batchgen.limits.backend import get_redis
+    from batchgen.worker.beat import ScheduleLock
 
     a, b = ScheduleLock(get_redis(), lease_s=0.5), ScheduleLock(get_redis(), lease_s=0.5)
     assert a.hold() and not b.hold()

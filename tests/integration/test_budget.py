@@ -10,12 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from batchgen import keys
-from batchgen.budget import Budget, charged_tokens, countdown_s
-from batchgen.concurrency import Slots
 from batchgen.config import Settings
+from batchgen.limits import redis_keys as keys
+from batchgen.limits.backend import get_redis
+from batchgen.limits.budget import Budget, charged_tokens, countdown_s
+from batchgen.limits.concurrency import Slots
 from batchgen.providers.base import RateLimitState
-from batchgen.redis_client import get_redis
 from batchgen.registry import ChargePolicy, ModelSpec
 
 pytestmark = pytest.mark.integration
@@ -210,13 +210,14 @@ def test_one_429_with_long_retry_after_expires_nothing(clean_db):
     is nearer than the cooldown is handed back (not expired) since a probe may pass."""
     from sqlalchemy import update
 
-    from batchgen import client, db
+    from batchgen import python_api as client
     from batchgen.config import get_settings
     from batchgen.errors import RateLimited
-    from batchgen.execution import run_item
-    from batchgen.gate import Gate, Pass
+    from batchgen.limits.gate import Gate, Pass
     from batchgen.registry import get_registry
-    from batchgen.schema import Item
+    from batchgen.store import db
+    from batchgen.store.schema import Item
+    from batchgen.worker.execution import run_item
     from tests.helpers import chat_line, make_tenant
 
     settings, registry = get_settings(), get_registry()

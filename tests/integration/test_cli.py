@@ -25,11 +25,11 @@ import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
-from batchgen import db
-from batchgen.cli import cli
+from batchgen.cli.main import cli
 from batchgen.config import get_settings
 from batchgen.embedded import free_port
-from batchgen.schema import Item, Result, Tenant
+from batchgen.store import db
+from batchgen.store.schema import Item, Result, Tenant
 from tests.helpers import chat_line, jsonl
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from batchgen import client
+from batchgen import python_api as client
 from tests.helpers import chat_line, make_tenant, wait_batches
 
 pytestmark = pytest.mark.integration
@@ -138,10 +138,10 @@ def test_sweep_cancels_items_a_retry_left_in_a_cancelled_batch(clean_db):
     """A retry that raced with the cancel put an item back to pending: it never runs."""
     from sqlalchemy import update
 
-    from batchgen import db
     from batchgen.config import get_settings
-    from batchgen.recovery import sweep
-    from batchgen.schema import Item
+    from batchgen.store import db
+    from batchgen.store.schema import Item
+    from batchgen.worker.sweep import sweep
 
     make_tenant("racer")
     batch = client.submit_batch([chat_line(f"o{i}") for i in range(3)], tenant="racer")

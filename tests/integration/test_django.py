@@ -138,7 +138,7 @@ def test_django_api_equals_flask_api_and_worker_processes(clean_db, simulator, w
 def test_django_mount_answers_every_error_as_json(clean_db, client, monkeypatch):
     """Case 16 under Django: unknown paths, wrong methods and unexpected failures below
     the include answer the documented JSON error, not Django's or Flask's HTML."""
-    from batchgen import client as python_api
+    from batchgen import python_api
 
     key = make_tenant("acme")
     missing = client.get("/batchgen/v1/nothing-here", **_auth(key))

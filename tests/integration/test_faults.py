@@ -8,16 +8,17 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from batchgen import client, db
-from batchgen.accounting import CallOutcome, record_success
+from batchgen import python_api as client
 from batchgen.config import get_settings
-from batchgen.execution import run_item
-from batchgen.gate import Gate
-from batchgen.items import claim
-from batchgen.redis_client import get_redis
+from batchgen.limits.backend import get_redis
+from batchgen.limits.gate import Gate
 from batchgen.registry import get_registry
-from batchgen.scheduling import release_all
-from batchgen.schema import Item, Result, UsageLedger
+from batchgen.store import db
+from batchgen.store.items import claim
+from batchgen.store.ledger import CallOutcome, record_success
+from batchgen.store.schema import Item, Result, UsageLedger
+from batchgen.worker.dispatch import release_all
+from batchgen.worker.execution import run_item
 from tests.helpers import (
     assert_ledger_is_results_plus_waste,
     chat_line,
@@ -172,7 +173,7 @@ def _wait_until_running(batch_id: str, at_least: int = 5) -> None:
 
 
 def _tenant_of(batch_id: str) -> str:
-    from batchgen.schema import Batch, Tenant
+    from batchgen.store.schema import Batch, Tenant
 
     with db.session_scope() as s:
         return s.scalar(select(Tenant.name).join(Batch).where(Batch.id == batch_id))

@@ -28,10 +28,11 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from batchgen import db, embedded
+from batchgen import embedded
 from batchgen.config import get_settings
-from batchgen.redis_client import get_redis
-from batchgen.schema import Batch, Item
+from batchgen.limits.backend import get_redis
+from batchgen.store import db
+from batchgen.store.schema import Batch, Item
 from tests.helpers import (
     FAULT_ENV,
     chat_line,

@@ -22,10 +22,10 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from batchgen import db
 from batchgen.embedded import RedisServer, free_port
-from batchgen.procs import WorkerProcess
-from batchgen.schema import Batch, Item
+from batchgen.store import db
+from batchgen.store.schema import Batch, Item
+from batchgen.worker.procs import WorkerProcess
 from tests.helpers import (
     FAULT_ENV,
     FAULT_RUNNING_LEASE_S,
@@ -43,7 +43,7 @@ from tests.invariants import check_invariants, reset_simulator, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REDIS_SOCKET_TIMEOUT_S = 5  # batchgen.redis_client
+REDIS_SOCKET_TIMEOUT_S = 5  # batchgen.limits.backend
 PAUSE_S = 20
 
 

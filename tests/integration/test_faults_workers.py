@@ -24,11 +24,12 @@ import pytest
 from kombu import Connection, Producer
 from sqlalchemy import select
 
-from batchgen import client, db
-from batchgen.procs import WorkerProcess
-from batchgen.redis_client import get_redis
+from batchgen import python_api as client
+from batchgen.limits.backend import get_redis
 from batchgen.registry import get_registry
-from batchgen.schema import Item
+from batchgen.store import db
+from batchgen.store.schema import Item
+from batchgen.worker.procs import WorkerProcess
 from tests.helpers import (
     FAULT_ENV,
     FAULT_RUNNING_LEASE_S,
@@ -96,11 +97,11 @@ BEAT_LEASE_S = 3  # BATCHGEN_BEAT_LOCK_LEASE_S: how soon a standby beat takes ov
 def test_worker_child_sigkill_mid_run(sim, workers):
     """Workers run Celery's thread pool (any other is refused), so a worker's only
     child process is its embedded beat (``-B``, as ``batchgen dispatcher`` runs it;
-    :func:`batchgen.procs.beat_pids`). The beat holding the schedule is SIGKILLed mid-run:
+    :func:`batchgen.worker.procs.beat_pids`). The beat holding the schedule is SIGKILLed mid-run:
     its dispatcher goes on consuming, a standby dispatcher's beat takes the schedule
     over once the lease runs out, and the run ends with the invariants intact."""
-    from batchgen.beat import schedule_holder
-    from batchgen.procs import beat_pids
+    from batchgen.worker.beat import schedule_holder
+    from batchgen.worker.procs import beat_pids
 
     env = {**FAULT_ENV, "BATCHGEN_BEAT_LOCK_LEASE_S": str(BEAT_LEASE_S)}
     batch_id = submit_items("child", 100)

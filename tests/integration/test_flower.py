@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from batchgen import client
+from batchgen import python_api as client
 from batchgen.embedded import free_port
 from tests.helpers import chat_line, make_tenant, wait_batches
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgen.procs import WorkerProcess
+from batchgen.worker.procs import WorkerProcess
 from tests.helpers import make_tenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -66,7 +66,7 @@ import app
 import celeryconfig
 import migrations
 import tasks
-from batchgen import client
+from batchgen import python_api as client
 
 here = os.path.dirname(os.path.abspath(__file__))
 for module in (app, tasks, celeryconfig, migrations):

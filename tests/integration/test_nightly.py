@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, func, select, text
 
-from batchgen import db, embedded
+from batchgen import embedded
 from batchgen.config import get_settings
 from batchgen.errors import ConfigError, ValidationFailed
 from batchgen.nightly import Job, PromptRenderer, cron_schedule, load_jobs, output_table, submit_job
-from batchgen.schema import Batch, Item, UsageLedger
+from batchgen.store import db
+from batchgen.store.schema import Batch, Item, UsageLedger
 from tests.helpers import make_tenant, status_summary, wait_batches
 
 pytestmark = pytest.mark.integration

@@ -9,9 +9,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
-from batchgen import db
 from batchgen.api import create_app
-from batchgen.schema import Item, Result, UsageLedger
+from batchgen.store import db
+from batchgen.store.schema import Item, Result, UsageLedger
 from tests.helpers import chat_line, jsonl, make_tenant, usage_totals, wait_batches
 
 pytestmark = pytest.mark.integration

@@ -7,10 +7,10 @@ import json
 import pytest
 from sqlalchemy import func, select
 
-from batchgen import db
 from batchgen.api import create_app
-from batchgen.schema import Item, Result, TenantDailyUsage, UsageLedger
 from batchgen.simulator import request_digest
+from batchgen.store import db
+from batchgen.store.schema import Item, Result, TenantDailyUsage, UsageLedger
 from tests.helpers import chat_line, jsonl, make_tenant, usage_totals, wait_batches
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import json
 import pytest
 import redis
 
-from batchgen import client
+from batchgen import python_api as client
 from batchgen.config import get_settings
 from batchgen.registry import get_registry
 from tests.helpers import chat_line, make_tenant

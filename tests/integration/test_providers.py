@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from batchgen.domain.tokens import count_messages, count_text
 from batchgen.errors import (
     CallCancelled,
     ContextLengthExceeded,
@@ -29,7 +30,6 @@ from batchgen.providers.openai import OpenAIProvider
 from batchgen.registry import ModelSpec, ProviderKind
 from batchgen.simulator import SimulatorConfig, SimulatorThread, completion_text
 from batchgen.simulator.text import anthropic_prompt_messages
-from batchgen.tokens import count_messages, count_text
 
 SECRET = "zebra-quokka-secret"
 SYSTEM = "You are terse."

@@ -10,13 +10,15 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from batchgen import client, counters, db
-from batchgen.budget import Budget
+from batchgen import python_api as client
 from batchgen.config import get_settings
-from batchgen.redis_client import get_redis
+from batchgen.limits import counters
+from batchgen.limits.backend import get_redis
+from batchgen.limits.budget import Budget
 from batchgen.registry import get_registry
-from batchgen.schema import Item
 from batchgen.simulator import SimulatorConfig, SimulatorThread
+from batchgen.store import db
+from batchgen.store.schema import Item
 from tests.helpers import chat_line, make_tenant, wait_batches
 
 pytestmark = pytest.mark.integration

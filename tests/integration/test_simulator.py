@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
+from batchgen.domain.tokens import count_messages, count_text
 from batchgen.simulator import SimulatorConfig, SimulatorThread, completion_text, request_digest
 from batchgen.simulator.text import anthropic_prompt_messages
-from batchgen.tokens import count_messages, count_text
 
 MODEL = "sim-gpt"
 CLAUDE = "sim-claude"

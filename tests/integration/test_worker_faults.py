@@ -1,7 +1,7 @@
 """The worker under faults around one provider call: what is billed, what is kept.
 
 Real PostgreSQL, Redis and the simulator over HTTP; one delivery is run in this
-process with :func:`batchgen.execution.run_item` where the test needs to look at a
+process with :func:`batchgen.worker.execution.run_item` where the test needs to look at a
 single call, and in worker processes where a worker must die.
 """
 
@@ -20,15 +20,17 @@ import redis
 from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import OperationalError
 
-from batchgen import client, db, keys
+from batchgen import python_api as client
 from batchgen.config import Settings, get_settings
-from batchgen.execution import run_item
-from batchgen.gate import Gate
-from batchgen.recovery import sweep
-from batchgen.redis_client import get_redis
+from batchgen.limits import redis_keys as keys
+from batchgen.limits.backend import get_redis
+from batchgen.limits.gate import Gate
 from batchgen.registry import Registry, get_registry, parse_registry
-from batchgen.scheduling import release_all
-from batchgen.schema import Batch, Item, TenantDailyUsage, UsageLedger
+from batchgen.store import db
+from batchgen.store.schema import Batch, Item, TenantDailyUsage, UsageLedger
+from batchgen.worker.dispatch import release_all
+from batchgen.worker.execution import run_item
+from batchgen.worker.sweep import sweep
 from tests.helpers import (
     assert_daily_usage_matches_ledger,
     assert_ledger_is_results_plus_waste,
@@ -220,7 +222,7 @@ def test_paid_answer_survives_database_outage(clean_db, simulator, workers):
 def test_deadlines_not_on_the_worker_clock(clean_db, simulator, monkeypatch, offset_s):
     """The worker host's clock is off by ``offset_s``. Ahead, calls still get the time
     left (not 0); behind, a call is cut at the deadline, not 60 s later."""
-    from batchgen import deadlines
+    from batchgen.domain import deadlines
 
     real = deadlines.host_now
     monkeypatch.setattr(deadlines, "host_now", lambda: real() + dt.timedelta(seconds=offset_s))
@@ -326,7 +328,7 @@ def test_killed_worker_sent_calls_are_ledgered_by_the_sweep(clean_db, simulator,
 def test_lost_attempt_answer_turns_its_waste_row_into_the_result(clean_db, simulator):
     """The 'lost' worker was alive after all: its answer becomes the result, and the
     sweep's waste row for that same call becomes the result's row (never two rows)."""
-    from batchgen.accounting import CallOutcome, record_success
+    from batchgen.store.ledger import CallOutcome, record_success
 
     registry = _registry()
     spec = registry["sim-small"]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from batchgen import tokens
-from batchgen.admission import Limits, parse_lines
+from batchgen.domain import tokens
+from batchgen.domain.admission import Limits, parse_lines
 from batchgen.errors import PayloadTooLarge, ValidationFailed
 from batchgen.registry import get_registry
 

@@ -8,11 +8,11 @@ import logging
 
 import pytest
 
-from batchgen import tokens
-from batchgen.admission import Limits, RequestFingerprint, parse_lines, validate_line
+from batchgen.domain import tokens
+from batchgen.domain.admission import Limits, RequestFingerprint, parse_lines, validate_line
+from batchgen.domain.status import BatchStatus, ItemStatus, batch_status
 from batchgen.errors import PayloadTooLarge, ValidationFailed
 from batchgen.registry import get_registry
-from batchgen.status import BatchStatus, ItemStatus, batch_status
 
 
 def _line(text: str, custom_id: str = "a", max_tokens: int = 100) -> bytes:

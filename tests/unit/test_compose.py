@@ -13,7 +13,7 @@ import typer
 import yaml
 from typer.main import get_command
 
-from batchgen.cli import cli
+from batchgen.cli.main import cli
 from batchgen.config import Settings
 from batchgen.registry import get_registry
 

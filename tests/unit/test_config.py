@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from batchgen import tokens
 from batchgen.config import Settings
+from batchgen.domain import tokens
 from batchgen.errors import ConfigError
 from batchgen.registry import parse_registry
 

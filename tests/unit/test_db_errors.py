@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 from sqlalchemy import exc
 
-from batchgen.db import is_transient
+from batchgen.store.db import is_transient
 
 
 def _wrapped(cls: type[exc.DBAPIError], orig: Exception) -> exc.DBAPIError:

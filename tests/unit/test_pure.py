@@ -10,9 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchgen import retry
-from batchgen.accounting import cost_usd
-from batchgen.deadlines import call_timeout_s, parse_duration_s
+from batchgen.domain import retry
+from batchgen.domain.deadlines import call_timeout_s, parse_duration_s
+from batchgen.domain.status import (
+    TERMINAL,
+    TRANSITIONS,
+    BatchStatus,
+    ItemStatus,
+    batch_status,
+    can_move,
+)
 from batchgen.errors import ValidationFailed
 from batchgen.providers.headers import (
     anthropic_rate_limits,
@@ -20,7 +27,7 @@ from batchgen.providers.headers import (
     parse_openai_duration_s,
 )
 from batchgen.registry import get_registry
-from batchgen.status import TERMINAL, TRANSITIONS, BatchStatus, ItemStatus, batch_status, can_move
+from batchgen.store.ledger import cost_usd
 
 
 def test_retry_after_headers_are_parsed():

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchgen.domain.tokens import count_text, get_encoding
 from batchgen.simulator.config import SimulatorConfig
 from batchgen.simulator.faults import FaultInjector
 from batchgen.simulator.formats import BadRequest, go_duration, parse_anthropic, parse_openai
@@ -19,7 +20,6 @@ from batchgen.simulator.text import (
     request_digest,
     split_chunks,
 )
-from batchgen.tokens import count_text, get_encoding
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi ü"}]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 
 from batchgen.config import Settings
-from batchgen.deadlines import call_timeout_s, carried_forward
-from batchgen.recovery import attempt_caps
+from batchgen.domain.deadlines import call_timeout_s, carried_forward
 from batchgen.registry import parse_registry
+from batchgen.worker.sweep import attempt_caps
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 

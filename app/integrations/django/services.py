@@ -1,4 +1,4 @@
-"""The Python API for Django views and jobs: thin, documented calls into :mod:`batchgen.client`.
+"""The Python API for Django views and jobs: thin, documented calls into :mod:`batchgen.python_api`.
 
     from batchgen.integrations.django.services import submit_batch, get_batch
 
@@ -12,6 +12,13 @@ Errors are :class:`batchgen.errors.BatchgenError`; a ``ClientError`` carries the
 
 from __future__ import annotations
 
-from batchgen.client import cancel_batch, get_batch, iter_results, list_batches, submit_batch, usage
+from batchgen.python_api import (
+    cancel_batch,
+    get_batch,
+    iter_results,
+    list_batches,
+    submit_batch,
+    usage,
+)
 
 __all__ = ["cancel_batch", "get_batch", "iter_results", "list_batches", "submit_batch", "usage"]

@@ -1,0 +1,1 @@
+"""The ``batchgen`` command line (:mod:`batchgen.cli.main`)."""

@@ -1,0 +1,213 @@
+"""``batchgen demo``: the whole pipeline on one machine, cleaned up afterwards.
+
+Embedded PostgreSQL and Redis (unless URLs are given), migrations, the
+provider simulator, one worker process with the dispatcher's beat, three
+tenants submitting product-description batches over two models, a live
+progress bar and a per-tenant table.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from sqlalchemy import func, select
+
+PRODUCTS = [
+    "trail running shoes",
+    "espresso grinder",
+    "merino wool beanie",
+    "LED desk lamp",
+    "bamboo cutting board",
+    "noise-cancelling headphones",
+    "cast iron skillet",
+    "yoga mat",
+    "stainless water bottle",
+    "mechanical keyboard",
+]
+TONES = ["playful", "premium", "technical", "friendly"]
+TENANT_SHARES = (("acme", 0.5), ("globex", 0.33), ("initech", 0.17))
+
+
+def product_requests(n: int, models: list[str], prefix: str) -> list[dict[str, Any]]:
+    """``n`` description requests in the OpenAI Batch input format, alternating models."""
+    rows = []
+    for i in range(n):
+        product = PRODUCTS[i % len(PRODUCTS)]
+        rows.append(
+            {
+                "custom_id": f"{prefix}-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": models[i % len(models)],
+                    "max_tokens": 120,
+                    "messages": [
+                        {"role": "system", "content": "You write product descriptions for a shop."},
+                        {
+                            "role": "user",
+                            "content": f"Write a {TONES[i % len(TONES)]} description "
+                            f"of product #{i}: {product}.",
+                        },
+                    ],
+                },
+            }
+        )
+    return rows
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def run_demo(items: int = 300, anthropic: bool = False, console: Console | None = None) -> int:
+    """Run the demo; returns a process exit code (0 when every item succeeded)."""
+    console = console or Console()
+    if not console.is_terminal:  # a pipe or a CI log: room for the whole table
+        console = Console(width=120)
+    workdir = Path(tempfile.mkdtemp(prefix="batchgen-demo-"))
+    try:
+        return _run(items, anthropic, console, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(items: int, anthropic: bool, console: Console, workdir: Path) -> int:
+    from batchgen import embedded, python_api
+    from batchgen.config import get_settings
+    from batchgen.simulator import SimulatorConfig, SimulatorThread
+    from batchgen.store import db, tenants
+    from batchgen.worker.procs import start_worker
+
+    started = time.monotonic()
+    sim_config = SimulatorConfig(
+        latency_base_ms=150, latency_per_token_ms=1.5, latency_jitter_ms=50, seed=7
+    )
+    with embedded.services(workdir / "data"), SimulatorThread(sim_config) as sim:
+        os.environ["BATCHGEN_SIMULATOR_URL"] = sim.base_url
+        get_settings.cache_clear()
+        console.print(f"[bold]servers[/bold] PostgreSQL + Redis ready, simulator at {sim.base_url}")
+        db.upgrade()
+        from batchgen.registry import get_registry
+
+        registry = get_registry()
+        models = ["sim-small", "sim-claude" if anthropic else "sim-large"]
+        worker = start_worker(
+            registry.queues + ["batchgen.control"],
+            log_dir=workdir / "logs",
+            concurrency=24,
+            beat=True,
+            name="demo",
+        )
+        try:
+            worker.wait_ready()
+            run_id = secrets.token_hex(3)
+            names = [f"{name}-{run_id}" for name, _ in TENANT_SHARES]
+            with db.session_scope() as session:
+                for name in names:
+                    tenants.create_tenant(session, name)
+            batch_ids = {}
+            remaining = items
+            for i, (name, (_, share)) in enumerate(zip(names, TENANT_SHARES, strict=True)):
+                n = remaining if i == len(names) - 1 else round(items * share)
+                remaining -= n
+                batch = python_api.submit_batch(product_requests(n, models, name), tenant=name)
+                batch_ids[name] = batch["id"]
+            console.print(
+                f"[bold]submitted[/bold] {items} requests for {len(names)} tenants "
+                f"over {', '.join(models)}"
+            )
+            ok = _watch(batch_ids, items, console)
+            _report(batch_ids, console)
+        finally:
+            worker.stop()
+        os.environ.pop("BATCHGEN_SIMULATOR_URL", None)
+    console.print(f"wall time {time.monotonic() - started:.1f}s")
+    return 0 if ok else 1
+
+
+def _watch(
+    batch_ids: dict[str, str], total: int, console: Console, timeout_s: float = 120.0
+) -> bool:
+    from batchgen import python_api
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    deadline = time.monotonic() + timeout_s
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("generating", total=total)
+        while time.monotonic() < deadline:
+            infos = [python_api.get_batch(b, tenant=t) for t, b in batch_ids.items()]
+            done = sum(
+                i["request_counts"]["total"]
+                - i["request_counts"]["pending"]
+                - i["request_counts"]["queued"]
+                - i["request_counts"]["running"]
+                for i in infos
+            )
+            progress.update(task, completed=done)
+            if all(i["finished_at"] is not None for i in infos):
+                return all(
+                    i["request_counts"]["succeeded"] == i["request_counts"]["total"] for i in infos
+                )
+            time.sleep(0.25)
+    return False
+
+
+def _report(batch_ids: dict[str, str], console: Console) -> None:
+    from batchgen.store.db import session_scope
+    from batchgen.store.schema import Item, Result
+
+    table = Table(
+        "tenant",
+        "requests",
+        "succeeded",
+        "prompt tok",
+        "output tok",
+        "cost $",
+        "p50 s",
+        "p95 s",
+        title="per-tenant usage (end-to-end latency)",
+    )
+    with session_scope() as session:
+        for tenant, batch_id in batch_ids.items():
+            rows = session.execute(
+                select(
+                    Result.prompt_tokens,
+                    Result.completion_tokens,
+                    Result.cost_usd,
+                    func.extract("epoch", Item.finished_at - Item.created_at),
+                )
+                .join(Item, Item.id == Result.item_id)
+                .where(Result.batch_id == batch_id)
+            ).all()
+            total = session.scalar(select(func.count()).where(Item.batch_id == batch_id))
+            latencies = sorted(float(r[3]) for r in rows)
+            table.add_row(
+                tenant,
+                str(total),
+                str(len(rows)),
+                str(sum(r[0] for r in rows)),
+                str(sum(r[1] for r in rows)),
+                f"{sum(r[2] for r in rows):.6f}",
+                f"{_pct(latencies, 50):.2f}",
+                f"{_pct(latencies, 95):.2f}",
+            )
+    console.print(table)

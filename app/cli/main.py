@@ -1,0 +1,300 @@
+"""The ``batchgen`` command line (Typer). Service commands start embedded
+PostgreSQL and Redis when ``DATABASE_URL`` / ``REDIS_URL`` are unset.
+
+Exit codes: 0 ok, 1 error, 2 wrong usage. ``--json`` prints one JSON document."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.table import Table
+
+from batchgen.cli.batches import register as register_batch_commands
+from batchgen.cli.common import console, err, fail, handled, print_json
+from batchgen.cli.common import services as _services
+from batchgen.cli.ops import register as register_ops_commands
+from batchgen.config import get_settings
+from batchgen.errors import BatchgenError
+from batchgen.registry import ChargePolicy
+
+cli = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+tenants_cli = typer.Typer(no_args_is_help=True, help="Create, list and revoke tenants.")
+db_cli = typer.Typer(no_args_is_help=True, help="Database schema (Alembic).")
+cli.add_typer(tenants_cli, name="tenants")
+cli.add_typer(db_cli, name="db")
+register_batch_commands(cli)  # submit, watch, results, cancel, nightly run
+register_ops_commands(cli)  # usage, status
+JSON = typer.Option(False, "--json", help="Print one JSON document for scripts.")
+
+
+def _fail(exc: BatchgenError, code: int = 1) -> None:
+    fail(str(exc), code)
+
+
+@db_cli.command("upgrade")
+def db_upgrade(revision: str = "head") -> None:
+    """Apply migrations (creates the schema on an empty database)."""
+    from alembic.util import CommandError
+
+    from batchgen.store import db
+
+    with _services():
+        try:
+            db.upgrade(revision=revision)
+        except CommandError as exc:
+            fail(f"migration: {exc}")
+    console.print(f"database at {revision}")
+
+
+@tenants_cli.command("create")
+def tenants_create(
+    name: str,
+    weight: int = typer.Option(1, help="Share of capacity relative to other tenants."),
+    admin: bool = typer.Option(False, help="May read every tenant's batches and usage."),
+    as_json: bool = JSON,
+) -> None:
+    """Create a tenant and print its API key (shown this once; only a hash is kept)."""
+    from batchgen.store import db, tenants
+
+    with _services(), handled(), db.session_scope() as session:
+        tenant, key = tenants.create_tenant(session, name, weight=weight, is_admin=admin)
+        tenant_id = tenant.id
+    if as_json:
+        print_json({"id": tenant_id, "name": name, "api_key": key})
+    else:
+        err.print(f"tenant {name} (id {tenant_id}) created. API key, shown once:")
+        print(key)
+
+
+@tenants_cli.command("list")
+def tenants_list(as_json: bool = JSON) -> None:
+    """List tenants (key prefixes only)."""
+    from batchgen.store import db, tenants
+
+    with _services(), db.session_scope() as session:
+        rows = [
+            {
+                "id": t.id,
+                "name": t.name,
+                "key_prefix": t.key_prefix,
+                "weight": t.weight,
+                "revoked": t.revoked_at is not None,
+            }
+            for t in tenants.list_tenants(session)
+        ]
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("id", "name", "key prefix", "weight", "revoked")
+    for r in rows:
+        revoked = "yes" if r["revoked"] else ""
+        table.add_row(str(r["id"]), str(r["name"]), str(r["key_prefix"]), str(r["weight"]), revoked)
+    console.print(table)
+
+
+@tenants_cli.command("revoke")
+def tenants_revoke(name: str, as_json: bool = JSON) -> None:
+    """Revoke a tenant's API key (its batches stay; new requests get 401)."""
+    from batchgen.store import db, tenants
+
+    with _services(), handled(), db.session_scope() as session:
+        tenants.revoke(session, name)
+    if as_json:
+        print_json({"name": name, "revoked": True})
+    else:
+        console.print(f"tenant {name}: key revoked")
+
+
+@cli.command()
+def models(as_json: bool = JSON) -> None:
+    """Show the model registry."""
+    from batchgen.registry import get_registry
+
+    with handled():
+        specs = list(get_registry())
+    if as_json:
+        print_json([s.model_dump(mode="json") for s in specs])
+        return
+    columns = ["model", "provider", "queue", "tokens/min", "requests/min", "concurrency"]
+    table = Table(*columns, "$ in/1M", "$ out/1M")
+    for s in specs:
+        table.add_row(
+            s.name,
+            s.provider,
+            s.queue,
+            str(s.tokens_per_min),
+            str(s.requests_per_min),
+            str(s.max_concurrency),
+            str(s.input_usd_per_1m),
+            str(s.output_usd_per_1m),
+        )
+    console.print(table)
+
+
+def _beat_schedule_file() -> str:
+    """Beat's state file, in the data folder (the working directory may be read-only)."""
+    data_dir = get_settings().data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return str(data_dir / "celerybeat-schedule")
+
+
+def _celery_worker(queues: list[str], concurrency: int, beat: bool, name: str) -> None:
+    from batchgen.tasks.celery_app import celery_app
+    from batchgen.worker.procs import WORKER_POOL
+
+    argv = ["worker", "-Q", ",".join(queues), "-P", WORKER_POOL, "-c", str(concurrency)]
+    argv += ["-n", f"{name}@%h", "--loglevel", get_settings().log_level]
+    if beat:
+        argv += ["-B", "-s", _beat_schedule_file()]
+    celery_app.worker_main(argv)
+
+
+@cli.command()
+def worker(
+    group: list[str] = typer.Option(
+        None, "--group", "-g", help="Model group(s) to serve; default: all."
+    ),
+    concurrency: int = typer.Option(0, help="Threads; default BATCHGEN_WORKER_CONCURRENCY."),
+    pool: str = typer.Option("threads", "--pool", "-P", help="Celery pool: threads only."),
+) -> None:
+    """A Celery worker (thread pool) for one or more model groups."""
+    from batchgen.registry import get_registry
+    from batchgen.worker.procs import pool_error
+
+    refused = pool_error(pool)
+    if refused:
+        fail(refused, 2)
+    with handled():
+        registry = get_registry()
+    unknown = set(group or []) - set(registry.groups)
+    if unknown:
+        fail(f"unknown group(s) {sorted(unknown)}; known: {registry.groups}", 2)
+    queues = ["llm." + g for g in (group or registry.groups)]
+    with _services() as settings:
+        _celery_worker(
+            queues, concurrency or settings.worker_concurrency, False, "-".join(group or ["all"])
+        )
+
+
+@cli.command()
+def dispatcher(
+    beat: bool = typer.Option(
+        True,
+        help="Embed Celery beat (dispatch, sweep and nightly ticks); --no-beat when "
+        "`batchgen beat` runs on its own.",
+    ),
+) -> None:
+    """The dispatcher and sweep: a worker on the control queue (beat embedded by default)."""
+    from batchgen.celeryconfig import CONTROL_QUEUE
+
+    with _services():
+        _celery_worker([CONTROL_QUEUE], 2, beat, "dispatcher")
+
+
+@cli.command()
+def beat() -> None:
+    """Celery beat alone (dispatch, sweep and nightly ticks); run exactly one."""
+    from batchgen.tasks.celery_app import celery_app
+
+    with _services() as settings:
+        celery_app.start(["beat", "-s", _beat_schedule_file(), "--loglevel", settings.log_level])
+
+
+@cli.command()
+def flower(
+    port: int = typer.Option(5555, help="HTTP port."),
+    address: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: all)."),
+    basic_auth: str | None = typer.Option(
+        None,
+        "--basic-auth",
+        help="user:password; default BATCHGEN_FLOWER_USER and BATCHGEN_FLOWER_PASSWORD.",
+    ),
+) -> None:
+    """Flower on the configured broker, behind HTTP basic auth (required)."""
+    settings = get_settings()
+    if basic_auth is None and settings.flower_user and settings.flower_password:
+        basic_auth = f"{settings.flower_user}:{settings.flower_password}"
+    user, _, password = (basic_auth or "").partition(":")
+    if not user or not password:
+        fail(
+            "Flower needs basic auth: set BATCHGEN_FLOWER_USER and BATCHGEN_FLOWER_PASSWORD "
+            "or pass --basic-auth user:password",
+            2,
+        )
+    from batchgen.tasks.celery_app import celery_app
+
+    with _services():
+        console.print(f"flower on http://{address}:{port} (basic auth as {user})")
+        # In-process: the password stays out of the process list.
+        celery_app.start(
+            ["flower", f"--basic-auth={basic_auth}", f"--port={port}", f"--address={address}"]
+        )
+
+
+@cli.command()
+def api(host: str = "", port: int = 0) -> None:
+    """The HTTP API (development server; use gunicorn 'batchgen.api:create_app()' in production)."""
+    from werkzeug.serving import run_simple
+
+    from batchgen.api import create_app
+
+    with _services() as settings:
+        run_simple(
+            host or settings.api_host, port or settings.api_port, create_app(), threaded=True
+        )
+
+
+@cli.command()
+def simulator(
+    host: str = "127.0.0.1",
+    port: int = 8099,
+    tpm: int = typer.Option(0, help="Tokens per minute per key and model (0: unlimited)."),
+    rpm: int = typer.Option(0, help="Requests per minute per key and model (0: unlimited)."),
+    latency_ms: float = typer.Option(100.0, help="Base latency of an answer."),
+    per_token_ms: float = typer.Option(1.0, help="Extra latency per output token."),
+    fault_rate: float = typer.Option(0.0, help="Share of requests answered with a fault."),
+    charge_mode: ChargePolicy = typer.Option(
+        ChargePolicy.RESERVE, help="'reserve' (OpenAI) or 'actual' (Anthropic)."
+    ),
+) -> None:
+    """The provider simulator (OpenAI and Anthropic APIs, rate limits, faults)."""
+    from batchgen.simulator import SimulatorConfig, run_simulator
+
+    config = SimulatorConfig(
+        tokens_per_min=tpm or None,
+        requests_per_min=rpm or None,
+        latency_base_ms=latency_ms,
+        latency_per_token_ms=per_token_ms,
+        fault_rate=fault_rate,
+        charge_mode=charge_mode.value,  # type: ignore[arg-type]  # the same two values
+    )
+    console.print(f"simulator on http://{host}:{port} (OpenAI: /v1, Anthropic: /v1/messages)")
+    run_simulator(host, port, config)
+
+
+@cli.command()
+def demo(
+    items: int = typer.Option(300, min=1, help="Requests to submit across 3 tenants and 2 models."),
+    anthropic: bool = typer.Option(False, "--anthropic", help="Use the Anthropic-mode model."),
+) -> None:
+    """End to end on embedded servers: simulator, worker, dispatcher, 3 tenants, a table."""
+    from batchgen.cli.demo import run_demo
+
+    code = run_demo(items=items, anthropic=anthropic, console=console)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    """Console script entry point."""
+    try:
+        cli()
+    except BatchgenError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        sys.exit(1)
+
+
+__all__ = ["cli", "main"]
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Operator commands: ``batchgen usage`` and ``batchgen status``."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from batchgen.cli.common import console, handled, print_json, services
+
+JSON = typer.Option(False, "--json", help="Print one JSON document for scripts.")
+
+
+def usage(
+    tenant: str = typer.Option(None, help="One tenant; default: every tenant (admin view)."),
+    start: str = typer.Option(None, "--from", help="First day, YYYY-MM-DD (default: 30 days ago)."),
+    end: str = typer.Option(None, "--to", help="Last day, YYYY-MM-DD (default: today)."),
+    group_by: str = typer.Option("model", help="model, day, or tenant (all tenants only)."),
+    as_json: bool = JSON,
+) -> None:
+    """Requests, tokens, cost and waste from the usage ledger."""
+    from batchgen import python_api
+
+    with services(), handled():
+        rows = python_api.usage(tenant=tenant, start=start, end=end, group_by=group_by)
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(
+        group_by,
+        "requests",
+        "prompt tokens",
+        "output tokens",
+        "cost $",
+        "wasted calls",
+        "wasted $",
+        title="usage",
+    )
+    for r in rows:
+        table.add_row(
+            str(r[group_by]),
+            str(r["requests"]),
+            str(r["prompt_tokens"]),
+            str(r["completion_tokens"]),
+            r["cost_usd"],
+            str(r["wasted_requests"]),
+            r["wasted_cost_usd"],
+        )
+    console.print(table)
+
+
+def status(as_json: bool = JSON) -> None:
+    """Per-model backlog, throughput and budget use, and per-tenant progress."""
+    from batchgen.config import get_settings
+    from batchgen.limits.backend import get_redis
+    from batchgen.monitoring.snapshot import snapshot
+    from batchgen.registry import get_registry
+    from batchgen.store.db import session_scope
+
+    with services(), handled(), session_scope() as session:
+        data = snapshot(session, get_redis(), get_registry(), get_settings())
+    if as_json:
+        print_json(data)
+        return
+    models = Table(
+        "model",
+        "pending",
+        "queued",
+        "running",
+        "backlog tok",
+        "done/min",
+        "slots",
+        "budget tok",
+        title="models",
+    )
+    for m in data["models"]:
+        models.add_row(
+            m["model"],
+            str(m["pending"]),
+            str(m["queued"]),
+            str(m["running"]),
+            str(m["backlog_tokens"]),
+            f"{m['finished_per_min']:.1f}",
+            f"{m['inflight']}/{m['max_concurrency']}",
+            f"{m['budget_tokens_used']}/{m['budget_tokens_limit']}",
+        )
+    console.print(models)
+    batches = Table("tenant", "batch", "status", "done", "total", title="open batches")
+    for b in data["open_batches"]:
+        batches.add_row(b["tenant"], b["batch"], b["status"], str(b["done"]), str(b["total"]))
+    console.print(batches)
+
+
+def register(cli: typer.Typer) -> None:
+    for command in (usage, status):
+        cli.command()(command)

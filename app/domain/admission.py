@@ -1,0 +1,291 @@
+"""Validation of an OpenAI Batch API input file, one line at a time.
+
+Pure: no database, no network. :func:`parse_lines` streams a binary JSONL
+body and yields one :class:`ItemDraft` per line, raising a
+:class:`ValidationFailed` that names the line and the field at the first bad
+line. Token estimates are computed here, once, and stored on the item.
+
+Counting tokens costs CPU, so a line is first held against a floor computed
+from its byte length alone (:func:`batchgen.domain.tokens.min_tokens`), counting stops
+once a prompt is known not to fit, and one request may hand the tokenizer at
+most ``Limits.max_tokenize_bytes`` of text in all.
+
+Text PostgreSQL cannot store (a NUL character, an unpaired surrogate: legal
+JSON, refused by ``jsonb``) is refused here, before it reaches the database,
+whose error messages would quote it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchgen.domain import tokens
+from batchgen.domain.deadlines import parse_duration_s
+from batchgen.errors import PayloadTooLarge, ValidationFailed
+from batchgen.registry import ModelSpec, Registry
+
+CHAT_COMPLETIONS = "/v1/chat/completions"
+MAX_CUSTOM_ID_CHARS = 512
+
+
+@dataclass(frozen=True, slots=True)
+class ItemDraft:
+    """One validated request line, ready to store."""
+
+    line_no: int
+    custom_id: str
+    model: str
+    body: dict[str, Any]
+    prompt_tokens_est: int
+    max_tokens: int
+    timeout_s: float | None = None  # optional per-item deadline, from admission
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_lines: int
+    max_bytes: int
+    max_tokenize_bytes: int | None = None  # prompt text handed to the tokenizer, all lines
+
+
+@dataclass(slots=True)
+class TokenizeBudget:
+    """How much prompt text one request may still hand the tokenizer."""
+
+    max_bytes: int | None
+    spent: int = 0
+
+    def spend(self, text_bytes: int, line_no: int) -> None:
+        self.spent += text_bytes
+        if self.max_bytes is not None and self.spent > self.max_bytes:
+            raise PayloadTooLarge(
+                f"the batch's prompts hold more than {self.max_bytes} bytes of text to "
+                "count; split it",
+                line=line_no,
+            )
+
+
+# JSON escapes that may decode to text PostgreSQL refuses: NUL, or a surrogate.
+_SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+
+
+def _storable(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # an unpaired surrogate
+        return False
+    return True
+
+
+def unstorable_path(value: Any, path: str = "") -> str | None:
+    """The path of the first string (key or value) that PostgreSQL cannot store, or None.
+
+    Such a string holds a NUL character or an unpaired surrogate. Paths read
+    ``body.messages[0].content``.
+    """
+    if isinstance(value, str):
+        return None if _storable(value) else path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            sub = f"{path}.{key}" if path else str(key)
+            if not _storable(str(key)):
+                return path or "(key)"
+            found = unstorable_path(item, sub)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = unstorable_path(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+UNSTORABLE = "contains a NUL character (\\u0000) or an unpaired surrogate, which cannot be stored"
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass
+class RequestFingerprint:
+    """SHA-256 of what a submit asks for: its parameters and every validated line.
+
+    Spelled canonically (key order, whitespace, line endings and blank lines do
+    not matter), so a resubmit of the same request matches however its JSON
+    was written, and any other body or parameter does not.
+    """
+
+    params: dict[str, Any]
+    _hash: Any = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._hash = hashlib.sha256(_canonical(self.params) + b"\n")
+
+    def track(self, drafts: Iterable[ItemDraft]) -> Iterator[ItemDraft]:
+        """Pass ``drafts`` through, adding each to the fingerprint."""
+        for d in drafts:
+            self._hash.update(_canonical([d.custom_id, d.body, d.timeout_s]) + b"\n")
+            yield d
+
+    def hexdigest(self) -> str:
+        return str(self._hash.hexdigest())
+
+
+def _fail(line_no: int, field: str | None, message: str) -> ValidationFailed:
+    where = f"line {line_no}" + (f", field {field!r}" if field else "")
+    return ValidationFailed(f"{where}: {message}", line=line_no, field=field)
+
+
+def _max_tokens(body: dict[str, Any], line_no: int, limit: int, model: str) -> int:
+    for key in ("max_completion_tokens", "max_tokens"):
+        if key in body:
+            value = body[key]
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise _fail(line_no, f"body.{key}", "must be an integer")
+            if value <= 0:
+                raise _fail(line_no, f"body.{key}", "must be greater than 0")
+            if value > limit:
+                raise _fail(
+                    line_no, f"body.{key}", f"{value} exceeds the limit of {limit} for {model}"
+                )
+            return value
+    # No limit given: reserve the model's maximum, as the provider would allow.
+    return limit
+
+
+def _messages(body: dict[str, Any], line_no: int) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if messages is None:
+        raise _fail(line_no, "body.messages", "is required")
+    if not isinstance(messages, list) or not messages:
+        raise _fail(line_no, "body.messages", "must be a non-empty list")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _fail(line_no, f"body.messages[{i}]", "must be an object")
+        if not isinstance(message.get("role"), str):
+            raise _fail(line_no, f"body.messages[{i}].role", "is required")
+        if "content" not in message:
+            raise _fail(line_no, f"body.messages[{i}].content", "is required")
+    return messages
+
+
+def _check_fits(
+    messages: list[dict[str, Any]],
+    line_no: int,
+    spec: ModelSpec,
+    max_tokens: int,
+    budget: TokenizeBudget,
+) -> int:
+    """The prompt's tokens; refuses a prompt that cannot fit the context window,
+    cheaply by its byte length first, and counts no further than the window."""
+    allowed = spec.context_window - max_tokens
+    size = tokens.text_bytes(messages)
+    floor = tokens.min_tokens(size, spec.encoding)
+    prompt_tokens = floor
+    if floor <= allowed:
+        budget.spend(size, line_no)
+        prompt_tokens = tokens.count_messages(messages, spec.encoding, limit=allowed)
+    if prompt_tokens > allowed:
+        raise _fail(
+            line_no,
+            "body.messages",
+            f"a prompt of more than {max(allowed, 0)} tokens plus max_tokens {max_tokens} "
+            f"exceeds the context window of {spec.context_window} for {spec.name}",
+        )
+    return prompt_tokens
+
+
+def validate_line(
+    raw: bytes, line_no: int, registry: Registry, budget: TokenizeBudget | None = None
+) -> ItemDraft:
+    """Validate one JSONL line; raises :class:`ValidationFailed`."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _fail(line_no, None, f"not valid UTF-8 (byte {exc.start})") from exc
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _fail(line_no, None, f"malformed JSON: {exc.msg} at column {exc.colno}") from exc
+    if not isinstance(obj, dict):
+        raise _fail(line_no, None, "must be a JSON object")
+    if _SUSPECT_ESCAPE.search(raw):
+        bad = unstorable_path(obj)
+        if bad is not None:
+            raise _fail(line_no, bad, UNSTORABLE)
+
+    custom_id = obj.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise _fail(line_no, "custom_id", "is required and must be a non-empty string")
+    if len(custom_id) > MAX_CUSTOM_ID_CHARS:
+        raise _fail(line_no, "custom_id", f"longer than {MAX_CUSTOM_ID_CHARS} characters")
+    method = obj.get("method", "POST")
+    if method != "POST":
+        raise _fail(line_no, "method", "must be POST")
+    url = obj.get("url")
+    if url != CHAT_COMPLETIONS:
+        raise _fail(line_no, "url", f"must be {CHAT_COMPLETIONS!r}, got {url!r}")
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        raise _fail(line_no, "body", "is required and must be an object")
+    model_name = body.get("model")
+    if not isinstance(model_name, str):
+        raise _fail(line_no, "body.model", "is required")
+    spec = registry.get(model_name)
+    if spec is None:
+        raise _fail(line_no, "body.model", f"unknown model {model_name!r}")
+    if body.get("stream"):
+        raise _fail(line_no, "body.stream", "streaming is not available in batches")
+    messages = _messages(body, line_no)
+    max_tokens = _max_tokens(body, line_no, spec.max_output_tokens, model_name)
+    prompt_tokens = _check_fits(messages, line_no, spec, max_tokens, budget or TokenizeBudget(None))
+    timeout_s = None
+    if "timeout" in obj:  # our extension of the Batch format: a per-item deadline
+        try:
+            timeout_s = parse_duration_s(obj["timeout"], "timeout")
+        except ValidationFailed as exc:
+            raise _fail(line_no, "timeout", exc.message) from exc
+    return ItemDraft(line_no, custom_id, model_name, body, prompt_tokens, max_tokens, timeout_s)
+
+
+def iter_lines(stream: Iterable[bytes], limits: Limits) -> Iterator[tuple[int, bytes]]:
+    """Numbered non-blank lines of a byte stream, enforcing line and byte limits."""
+    total_bytes = 0
+    line_no = 0
+    count = 0
+    for raw in stream:
+        total_bytes += len(raw)
+        if total_bytes > limits.max_bytes:
+            raise PayloadTooLarge(f"body larger than {limits.max_bytes} bytes")
+        line_no += 1
+        if not raw.strip():
+            continue
+        count += 1
+        if count > limits.max_lines:
+            raise PayloadTooLarge(f"more than {limits.max_lines} lines", line=line_no)
+        yield line_no, raw.rstrip(b"\r\n")
+
+
+def parse_lines(stream: Iterable[bytes], registry: Registry, limits: Limits) -> Iterator[ItemDraft]:
+    """Validate a JSONL body line by line; duplicates of custom_id are rejected."""
+    seen: set[str] = set()
+    any_line = False
+    budget = TokenizeBudget(limits.max_tokenize_bytes)
+    for line_no, raw in iter_lines(stream, limits):
+        any_line = True
+        draft = validate_line(raw, line_no, registry, budget)
+        if draft.custom_id in seen:
+            raise _fail(line_no, "custom_id", f"duplicate custom_id {draft.custom_id!r}")
+        seen.add(draft.custom_id)
+        yield draft
+    if not any_line:
+        raise ValidationFailed("the batch is empty: no request lines")

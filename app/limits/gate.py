@@ -1,0 +1,199 @@
+"""The gate in front of every provider call: a concurrency slot, then the budget.
+
+Order matters: the worker claims the item, then takes a slot, then reserves
+tokens, so that once tokens are reserved the call starts at once (a
+reservation is only honest about *when* the provider sees the tokens if
+nothing waits in between). After the call, :meth:`settle`
+reconciles the reservation with what the provider reports, and listens to
+it: a 429 starts a cooldown, rate-limit headers lower our budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+
+import redis
+
+from batchgen.config import Settings
+from batchgen.errors import CallCancelled, PermanentProviderError, ProviderError, RateLimited
+from batchgen.limits import counters
+from batchgen.limits.budget import Budget, charged_tokens, countdown_s, reservation_tokens
+from batchgen.limits.concurrency import Slots
+from batchgen.providers.base import ProviderResponse
+from batchgen.registry import ModelSpec
+from batchgen.store.items import Claimed
+
+SLOT_POLL_S = 0.05
+SLOT_RETRY_S = 0.5
+DEFAULT_COOLDOWN_S = 1.0
+
+
+def running_lease_s(spec: ModelSpec, settings: Settings) -> float:
+    """How long a running item (and its concurrency slot) stays ours. A streamed call
+    may take up to twice its timeout (the SDK's timeout bounds each read, the stream
+    deadline is checked between chunks), so the lease covers both and a margin."""
+    return 2 * (spec.call_timeout_s or settings.call_timeout_s) + settings.running_lease_margin_s
+
+
+@dataclass(frozen=True)
+class Pass:
+    """Admitted: the call may start now. Hand it back to :meth:`Gate.settle`."""
+
+    reservation_id: str
+    tokens: int
+
+
+class WaitKind(StrEnum):
+    """What denied a call, which decides what a waiting item may do meanwhile."""
+
+    SLOT = "slot"  # all concurrency slots held: they free within a call's time
+    COOLDOWN = "cooldown"  # the provider said 429: a probe at the cooldown's end may pass
+    TOKENS = "tokens"  # the model's tokens in the window: they free at a known time
+    REQUESTS = "requests"  # the model's requests in the window
+    TENANT = "tenant"  # the tenant's own tokens_per_min
+
+    @property
+    def firm(self) -> bool:
+        """The wait is a lower bound: a call before it is impossible."""
+        return self in (WaitKind.TOKENS, WaitKind.REQUESTS, WaitKind.TENANT)
+
+    @property
+    def releases_dispatch(self) -> bool:
+        """The item waits on its own tenant, so it must not hold the model's dispatch
+        window (other tenants' items could use it meanwhile)."""
+        return self is WaitKind.TENANT
+
+
+@dataclass(frozen=True)
+class Wait:
+    wait_s: float
+    reason: str
+    kind: WaitKind = WaitKind.TOKENS
+
+
+@dataclass(frozen=True)
+class Never:
+    reason: str
+
+
+_KINDS = {k.value for k in WaitKind}
+_REASONS = {
+    WaitKind.SLOT: "no free concurrency slot",
+    WaitKind.COOLDOWN: "provider cooldown after a 429",
+    WaitKind.TOKENS: "token budget exhausted",
+    WaitKind.REQUESTS: "request budget exhausted",
+    WaitKind.TENANT: "tenant token budget exhausted",
+}
+
+
+class Gate:
+    def __init__(self, client: redis.Redis, settings: Settings):
+        self.client = client
+        self.settings = settings
+        self.budget = Budget(client, settings)
+        self.slots = Slots(client)
+        self.enabled = settings.budget_enabled
+
+    def _slot_lease_s(self, spec: ModelSpec) -> float:
+        return running_lease_s(spec, self.settings)
+
+    def _take_slot(self, spec: ModelSpec, holder: str) -> bool:
+        deadline = time.monotonic() + self.settings.slot_wait_s
+        lease = self._slot_lease_s(spec)
+        while True:
+            if self.slots.acquire(spec.name, holder, spec.max_concurrency, lease):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(SLOT_POLL_S)
+
+    def _free_slot(self, spec: ModelSpec, holder: str) -> None:
+        """Release a slot after a failure (best effort: if Redis is down, its lease ends)."""
+        with contextlib.suppress(redis.RedisError):
+            self.slots.release(spec.name, holder)
+
+    def enter(self, spec: ModelSpec, item: Claimed) -> Pass | Wait | Never:
+        """Take a slot and reserve tokens, or say how long to wait."""
+        tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
+        # One id per item and attempt: an attempt handed back unsent (its attempt
+        # number is reused) finds a reservation whose reply it lost, instead of
+        # leaving it on the books for a call that never happens.
+        reservation_id = f"{item.item_id}:{item.attempt}"
+        if not self.enabled:
+            return Pass(reservation_id, tokens)
+        if not self._take_slot(spec, reservation_id):
+            counters.incr(self.client, spec.name, counters.SLOT_DENIALS)
+            return Wait(countdown_s(SLOT_RETRY_S), "no free concurrency slot", WaitKind.SLOT)
+        try:  # the slot is ours: it is handed on in a Pass or freed here
+            grant = self.budget.reserve(
+                spec,
+                reservation_id,
+                tokens,
+                tenant_id=item.tenant_id,
+                tenant_tokens_per_min=item.tenant_tokens_per_min,
+                waiter_id=str(item.item_id),  # one place in line per item, across its retries
+            )
+        except BaseException:
+            self._free_slot(spec, reservation_id)
+            raise
+        if grant.granted:
+            return Pass(reservation_id, tokens)
+        self.slots.release(spec.name, reservation_id)
+        if grant.never:
+            return Never(
+                f"request of {tokens} tokens exceeds the tokens-per-minute limit of {spec.name}"
+            )
+        counters.incr(self.client, spec.name, counters.BUDGET_DENIALS)
+        wait = countdown_s(grant.wait_s)
+        counters.incr(self.client, spec.name, counters.BUDGET_WAIT_S, float(wait))
+        kind = WaitKind(grant.reason) if grant.reason in _KINDS else WaitKind.TOKENS
+        return Wait(wait, _REASONS[kind], kind)
+
+    def settle(
+        self,
+        spec: ModelSpec,
+        admitted: Pass,
+        tenant_id: int,
+        max_tokens: int,
+        response: ProviderResponse | None = None,
+        error: ProviderError | None = None,
+    ) -> None:
+        """Reconcile the reservation with the outcome, listen to the provider, free the slot."""
+        if not self.enabled:
+            return
+        rid = admitted.reservation_id
+        try:
+            if response is not None:
+                charged = charged_tokens(
+                    spec.charge_policy,
+                    response.prompt_tokens,
+                    response.completion_tokens,
+                    max_tokens,
+                )
+                self.budget.reconcile(spec, rid, charged, tenant_id)
+                self.budget.observe(spec, response.rate_limits, rid)
+            elif isinstance(error, RateLimited):
+                # Not admitted by the provider: nothing was charged, but it is full.
+                self.budget.release(spec, rid, tenant_id)
+                self.budget.cool_down(spec, error.retry_after_s or DEFAULT_COOLDOWN_S)
+                counters.incr(self.client, spec.name, counters.COOLDOWNS)
+                counters.incr(self.client, spec.name, counters.RATE_LIMITED)
+            elif isinstance(error, CallCancelled) and not error.billed:
+                self.budget.release(spec, rid, tenant_id)  # nothing reached the provider
+            elif isinstance(error, CallCancelled):
+                pass  # the provider may charge what it generated: keep the reservation
+            elif isinstance(error, PermanentProviderError):
+                self.budget.release(spec, rid, tenant_id)  # rejected before generating
+                counters.incr(self.client, spec.name, counters.PERMANENT_ERRORS)
+            elif error is not None and not error.billed and error.status is None:
+                # Connect failure: nothing was sent, nothing was counted.
+                self.budget.release(spec, rid, tenant_id)
+                counters.incr(self.client, spec.name, counters.TRANSIENT_ERRORS)
+            else:
+                # Transient: the provider may have counted it; keep the reservation.
+                counters.incr(self.client, spec.name, counters.TRANSIENT_ERRORS)
+        finally:
+            self.slots.release(spec.name, rid)

@@ -1,0 +1,86 @@
+"""An operator's view of the whole system at a glance (``batchgen status``, ``GET /v1/status``).
+
+Flower shows tasks one by one; this shows per model the backlog, throughput and
+budget use, and per tenant the progress of its open batches.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import redis
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from batchgen.config import Settings
+from batchgen.domain.status import TERMINAL, ItemStatus
+from batchgen.limits.budget import Budget
+from batchgen.limits.concurrency import Slots
+from batchgen.registry import Registry
+from batchgen.store.schema import Batch, Item, Tenant
+
+THROUGHPUT_WINDOW_MIN = 5
+OPEN = [s.value for s in ItemStatus if s not in TERMINAL]
+
+
+def snapshot(
+    session: Session, client: redis.Redis, registry: Registry, settings: Settings
+) -> dict[str, Any]:
+    """Per-model and per-tenant state, as plain JSON-ready data."""
+    counts = {
+        (m, s): n
+        for m, s, n in session.execute(
+            select(Item.model, Item.status, func.count())
+            .where(Item.status.in_(OPEN))
+            .group_by(Item.model, Item.status)
+        )
+    }
+    backlog = dict(
+        session.execute(
+            select(Item.model, func.sum(Item.prompt_tokens_est + Item.max_tokens))
+            .where(Item.status.in_(OPEN))
+            .group_by(Item.model)
+        ).all()
+    )
+    recent = dict(
+        session.execute(
+            select(Item.model, func.count())
+            .where(Item.finished_at >= func.now() - dt.timedelta(minutes=THROUGHPUT_WINDOW_MIN))
+            .group_by(Item.model)
+        ).all()
+    )
+    budget, slots = Budget(client, settings), Slots(client)
+    models = []
+    for spec in registry:
+        used_tokens, used_requests = budget.used(spec)
+        models.append(
+            {
+                "model": spec.name,
+                "queue": spec.queue,
+                "pending": counts.get((spec.name, "pending"), 0),
+                "queued": counts.get((spec.name, "queued"), 0),
+                "running": counts.get((spec.name, "running"), 0),
+                "backlog_tokens": int(backlog.get(spec.name) or 0),
+                "finished_per_min": recent.get(spec.name, 0) / THROUGHPUT_WINDOW_MIN,
+                "inflight": slots.held(spec.name),
+                "max_concurrency": spec.max_concurrency,
+                "budget_tokens_used": used_tokens,
+                "budget_tokens_limit": spec.tokens_per_min,
+                "budget_requests_used": used_requests,
+                "budget_requests_limit": spec.requests_per_min,
+            }
+        )
+    done = func.count().filter(Item.status.in_([s.value for s in TERMINAL]))
+    tenants = [
+        {"tenant": name, "batch": batch_id, "status": status, "total": total, "done": finished}
+        for name, batch_id, status, total, finished in session.execute(
+            select(Tenant.name, Batch.id, Batch.status, Batch.total_items, done)
+            .join(Batch, Batch.tenant_id == Tenant.id)
+            .join(Item, Item.batch_id == Batch.id)
+            .where(Batch.finished_at.is_(None))
+            .group_by(Tenant.name, Batch.id, Batch.status, Batch.total_items)
+            .order_by(Tenant.name, Batch.created_at)
+        )
+    ]
+    return {"models": models, "open_batches": tenants}

@@ -1,0 +1,217 @@
+"""The Python API for trusted server-side code (a Django view, a Flask route, a job).
+
+Each function opens its own transaction and names the tenant by name; the
+HTTP API authenticates an API key and then calls the same functions with the
+tenant it found. All raise the project's typed exceptions (:mod:`batchgen.errors`).
+
+    from batchgen.python_api import submit_batch, get_batch, iter_results, cancel_batch
+
+    batch = submit_batch(requests, tenant="acme", completion_window="2h")
+    get_batch(batch["id"], tenant="acme")["request_counts"]
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from batchgen.config import get_settings
+from batchgen.domain.status import Priority
+from batchgen.errors import ClientError, NotFound, Overloaded
+from batchgen.limits import counters
+from batchgen.limits.backend import get_redis
+from batchgen.registry import get_registry
+from batchgen.store import batches
+from batchgen.store.batches import SubmitOptions
+from batchgen.store.db import session_scope
+from batchgen.store.schema import Tenant
+from batchgen.worker.cancellation import announce
+
+log = logging.getLogger(__name__)
+CANCEL_TRIES = 3
+
+RequestLines = Iterable[bytes] | Iterable[Mapping[str, Any]] | str | Path
+
+
+def _tenant(session: Session, tenant: str | Tenant) -> Tenant:
+    if isinstance(tenant, Tenant):
+        found = session.get(Tenant, tenant.id)
+    elif "\x00" in tenant:  # no stored name has one; PostgreSQL would refuse the query
+        found = None
+    else:
+        found = session.scalar(select(Tenant).where(Tenant.name == tenant))
+    if found is None:
+        raise NotFound(f"no tenant named {tenant!r}")
+    return found
+
+
+def as_lines(requests: RequestLines) -> Iterator[bytes]:
+    """JSONL byte lines from a path, bytes lines, or request dicts."""
+    if isinstance(requests, str | Path):
+        with open(requests, "rb") as fh:
+            yield from fh
+        return
+    for entry in requests:
+        if isinstance(entry, bytes | bytearray):
+            yield bytes(entry)
+        else:
+            yield json.dumps(entry, ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def _count_rejection(tenant: str, reason: str) -> None:
+    """Count a refused submit (metrics); never in a transaction, never raises."""
+    try:
+        counters.record_rejection(get_redis(), tenant, reason)
+    except Exception as exc:  # the refusal itself is what the caller must see
+        log.warning("could not count a rejection: %s", type(exc).__name__)
+
+
+def submit(
+    tenant: str | Tenant, lines: Iterable[bytes], options: SubmitOptions
+) -> tuple[dict[str, Any], bool]:
+    """Store a batch in a transaction of its own; returns its description and ``created``.
+
+    The transaction holds advisory locks (app/store/quotas.py), so it makes no network
+    call but PostgreSQL's: a refusal is counted in Redis after the rollback,
+    and the dispatcher is woken after the commit. Once the batch is committed,
+    nothing turns the answer into an error.
+    """
+    name: str | None = None
+    try:
+        with session_scope() as session:
+            owner = _tenant(session, tenant)
+            name = owner.name
+            batch, created = batches.store_batch(
+                session, owner, lines, options, get_registry(), get_settings()
+            )
+            described = batches.describe(session, batch)
+    except (ClientError, Overloaded) as exc:
+        if name is not None:
+            _count_rejection(name, exc.code)
+        raise
+    if created:
+        wake_dispatcher()
+    return described, created
+
+
+def wake_dispatcher() -> None:
+    """Tell a dispatcher new work is waiting: best effort, it never raises.
+
+    The batch is committed already and the beat tick releases it anyway, so a
+    failure here (the broker down) is logged, never answered.
+    """
+    try:
+        from batchgen.tasks.dispatch import wake
+
+        wake()
+    except Exception as exc:
+        log.warning(
+            "could not wake the dispatcher (%s); the next beat tick will release the batch",
+            type(exc).__name__,
+        )
+
+
+def submit_batch(
+    requests: RequestLines,
+    *,
+    tenant: str | Tenant,
+    completion_window: str | float = "24h",
+    metadata: dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    priority: Priority | str = Priority.INTERACTIVE,
+) -> dict[str, Any]:
+    """Validate and store a batch (all or nothing), then wake the dispatcher.
+
+    ``requests`` is a JSONL file path, an iterable of JSONL byte lines, or an
+    iterable of dicts in the OpenAI Batch input format
+    (``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body"}``).
+    With an ``idempotency_key`` this tenant already used for the same request,
+    the existing batch is returned and nothing new is stored; for another
+    request, :class:`~batchgen.errors.IdempotencyKeyReused` (422) is raised.
+    """
+    options = SubmitOptions(completion_window, metadata, idempotency_key, Priority(priority))
+    return submit(tenant, as_lines(requests), options)[0]
+
+
+def get_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
+    """Status and ``request_counts`` of one of the tenant's batches (any, for an admin)."""
+    with session_scope() as session:
+        batch = batches.get_readable_batch(session, _tenant(session, tenant), batch_id)
+        return batches.describe(session, batch)
+
+
+def list_batches(
+    *, tenant: str | Tenant, limit: int = 20, after: str | None = None
+) -> list[dict[str, Any]]:
+    """The tenant's batches, newest first."""
+    return list(list_batches_page(tenant=tenant, limit=limit, after=after)["data"])
+
+
+def list_batches_page(
+    *, tenant: str | Tenant, limit: int = 20, after: str | None = None
+) -> dict[str, Any]:
+    """One page of the tenant's batches as the API lists them:
+    ``{"object": "list", "data", "has_more", "first_id", "last_id"}``."""
+    with session_scope() as session:
+        owner = _tenant(session, tenant)
+        page, has_more = batches.list_page(session, owner, limit=limit, after=after)
+        data = [batches.describe(session, b) for b in page]
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": has_more,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }
+
+
+def iter_results(batch_id: str, *, tenant: str | Tenant) -> Iterator[dict[str, Any]]:
+    """Finished items of a batch in input order, OpenAI Batch output format."""
+    with session_scope() as session:
+        batch = batches.get_readable_batch(session, _tenant(session, tenant), batch_id)
+        yield from batches.iter_results(session, batch)
+
+
+def cancel_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
+    """Cancel one of the tenant's own batches (an admin key, too, cancels only its own):
+    items not yet running end now; running calls are stopped."""
+    for attempt in range(1, CANCEL_TRIES + 1):
+        try:
+            with session_scope() as session:
+                batch = batches.cancel(session, _tenant(session, tenant), batch_id)
+                described = batches.describe(session, batch)
+            break
+        except OperationalError:  # a deadlock with a concurrent sweep: PostgreSQL chose us
+            if attempt == CANCEL_TRIES:
+                raise
+    try:  # committed: the answer stands; workers also poll for cancels
+        announce(get_redis(), batch_id)
+    except Exception as exc:
+        log.warning("could not announce a cancel (%s); workers will poll", type(exc).__name__)
+    return described
+
+
+def usage(
+    *,
+    tenant: str | Tenant | None,
+    start: str | None = None,
+    end: str | None = None,
+    group_by: str = "model",
+) -> list[dict[str, Any]]:
+    """Requests, tokens, cost and waste per model, day (or tenant, for ``tenant=None``:
+    the admin view over all tenants) between ``start`` and ``end`` (ISO dates)."""
+    import datetime as dt
+
+    from batchgen.store import usage as usage_report
+
+    first, last = usage_report.parse_range(start, end, dt.datetime.now(dt.UTC).date())
+    with session_scope() as session:
+        tenant_id = None if tenant is None else _tenant(session, tenant).id
+        return usage_report.report(session, first, last, group_by, tenant_id)

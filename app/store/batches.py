@@ -1,0 +1,398 @@
+"""Batches: storing a submission all-or-nothing, reading it back, cancelling it.
+
+Every function takes the caller's tenant and answers :class:`NotFound` for a
+batch of another tenant, exactly as for one that does not exist. An admin key
+may read every tenant's batches (:func:`get_readable_batch`); changing a batch
+(a cancel) is its owner's alone (:func:`get_owned_batch`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+from sqlalchemy import exists, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from batchgen.config import Settings
+from batchgen.domain.admission import (
+    CHAT_COMPLETIONS,
+    UNSTORABLE,
+    ItemDraft,
+    Limits,
+    RequestFingerprint,
+    parse_lines,
+    unstorable_path,
+)
+from batchgen.domain.deadlines import parse_duration_s
+from batchgen.domain.status import TERMINAL, BatchStatus, ItemStatus, Priority, batch_status
+from batchgen.errors import IdempotencyKeyReused, NotFound, ValidationFailed
+from batchgen.registry import Registry
+from batchgen.store import quotas
+from batchgen.store.schema import Batch, Item, Result, Tenant
+
+INSERT_CHUNK = 1000
+OPEN_STATUSES = [s.value for s in ItemStatus if s not in TERMINAL]
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+# What a batch id can look like (``batch_`` + hex); anything else is no batch.
+BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    completion_window: str | float = "24h"
+    metadata: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+    priority: Priority = Priority.INTERACTIVE
+
+
+def new_batch_id() -> str:
+    return "batch_" + uuid.uuid4().hex
+
+
+def _find_idempotent(session: Session, tenant_id: int, key: str) -> Batch | None:
+    return session.scalar(
+        select(Batch).where(Batch.tenant_id == tenant_id, Batch.idempotency_key == key)
+    )
+
+
+def _item_rows(
+    drafts: Iterable[ItemDraft], batch: Batch, tenant_id: int, tokens_by_model: dict[str, int]
+) -> Iterator[dict[str, Any]]:
+    """Rows to insert; adds up each model's estimated tokens on the way."""
+    for d in drafts:
+        tokens_by_model[d.model] = (
+            tokens_by_model.get(d.model, 0) + d.prompt_tokens_est + d.max_tokens
+        )
+        deadline = batch.deadline_at
+        if d.timeout_s is not None:
+            deadline = min(deadline, batch.created_at + dt.timedelta(seconds=d.timeout_s))
+        yield {
+            "batch_id": batch.id,
+            "tenant_id": tenant_id,
+            "line_no": d.line_no,
+            "custom_id": d.custom_id,
+            "model": d.model,
+            "priority_rank": Priority(batch.priority).rank,
+            "body": d.body,
+            "prompt_tokens_est": d.prompt_tokens_est,
+            "max_tokens": d.max_tokens,
+            "status": ItemStatus.PENDING.value,
+            "deadline_at": deadline,
+        }
+
+
+def _check_options(options: SubmitOptions) -> float:
+    """Validate the submit's parameters; returns the completion window in seconds."""
+    key = options.idempotency_key
+    if key is not None:
+        if len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+            raise ValidationFailed(
+                f"Idempotency-Key longer than {MAX_IDEMPOTENCY_KEY_CHARS} characters",
+                field="Idempotency-Key",
+            )
+        if not key.isprintable():
+            raise ValidationFailed(
+                "Idempotency-Key must be printable characters", field="Idempotency-Key"
+            )
+    window_s = parse_duration_s(options.completion_window)
+    if options.metadata is not None:
+        if not isinstance(options.metadata, dict):
+            raise ValidationFailed("metadata must be an object", field="metadata")
+        bad = unstorable_path(options.metadata)
+        if bad is not None:
+            raise ValidationFailed(f"metadata: {bad or 'a key'} {UNSTORABLE}", field="metadata")
+    return window_s
+
+
+def _replay(existing: Batch, drafts: Iterable[ItemDraft], fingerprint: RequestFingerprint) -> Batch:
+    """The batch an Idempotency-Key named, once the request proves to be the same one.
+
+    The request is validated in full first (a bad request is a 400 whether or
+    not its key was used). Batches stored before fingerprints existed replay
+    as before.
+    """
+    for _ in drafts:
+        pass
+    if existing.request_sha256 not in (None, fingerprint.hexdigest()):
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key {existing.idempotency_key!r} was used for a different request "
+            f"(batch {existing.id}); send a new key with a new request",
+            field="Idempotency-Key",
+        )
+    return existing
+
+
+def store_batch(
+    session: Session,
+    tenant: Tenant,
+    lines: Iterable[bytes],
+    options: SubmitOptions,
+    registry: Registry,
+    settings: Settings,
+) -> tuple[Batch, bool]:
+    """Validate and store a batch in the caller's transaction.
+
+    Returns ``(batch, created)``; ``created`` is False when the idempotency key
+    named an existing batch for the same request (another request under a used
+    key raises :class:`IdempotencyKeyReused`). Any error leaves the transaction
+    to be rolled back, so nothing of a bad batch is stored. Items are inserted
+    in chunks while the body is read, so a large file is neither held whole
+    nor sent row by row.
+    """
+    window_s = _check_options(options)
+    priority = Priority(options.priority)
+    key = options.idempotency_key or None
+    fingerprint = RequestFingerprint(
+        {
+            "endpoint": CHAT_COMPLETIONS,
+            "completion_window_s": window_s,
+            "metadata": options.metadata,
+            "priority": priority.value,
+        }
+    )
+    limits = Limits(
+        max_lines=settings.max_batch_lines,
+        max_bytes=settings.max_body_bytes,
+        max_tokenize_bytes=settings.max_tokenize_bytes,
+    )
+    drafts = fingerprint.track(parse_lines(lines, registry, limits))
+    if key is not None:
+        existing = _find_idempotent(session, tenant.id, key)
+        if existing is not None:
+            return _replay(existing, drafts, fingerprint), False
+    now = session.scalar(select(func.now()))
+    assert now is not None
+    batch = Batch(
+        id=new_batch_id(),
+        tenant_id=tenant.id,
+        status=BatchStatus.IN_PROGRESS.value,
+        endpoint=CHAT_COMPLETIONS,
+        priority=priority.value,
+        completion_window_s=int(window_s),
+        deadline_at=now + dt.timedelta(seconds=window_s),
+        metadata_=options.metadata,
+        idempotency_key=key,
+        total_items=0,
+        created_at=now,
+    )
+    try:
+        with session.begin_nested():  # a concurrent twin with the same key waits here
+            session.add(batch)
+    except IntegrityError:
+        # The twin committed first: the same request gets its batch, as a resubmit would.
+        existing = _find_idempotent(session, tenant.id, key or "")
+        if existing is None:
+            raise
+        return _replay(existing, drafts, fingerprint), False
+
+    tokens_by_model: dict[str, int] = {}
+    rows = _item_rows(drafts, batch, tenant.id, tokens_by_model)
+    total = 0
+    while chunk := list(islice(rows, INSERT_CHUNK)):
+        session.execute(insert(Item), chunk)
+        total += len(chunk)
+    batch.total_items = total
+    batch.request_sha256 = fingerprint.hexdigest()
+    session.flush()
+    quotas.check_models(session, tokens_by_model, registry, settings)
+    quotas.check_tenant(session, tenant, registry, sorted(tokens_by_model))
+    return batch, True
+
+
+def _get_batch(session: Session, batch_id: str) -> Batch | None:
+    if not BATCH_ID.fullmatch(batch_id):
+        return None  # never sent to the database: it could not be stored anyway
+    return session.get(Batch, batch_id)
+
+
+def get_readable_batch(session: Session, tenant: Tenant, batch_id: str) -> Batch:
+    """A batch the caller may read: its own, or any for an admin key."""
+    batch = _get_batch(session, batch_id)
+    if batch is None or (batch.tenant_id != tenant.id and not tenant.is_admin):
+        raise NotFound(f"no batch {batch_id!r}")
+    return batch
+
+
+def get_owned_batch(session: Session, tenant: Tenant, batch_id: str) -> Batch:
+    """A batch of the caller's own tenant, what it may change (admin keys: their own only)."""
+    batch = _get_batch(session, batch_id)
+    if batch is None or batch.tenant_id != tenant.id:
+        raise NotFound(f"no batch {batch_id!r}")
+    return batch
+
+
+def request_counts(session: Session, batch_id: str) -> dict[str, int]:
+    """Items per status, every status present (0 when none)."""
+    rows = session.execute(
+        select(Item.status, func.count()).where(Item.batch_id == batch_id).group_by(Item.status)
+    )
+    counts = {s.value: 0 for s in ItemStatus}
+    for status, n in rows:
+        counts[status] = n
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def _ts(value: dt.datetime | None) -> int | None:
+    return int(value.timestamp()) if value else None
+
+
+def describe(session: Session, batch: Batch) -> dict[str, Any]:
+    """The batch as the API shows it (OpenAI batch object, plus our counts)."""
+    counts = request_counts(session, batch.id)
+    return {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "status": batch.status,
+        "priority": batch.priority,
+        "completion_window": f"{batch.completion_window_s}s",
+        "created_at": _ts(batch.created_at),
+        "expires_at": _ts(batch.deadline_at),
+        "cancel_requested_at": _ts(batch.cancel_requested_at),
+        "finished_at": _ts(batch.finished_at),
+        "metadata": batch.metadata_,
+        "request_counts": {
+            "total": counts["total"],
+            "completed": counts[ItemStatus.SUCCEEDED],
+            **{s.value: counts[s] for s in ItemStatus},
+        },
+    }
+
+
+def list_page(
+    session: Session, tenant: Tenant, *, limit: int = 20, after: str | None = None
+) -> tuple[list[Batch], bool]:
+    """One page of the tenant's batches, newest first, and whether more follow.
+
+    ``after`` is the last id of the previous page. One row beyond the page is
+    read, so an exactly full last page says ``has_more = False``.
+    """
+    if not 1 <= limit <= 100:
+        raise ValidationFailed("limit must be between 1 and 100", field="limit")
+    query = select(Batch).where(Batch.tenant_id == tenant.id)
+    if after:
+        if not BATCH_ID.fullmatch(after):
+            raise ValidationFailed("after must be a batch id", field="after")
+        anchor = get_owned_batch(session, tenant, after)
+        query = query.where(
+            (Batch.created_at, Batch.id) < (anchor.created_at, anchor.id)  # type: ignore[operator]
+        )
+    query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)
+    rows = list(session.scalars(query))
+    return rows[:limit], len(rows) > limit
+
+
+def list_batches(
+    session: Session, tenant: Tenant, *, limit: int = 20, after: str | None = None
+) -> list[Batch]:
+    """The tenant's batches, newest first; ``after`` is the last id of the previous page."""
+    return list_page(session, tenant, limit=limit, after=after)[0]
+
+
+def refresh_status(session: Session, batch_id: str) -> str:
+    """Finish a batch once none of its items is open; returns its status."""
+    batch = session.get(Batch, batch_id, with_for_update=True)
+    assert batch is not None
+    if batch.finished_at is not None:
+        return batch.status
+    counts = {
+        ItemStatus(status): n
+        for status, n in session.execute(
+            select(Item.status, func.count()).where(Item.batch_id == batch_id).group_by(Item.status)
+        )
+    }
+    status = batch_status(counts, batch.cancel_requested_at is not None)
+    batch.status = status.value
+    if not any(n for s, n in counts.items() if s not in TERMINAL):
+        batch.finished_at = session.scalar(select(func.now()))
+    return batch.status
+
+
+def finish_if_done(session: Session, batch_id: str) -> None:
+    """Cheap check after an item ends: lock and finish the batch only if nothing is open."""
+    has_open = session.scalar(
+        select(exists().where(Item.batch_id == batch_id, Item.status.in_(OPEN_STATUSES)))
+    )
+    if not has_open:
+        refresh_status(session, batch_id)
+
+
+def cancel(session: Session, tenant: Tenant, batch_id: str) -> Batch:
+    """Cancel at once every item whose provider request has not been sent.
+
+    After this commits, no new provider request starts for the batch (workers
+    re-check the item row when they claim it and right before they send, see
+    :func:`batchgen.store.items.mark_sent`). Calls already under way are told to stop by
+    :func:`batchgen.worker.cancellation.announce` after the commit.
+    """
+    batch = get_owned_batch(session, tenant, batch_id)
+    if batch.finished_at is not None:
+        return batch
+    now = session.scalar(select(func.now()))
+    if batch.cancel_requested_at is None:
+        batch.cancel_requested_at = now
+    session.execute(
+        update(Item)
+        .where(
+            Item.batch_id == batch_id,
+            Item.status.in_([ItemStatus.PENDING.value, ItemStatus.QUEUED.value])
+            # running but the request not yet sent: see batchgen.store.items.mark_sent
+            | ((Item.status == ItemStatus.RUNNING.value) & Item.sent_at.is_(None)),
+        )
+        .values(
+            status=ItemStatus.CANCELLED.value,
+            finished_at=now,
+            lease_expires_at=None,
+            error_code="cancelled",
+            last_error="batch cancelled",
+        )
+    )
+    session.flush()
+    refresh_status(session, batch_id)
+    return batch
+
+
+def iter_results(session: Session, batch: Batch) -> Iterator[dict[str, Any]]:
+    """Finished items in input order, in the OpenAI Batch output format."""
+    query = (
+        select(
+            Item.id,
+            Item.custom_id,
+            Item.status,
+            Item.error_code,
+            Item.last_error,
+            Result.response,
+            Result.provider_request_id,
+        )
+        .outerjoin(Result, Result.item_id == Item.id)
+        .where(Item.batch_id == batch.id, Item.status.in_([s.value for s in TERMINAL]))
+        .order_by(Item.line_no)
+        .execution_options(yield_per=1000)
+    )
+    for row in session.execute(query):
+        if row.status == ItemStatus.SUCCEEDED and row.response is not None:
+            yield {
+                "id": f"batch_req_{row.id}",
+                "custom_id": row.custom_id,
+                "response": {
+                    "status_code": 200,
+                    "request_id": row.provider_request_id,
+                    "body": row.response,
+                },
+                "error": None,
+            }
+        else:
+            yield {
+                "id": f"batch_req_{row.id}",
+                "custom_id": row.custom_id,
+                "response": None,
+                "error": {"code": row.error_code or row.status, "message": row.last_error},
+            }

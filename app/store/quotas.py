@@ -1,0 +1,132 @@
+"""Admission bounds checked at submit, inside the submit transaction.
+
+* Per model: the backlog (estimated tokens of open items) may not exceed a
+  bound, by default ``max_backlog_min`` minutes of the model's tokens/min.
+  Over it → :class:`Overloaded` (503) with ``Retry-After`` = the time the
+  model needs to work off the excess at its tokens/min.
+* Per tenant: open items (``max_pending_items``) and tokens per UTC day
+  (``daily_token_quota``, used + still open) → :class:`OverQuota` (429).
+
+A rejection raises, the transaction rolls back, and nothing is stored. The
+pure functions first; the queries after.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from batchgen.config import Settings
+from batchgen.domain.status import TERMINAL, ItemStatus
+from batchgen.errors import Overloaded, OverQuota, PayloadTooLarge
+from batchgen.registry import ModelSpec, Registry
+from batchgen.store.schema import Item, Tenant, TenantDailyUsage
+from batchgen.worker.dispatch import ADVISORY_NAMESPACE
+
+OPEN = [s.value for s in ItemStatus if s not in TERMINAL]
+MIN_RETRY_AFTER_S = 1.0
+
+
+def backlog_bound_tokens(spec: ModelSpec, settings: Settings) -> int:
+    return spec.max_backlog_tokens or int(spec.tokens_per_min * settings.max_backlog_min)
+
+
+def drain_time_s(excess_tokens: int, tokens_per_min: int) -> float:
+    """How long a model needs to work off ``excess_tokens`` at its rate."""
+    return max(MIN_RETRY_AFTER_S, excess_tokens / (tokens_per_min / 60.0))
+
+
+def seconds_until_utc_midnight(now: dt.datetime) -> float:
+    tomorrow = (now.astimezone(dt.UTC) + dt.timedelta(days=1)).date()
+    midnight = dt.datetime.combine(tomorrow, dt.time(), tzinfo=dt.UTC)
+    return max(MIN_RETRY_AFTER_S, (midnight - now).total_seconds())
+
+
+def _open_tokens(session: Session, **where: object) -> int:
+    query = select(func.coalesce(func.sum(Item.prompt_tokens_est + Item.max_tokens), 0)).where(
+        Item.status.in_(OPEN), *[getattr(Item, k) == v for k, v in where.items()]
+    )
+    return int(session.scalar(query) or 0)
+
+
+def check_models(
+    session: Session, new_tokens: dict[str, int], registry: Registry, settings: Settings
+) -> None:
+    """503 when a model's backlog (this batch included) is over its bound."""
+    for model in sorted(new_tokens):  # a fixed order: no deadlock between submits
+        spec = registry[model]
+        bound = backlog_bound_tokens(spec, settings)
+        if new_tokens[model] > bound:
+            raise PayloadTooLarge(
+                f"the batch's {new_tokens[model]} tokens for {model} exceed the model's "
+                f"backlog bound of {bound} tokens; split it"
+            )
+        # Serialize admissions per model so two submits cannot both squeeze in.
+        session.execute(
+            text("SELECT pg_advisory_xact_lock(:ns, hashtext(:key))"),
+            {"ns": ADVISORY_NAMESPACE + 1, "key": model},
+        )
+        backlog = _open_tokens(session, model=model)
+        if backlog > bound:
+            raise Overloaded(
+                f"model {model} is overloaded: {backlog - new_tokens[model]} tokens are "
+                f"waiting (bound {bound}); retry later",
+                retry_after_s=drain_time_s(backlog - bound, spec.tokens_per_min),
+            )
+
+
+def check_tenant(session: Session, tenant: Tenant, registry: Registry, models: list[str]) -> None:
+    """429 when the tenant is over its own open-items or daily-token bounds."""
+    if tenant.max_pending_items is None and tenant.daily_token_quota is None:
+        return
+    # One tenant's concurrent submits (for any models) are counted one after another.
+    session.execute(
+        text("SELECT pg_advisory_xact_lock(:ns, :tenant)"),
+        {"ns": ADVISORY_NAMESPACE + 2, "tenant": tenant.id},
+    )
+    if tenant.max_pending_items is not None:
+        open_items = (
+            session.scalar(
+                select(func.count())
+                .select_from(Item)
+                .where(Item.tenant_id == tenant.id, Item.status.in_(OPEN))
+            )
+            or 0
+        )
+        if open_items > tenant.max_pending_items:
+            rpm = max(registry[m].requests_per_min for m in models)
+            excess = open_items - tenant.max_pending_items
+            raise OverQuota(
+                f"tenant {tenant.name} would have {open_items} open items; its limit is "
+                f"{tenant.max_pending_items}",
+                retry_after_s=max(MIN_RETRY_AFTER_S, math.ceil(excess * 60 / rpm)),
+            )
+    if tenant.daily_token_quota is not None:
+        now = session.scalar(select(func.now()))
+        assert now is not None
+        used = (
+            session.scalar(
+                select(
+                    func.coalesce(
+                        func.sum(
+                            TenantDailyUsage.prompt_tokens + TenantDailyUsage.completion_tokens
+                        ),
+                        0,
+                    )
+                ).where(
+                    TenantDailyUsage.tenant_id == tenant.id,
+                    TenantDailyUsage.day == now.astimezone(dt.UTC).date(),
+                )
+            )
+            or 0
+        )
+        committed = int(used) + _open_tokens(session, tenant_id=tenant.id)
+        if committed > tenant.daily_token_quota:
+            raise OverQuota(
+                f"tenant {tenant.name} would use {committed} tokens today; its daily quota is "
+                f"{tenant.daily_token_quota}",
+                retry_after_s=seconds_until_utc_midnight(now),
+            )

@@ -1,0 +1,194 @@
+"""SQLAlchemy 2.0 models. Alembic (migrations/) is the one source of schema truth;
+tests/integration/test_migrations.py proves the two agree."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Date,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Numeric,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+USD = Numeric(20, 10)
+TZ = DateTime(timezone=True)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    key_prefix: Mapped[str] = mapped_column(String(16))
+    weight: Mapped[int] = mapped_column(Integer, server_default="1")
+    max_pending_items: Mapped[int | None] = mapped_column(Integer)
+    daily_token_quota: Mapped[int | None] = mapped_column(BigInteger)
+    tokens_per_min: Mapped[int | None] = mapped_column(Integer)
+    is_admin: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+
+    __table_args__ = (CheckConstraint("weight > 0", name="weight_positive"),)
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    status: Mapped[str] = mapped_column(String(20))
+    endpoint: Mapped[str] = mapped_column(String(100))
+    priority: Mapped[str] = mapped_column(String(20))
+    completion_window_s: Mapped[int] = mapped_column(Integer)
+    deadline_at: Mapped[dt.datetime] = mapped_column(TZ)
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    # SHA-256 of the request that used the key (batchgen.domain.admission.RequestFingerprint):
+    # the key replays this request only.
+    request_sha256: Mapped[str | None] = mapped_column(String(64))
+    total_items: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+    cancel_requested_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key"),
+        Index("ix_batches_tenant_id_created_at", "tenant_id", "created_at"),
+    )
+
+
+class Item(Base):
+    __tablename__ = "items"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"))
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    line_no: Mapped[int] = mapped_column(Integer)
+    custom_id: Mapped[str] = mapped_column(String(512))
+    model: Mapped[str] = mapped_column(String(200))
+    # 0 = interactive, 1 = bulk: within a tenant, interactive work goes first.
+    priority_rank: Mapped[int] = mapped_column(SmallInteger)
+    body: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    prompt_tokens_est: Mapped[int] = mapped_column(Integer)
+    max_tokens: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(20))
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    not_before: Mapped[dt.datetime | None] = mapped_column(TZ)
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    deadline_at: Mapped[dt.datetime] = mapped_column(TZ)
+    created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+    queued_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    started_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    # When the provider request of the current attempt was sent; a cancel
+    # ends running items not yet sent, and aborts the ones already sent.
+    sent_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        UniqueConstraint("batch_id", "custom_id"),
+        Index("ix_items_batch_id_status", "batch_id", "status"),
+        # The dispatcher's scan: pending work per model, oldest first.
+        Index(
+            "ix_items_pending_by_model",
+            "model",
+            "tenant_id",
+            "priority_rank",
+            "id",
+            postgresql_where=text("status = 'pending'"),
+        ),
+        # The sweep's scan: leases that may have run out.
+        Index(
+            "ix_items_active_lease",
+            "lease_expires_at",
+            postgresql_where=text("status IN ('queued', 'running')"),
+        ),
+        Index("ix_items_model_status", "model", "status"),
+    )
+
+
+class Result(Base):
+    __tablename__ = "results"
+
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id"), primary_key=True)
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"), index=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    response: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    provider_request_id: Mapped[str | None] = mapped_column(String(200))
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    cost_usd: Mapped[Decimal] = mapped_column(USD)
+    upstream_latency_ms: Mapped[int] = mapped_column(Integer)
+    queue_wait_ms: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+
+
+class UsageLedger(Base):
+    """One row per provider call that may have been billed, wasted ones included."""
+
+    __tablename__ = "usage_ledger"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"))
+    model: Mapped[str] = mapped_column(String(200))
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    cost_usd: Mapped[Decimal] = mapped_column(USD)
+    # Set when the call produced no result of record (a duplicate run, a lost race).
+    waste_reason: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+
+    __table_args__ = (
+        UniqueConstraint("item_id", "attempt"),
+        Index("ix_usage_ledger_tenant_id_created_at", "tenant_id", "created_at"),
+    )
+
+
+class TenantDailyUsage(Base):
+    """Per-tenant, per-day, per-model totals of the ledger, kept in the same transaction."""
+
+    __tablename__ = "tenant_daily_usage"
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    cost_usd: Mapped[Decimal] = mapped_column(USD)

@@ -1,0 +1,102 @@
+"""Per-tenant usage and cost, from the ledger of billed provider calls.
+
+Totals come from ``tenant_daily_usage`` (kept in the same transaction as each
+ledger row, so they equal the ledger to the token); the part of it that was
+waste (duplicate runs, calls cut by a cancel) is read from the ledger rows
+marked with a ``waste_reason``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Date, cast, func, select
+from sqlalchemy.orm import Session
+
+from batchgen.errors import ValidationFailed
+from batchgen.store.schema import Tenant, TenantDailyUsage, UsageLedger
+
+GROUPS = ("model", "day", "tenant")
+MAX_RANGE_DAYS = 366
+
+
+def parse_range(start: str | None, end: str | None, today: dt.date) -> tuple[dt.date, dt.date]:
+    """``from`` / ``to`` as ISO dates (inclusive); default: the last 30 days."""
+    try:
+        last = dt.date.fromisoformat(end) if end else today
+        first = dt.date.fromisoformat(start) if start else last - dt.timedelta(days=29)
+    except ValueError as exc:
+        raise ValidationFailed(f"from/to must be dates like 2026-11-29: {exc}") from exc
+    if first > last:
+        raise ValidationFailed("'from' is after 'to'", field="from")
+    if (last - first).days >= MAX_RANGE_DAYS:
+        raise ValidationFailed(f"a range of at most {MAX_RANGE_DAYS} days", field="from")
+    return first, last
+
+
+def report(
+    session: Session,
+    first: dt.date,
+    last: dt.date,
+    group_by: str = "model",
+    tenant_id: int | None = None,
+) -> list[dict[str, Any]]:
+    """Rows of requests, tokens, cost and waste, grouped by ``model``, ``day`` or ``tenant``.
+
+    ``tenant_id=None`` is the admin view over every tenant.
+    """
+    if group_by not in GROUPS:
+        raise ValidationFailed(f"group_by must be one of {', '.join(GROUPS)}", field="group_by")
+    d = TenantDailyUsage
+    key = {"model": d.model, "day": d.day, "tenant": Tenant.name}[group_by]
+    query = (
+        select(
+            key.label("key"),
+            func.sum(d.requests),
+            func.sum(d.prompt_tokens),
+            func.sum(d.completion_tokens),
+            func.sum(d.cost_usd),
+        )
+        .join(Tenant, Tenant.id == d.tenant_id)
+        .where(d.day >= first, d.day <= last)
+        .group_by(key)
+        .order_by(key)
+    )
+    if tenant_id is not None:
+        query = query.where(d.tenant_id == tenant_id)
+    rows = {
+        r[0]: {
+            group_by: r[0].isoformat() if isinstance(r[0], dt.date) else r[0],
+            "requests": int(r[1]),
+            "prompt_tokens": int(r[2]),
+            "completion_tokens": int(r[3]),
+            "cost_usd": str(r[4]),
+            "wasted_requests": 0,
+            "wasted_cost_usd": "0",
+        }
+        for r in session.execute(query)
+    }
+    for k, n, cost in _waste(session, first, last, group_by, tenant_id):
+        if k in rows:
+            rows[k]["wasted_requests"] = int(n)
+            rows[k]["wasted_cost_usd"] = str(cost)
+    return list(rows.values())
+
+
+def _waste(
+    session: Session, first: dt.date, last: dt.date, group_by: str, tenant_id: int | None
+) -> list[tuple[Any, int, Decimal]]:
+    u = UsageLedger
+    day = cast(func.timezone("UTC", u.created_at), Date)
+    key = {"model": u.model, "day": day, "tenant": Tenant.name}[group_by]
+    query = (
+        select(key, func.count(), func.sum(u.cost_usd))
+        .join(Tenant, Tenant.id == u.tenant_id)
+        .where(u.waste_reason.is_not(None), day >= first, day <= last)
+        .group_by(key)
+    )
+    if tenant_id is not None:
+        query = query.where(u.tenant_id == tenant_id)
+    return [(r[0], r[1], r[2]) for r in session.execute(query)]
