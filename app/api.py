@@ -43,7 +43,6 @@ from batchgen.store.tenants import authenticate
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("batchgen", __name__)
-READ_CHUNK_BYTES = 1 << 16
 # Error codes of the HTTP errors the framework raises (routing, methods, sizes).
 HTTP_CODES = {
     400: "invalid_request",
@@ -98,7 +97,7 @@ def _submit_options() -> SubmitOptions:
             "priority must be 'interactive' or 'bulk'", field="priority"
         ) from exc
     return SubmitOptions(
-        completion_window=args.get("completion_window", "24h"),
+        completion_window=args.get("completion_window"),
         metadata=metadata,
         idempotency_key=request.headers.get("Idempotency-Key"),
         priority=priority,

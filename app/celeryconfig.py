@@ -9,9 +9,14 @@ from kombu import Queue
 
 from batchgen.config import get_settings
 from batchgen.registry import get_registry
-
-CONTROL_QUEUE = "batchgen.control"
-GENERATE_TASK = "batchgen.generate"
+from batchgen.worker.beat import cron_schedule
+from batchgen.worker.names import (
+    CONTROL_QUEUE,
+    DISPATCH_TASK,
+    GENERATE_TASK,
+    NIGHTLY_TASK,
+    SWEEP_TASK,
+)
 
 _settings = get_settings()
 _registry = get_registry()
@@ -45,8 +50,9 @@ task_queues = [Queue(CONTROL_QUEUE)] + [Queue(q) for q in _registry.queues]
 task_default_queue = CONTROL_QUEUE
 
 
-def route_task(name, args, kwargs, options, task=None, **kw):  # noqa: ANN001, ANN201
-    """Custom rate-limit routing: each item goes to its model group's queue."""
+def route_task(name, args, kwargs, options, task=None, **kw):  # type: ignore[no-untyped-def]
+    """Each item goes to its model group's queue (one worker pool per group); every
+    other task to the control queue."""
     if name == GENERATE_TASK:
         spec = _registry.get((kwargs or {}).get("model", ""))
         if spec is not None:
@@ -64,12 +70,12 @@ beat_scheduler = "batchgen.worker.beat:LockedScheduler"
 # come back to a pile of identical ticks.
 beat_schedule = {
     "dispatch": {
-        "task": "batchgen.dispatch",
+        "task": DISPATCH_TASK,
         "schedule": _settings.dispatch_interval_s,
         "options": {"expires": 5 * _settings.dispatch_interval_s},
     },
     "sweep": {
-        "task": "batchgen.sweep",
+        "task": SWEEP_TASK,
         "schedule": _settings.sweep_interval_s,
         "options": {"expires": 5 * _settings.sweep_interval_s},
     },
@@ -78,10 +84,9 @@ beat_schedule = {
 # --- Nightly description jobs (app/nightly, tasks/nightly.py) ----------------
 # BATCHGEN_NIGHTLY_CRON (five cron fields, UTC) starts every job of
 # BATCHGEN_NIGHTLY_JOBS_FILE; the task does nothing while that is unset.
-from batchgen.nightly import cron_schedule  # noqa: E402
+
 
 beat_schedule["nightly-descriptions"] = {
-    "task": "batchgen.nightly",
+    "task": NIGHTLY_TASK,
     "schedule": cron_schedule(_settings.nightly_cron),
 }
-# --- end of nightly description jobs ------------------------------------------

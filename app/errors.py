@@ -16,7 +16,7 @@
 └── ``ProviderError``          a provider call failed
     ├── ``TransientProviderError``   retry with backoff (408, 409, 5xx, reset, timeout)
     │   ├── ``RateLimited``          429, carries retry-after
-    │   └── ``MalformedResponse``    an unreadable answer (retried once more)
+    │   └── ``MalformedResponse``    an unreadable answer (transient: retried)
     ├── ``PermanentProviderError``   fail the item (400, 401, 403, 404, 422)
     │   └── ``ContextLengthExceeded``
     └── ``CallCancelled``            ``request.cancel`` was set: the call was abandoned

@@ -32,6 +32,7 @@ from batchgen.store import batches
 from batchgen.store.batches import SubmitOptions
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
+from batchgen.worker import publish
 from batchgen.worker.cancellation import announce
 
 log = logging.getLogger(__name__)
@@ -108,9 +109,7 @@ def wake_dispatcher() -> None:
     failure here (the broker down) is logged, never answered.
     """
     try:
-        from batchgen.tasks.dispatch import wake
-
-        wake()
+        publish.wake_dispatcher()
     except Exception as exc:
         log.warning(
             "could not wake the dispatcher (%s); the next beat tick will release the batch",
@@ -122,7 +121,7 @@ def submit_batch(
     requests: RequestLines,
     *,
     tenant: str | Tenant,
-    completion_window: str | float = "24h",
+    completion_window: str | float | None = None,
     metadata: dict[str, Any] | None = None,
     idempotency_key: str | None = None,
     priority: Priority | str = Priority.INTERACTIVE,
@@ -136,7 +135,12 @@ def submit_batch(
     the existing batch is returned and nothing new is stored; for another
     request, :class:`~batchgen.errors.IdempotencyKeyReused` (422) is raised.
     """
-    options = SubmitOptions(completion_window, metadata, idempotency_key, Priority(priority))
+    options = SubmitOptions(
+        completion_window=completion_window,
+        metadata=metadata,
+        idempotency_key=idempotency_key,
+        priority=Priority(priority),
+    )
     return submit(tenant, as_lines(requests), options)[0]
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import func, select, update  # noqa: E402
+from sqlalchemy import func, select, update
 
-from bench.harness import (  # noqa: E402
+from bench.harness import (
     MODEL_TOML,
     chat_requests,
     reset_state,

@@ -28,7 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import (  # noqa: E402
+from bench.harness import (
     MODEL_TOML,
     chat_requests,
     reset_state,

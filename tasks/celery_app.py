@@ -1,29 +1,26 @@
-"""The Celery application; ``celery -A batchgen.tasks worker`` starts a worker."""
+"""The Celery application (:mod:`batchgen.worker.publish`) and the worker's signals;
+``celery -A batchgen.tasks worker`` starts a worker."""
 
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from celery import Celery, signals
+from celery import signals
 
-celery_app = Celery(
-    "batchgen",
-    include=[
-        "batchgen.tasks.generate",
-        "batchgen.tasks.dispatch",
-        "batchgen.tasks.sweep",
-        "batchgen.tasks.nightly",
-    ],
-)
-celery_app.config_from_object("batchgen.celeryconfig")
+from batchgen.logs import configure_logging
+from batchgen.providers import get_provider
+from batchgen.registry import get_registry
+from batchgen.worker.beat import die_with_parent
+from batchgen.worker.procs import pool_error, requested_pool
+from batchgen.worker.publish import celery_app
+
+__all__ = ["celery_app"]
 
 
 @signals.setup_logging.connect
 def _setup_logging(**_: Any) -> None:
     # Connecting here also stops Celery from replacing our handlers.
-    from batchgen.logs import configure_logging
-
     configure_logging()
 
 
@@ -31,8 +28,6 @@ def _setup_logging(**_: Any) -> None:
 def _refuse_other_pools(**_: Any) -> None:
     # Celery takes an explicit "-P prefork" for its default and silently runs the
     # configured pool instead; refuse any pool but threads rather than swap it.
-    from batchgen.worker.procs import pool_error, requested_pool
-
     message = pool_error(requested_pool(sys.argv[1:]) or str(celery_app.conf.worker_pool))
     if message:
         print(f"error: {message}", file=sys.stderr)
@@ -43,8 +38,6 @@ def _refuse_other_pools(**_: Any) -> None:
 def _beat_dies_with_worker(**_: Any) -> None:
     # A beat embedded in a dispatcher (-B) is a child process: without this, a
     # `kill -9` of the dispatcher leaves it sending ticks as an orphan.
-    from batchgen.worker.beat import die_with_parent
-
     die_with_parent()
 
 
@@ -52,9 +45,6 @@ def _beat_dies_with_worker(**_: Any) -> None:
 def _warm_up(**_: Any) -> None:
     # Import the provider SDKs now rather than inside the first call: a call
     # admitted by the budget must reach the provider promptly.
-    from batchgen.providers import get_provider
-    from batchgen.registry import get_registry
-
     for spec in get_registry():
         get_provider(spec)
     # Tells a supervisor (batchgen.worker.procs, tests, benchmarks) that we consume now.

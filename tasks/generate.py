@@ -1,4 +1,5 @@
-"""The worker task: one item per message; the message carries the item id only."""
+"""The worker task: one item per message; the message carries the item id only
+(and its model's name, which routes it to the model group's queue)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate
 from batchgen.registry import get_registry
 from batchgen.tasks.celery_app import celery_app
-from batchgen.tasks.dispatch import dispatch_now
 from batchgen.worker.cancellation import CancelWatcher
+from batchgen.worker.dispatch import dispatch
 from batchgen.worker.execution import run_item
+from batchgen.worker.names import GENERATE_TASK
 
 
 @functools.cache
@@ -28,12 +30,14 @@ def _watcher() -> CancelWatcher:
 
 # max_retries=None: a budget wait is not a failure and may repeat as often as
 # needed; failure attempts are counted on the item in PostgreSQL instead.
-@celery_app.task(name="batchgen.generate", bind=True, ignore_result=True, max_retries=None)
+@celery_app.task(name=GENERATE_TASK, bind=True, ignore_result=True, max_retries=None)
 def generate(self: Task, item_id: int, model: str | None = None) -> str:
-    """Run item ``item_id``. ``model`` only routes the message to its group's queue."""
-    verdict = run_item(item_id, get_registry(), get_settings(), _gate(), _watcher())
+    """Run item ``item_id``. ``model`` routes the message to its group's queue."""
+    registry, settings = get_registry(), get_settings()
+    verdict = run_item(item_id, registry, settings, _gate(), _watcher(), model=model)
     if verdict.countdown_s is not None:
         raise self.retry(countdown=verdict.countdown_s)
-    if verdict.outcome != "skipped":
-        dispatch_now()  # a slot freed: refill it without waiting for the beat tick
+    if verdict.frees_place and verdict.model is not None:
+        # A place in the model's window freed: refill it without waiting for the tick.
+        dispatch(registry, settings, verdict.model)
     return verdict.outcome

@@ -16,6 +16,8 @@ from batchgen.config import get_settings
 from batchgen.errors import BatchgenError
 from batchgen.nightly import collect_job, jobs_from_settings, select_jobs, submit_job
 from batchgen.tasks.celery_app import celery_app
+from batchgen.worker import publish
+from batchgen.worker.names import COLLECT_TASK, NIGHTLY_TASK
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +43,11 @@ def start_run(day: dt.date, job_name: str | None = None) -> dict[str, list[str]]
             log.error("nightly job=%s date=%s not submitted: %s", job.name, day, exc)
             continue
         started[job.name] = ids
-        collect.apply_async(
-            args=[job.name, day.isoformat()], countdown=get_settings().nightly_poll_s
-        )
+        publish.collect_later(job.name, day.isoformat(), get_settings().nightly_poll_s)
     return started
 
 
-@celery_app.task(name="batchgen.nightly", ignore_result=True)
+@celery_app.task(name=NIGHTLY_TASK, ignore_result=True)
 def nightly(day: str | None = None) -> dict[str, list[str]]:
     """Beat's entry: run every job of ``BATCHGEN_NIGHTLY_JOBS_FILE`` for ``day`` (UTC today)."""
     if get_settings().nightly_jobs_file is None:
@@ -58,7 +58,7 @@ def nightly(day: str | None = None) -> dict[str, list[str]]:
 
 # max_retries=None: waiting for a batch to end is not a failure; the batch's
 # own completion window bounds the wait.
-@celery_app.task(name="batchgen.nightly_collect", bind=True, ignore_result=True, max_retries=None)
+@celery_app.task(name=COLLECT_TASK, bind=True, ignore_result=True, max_retries=None)
 def collect(self: Task, job_name: str, day: str) -> str | None:
     """Write the run's output and report once its batches have ended; else check again later.
 

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from batchgen.config import get_settings
+from batchgen.registry import get_registry
 from batchgen.store.db import session_scope
 from batchgen.tasks.celery_app import celery_app
-from batchgen.tasks.dispatch import dispatch_now
+from batchgen.worker.dispatch import dispatch
+from batchgen.worker.names import SWEEP_TASK
 from batchgen.worker.sweep import sweep as sweep_once
 
 
-@celery_app.task(name="batchgen.sweep", ignore_result=True)
+@celery_app.task(name=SWEEP_TASK, ignore_result=True)
 def sweep() -> int:
+    registry, settings = get_registry(), get_settings()
     with session_scope() as session:
-        report = sweep_once(session, get_settings())
+        report = sweep_once(session, settings, registry)
     if report.requeued:
-        dispatch_now()
+        dispatch(registry, settings)
     return report.requeued

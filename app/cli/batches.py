@@ -96,7 +96,9 @@ def submit(
     ),
     tenant: str = TENANT,
     model: str | None = typer.Option(None, help="Use this model on every line (body.model)."),
-    completion_window: str = typer.Option("24h", help="Deadline of every item: 24h, 2h, 30m…"),
+    completion_window: str | None = typer.Option(
+        None, help="Deadline of every item: 24h, 2h, 30m… (default: 24h, from settings)"
+    ),
     priority: Priority = typer.Option(Priority.INTERACTIVE, help="interactive or bulk."),
     metadata: str | None = typer.Option(None, help="A JSON object stored with the batch."),
     idempotency_key: str | None = typer.Option(None, help="Resubmitting returns the same batch."),
@@ -254,10 +256,10 @@ def nightly_run(
                 runs[j.name], created = submit_job(j, day)
             err.print(f"{j.name}: {'submitted' if created else 'already submitted'}")
         if not wait:
-            from batchgen.tasks.nightly import collect
+            from batchgen.worker import publish
 
             for name in runs:
-                collect.apply_async(args=[name, day.isoformat()], countdown=settings.nightly_poll_s)
+                publish.collect_later(name, day.isoformat(), settings.nightly_poll_s)
             if as_json:
                 print_json({"date": day.isoformat(), "batches": runs})
             else:

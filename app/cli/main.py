@@ -139,15 +139,31 @@ def _beat_schedule_file() -> str:
     return str(data_dir / "celerybeat-schedule")
 
 
+# Celery finds the task modules by name, as ``celery -A batchgen.tasks`` does: the
+# library never imports batchgen.tasks.
+TASKS_APP = "batchgen.tasks"
+
+
+def _celery(argv: list[str]) -> None:
+    """Run ``celery -A batchgen.tasks <argv>`` in this process."""
+    from celery.bin.celery import celery as celery_command
+    from click.exceptions import Exit
+
+    try:
+        celery_command.main(args=["-A", TASKS_APP, *argv], standalone_mode=False)
+    except Exit as exc:
+        if exc.exit_code:
+            raise typer.Exit(exc.exit_code) from exc
+
+
 def _celery_worker(queues: list[str], concurrency: int, beat: bool, name: str) -> None:
-    from batchgen.tasks.celery_app import celery_app
     from batchgen.worker.procs import WORKER_POOL
 
     argv = ["worker", "-Q", ",".join(queues), "-P", WORKER_POOL, "-c", str(concurrency)]
     argv += ["-n", f"{name}@%h", "--loglevel", get_settings().log_level]
     if beat:
         argv += ["-B", "-s", _beat_schedule_file()]
-    celery_app.worker_main(argv)
+    _celery(argv)
 
 
 @cli.command()
@@ -186,7 +202,7 @@ def dispatcher(
     ),
 ) -> None:
     """The dispatcher and sweep: a worker on the control queue (beat embedded by default)."""
-    from batchgen.celeryconfig import CONTROL_QUEUE
+    from batchgen.worker.names import CONTROL_QUEUE
 
     with _services():
         _celery_worker([CONTROL_QUEUE], 2, beat, "dispatcher")
@@ -195,10 +211,8 @@ def dispatcher(
 @cli.command()
 def beat() -> None:
     """Celery beat alone (dispatch, sweep and nightly ticks); run exactly one."""
-    from batchgen.tasks.celery_app import celery_app
-
     with _services() as settings:
-        celery_app.start(["beat", "-s", _beat_schedule_file(), "--loglevel", settings.log_level])
+        _celery(["beat", "-s", _beat_schedule_file(), "--loglevel", settings.log_level])
 
 
 @cli.command()
@@ -222,14 +236,10 @@ def flower(
             "or pass --basic-auth user:password",
             2,
         )
-    from batchgen.tasks.celery_app import celery_app
-
     with _services():
         console.print(f"flower on http://{address}:{port} (basic auth as {user})")
         # In-process: the password stays out of the process list.
-        celery_app.start(
-            ["flower", f"--basic-auth={basic_auth}", f"--port={port}", f"--address={address}"]
-        )
+        _celery(["flower", f"--basic-auth={basic_auth}", f"--port={port}", f"--address={address}"])
 
 
 @cli.command()

@@ -1,4 +1,11 @@
-"""Status values shared by the models, the API and the tasks, and their legal moves."""
+"""Status values shared by the models, the API and the tasks, and their legal moves.
+
+This module is the one source of the open and terminal sets and of the moves an
+item may make: :mod:`batchgen.store.items` declares each of its state moves
+against :data:`TRANSITIONS` (and its WHERE clause is built from the declared
+sources), and the database refuses any status value not listed here (a CHECK
+constraint, migration 0004).
+"""
 
 from __future__ import annotations
 
@@ -36,19 +43,33 @@ class Priority(StrEnum):
 TERMINAL = frozenset(
     {ItemStatus.SUCCEEDED, ItemStatus.FAILED, ItemStatus.EXPIRED, ItemStatus.CANCELLED}
 )
-ACTIVE = frozenset({ItemStatus.QUEUED, ItemStatus.RUNNING})
+OPEN = frozenset(ItemStatus) - TERMINAL
+# Items holding a place in their model's dispatch window.
+IN_FLIGHT = frozenset({ItemStatus.QUEUED, ItemStatus.RUNNING})
+
+
+def values(statuses: frozenset[ItemStatus]) -> list[str]:
+    """The statuses as sorted plain strings (for SQL ``IN`` lists and parameters)."""
+    return sorted(s.value for s in statuses)
+
 
 # Every legal move of an item. Anything else is a bug or a stale message.
 TRANSITIONS: dict[ItemStatus, frozenset[ItemStatus]] = {
     ItemStatus.PENDING: frozenset(
-        {ItemStatus.QUEUED, ItemStatus.EXPIRED, ItemStatus.CANCELLED, ItemStatus.FAILED}
+        {
+            ItemStatus.QUEUED,  # released by the dispatcher
+            ItemStatus.EXPIRED,  # deadline passed before it ran
+            ItemStatus.CANCELLED,  # its batch was cancelled
+            ItemStatus.SUCCEEDED,  # a late answer of an attempt the sweep took back
+        }
     ),
     ItemStatus.QUEUED: frozenset(
         {
-            ItemStatus.RUNNING,
-            ItemStatus.PENDING,  # lease expired (lost message) or budget wait handed back
+            ItemStatus.RUNNING,  # claimed by a worker
+            ItemStatus.PENDING,  # lease expired (lost message)
             ItemStatus.EXPIRED,
             ItemStatus.CANCELLED,
+            ItemStatus.SUCCEEDED,  # a late answer of an earlier attempt
         }
     ),
     ItemStatus.RUNNING: frozenset(
@@ -57,7 +78,8 @@ TRANSITIONS: dict[ItemStatus, frozenset[ItemStatus]] = {
             ItemStatus.FAILED,
             ItemStatus.EXPIRED,
             ItemStatus.CANCELLED,
-            ItemStatus.PENDING,  # retry after a transient error, or a dead worker's lease
+            ItemStatus.PENDING,  # retry after an error, a long budget wait, a dead worker
+            ItemStatus.QUEUED,  # a short budget wait, or handed back unsent: the task retries
         }
     ),
     ItemStatus.SUCCEEDED: frozenset(),
@@ -76,7 +98,7 @@ def batch_status(counts: dict[ItemStatus, int], cancel_requested: bool) -> Batch
     """A batch's status from its item counts: finished when no item is left to run;
     ``expired`` when every item expired (partly expired batches are ``completed``
     and say so in their counts)."""
-    open_items = sum(n for s, n in counts.items() if s not in TERMINAL)
+    open_items = sum(n for s, n in counts.items() if s in OPEN)
     if open_items:
         return BatchStatus.CANCELLING if cancel_requested else BatchStatus.IN_PROGRESS
     if cancel_requested:

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 import redis
 
 from batchgen.config import Settings
+from batchgen.domain.rate_limits import RateLimitState
+from batchgen.domain.settlement import charged_tokens as charged_tokens  # re-exported
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import script
-from batchgen.providers.base import RateLimitState
-from batchgen.registry import ChargePolicy, ModelSpec
+from batchgen.registry import ModelSpec
 
 MAX_JITTER_S = 1.0
 
@@ -39,15 +40,6 @@ MAX_JITTER_S = 1.0
 def reservation_tokens(prompt_tokens_est: int, max_tokens: int) -> int:
     """What to reserve before a call: the most the provider can charge for it."""
     return prompt_tokens_est + max_tokens
-
-
-def charged_tokens(
-    policy: ChargePolicy, prompt_tokens: int, completion_tokens: int, max_tokens: int
-) -> int:
-    """What the provider counts against its limit once it has answered."""
-    if policy is ChargePolicy.RESERVE:
-        return prompt_tokens + max_tokens  # OpenAI keeps max_tokens charged
-    return prompt_tokens + completion_tokens  # Anthropic counts the real output
 
 
 def countdown_s(wait_s: float, rng: random.Random | None = None) -> float:

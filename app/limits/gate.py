@@ -14,21 +14,58 @@ import contextlib
 import time
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 import redis
 
 from batchgen.config import Settings
-from batchgen.errors import CallCancelled, PermanentProviderError, ProviderError, RateLimited
+from batchgen.domain.rate_limits import RateLimitState
+from batchgen.domain.settlement import SettleAction, SettleCounter, decide_settlement
+from batchgen.errors import ProviderError
 from batchgen.limits import counters
-from batchgen.limits.budget import Budget, charged_tokens, countdown_s, reservation_tokens
+from batchgen.limits.budget import Budget, countdown_s, reservation_tokens
 from batchgen.limits.concurrency import Slots
-from batchgen.providers.base import ProviderResponse
 from batchgen.registry import ModelSpec
-from batchgen.store.items import Claimed
 
 SLOT_POLL_S = 0.05
 SLOT_RETRY_S = 0.5
-DEFAULT_COOLDOWN_S = 1.0
+
+# Each counter a settlement names, as the field counters.incr() adds to.
+_SETTLE_COUNTERS = {
+    SettleCounter.COOLDOWNS: counters.COOLDOWNS,
+    SettleCounter.RATE_LIMITED: counters.RATE_LIMITED,
+    SettleCounter.TRANSIENT_ERRORS: counters.TRANSIENT_ERRORS,
+    SettleCounter.PERMANENT_ERRORS: counters.PERMANENT_ERRORS,
+}
+
+
+class CallTicket(Protocol):
+    """What the gate reads of the item about to be called (the store's ``Claimed``
+    is one): the gate knows ids, token counts and limits, not items."""
+
+    @property
+    def item_id(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def tenant_id(self) -> int: ...
+    @property
+    def tenant_tokens_per_min(self) -> int | None: ...
+    @property
+    def prompt_tokens_est(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...
+
+
+class CallAnswer(Protocol):
+    """What the gate reads of a provider's answer (a ``ProviderResponse`` is one)."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def rate_limits(self) -> RateLimitState: ...
 
 
 def running_lease_s(spec: ModelSpec, settings: Settings) -> float:
@@ -115,7 +152,7 @@ class Gate:
         with contextlib.suppress(redis.RedisError):
             self.slots.release(spec.name, holder)
 
-    def enter(self, spec: ModelSpec, item: Claimed) -> Pass | Wait | Never:
+    def enter(self, spec: ModelSpec, item: CallTicket) -> Pass | Wait | Never:
         """Take a slot and reserve tokens, or say how long to wait."""
         tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
         # One id per item and attempt: an attempt handed back unsent (its attempt
@@ -158,42 +195,35 @@ class Gate:
         admitted: Pass,
         tenant_id: int,
         max_tokens: int,
-        response: ProviderResponse | None = None,
+        response: CallAnswer | None = None,
         error: ProviderError | None = None,
     ) -> None:
-        """Reconcile the reservation with the outcome, listen to the provider, free the slot."""
+        """Reconcile the reservation with the outcome, listen to the provider, free the slot.
+
+        What to do is :func:`batchgen.domain.settlement.decide_settlement`'s decision;
+        this carries it out."""
         if not self.enabled:
             return
         rid = admitted.reservation_id
         try:
-            if response is not None:
-                charged = charged_tokens(
-                    spec.charge_policy,
-                    response.prompt_tokens,
-                    response.completion_tokens,
-                    max_tokens,
-                )
-                self.budget.reconcile(spec, rid, charged, tenant_id)
+            decision = decide_settlement(
+                charge_policy=spec.charge_policy,
+                max_tokens=max_tokens,
+                answered=response is not None,
+                prompt_tokens=response.prompt_tokens if response is not None else 0,
+                completion_tokens=response.completion_tokens if response is not None else 0,
+                error=error,
+            )
+            if decision.action is SettleAction.RECONCILE:
+                assert decision.charged_tokens is not None
+                self.budget.reconcile(spec, rid, decision.charged_tokens, tenant_id)
+            elif decision.action is SettleAction.RELEASE:
+                self.budget.release(spec, rid, tenant_id)
+            if decision.observe_rate_limits and response is not None:
                 self.budget.observe(spec, response.rate_limits, rid)
-            elif isinstance(error, RateLimited):
-                # Not admitted by the provider: nothing was charged, but it is full.
-                self.budget.release(spec, rid, tenant_id)
-                self.budget.cool_down(spec, error.retry_after_s or DEFAULT_COOLDOWN_S)
-                counters.incr(self.client, spec.name, counters.COOLDOWNS)
-                counters.incr(self.client, spec.name, counters.RATE_LIMITED)
-            elif isinstance(error, CallCancelled) and not error.billed:
-                self.budget.release(spec, rid, tenant_id)  # nothing reached the provider
-            elif isinstance(error, CallCancelled):
-                pass  # the provider may charge what it generated: keep the reservation
-            elif isinstance(error, PermanentProviderError):
-                self.budget.release(spec, rid, tenant_id)  # rejected before generating
-                counters.incr(self.client, spec.name, counters.PERMANENT_ERRORS)
-            elif error is not None and not error.billed and error.status is None:
-                # Connect failure: nothing was sent, nothing was counted.
-                self.budget.release(spec, rid, tenant_id)
-                counters.incr(self.client, spec.name, counters.TRANSIENT_ERRORS)
-            else:
-                # Transient: the provider may have counted it; keep the reservation.
-                counters.incr(self.client, spec.name, counters.TRANSIENT_ERRORS)
+            if decision.cooldown_s is not None:
+                self.budget.cool_down(spec, decision.cooldown_s)
+            for counter in decision.counters:
+                counters.incr(self.client, spec.name, _SETTLE_COUNTERS[counter])
         finally:
             self.slots.release(spec.name, rid)

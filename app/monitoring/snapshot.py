@@ -14,14 +14,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain.status import TERMINAL, ItemStatus
+from batchgen.domain.status import OPEN, TERMINAL, values
 from batchgen.limits.budget import Budget
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import Registry
 from batchgen.store.schema import Batch, Item, Tenant
 
 THROUGHPUT_WINDOW_MIN = 5
-OPEN = [s.value for s in ItemStatus if s not in TERMINAL]
+OPEN_VALUES = values(OPEN)
 
 
 def snapshot(
@@ -32,14 +32,14 @@ def snapshot(
         (m, s): n
         for m, s, n in session.execute(
             select(Item.model, Item.status, func.count())
-            .where(Item.status.in_(OPEN))
+            .where(Item.status.in_(OPEN_VALUES))
             .group_by(Item.model, Item.status)
         )
     }
     backlog = dict(
         session.execute(
             select(Item.model, func.sum(Item.prompt_tokens_est + Item.max_tokens))
-            .where(Item.status.in_(OPEN))
+            .where(Item.status.in_(OPEN_VALUES))
             .group_by(Item.model)
         ).all()
     )

@@ -43,7 +43,6 @@ from batchgen.nightly.catalog import DEFAULT_TEMPLATE, PromptRenderer, Reject, r
 from batchgen.nightly.jobs import (
     Job,
     TableRef,
-    cron_schedule,
     jobs_from_settings,
     load_jobs,
     select_jobs,
@@ -59,7 +58,6 @@ __all__ = [
     "RunReport",
     "TableRef",
     "collect_job",
-    "cron_schedule",
     "jobs_from_settings",
     "load_jobs",
     "output_table",

@@ -51,7 +51,7 @@ class Job(BaseModel):
     tone: str = "neutral"
     locale: str = "en-US"
     max_tokens: PositiveInt = 300
-    completion_window: str = "24h"
+    completion_window: str | None = None  # None: default_completion_window_s
     report: Path | None = None
     rejects: Path | None = None
 
@@ -129,20 +129,6 @@ def select_jobs(jobs: list[Job], only: str | None) -> list[Job]:
     if not chosen:
         raise NotFound(f"no nightly job named {only!r}; known: {[j.name for j in jobs]}")
     return chosen
-
-
-def cron_schedule(expression: str) -> Any:
-    """A Celery ``crontab`` from a five-field cron expression (``"0 2 * * *"``)."""
-    from celery.schedules import crontab
-
-    fields = expression.split()
-    if len(fields) != 5:
-        raise ConfigError(f"BATCHGEN_NIGHTLY_CRON: {expression!r} is not five cron fields")
-    minute, hour, day_of_month, month_of_year, day_of_week = fields
-    try:
-        return crontab(minute, hour, day_of_week, day_of_month, month_of_year)
-    except ValueError as exc:
-        raise ConfigError(f"BATCHGEN_NIGHTLY_CRON: {expression!r}: {exc}") from exc
 
 
 def jobs_from_settings(jobs_file: Path | str | None = None) -> list[Job]:

@@ -26,6 +26,7 @@ from batchgen.providers.base import (
     ProviderResponse,
     StreamWatch,
     cancelled_before_call,
+    chat_params,
     classify_status,
     safe_code,
     status_message,
@@ -121,6 +122,11 @@ def _max_tokens(request: ProviderRequest) -> int:
     return int(value or request.spec.max_output_tokens)
 
 
+def _params(request: ProviderRequest) -> dict[str, Any]:
+    """The body as Messages parameters (:func:`to_messages_request`) with the call's own."""
+    return chat_params(request, to_messages_request(request.body, _max_tokens(request)))
+
+
 def _finish(stop_reason: str | None) -> str | None:
     return FINISH_REASONS.get(stop_reason or "", stop_reason)
 
@@ -163,12 +169,7 @@ class AnthropicProvider:
     def complete(self, request: ProviderRequest) -> ProviderResponse:
         cancelled_before_call(request)
         client = _client(request.spec.base_url, request.spec.api_key())
-        params = {
-            "model": request.spec.name,
-            **to_messages_request(request.body, _max_tokens(request)),
-            "extra_headers": request.headers(),
-            "timeout": request.timeout_s,
-        }
+        params = _params(request)
         try:
             if request.stream:
                 return self._stream(client, request, params)

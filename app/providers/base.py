@@ -1,8 +1,10 @@
 """The provider interface: one call, a deadline, a cancellation signal.
 
-Also what both adapters share: the mapping of HTTP statuses and transport
-failures to :mod:`batchgen.errors`, and :class:`StreamWatch`, which ends a stream
-between chunks when the call is cancelled or its time is up.
+Also what both adapters share: :func:`chat_params`, the SDK arguments of a
+call around each adapter's translation of the batch line's body; the mapping
+of HTTP statuses and transport failures to :mod:`batchgen.errors`; and
+:class:`StreamWatch`, which ends a stream between chunks when the call is
+cancelled or its time is up.
 
 Error messages built here carry the HTTP status, exception class and the
 provider's error code or type only, never prompt or completion text (nor the
@@ -21,6 +23,7 @@ from typing import Any, Protocol
 import httpcore2
 import httpx2
 
+from batchgen.domain.rate_limits import RateLimitState
 from batchgen.domain.retry import parse_retry_after_s
 from batchgen.domain.tokens import count_text
 from batchgen.errors import (
@@ -54,26 +57,6 @@ _NEVER_SENT: tuple[type[BaseException], ...] = (
 
 
 @dataclass(frozen=True)
-class RateLimitState:
-    """What the provider said about its limits on this answer (None: not reported)."""
-
-    remaining_requests: int | None = None
-    remaining_tokens: int | None = None
-    reset_requests_s: float | None = None
-    reset_tokens_s: float | None = None
-    # time.monotonic() when the headers were received (a stream's headers arrive at
-    # its start, long before the call ends); None: just now.
-    received_s: float | None = None
-
-    def age_s(self, now_monotonic_s: float | None = None) -> float:
-        """Seconds since the headers were received."""
-        if self.received_s is None:
-            return 0.0
-        now = time.monotonic() if now_monotonic_s is None else now_monotonic_s
-        return max(0.0, now - self.received_s)
-
-
-@dataclass(frozen=True)
 class ProviderRequest:
     """One chat request. ``body`` is the OpenAI-format request body from the batch line.
 
@@ -95,6 +78,24 @@ class ProviderRequest:
         out = {ITEM_HEADER: str(self.item_id)} if self.item_id is not None else {}
         out.update(self.extra_headers or {})
         return out
+
+
+def chat_params(request: ProviderRequest, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The SDK keyword arguments of one chat call, for either adapter.
+
+    ``fields`` is the adapter's own translation of the batch line's body: its
+    messages and whichever other fields it forwards (it leaves out the body's
+    ``model``, ``stream`` and ``stream_options``). Shared here: the model is
+    the registry's name, whatever the batch line says, and the call carries
+    :meth:`ProviderRequest.headers` and ``timeout_s``. A streamed call
+    (``request.stream``) adds ``stream=True`` at the call site.
+    """
+    return {
+        **fields,
+        "model": request.spec.name,
+        "extra_headers": request.headers(),
+        "timeout": request.timeout_s,
+    }
 
 
 @dataclass(frozen=True)

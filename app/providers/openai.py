@@ -30,6 +30,7 @@ from batchgen.providers.base import (
     ProviderResponse,
     StreamWatch,
     cancelled_before_call,
+    chat_params,
     classify_status,
     safe_code,
     status_message,
@@ -95,15 +96,10 @@ def translate(exc: BaseException, *, in_stream: bool = False) -> ProviderError:
 
 
 def _params(request: ProviderRequest) -> dict[str, Any]:
+    """The messages as they are, every other field of the body in ``extra_body``."""
     body = request.body
     extra = {k: v for k, v in body.items() if k not in _OWN_FIELDS}
-    return {
-        "model": request.spec.name,
-        "messages": body["messages"],
-        "extra_body": extra or None,
-        "extra_headers": request.headers(),
-        "timeout": request.timeout_s,
-    }
+    return chat_params(request, {"messages": body["messages"], "extra_body": extra or None})
 
 
 def _usage_dict(prompt: int, completion: int) -> dict[str, int]:

@@ -1,7 +1,8 @@
 """Provider simulator: a small HTTP server speaking the OpenAI and Anthropic chat APIs.
 
 It enforces tokens/requests per window per (API key, model) with real 429
-answers and ``retry-after`` / rate-limit headers, answers with deterministic
+answers and ``retry-after`` / rate-limit headers (an exact sliding window, or a
+token bucket with the simulator's own token count: ``limiter="bucket"``), answers with deterministic
 text after a configurable latency, and injects faults on demand. It is the
 default provider of the demo and the peer of the integration tests.
 """

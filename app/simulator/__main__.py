@@ -6,7 +6,7 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from batchgen.simulator.config import DEFAULT_FAULT_KINDS, SimulatorConfig
+from batchgen.simulator.config import DEFAULT_FAULT_KINDS, LIMITERS, SimulatorConfig
 from batchgen.simulator.runner import run_simulator
 
 
@@ -19,7 +19,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rpm", type=int, default=None, help="requests per window (default: unlimited)")
     p.add_argument("--window-s", type=float, default=60.0)
     p.add_argument("--charge-mode", choices=("reserve", "actual"), default="reserve")
-    p.add_argument("--latency-ms", type=float, default=0.0, help="base latency per answer")
+    p.add_argument(
+        "--limiter",
+        choices=LIMITERS,
+        default="window",
+        help="'window': exact sliding window (default); 'bucket': token bucket of capacity "
+        "tpm/rpm refilled at limit/window-s per second, charging ceil(body bytes/4) + max_tokens",
+    )
+    p.add_argument(
+        "--latency-ms",
+        "--latency-base-ms",
+        dest="latency_ms",
+        type=float,
+        default=0.0,
+        help="base latency per answer",
+    )
     p.add_argument("--per-token-ms", type=float, default=0.0, help="latency per output token")
     p.add_argument("--jitter-ms", type=float, default=0.0, help="uniform jitter in [0, J]")
     p.add_argument("--fault-rate", type=float, default=0.0)
@@ -43,6 +57,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         requests_per_min=args.rpm,
         window_s=args.window_s,
         charge_mode=args.charge_mode,
+        limiter=args.limiter,
         latency_base_ms=args.latency_ms,
         latency_per_token_ms=args.per_token_ms,
         latency_jitter_ms=args.jitter_ms,

@@ -1,6 +1,8 @@
 """Non-chat routes: ``GET /v1/models`` and the ``/_sim`` control endpoints.
 
-``GET /_sim/stats`` (counters and window maxima), ``GET /_sim/log`` (``?item=``,
+``GET /_sim/stats`` (counters, window maxima and, under ``"bound"``, what was
+admitted against each limit: the window maximum, or a bucket's ``max_burst`` and
+total charge), ``GET /_sim/log`` (``?item=``,
 ``?limit=``), ``POST /_sim/reset``, ``GET``/``POST /_sim/config`` (run-time changes).
 """
 

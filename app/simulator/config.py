@@ -14,6 +14,19 @@ Charge modes (what a request costs against ``tokens_per_min``):
     guarantee "admitted tokens in any window <= tokens_per_min" holds on the
     final charges too.
 
+Limiters (``limiter``):
+
+``"window"`` (the default): an exact sliding window, at most ``tokens_per_min``
+    / ``requests_per_min`` admitted in any ``window_s`` seconds; a request is
+    charged ``prompt_tokens`` (tiktoken, the client's own count) ``+ max_tokens``.
+``"bucket"`` (like OpenAI's continuously replenishing limits): a token bucket
+    of capacity ``tokens_per_min`` (and one of ``requests_per_min`` for
+    requests), starting full and refilled at ``limit / window_s`` per second
+    (see :mod:`batchgen.simulator.bucket`). The simulator counts tokens its own
+    way: a request is charged ``ceil(request body bytes / 4) + max_tokens``,
+    final at admission (``charge_mode`` applies to the window only). The usage
+    in the answers stays the real token counts.
+
 Latency: an answer takes ``latency_base_ms + latency_per_token_ms *
 completion_tokens + jitter`` where jitter is drawn *uniformly* from
 ``[0, latency_jitter_ms]`` by the seeded RNG. For streams, the base + jitter is
@@ -28,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 ChargeMode = Literal["reserve", "actual"]
+LimiterKind = Literal["window", "bucket"]
+LIMITERS: tuple[str, ...] = ("window", "bucket")
 FAULT_KINDS: tuple[str, ...] = ("5xx", "hang", "reset", "malformed", "429")
 DEFAULT_FAULT_KINDS: tuple[str, ...] = ("5xx", "hang", "reset", "malformed")
 # "status:<NNN>[:<code>]": answer NNN (400-599) with the API's error body, e.g.
@@ -52,6 +67,7 @@ RUNTIME_FIELDS = frozenset(
         "tokens_per_min",
         "requests_per_min",
         "charge_mode",
+        "limiter",
         "latency_base_ms",
         "latency_per_token_ms",
         "latency_jitter_ms",
@@ -76,6 +92,7 @@ class SimulatorConfig:
     tokens_per_min: int | None = None
     requests_per_min: int | None = None
     charge_mode: ChargeMode = "reserve"
+    limiter: LimiterKind = "window"
     latency_base_ms: float = 0.0
     latency_per_token_ms: float = 0.0
     latency_jitter_ms: float = 0.0
@@ -103,6 +120,8 @@ class SimulatorConfig:
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
         if self.charge_mode not in ("reserve", "actual"):
             raise ValueError(f"charge_mode must be 'reserve' or 'actual', got {self.charge_mode!r}")
+        if self.limiter not in LIMITERS:
+            raise ValueError(f"limiter must be 'window' or 'bucket', got {self.limiter!r}")
         for name in ("latency_base_ms", "latency_per_token_ms", "latency_jitter_ms", "hang_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")

@@ -1,6 +1,8 @@
 """The simulator's aiohttp application: OpenAI and Anthropic chat endpoints plus /_sim.
 
-Limits are enforced per (API key, model). Every answer of the chat endpoints
+Limits are enforced per (API key, model), by a sliding window (charge: tiktoken
+prompt tokens + max_tokens) or a token bucket (charge: ceil(body bytes / 4) +
+max_tokens), see :mod:`batchgen.simulator.config`. Every answer of the chat endpoints
 carries the request id header and, once the model is known, the rate-limit
 headers of its API. Faults come from :class:`~batchgen.simulator.faults.FaultInjector`
 (``x-sim-fault`` header forces one). Log lines carry ids, sizes and token
@@ -43,6 +45,7 @@ class _Call:
     headers: dict[str, str]
     key: LimitKey | None = None
     prompt_tokens: int = 0
+    body_bytes: int = 0
     delivered_tokens: int = 0
     sent: list[str] = field(default_factory=list)
 
@@ -124,8 +127,10 @@ async def _chat(request: web.Request, api: str, model: str | None = None) -> web
 async def _serve(
     request: web.Request, state: SimState, call: _Call, model: str | None
 ) -> web.StreamResponse:
+    raw = await request.read()
+    call.body_bytes = len(raw)
     try:
-        body = json.loads(await request.read())
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         state.counters["bad_requests"] += 1
         return _error(call, 400, "request body is not valid UTF-8 JSON")
@@ -181,7 +186,7 @@ async def _serve(
 async def _admit_and_answer(
     request: web.Request, state: SimState, call: _Call, req: ChatRequest, fault: str | None
 ) -> web.StreamResponse:
-    amount = call.prompt_tokens + req.max_tokens
+    amount = state.charge(call.prompt_tokens, call.body_bytes, req.max_tokens)
     req_adm, tok_adm = state.admit(call.key, amount, call.rid)  # type: ignore[arg-type]
     _rl_headers(state, call, req_adm, tok_adm)
     if not (req_adm.ok and tok_adm.ok):

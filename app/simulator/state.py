@@ -14,11 +14,13 @@ from typing import Any
 
 from aiohttp import web
 
+from batchgen.simulator.bucket import TokenBucketLimiter, own_count_charge
 from batchgen.simulator.config import SimulatorConfig
 from batchgen.simulator.faults import FaultInjector
 from batchgen.simulator.limits import Admission, SlidingWindowLimiter
 
 LimitKey = tuple[str, str]  # (api key id, model)
+Limiter = SlidingWindowLimiter | TokenBucketLimiter
 
 
 def key_id(api_key: str | None) -> str:
@@ -33,8 +35,7 @@ class SimState:
 
     def __init__(self, config: SimulatorConfig) -> None:
         self.config = config
-        self.requests = SlidingWindowLimiter(config.requests_per_min, config.window_s)
-        self.tokens = SlidingWindowLimiter(config.tokens_per_min, config.window_s)
+        self.requests, self.tokens = self._limiters(config)
         self.faults = FaultInjector(config.fault_rate, config.fault_kinds, config.seed)
         self.log: deque[dict[str, Any]] = deque(maxlen=config.log_size)
         self.models: dict[str, None] = dict.fromkeys(config.models)
@@ -43,10 +44,33 @@ class SimState:
         self.max_in_flight = 0
 
     # -- configuration ---------------------------------------------------------
+    @staticmethod
+    def _limiters(config: SimulatorConfig) -> tuple[Limiter, Limiter]:
+        """Fresh (requests, tokens) limiters of the configured kind."""
+        if config.limiter == "bucket":
+            return (
+                TokenBucketLimiter(config.requests_per_min, config.window_s),
+                TokenBucketLimiter(config.tokens_per_min, config.window_s),
+            )
+        return (
+            SlidingWindowLimiter(config.requests_per_min, config.window_s),
+            SlidingWindowLimiter(config.tokens_per_min, config.window_s),
+        )
+
+    @property
+    def bucket_mode(self) -> bool:
+        """True when the token-bucket limiter (and its own token count) is in force."""
+        return isinstance(self.tokens, TokenBucketLimiter)
+
     def apply_config(self, changes: dict[str, Any]) -> SimulatorConfig:
-        """Change run-time settings (raises ``ValueError``); limiter history is kept."""
+        """Change run-time settings (raises ``ValueError``); limiter history is kept,
+        except that switching ``limiter`` starts fresh limiters (a full bucket or an
+        empty window)."""
         new = self.config.updated(changes)
+        switched = new.limiter != self.config.limiter
         self.config = new
+        if switched:
+            self.requests, self.tokens = self._limiters(new)
         self.requests.limit = new.requests_per_min
         self.tokens.limit = new.tokens_per_min
         self.faults.rate = new.fault_rate
@@ -64,6 +88,13 @@ class SimState:
         self.faults = FaultInjector(cfg.fault_rate, cfg.fault_kinds, cfg.seed)
 
     # -- admission -------------------------------------------------------------
+    def charge(self, prompt_tokens: int, body_bytes: int, max_tokens: int) -> int:
+        """The token charge of a request: ``prompt_tokens + max_tokens`` (window), or
+        the simulator's own count ``ceil(body_bytes / 4) + max_tokens`` (bucket)."""
+        if self.bucket_mode:
+            return own_count_charge(body_bytes, max_tokens)
+        return prompt_tokens + max_tokens
+
     def admit(self, key: LimitKey, tokens: int, entry_id: Hashable) -> tuple[Admission, Admission]:
         """Check both limits at once; record in both only if both admit."""
         now = time.monotonic()
@@ -72,6 +103,11 @@ class SimState:
         if req.ok and tok.ok:
             req = self.requests.try_admit(key, 1, now, entry_id)
             tok = self.tokens.try_admit(key, tokens, now, entry_id)
+        elif self.bucket_mode:  # nothing taken: report the buckets as they are
+            if req.ok:
+                req = self.requests.check(key, 0, now)
+            if tok.ok:
+                tok = self.tokens.check(key, 0, now)
         else:  # nothing recorded: report what is really left
             if req.ok and self.requests.limit is not None:
                 req = req._replace(remaining=req.remaining + 1)
@@ -90,7 +126,7 @@ class SimState:
             reserved = self.tokens.amount_of(entry_id)
         except KeyError:  # forgotten by a /_sim/reset while the request ran
             return 0
-        if self.config.charge_mode == "actual":
+        if self.config.charge_mode == "actual" and isinstance(self.tokens, SlidingWindowLimiter):
             final = min(reserved, prompt + delivered)
             self.tokens.adjust(key, entry_id, final)
             self.counters["tokens_admitted"] -= reserved - final
@@ -141,6 +177,10 @@ class SimState:
         for model in self.models:
             keys = [k for k in self.tokens.known_keys() if isinstance(k, tuple) and k[1] == model]
             per_model[model] = self.tokens.max_window_sum(keys)
+        windows = {
+            "tokens": self.tokens.max_window_sum(),
+            "requests": self.requests.max_window_sum(),
+        }
         return {
             "requests": c["requests"],
             "admitted": c["admitted"],
@@ -152,13 +192,44 @@ class SimState:
             "tokens_admitted": c["tokens_admitted"],
             "prompt_tokens": c["prompt_tokens"],
             "completion_tokens": c["completion_tokens"],
-            "max_tokens_in_any_window": self.tokens.max_window_sum(),
+            "max_tokens_in_any_window": windows["tokens"],
             "max_tokens_in_any_window_per_model": per_model,
-            "max_requests_in_any_window": self.requests.max_window_sum(),
+            "max_requests_in_any_window": windows["requests"],
             "window_s": self.config.window_s,
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
+            "limiter": self.config.limiter,
+            "bound": self._bound(windows),
         }
+
+    def _bound(self, windows: dict[str, int]) -> dict[str, Any]:
+        """What the provider's limits allow against what was admitted, per limit.
+
+        ``admitted``: the charges still in the limiter's history (all keys).
+        Window: ``max_in_any_window`` must be <= ``limit``. Bucket (capacity
+        ``limit``, refill ``refill_per_s``): ``max_burst`` (max over intervals
+        ``[t0, t1]`` of admitted - refill * (t1 - t0), per key) must be <=
+        ``limit``; ``max_in_any_window`` is then at most ``2 * limit``.
+        ``respected`` is None when unlimited.
+        """
+        out: dict[str, Any] = {}
+        for what, limiter in (("tokens", self.tokens), ("requests", self.requests)):
+            limit = limiter.limit
+            in_window = windows[what]
+            doc: dict[str, Any] = {"limit": limit, "max_in_any_window": in_window}
+            if isinstance(limiter, TokenBucketLimiter):
+                burst = limiter.max_burst()
+                doc.update(
+                    capacity=limit,
+                    refill_per_s=limiter.rate,
+                    admitted=limiter.total(),
+                    max_burst=burst,
+                    respected=None if limit is None or burst is None else burst <= limit + 1e-6,
+                )
+            else:
+                doc.update(respected=None if limit is None else in_window <= limit)
+            out[what] = doc
+        return out
 
     def entries(self, item: str | None = None) -> list[dict[str, Any]]:
         """Log entries, optionally only those of one ``x-batchgen-item``."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import exists, func, insert, select, update
+from sqlalchemy import exists, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -31,22 +31,32 @@ from batchgen.domain.admission import (
     unstorable_path,
 )
 from batchgen.domain.deadlines import parse_duration_s
-from batchgen.domain.status import TERMINAL, BatchStatus, ItemStatus, Priority, batch_status
+from batchgen.domain.status import (
+    OPEN,
+    TERMINAL,
+    BatchStatus,
+    ItemStatus,
+    Priority,
+    batch_status,
+    values,
+)
 from batchgen.errors import IdempotencyKeyReused, NotFound, ValidationFailed
 from batchgen.registry import Registry
-from batchgen.store import quotas
+from batchgen.store import items, quotas
 from batchgen.store.schema import Batch, Item, Result, Tenant
+from batchgen.store.sqlfiles import query
 
 INSERT_CHUNK = 1000
-OPEN_STATUSES = [s.value for s in ItemStatus if s not in TERMINAL]
+OPEN_VALUES = values(OPEN)
 MAX_IDEMPOTENCY_KEY_CHARS = 200
 # What a batch id can look like (``batch_`` + hex); anything else is no batch.
 BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SubmitOptions:
-    completion_window: str | float = "24h"
+    # None: the settings' default_completion_window_s.
+    completion_window: str | float | None = None
     metadata: dict[str, Any] | None = None
     idempotency_key: str | None = None
     priority: Priority = Priority.INTERACTIVE
@@ -88,7 +98,7 @@ def _item_rows(
         }
 
 
-def _check_options(options: SubmitOptions) -> float:
+def _check_options(options: SubmitOptions, default_window_s: int) -> float:
     """Validate the submit's parameters; returns the completion window in seconds."""
     key = options.idempotency_key
     if key is not None:
@@ -101,7 +111,11 @@ def _check_options(options: SubmitOptions) -> float:
             raise ValidationFailed(
                 "Idempotency-Key must be printable characters", field="Idempotency-Key"
             )
-    window_s = parse_duration_s(options.completion_window)
+    window_s = (
+        float(default_window_s)
+        if options.completion_window is None
+        else parse_duration_s(options.completion_window)
+    )
     if options.metadata is not None:
         if not isinstance(options.metadata, dict):
             raise ValidationFailed("metadata must be an object", field="metadata")
@@ -146,7 +160,7 @@ def store_batch(
     in chunks while the body is read, so a large file is neither held whole
     nor sent row by row.
     """
-    window_s = _check_options(options)
+    window_s = _check_options(options, settings.default_completion_window_s)
     priority = Priority(options.priority)
     key = options.idempotency_key or None
     fingerprint = RequestFingerprint(
@@ -311,15 +325,29 @@ def refresh_status(session: Session, batch_id: str) -> str:
     }
     status = batch_status(counts, batch.cancel_requested_at is not None)
     batch.status = status.value
-    if not any(n for s, n in counts.items() if s not in TERMINAL):
+    if not any(n for s, n in counts.items() if s in OPEN):
         batch.finished_at = session.scalar(select(func.now()))
     return batch.status
+
+
+def cancel_requested_among(session: Session, batch_ids: list[str]) -> set[str]:
+    """Which of ``batch_ids`` have a cancel requested."""
+    return set(
+        session.scalars(
+            select(Batch.id).where(Batch.id.in_(batch_ids), Batch.cancel_requested_at.is_not(None))
+        )
+    )
+
+
+def unfinished_batch_ids(session: Session) -> list[str]:
+    """Batches still open although none of their items is (the sweep closes them)."""
+    return list(session.scalars(query("unfinished_batches")))
 
 
 def finish_if_done(session: Session, batch_id: str) -> None:
     """Cheap check after an item ends: lock and finish the batch only if nothing is open."""
     has_open = session.scalar(
-        select(exists().where(Item.batch_id == batch_id, Item.status.in_(OPEN_STATUSES)))
+        select(exists().where(Item.batch_id == batch_id, Item.status.in_(OPEN_VALUES)))
     )
     if not has_open:
         refresh_status(session, batch_id)
@@ -339,23 +367,8 @@ def cancel(session: Session, tenant: Tenant, batch_id: str) -> Batch:
     now = session.scalar(select(func.now()))
     if batch.cancel_requested_at is None:
         batch.cancel_requested_at = now
-    session.execute(
-        update(Item)
-        .where(
-            Item.batch_id == batch_id,
-            Item.status.in_([ItemStatus.PENDING.value, ItemStatus.QUEUED.value])
-            # running but the request not yet sent: see batchgen.store.items.mark_sent
-            | ((Item.status == ItemStatus.RUNNING.value) & Item.sent_at.is_(None)),
-        )
-        .values(
-            status=ItemStatus.CANCELLED.value,
-            finished_at=now,
-            lease_expires_at=None,
-            error_code="cancelled",
-            last_error="batch cancelled",
-        )
-    )
-    session.flush()
+    assert now is not None
+    items.cancel_unsent(session, batch_id, now)
     refresh_status(session, batch_id)
     return batch
 

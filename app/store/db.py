@@ -15,6 +15,9 @@ from batchgen.config import get_settings
 
 # Read through the import system: the folder is migrations/ on disk, batchgen.migrations installed.
 MIGRATIONS_DIR = str(resources.files("batchgen.migrations"))
+# First key of the advisory locks this project takes (ASCII "BGDP"): + 0 a model's
+# dispatch (store.items.release), + 1 a model's admission, + 2 a tenant's (store.quotas).
+ADVISORY_NAMESPACE = 0x42474450
 # A connect that gets no answer (a host gone, a partition) fails after this long.
 CONNECT_TIMEOUT_S = 10
 

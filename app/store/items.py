@@ -1,25 +1,82 @@
-"""Every state change of an item row, as a conditional UPDATE.
+"""Every state move of an item row: the one place that writes ``items.status``.
 
-Each move names the state it expects, so a duplicate delivery, a cancelled
-or a finished item simply matches nothing.
+Each move is declared once (:data:`MOVES`) with the states it starts from and
+the state it ends in; the declaration is checked against
+:data:`batchgen.domain.status.TRANSITIONS` when this module is imported, and
+the WHERE clause of the move is built from its declared sources, so a
+duplicate delivery, a cancelled or a finished item simply matches nothing.
+The SQL files this module loads (``sql/sweep_*.sql``, ``sql/dispatch_candidates.sql``)
+are loaded by nobody else.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from batchgen.domain.deadlines import carried_forward
-from batchgen.domain.status import ItemStatus
+from batchgen.domain.status import IN_FLIGHT, OPEN, ItemStatus, can_move, values
+from batchgen.store.db import ADVISORY_NAMESPACE
 from batchgen.store.schema import Batch, Item, Tenant
+from batchgen.store.sqlfiles import query
+
+S = ItemStatus
 
 
 @dataclass(frozen=True)
+class Move:
+    """One kind of state change: from any of ``sources`` to one of ``targets``."""
+
+    name: str
+    sources: frozenset[ItemStatus]
+    targets: frozenset[ItemStatus]
+
+    def where(self) -> Any:
+        """The status condition of the move's UPDATE."""
+        return Item.status.in_(values(self.sources))
+
+
+MOVES: dict[str, Move] = {}
+
+
+def _declare(name: str, sources: set[ItemStatus], targets: set[ItemStatus]) -> Move:
+    """Register a move; every (source, target) pair must be a legal transition."""
+    illegal = [(s, t) for s in sources for t in targets if not can_move(s, t)]
+    if illegal:
+        raise AssertionError(f"move {name!r} makes illegal transitions: {illegal}")
+    move = Move(name, frozenset(sources), frozenset(targets))
+    MOVES[name] = move
+    return move
+
+
+RELEASE = _declare("release", {S.PENDING}, {S.QUEUED})
+CLAIM = _declare("claim", {S.QUEUED}, {S.RUNNING})
+EXPIRE_UNSTARTED = _declare("expire_unstarted", {S.PENDING, S.QUEUED}, {S.EXPIRED})
+REQUEUE = _declare("requeue", {S.RUNNING}, {S.QUEUED})
+DEFER = _declare("defer", {S.RUNNING}, {S.PENDING})
+RETRY_LATER = _declare("retry_later", {S.RUNNING}, {S.PENDING})
+FINISH = _declare("finish", {S.RUNNING}, {S.FAILED, S.EXPIRED, S.CANCELLED})
+# A paid answer is the item's result whatever the item became meanwhile, as long
+# as it is not finished: even after its lease ran out and it went back to the queue.
+SUCCEED = _declare("succeed", set(OPEN), {S.SUCCEEDED})
+CANCEL_BATCH = _declare("cancel_batch", {S.PENDING, S.QUEUED, S.RUNNING}, {S.CANCELLED})
+# The sweep's statements (sql/sweep_*.sql).
+SWEEP_CANCEL_ORPHANS = _declare("sweep_cancel_orphans", {S.PENDING, S.QUEUED}, {S.CANCELLED})
+SWEEP_EXPIRE = _declare("sweep_expire", {S.PENDING, S.QUEUED}, {S.EXPIRED})
+# sql/sweep_requeue_lost.sql: a lost message (queued) or a dead worker (running).
+SWEEP_LOST_QUEUED = _declare("sweep_lost_queued", {S.QUEUED}, {S.PENDING, S.CANCELLED, S.EXPIRED})
+SWEEP_LOST_RUNNING = _declare(
+    "sweep_lost_running", {S.RUNNING}, {S.PENDING, S.CANCELLED, S.EXPIRED, S.FAILED}
+)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Claimed:
     """What a worker needs of an item it now runs (``attempt`` counts from 1).
 
@@ -71,13 +128,10 @@ def claim(
     row = session.execute(
         update(Item)
         .where(
-            Item.id == item_id,
-            Item.status == ItemStatus.QUEUED.value,
-            Item.deadline_at > now,
-            Tenant.id == Item.tenant_id,
+            Item.id == item_id, CLAIM.where(), Item.deadline_at > now, Tenant.id == Item.tenant_id
         )
         .values(
-            status=ItemStatus.RUNNING.value,
+            status=S.RUNNING.value,
             attempts=Item.attempts + 1,
             started_at=now,
             lease_expires_at=now + dt.timedelta(seconds=lease_s),
@@ -101,21 +155,32 @@ def claim(
     ).one_or_none()
     if row is None:
         return None
-    values: tuple[Any, ...] = (*row, mono_s)
-    return Claimed(*values)
+    return Claimed(
+        item_id=row[0],
+        batch_id=row[1],
+        tenant_id=row[2],
+        model=row[3],
+        body=row[4],
+        attempt=row[5],
+        deadline_at=row[6],
+        created_at=row[7],
+        started_at=row[8],
+        prompt_tokens_est=row[9],
+        max_tokens=row[10],
+        tenant_tokens_per_min=row[11],
+        lease_expires_at=row[12],
+        now=row[13],
+        read_mono_s=mono_s,
+    )
 
 
-def expire_if_due(session: Session, item_id: int) -> bool:
-    """A queued item whose deadline passed becomes expired without any call."""
+def expire_unstarted(session: Session, item_id: int) -> bool:
+    """A pending or queued item whose deadline passed becomes expired, never sent."""
     result = session.execute(
         update(Item)
-        .where(
-            Item.id == item_id,
-            Item.status.in_([ItemStatus.QUEUED.value, ItemStatus.PENDING.value]),
-            Item.deadline_at <= func.now(),
-        )
+        .where(Item.id == item_id, EXPIRE_UNSTARTED.where(), Item.deadline_at <= func.now())
         .values(
-            status=ItemStatus.EXPIRED.value,
+            status=S.EXPIRED.value,
             finished_at=func.now(),
             lease_expires_at=None,
             error_code="expired",
@@ -126,21 +191,18 @@ def expire_if_due(session: Session, item_id: int) -> bool:
     return result.scalar_one_or_none() is not None
 
 
-def _owned(item: Claimed) -> Any:
+def _owned(item: Claimed, move: Move) -> Any:
     """WHERE clause: the item is still running under this very attempt."""
-    return (
-        (Item.id == item.item_id)
-        & (Item.status == ItemStatus.RUNNING.value)
-        & (Item.attempts == item.attempt)
-    )
+    return (Item.id == item.item_id) & move.where() & (Item.attempts == item.attempt)
 
 
-def finish_failed(
-    session: Session, item: Claimed, code: str, message: str, status: ItemStatus = ItemStatus.FAILED
-) -> bool:
+def finish(session: Session, item: Claimed, status: ItemStatus, code: str, message: str) -> bool:
+    """``running → failed | expired | cancelled`` for this attempt."""
+    if status not in FINISH.targets:
+        raise ValueError(f"finish cannot end an item {status}")
     result = session.execute(
         update(Item)
-        .where(_owned(item))
+        .where(_owned(item, FINISH))
         .values(
             status=status.value,
             finished_at=func.now(),
@@ -158,22 +220,31 @@ def mark_sent(session: Session, item: Claimed) -> bool:
 
     A cancel ends running items whose ``sent_at`` is NULL; both statements
     update this row, so exactly one of them wins. Hence, once a cancel has
-    returned, no new provider request starts for that batch.
+    returned, no new provider request starts for that batch. (No state move:
+    the item stays running.)
     """
     result = session.execute(
-        update(Item).where(_owned(item)).values(sent_at=func.now()).returning(Item.id)
+        update(Item)
+        .where(
+            Item.id == item.item_id,
+            Item.status == S.RUNNING.value,
+            Item.attempts == item.attempt,
+        )
+        .values(sent_at=func.now())
+        .returning(Item.id)
     )
     return result.scalar_one_or_none() is not None
 
 
-def unclaim(session: Session, item: Claimed, wait_s: float, lease_s: float) -> bool:
-    """A short budget wait: back to queued, the attempt not counted, the lease
-    covering the wait (the task retries itself after ``wait_s``)."""
+def requeue(session: Session, item: Claimed, wait_s: float, lease_s: float) -> bool:
+    """``running → queued``: a short budget wait, or an attempt handed back unsent.
+    The attempt is not counted; the lease covers the wait (the task retries itself
+    after ``wait_s``)."""
     result = session.execute(
         update(Item)
-        .where(_owned(item))
+        .where(_owned(item, REQUEUE))
         .values(
-            status=ItemStatus.QUEUED.value,
+            status=S.QUEUED.value,
             attempts=Item.attempts - 1,
             sent_at=None,
             lease_expires_at=func.now() + dt.timedelta(seconds=wait_s + lease_s),
@@ -184,13 +255,13 @@ def unclaim(session: Session, item: Claimed, wait_s: float, lease_s: float) -> b
 
 
 def defer(session: Session, item: Claimed, wait_s: float, reason: str) -> bool:
-    """A long budget wait: back to PostgreSQL, released again after ``wait_s``;
+    """``running → pending``: a long budget wait, released again after ``wait_s``;
     the attempt is not counted."""
     result = session.execute(
         update(Item)
-        .where(_owned(item))
+        .where(_owned(item, DEFER))
         .values(
-            status=ItemStatus.PENDING.value,
+            status=S.PENDING.value,
             attempts=Item.attempts - 1,
             sent_at=None,
             not_before=func.now() + dt.timedelta(seconds=wait_s),
@@ -203,11 +274,9 @@ def defer(session: Session, item: Claimed, wait_s: float, reason: str) -> bool:
     return result.scalar_one_or_none() is not None
 
 
-def reschedule(session: Session, item: Claimed, wait_s: float, code: str, message: str) -> bool:
-    """Back to pending, not before ``now + wait_s``: the retry goes through the dispatcher.
-
-    False when the batch was cancelled meanwhile (the item must not run again).
-    """
+def retry_later(session: Session, item: Claimed, wait_s: float, code: str, message: str) -> bool:
+    """``running → pending``, not before ``now + wait_s``: the retry goes through the
+    dispatcher. False when the batch was cancelled meanwhile (it must not run again)."""
     cancelled = (
         select(Batch.id)
         .where(Batch.id == Item.batch_id, Batch.cancel_requested_at.is_not(None))
@@ -215,9 +284,9 @@ def reschedule(session: Session, item: Claimed, wait_s: float, code: str, messag
     )
     result = session.execute(
         update(Item)
-        .where(_owned(item), ~cancelled)
+        .where(_owned(item, RETRY_LATER), ~cancelled)
         .values(
-            status=ItemStatus.PENDING.value,
+            status=S.PENDING.value,
             not_before=func.now() + dt.timedelta(seconds=wait_s),
             lease_expires_at=None,
             sent_at=None,
@@ -227,3 +296,194 @@ def reschedule(session: Session, item: Claimed, wait_s: float, code: str, messag
         .returning(Item.id)
     )
     return result.scalar_one_or_none() is not None
+
+
+@dataclass(frozen=True)
+class LockedItem:
+    """An item row locked for recording a call's outcome (``FOR UPDATE``)."""
+
+    id: int
+    batch_id: str
+    tenant_id: int
+    model: str
+    status: ItemStatus
+    attempts: int
+    sent_at: dt.datetime | None
+    prompt_tokens_est: int
+
+
+def lock(session: Session, item_id: int, *, for_update: bool = True) -> LockedItem | None:
+    """Read an item (locked, by default): a duplicate run of the same item waits here
+    and then sees the first one's verdict."""
+    stmt = select(
+        Item.id,
+        Item.batch_id,
+        Item.tenant_id,
+        Item.model,
+        Item.status,
+        Item.attempts,
+        Item.sent_at,
+        Item.prompt_tokens_est,
+    ).where(Item.id == item_id)
+    row = session.execute(stmt.with_for_update() if for_update else stmt).one_or_none()
+    if row is None:
+        return None
+    return LockedItem(
+        id=row.id,
+        batch_id=row.batch_id,
+        tenant_id=row.tenant_id,
+        model=row.model,
+        status=ItemStatus(row.status),
+        attempts=row.attempts,
+        sent_at=row.sent_at,
+        prompt_tokens_est=row.prompt_tokens_est,
+    )
+
+
+def succeed(session: Session, item_id: int) -> bool:
+    """``open → succeeded``: a paid answer became the item's result."""
+    result = session.execute(
+        update(Item)
+        .where(Item.id == item_id, SUCCEED.where())
+        .values(
+            status=S.SUCCEEDED.value,
+            finished_at=func.now(),
+            lease_expires_at=None,
+            error_code=None,
+            last_error=None,
+        )
+        .returning(Item.id)
+    )
+    return result.scalar_one_or_none() is not None
+
+
+def cancel_unsent(session: Session, batch_id: str, now: dt.datetime) -> int:
+    """End every item of the batch whose provider request has not been sent
+    (pending, queued, or running before :func:`mark_sent`); returns how many."""
+    result = session.execute(
+        update(Item)
+        .where(
+            Item.batch_id == batch_id,
+            Item.status.in_(values(CANCEL_BATCH.sources - {S.RUNNING}))
+            # running but the request not yet sent: see mark_sent
+            | ((Item.status == S.RUNNING.value) & Item.sent_at.is_(None)),
+        )
+        .values(
+            status=S.CANCELLED.value,
+            finished_at=now,
+            lease_expires_at=None,
+            error_code="cancelled",
+            last_error="batch cancelled",
+        )
+        .returning(Item.id)
+    )
+    return len(result.all())
+
+
+# --- the dispatcher's release -------------------------------------------------
+
+
+def _lock_model(session: Session, model: str) -> bool:
+    return bool(
+        session.scalar(
+            text("SELECT pg_try_advisory_xact_lock(:ns, hashtext(:model))"),
+            {"ns": ADVISORY_NAMESPACE, "model": model},
+        )
+    )
+
+
+def in_flight(session: Session, model: str) -> int:
+    """The model's items queued or running (its dispatch window in use)."""
+    return (
+        session.scalar(
+            select(func.count())
+            .select_from(Item)
+            .where(Item.model == model, Item.status.in_(values(IN_FLIGHT)))
+        )
+        or 0
+    )
+
+
+def release(session: Session, model: str, window: int, queued_lease_s: float) -> list[int]:
+    """``pending → queued`` for up to the model's free places in its window of
+    ``window`` items, in weighted fair order across tenants; returns the ids.
+
+    A per-model advisory lock makes the count and the release one critical
+    section across dispatchers, and ``FOR UPDATE SKIP LOCKED`` guarantees that
+    no item is released twice.
+    """
+    if not _lock_model(session, model):
+        return []  # another dispatcher is releasing this model right now
+    free = window - in_flight(session, model)
+    if free <= 0:
+        return []
+    candidates = list(
+        session.scalars(query("dispatch_candidates"), {"model": model, "limit": free})
+    )
+    if not candidates:
+        return []
+    locked = list(
+        session.scalars(
+            select(Item.id)
+            .where(Item.id.in_(candidates), RELEASE.where())
+            .with_for_update(skip_locked=True)
+        )
+    )
+    if not locked:
+        return []
+    now = func.now()
+    session.execute(
+        update(Item)
+        .where(Item.id.in_(locked))
+        .values(
+            status=S.QUEUED.value,
+            queued_at=now,
+            lease_expires_at=now + dt.timedelta(seconds=queued_lease_s),
+        )
+    )
+    return sorted(locked)
+
+
+# --- the sweep's moves ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LostAttempt:
+    """An item whose lease ran out, and where the sweep moved it."""
+
+    item_id: int
+    batch_id: str
+    status: ItemStatus
+    attempts: int
+    was_sent: bool  # the lost attempt's request had been sent: it may be billed
+
+
+def sweep_cancel_orphans(session: Session) -> int:
+    """Pending or queued items of a cancelled batch end cancelled."""
+    return len(session.execute(query("sweep_cancel_orphans")).all())
+
+
+def sweep_expire(session: Session) -> int:
+    """Pending or queued items whose deadline passed end expired (never sent)."""
+    return len(session.execute(query("sweep_expire")).all())
+
+
+def sweep_lost(
+    session: Session, max_attempts: int, attempt_caps: dict[str, int]
+) -> list[LostAttempt]:
+    """Queued and running items whose lease ran out: back to pending, or ended
+    (cancelled, expired, or failed once a running one used its attempt cap)."""
+    rows = session.execute(
+        query("sweep_requeue_lost"),
+        {"max_attempts": max_attempts, "attempt_caps": json.dumps(attempt_caps)},
+    )
+    return [
+        LostAttempt(
+            item_id=r.id,
+            batch_id=r.batch_id,
+            status=ItemStatus(r.status),
+            attempts=r.attempts,
+            was_sent=r.was_sent,
+        )
+        for r in rows
+    ]

@@ -1,9 +1,15 @@
-"""Cost (pure) and the exactly-once recording of results and usage."""
+"""The exactly-once recording of results and usage: results, the ledger, daily totals.
+
+One ledger row per (item, attempt) that may have been billed (``UNIQUE (item_id,
+attempt)``, ``ON CONFLICT DO NOTHING``), written after locking the item row, in
+the same transaction as the result and the daily totals. The item's own state
+moves go through :mod:`batchgen.store.items`.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -11,33 +17,26 @@ from sqlalchemy import Date, cast, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
+from batchgen.domain.cost import cost_usd
 from batchgen.domain.status import TERMINAL, ItemStatus
 from batchgen.registry import ModelSpec, Registry
-from batchgen.store.schema import Item, Result, TenantDailyUsage, UsageLedger
-
-MILLION = Decimal(1_000_000)
-
-
-def cost_usd(prompt_tokens: int, completion_tokens: int, spec: ModelSpec) -> Decimal:
-    """Price of one call from the registry's per-1M-token prices, exact in Decimal."""
-    return (
-        Decimal(prompt_tokens) * Decimal(str(spec.input_usd_per_1m))
-        + Decimal(completion_tokens) * Decimal(str(spec.output_usd_per_1m))
-    ) / MILLION
+from batchgen.store import items
+from batchgen.store.items import LockedItem
+from batchgen.store.schema import Result, TenantDailyUsage, UsageLedger
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CallOutcome:
-    """A billed provider answer for one attempt of one item."""
+    """A billed provider call of one attempt of one item (an answer, or an estimate)."""
 
     item_id: int
     attempt: int
     prompt_tokens: int
-    completion_tokens: int
-    response: dict[str, Any]
-    provider_request_id: str | None
-    upstream_latency_ms: int
-    queue_wait_ms: int
+    completion_tokens: int = 0
+    response: dict[str, Any] = field(default_factory=dict)
+    provider_request_id: str | None = None
+    upstream_latency_ms: int = 0
+    queue_wait_ms: int = 0
 
 
 # Waste rows written without the provider's answer, because the worker that sent
@@ -51,7 +50,7 @@ ESTIMATED = frozenset({LOST_CALL, SUPERSEDED_CALL})
 
 def _add_daily(
     session: Session,
-    item: Item,
+    item: LockedItem,
     day: dt.date,
     requests: int,
     prompt_tokens: int,
@@ -83,7 +82,7 @@ def _add_daily(
 
 
 def _ledger(
-    session: Session, item: Item, outcome: CallOutcome, cost: Decimal, waste: str | None
+    session: Session, item: LockedItem, outcome: CallOutcome, cost: Decimal, waste: str | None
 ) -> bool:
     """Insert the ledger row for (item, attempt) once; daily totals follow it."""
     inserted = session.execute(
@@ -112,7 +111,7 @@ def _ledger(
 
 
 def _replace_estimate(
-    session: Session, item: Item, outcome: CallOutcome, cost: Decimal, waste: str | None
+    session: Session, item: LockedItem, outcome: CallOutcome, cost: Decimal, waste: str | None
 ) -> bool:
     """The answer of a call ledgered as an estimate arrived after all: its row takes the
     real usage (and becomes the result's row when ``waste`` is None), the daily totals
@@ -142,28 +141,28 @@ def _replace_estimate(
     return True
 
 
-def _estimate(item: Item, attempt: int, spec: ModelSpec | None) -> tuple[CallOutcome, Decimal]:
+def _estimate(
+    item: LockedItem, attempt: int, spec: ModelSpec | None
+) -> tuple[CallOutcome, Decimal]:
     """A sent call whose answer we do not have: the prompt estimate, no completion."""
-    outcome = CallOutcome(item.id, attempt, item.prompt_tokens_est, 0, {}, None, 0, 0)
+    outcome = CallOutcome(item_id=item.id, attempt=attempt, prompt_tokens=item.prompt_tokens_est)
     cost = cost_usd(item.prompt_tokens_est, 0, spec) if spec is not None else Decimal(0)
     return outcome, cost
 
 
 def record_lost_call(session: Session, item_id: int, attempt: int, registry: Registry) -> bool:
     """Ledger as waste a sent call whose worker was lost (once per (item, attempt))."""
-    item = session.get(Item, item_id)
+    item = items.lock(session, item_id, for_update=False)
     assert item is not None
     outcome, cost = _estimate(item, attempt, registry.get(item.model))
     return _ledger(session, item, outcome, cost, LOST_CALL)
 
 
-def _supersede(session: Session, item: Item, attempt: int, spec: ModelSpec) -> None:
+def _supersede(session: Session, item: LockedItem, attempt: int, spec: ModelSpec) -> None:
     """``attempt`` finishes the item while a newer attempt's call is in flight: that call
     may be billed too, and its worker may never report it; ledger it now as waste."""
     newer_sent = (
-        item.status == ItemStatus.RUNNING.value
-        and item.attempts != attempt
-        and item.sent_at is not None
+        item.status is ItemStatus.RUNNING and item.attempts != attempt and item.sent_at is not None
     )
     if newer_sent:
         outcome, cost = _estimate(item, item.attempts, spec)
@@ -179,11 +178,11 @@ def record_success(session: Session, outcome: CallOutcome, spec: ModelSpec) -> b
     already finished, or it was re-leased to another attempt), in which case
     it is still written to the ledger, marked as waste.
     """
-    item = session.get(Item, outcome.item_id, with_for_update=True)
+    item = items.lock(session, outcome.item_id)
     assert item is not None
     cost = cost_usd(outcome.prompt_tokens, outcome.completion_tokens, spec)
     if item.status in TERMINAL:
-        waste = f"item_already_{item.status}"
+        waste = f"item_already_{item.status.value}"
         if not _ledger(session, item, outcome, cost, waste):
             _replace_estimate(session, item, outcome, cost, waste)
         return False
@@ -214,17 +213,13 @@ def record_success(session: Session, outcome: CallOutcome, spec: ModelSpec) -> b
         )
         .on_conflict_do_nothing(index_elements=["item_id"])
     )
-    item.status = ItemStatus.SUCCEEDED.value
-    item.finished_at = session.scalar(select(func.now()))
-    item.lease_expires_at = None
-    item.error_code = None
-    item.last_error = None
+    items.succeed(session, item.id)
     return True
 
 
 def record_waste(session: Session, outcome: CallOutcome, spec: ModelSpec, reason: str) -> None:
     """Ledger a billed call that produced no result (cancelled mid-call, malformed...)."""
-    item = session.get(Item, outcome.item_id)
+    item = items.lock(session, outcome.item_id, for_update=False)
     assert item is not None
     cost = cost_usd(outcome.prompt_tokens, outcome.completion_tokens, spec)
     _ledger(session, item, outcome, cost, reason)

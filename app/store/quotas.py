@@ -20,13 +20,13 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain.status import TERMINAL, ItemStatus
+from batchgen.domain.status import OPEN, values
 from batchgen.errors import Overloaded, OverQuota, PayloadTooLarge
 from batchgen.registry import ModelSpec, Registry
+from batchgen.store.db import ADVISORY_NAMESPACE
 from batchgen.store.schema import Item, Tenant, TenantDailyUsage
-from batchgen.worker.dispatch import ADVISORY_NAMESPACE
 
-OPEN = [s.value for s in ItemStatus if s not in TERMINAL]
+OPEN_VALUES = values(OPEN)
 MIN_RETRY_AFTER_S = 1.0
 
 
@@ -47,7 +47,7 @@ def seconds_until_utc_midnight(now: dt.datetime) -> float:
 
 def _open_tokens(session: Session, **where: object) -> int:
     query = select(func.coalesce(func.sum(Item.prompt_tokens_est + Item.max_tokens), 0)).where(
-        Item.status.in_(OPEN), *[getattr(Item, k) == v for k, v in where.items()]
+        Item.status.in_(OPEN_VALUES), *[getattr(Item, k) == v for k, v in where.items()]
     )
     return int(session.scalar(query) or 0)
 
@@ -92,7 +92,7 @@ def check_tenant(session: Session, tenant: Tenant, registry: Registry, models: l
             session.scalar(
                 select(func.count())
                 .select_from(Item)
-                .where(Item.tenant_id == tenant.id, Item.status.in_(OPEN))
+                .where(Item.tenant_id == tenant.id, Item.status.in_(OPEN_VALUES))
             )
             or 0
         )

@@ -28,6 +28,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from batchgen.domain.status import BatchStatus, ItemStatus
+
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -42,6 +44,12 @@ TZ = DateTime(timezone=True)
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+
+
+def one_of(column: str, statuses: type[ItemStatus] | type[BatchStatus]) -> str:
+    """A CHECK expression allowing exactly the enum's values (migration 0004)."""
+    listed = ", ".join(f"'{s.value}'" for s in sorted(statuses, key=lambda s: s.value))
+    return f"{column} IN ({listed})"
 
 
 class Tenant(Base):
@@ -83,6 +91,7 @@ class Batch(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(TZ)
 
     __table_args__ = (
+        CheckConstraint(one_of("status", BatchStatus), name="status_known"),
         UniqueConstraint("tenant_id", "idempotency_key"),
         Index("ix_batches_tenant_id_created_at", "tenant_id", "created_at"),
     )
@@ -118,6 +127,7 @@ class Item(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
+        CheckConstraint(one_of("status", ItemStatus), name="status_known"),
         UniqueConstraint("batch_id", "custom_id"),
         Index("ix_items_batch_id_status", "batch_id", "status"),
         # The dispatcher's scan: pending work per model, oldest first.

@@ -36,8 +36,10 @@ from typing import Any
 
 import redis
 from celery.beat import PersistentScheduler
+from celery.schedules import crontab
 
 from batchgen.config import get_settings
+from batchgen.errors import ConfigError
 from batchgen.limits.backend import get_redis, script
 
 log = logging.getLogger(__name__)
@@ -151,3 +153,15 @@ def die_with_parent() -> None:
     ).start()
     if os.getppid() != parent_pid:  # the parent died before the death signal was armed
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def cron_schedule(expression: str) -> crontab:
+    """A Celery ``crontab`` from a five-field cron expression (``"0 2 * * *"``)."""
+    fields = expression.split()
+    if len(fields) != 5:
+        raise ConfigError(f"BATCHGEN_NIGHTLY_CRON: {expression!r} is not five cron fields")
+    minute, hour, day_of_month, month_of_year, day_of_week = fields
+    try:
+        return crontab(minute, hour, day_of_week, day_of_month, month_of_year)
+    except ValueError as exc:
+        raise ConfigError(f"BATCHGEN_NIGHTLY_CRON: {expression!r}: {exc}") from exc

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 import redis
 
 from batchgen.limits import redis_keys as keys
+from batchgen.store import batches
+from batchgen.store.db import session_scope
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +39,8 @@ def announce(client: redis.Redis, batch_id: str) -> None:
 
 def cancelled_batches_in(batch_ids: list[str]) -> set[str]:
     """Which of ``batch_ids`` have a cancel requested (PostgreSQL)."""
-    from sqlalchemy import select
-
-    from batchgen.store.db import session_scope
-    from batchgen.store.schema import Batch
-
     with session_scope() as session:
-        return set(
-            session.scalars(
-                select(Batch.id).where(
-                    Batch.id.in_(batch_ids), Batch.cancel_requested_at.is_not(None)
-                )
-            )
-        )
+        return batches.cancel_requested_among(session, batch_ids)
 
 
 class CancelWatcher:

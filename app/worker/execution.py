@@ -1,9 +1,11 @@
-"""Running one delivery of an item: gate, claim, call, record exactly once.
+"""Running one delivery of an item: claim, gate, call, record exactly once.
 
 Celery-free, so it can be driven by the task in :mod:`batchgen.tasks.generate` and by
-tests alike. The path: claim (queued → running) → gate (concurrency slot, token
-budget) → mark sent → provider call → record the result (or retry through the
-dispatcher, or fail) → settle the budget.
+tests alike. The path goes down the layers once: claim (queued → running) →
+gate (concurrency slot, token budget) → mark sent → provider call → record the
+result, or ask :mod:`batchgen.domain.decisions` what a failure means and apply it
+→ settle the gate (``finally``) → close the batch if this was its last item.
+Every item state move is a call into :mod:`batchgen.store.items`.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from threading import Event
 from typing import Any, TypeVar
 
 import redis
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
 from batchgen.domain import retry
 from batchgen.domain.deadlines import call_timeout_s, time_left_s
+from batchgen.domain.decisions import AfterFailure, after_failure, attempt_cap
 from batchgen.domain.status import ItemStatus
 from batchgen.errors import (
     CallCancelled,
@@ -35,19 +38,9 @@ from batchgen.limits.gate import Gate, Never, Pass, Wait, running_lease_s
 from batchgen.providers import get_provider
 from batchgen.providers.base import ProviderRequest, ProviderResponse
 from batchgen.registry import ModelSpec, Registry
-from batchgen.store import db
-from batchgen.store.batches import finish_if_done
+from batchgen.store import batches, db, items
 from batchgen.store.db import session_scope
-from batchgen.store.items import (
-    Claimed,
-    claim,
-    defer,
-    expire_if_due,
-    finish_failed,
-    mark_sent,
-    reschedule,
-    unclaim,
-)
+from batchgen.store.items import Claimed
 from batchgen.store.ledger import CallOutcome, record_success, record_waste
 from batchgen.store.schema import Item
 from batchgen.worker.cancellation import CancelWatcher
@@ -55,49 +48,10 @@ from batchgen.worker.cancellation import CancelWatcher
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-
-def handle_failure(
-    session: Session, item: Claimed, exc: ProviderError, spec: ModelSpec, settings: Settings
-) -> str:
-    """Retry a transient failure inside the deadline and the attempt cap, else fail it."""
-    now = session.scalar(select(func.now()))
-    assert now is not None
-    max_attempts = min(spec.max_attempts, settings.max_attempts)
-    message = f"{exc.kind}: {exc.message}"
-    if isinstance(exc, PermanentProviderError):
-        finish_failed(session, item, exc.kind, message)
-        return "failed"
-    if item.attempt >= max_attempts:
-        finish_failed(session, item, exc.kind, f"{message} (after {item.attempt} attempts)")
-        return "failed"
-    wait = retry.backoff_s(
-        item.attempt,
-        retry_after_s=exc.retry_after_s if isinstance(exc, RateLimited) else None,
-        initial_s=settings.retry_base_s,
-        max_s=settings.retry_max_s,
-    )
-    if not retry.fits_deadline(wait, time_left_s(item.deadline_at, now)):
-        finish_failed(
-            session, item, "expired", f"{message}; no time left to retry", ItemStatus.EXPIRED
-        )
-        return "expired"
-    if not reschedule(session, item, wait, exc.kind, message):
-        finish_failed(session, item, "cancelled", "batch cancelled", ItemStatus.CANCELLED)
-        return "cancelled"
-    return "retry"
-
-
-def _outcome(item: Claimed, response: ProviderResponse, latency_s: float) -> CallOutcome:
-    return CallOutcome(
-        item_id=item.item_id,
-        attempt=item.attempt,
-        prompt_tokens=response.prompt_tokens,
-        completion_tokens=response.completion_tokens,
-        response=response.body,
-        provider_request_id=response.request_id,
-        upstream_latency_ms=int(latency_s * 1000),
-        queue_wait_ms=max(0, int((item.started_at - item.created_at).total_seconds() * 1000)),
-    )
+# Outcomes after which the item no longer holds a place in its model's window.
+FREES_PLACE = frozenset({"succeeded", "failed", "expired", "cancelled", "deferred", "retry"})
+# Outcomes after which the item is finished: its batch may be too.
+ENDS_ITEM = frozenset({"succeeded", "duplicate", "failed", "expired", "cancelled"})
 
 
 @dataclass(frozen=True)
@@ -107,43 +61,12 @@ class Verdict:
 
     outcome: str
     countdown_s: float | None = None
+    model: str | None = None
 
-
-def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
-    """The gate said no: hand the item back (short wait, long wait) or end it.
-
-    Only a firm wait past the deadline expires the item (:func:`retry.plan_wait`);
-    a tenant-budget wait goes back to pending so it holds no dispatch capacity.
-    """
-    with session_scope() as session:
-        if isinstance(decision, Never):
-            finish_failed(session, item, "too_large", decision.reason)
-            verdict = Verdict("failed")
-        else:
-            plan = retry.plan_wait(
-                decision.wait_s,
-                time_left_s(item.deadline_at, item.now),
-                firm=decision.kind.firm,
-                releases_dispatch=decision.kind.releases_dispatch,
-                max_countdown_s=settings.max_countdown_s,
-            )
-            if plan.action is retry.WaitAction.DEFER:
-                defer(session, item, plan.wait_s, decision.reason)
-                return Verdict("deferred")
-            if plan.action is retry.WaitAction.REQUEUE:
-                unclaim(session, item, plan.wait_s, settings.queued_lease_s)
-                return Verdict("wait", plan.wait_s)
-            finish_failed(
-                session,
-                item,
-                "expired",
-                f"{decision.reason}: the wait would pass the deadline",
-                ItemStatus.EXPIRED,
-            )
-            verdict = Verdict("expired")
-    with session_scope() as session:
-        finish_if_done(session, item.batch_id)
-    return verdict
+    @property
+    def frees_place(self) -> bool:
+        """The item left its model's dispatch window: a refill may release another."""
+        return self.outcome in FREES_PLACE
 
 
 def run_item(
@@ -152,23 +75,45 @@ def run_item(
     settings: Settings,
     gate: Gate,
     watcher: CancelWatcher | None = None,
+    model: str | None = None,
 ) -> Verdict:
-    """Run one delivery of an item end to end."""
+    """Run one delivery of an item end to end.
+
+    ``model`` is the message's routing hint: when it names a model of the
+    registry, the claim is the first statement (no lookup of the row first).
+    """
+    spec = registry.get(model) if model else None
     read_mono_s = time.monotonic()  # before the transaction whose now() the claim returns
     with session_scope() as session:
-        row = session.execute(
-            select(Item.model, Item.batch_id).where(Item.id == item_id)
-        ).one_or_none()
-        spec = registry.get(row.model) if row is not None else None
-        if row is None or spec is None:
-            return Verdict("skipped")
-        item = claim(session, item_id, running_lease_s(spec, settings), read_mono_s)
-        expired = item is None and expire_if_due(session, item_id)
+        if spec is None:
+            spec = _spec_of(session, item_id, registry)
+            if spec is None:
+                return Verdict("skipped")
+        item = items.claim(session, item_id, running_lease_s(spec, settings), read_mono_s)
+        expired = item is None and items.expire_unstarted(session, item_id)
     if item is None:  # duplicate, cancelled, finished, or past its deadline
         if expired:
-            with session_scope() as session:
-                finish_if_done(session, row.batch_id)
-        return Verdict("expired" if expired else "skipped")
+            _finish_batch_of(item_id)
+        return Verdict("expired" if expired else "skipped", model=spec.name)
+    if item.model != spec.name:  # a message routed under another model's name
+        spec = registry.get(item.model)
+        if spec is None:
+            _give_back(item, settings)
+            return Verdict("skipped")
+    verdict = _run_claimed(item, spec, settings, gate, watcher)
+    if verdict.outcome in ENDS_ITEM:
+        _finish_batch(item)
+    return Verdict(verdict.outcome, verdict.countdown_s, spec.name)
+
+
+def _spec_of(session: Session, item_id: int, registry: Registry) -> ModelSpec | None:
+    model = session.scalar(select(Item.model).where(Item.id == item_id))
+    return registry.get(model) if model is not None else None
+
+
+def _run_claimed(
+    item: Claimed, spec: ModelSpec, settings: Settings, gate: Gate, watcher: CancelWatcher | None
+) -> Verdict:
     try:
         decision = gate.enter(spec, item)
     except redis.RedisError:
@@ -179,9 +124,45 @@ def run_item(
     return _run_admitted(item, spec, decision, gate, settings, watcher)
 
 
+def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
+    """The gate said no: hand the item back (short wait, long wait) or end it.
+
+    Only a firm wait past the deadline expires the item (:func:`retry.plan_wait`);
+    a tenant-budget wait goes back to pending so it holds no dispatch capacity.
+    """
+    with session_scope() as session:
+        if isinstance(decision, Never):
+            items.finish(session, item, ItemStatus.FAILED, "too_large", decision.reason)
+            return Verdict("failed")
+        plan = retry.plan_wait(
+            decision.wait_s,
+            time_left_s(item.deadline_at, item.now),
+            firm=decision.kind.firm,
+            releases_dispatch=decision.kind.releases_dispatch,
+            max_countdown_s=settings.max_countdown_s,
+        )
+        if plan.action is retry.WaitAction.DEFER:
+            items.defer(session, item, plan.wait_s, decision.reason)
+            return Verdict("deferred")
+        if plan.action is retry.WaitAction.REQUEUE:
+            items.requeue(session, item, plan.wait_s, settings.queued_lease_s)
+            return Verdict("wait", plan.wait_s)
+        items.finish(
+            session,
+            item,
+            ItemStatus.EXPIRED,
+            "expired",
+            f"{decision.reason}: the wait would pass the deadline",
+        )
+        return Verdict("expired")
+
+
 # What the gate is settled with when nothing reached the provider: the whole
 # reservation is given back.
 NOT_SENT = CallCancelled("not sent", billed=False)
+# From the send on, unless told otherwise, the reservation is kept (the provider
+# may have counted the call).
+MAYBE_SENT = TransientProviderError("the call did not end normally", billed=True)
 
 
 @dataclass
@@ -207,7 +188,7 @@ def _run_admitted(
         with watcher.watch(item.batch_id) if watcher else nullcontext(Event()) as cancel:
             try:
                 with session_scope() as session:
-                    sent = mark_sent(session, item)
+                    sent = items.mark_sent(session, item)
             except Exception as exc:
                 if db.is_transient(exc):
                     _give_back(item, settings)
@@ -232,7 +213,7 @@ def _give_back(item: Claimed, settings: Settings) -> None:
         _with_db_retries(
             item,
             "handing the item back",
-            lambda session: unclaim(session, item, 0.0, settings.queued_lease_s),
+            lambda session: items.requeue(session, item, 0.0, settings.queued_lease_s),
         )
     except Exception as exc:
         if not db.is_transient(exc):
@@ -273,44 +254,26 @@ def _with_db_retries(item: Claimed, what: str, work: Callable[[Session], T]) -> 
             delay_s = min(2 * delay_s, DB_RETRY_MAX_S)
 
 
-def _finish_batch(item: Claimed) -> None:
+def _close_batch(batch_id: str, item_id: int) -> None:
     """Close the batch if this was its last item (best effort: the sweep also does it)."""
     try:
         with session_scope() as session:
-            finish_if_done(session, item.batch_id)
+            batches.finish_if_done(session, batch_id)
     except Exception as exc:
         if not db.is_transient(exc):
             raise
-        log.warning("item %d: database error closing its batch; the sweep will", item.item_id)
+        log.warning("item %d: database error closing its batch; the sweep will", item_id)
 
 
-def _cancelled(item: Claimed, spec: ModelSpec, exc: CallCancelled) -> str:
-    """The batch was cancelled mid-call: the item ends cancelled; a billed call is waste."""
+def _finish_batch(item: Claimed) -> None:
+    _close_batch(item.batch_id, item.item_id)
 
-    def work(session: Session) -> None:
-        finish_failed(
-            session, item, "cancelled", "batch cancelled during the call", ItemStatus.CANCELLED
-        )
-        if exc.billed:
-            record_waste(
-                session,
-                CallOutcome(
-                    item.item_id,
-                    item.attempt,
-                    exc.prompt_tokens or item.prompt_tokens_est,
-                    exc.completion_tokens or 0,
-                    {},
-                    None,
-                    0,
-                    0,
-                ),
-                spec,
-                "cancelled_mid_call",
-            )
 
-    _with_db_retries(item, "recording the cancellation", work)
-    _finish_batch(item)
-    return "cancelled"
+def _finish_batch_of(item_id: int) -> None:
+    with session_scope() as session:
+        batch_id = session.scalar(select(Item.batch_id).where(Item.id == item_id))
+    if batch_id is not None:
+        _close_batch(batch_id, item_id)
 
 
 def _settle(
@@ -350,24 +313,32 @@ def _call(
         stream=settings.stream_calls,
     )
     started = time.monotonic()
-    # From here the provider may see the request: unless told otherwise, the
-    # reservation is kept (the provider may have counted it).
     settlement.error = MAYBE_SENT
     try:
         response = get_provider(spec).complete(request)
     except ProviderError as exc:
         settlement.error = exc
-        return _failed(item, spec, settings, exc, started)
+        latency_ms = int((time.monotonic() - started) * 1000)
+        if isinstance(exc, CallCancelled):
+            return _cancelled(item, spec, exc)
+        return _failed(item, spec, settings, exc, latency_ms)
     settlement.response, settlement.error = response, None
     latency_s = time.monotonic() - started
+    outcome = CallOutcome(
+        item_id=item.item_id,
+        attempt=item.attempt,
+        prompt_tokens=response.prompt_tokens,
+        completion_tokens=response.completion_tokens,
+        response=response.body,
+        provider_request_id=response.request_id,
+        upstream_latency_ms=int(latency_s * 1000),
+        queue_wait_ms=max(0, int((item.started_at - item.created_at).total_seconds() * 1000)),
+    )
     # A paid answer is recorded before anything else; a database outage is waited
     # out for as long as the lease lasts.
     recorded = _with_db_retries(
-        item,
-        "recording the result",
-        lambda session: record_success(session, _outcome(item, response, latency_s), spec),
+        item, "recording the result", lambda session: record_success(session, outcome, spec)
     )
-    _finish_batch(item)
     log.info(
         "item %d attempt %d model %s succeeded prompt_tokens=%d completion_tokens=%d "
         "latency_ms=%d recorded=%s",
@@ -382,39 +353,64 @@ def _call(
     return "succeeded" if recorded else "duplicate"
 
 
-MAYBE_SENT = TransientProviderError("the call did not end normally", billed=True)
+def _cancelled(item: Claimed, spec: ModelSpec, exc: CallCancelled) -> str:
+    """The batch was cancelled mid-call: the item ends cancelled; a billed call is waste."""
+
+    def work(session: Session) -> None:
+        items.finish(
+            session, item, ItemStatus.CANCELLED, "cancelled", "batch cancelled during the call"
+        )
+        if exc.billed:
+            waste = CallOutcome(
+                item_id=item.item_id,
+                attempt=item.attempt,
+                prompt_tokens=exc.prompt_tokens or item.prompt_tokens_est,
+                completion_tokens=exc.completion_tokens or 0,
+            )
+            record_waste(session, waste, spec, "cancelled_mid_call")
+
+    _with_db_retries(item, "recording the cancellation", work)
+    return "cancelled"
 
 
 def _failed(
-    item: Claimed, spec: ModelSpec, settings: Settings, exc: ProviderError, started: float
+    item: Claimed, spec: ModelSpec, settings: Settings, exc: ProviderError, latency_ms: int
 ) -> str:
-    if isinstance(exc, CallCancelled):
-        return _cancelled(item, spec, exc)
+    """Ledger a billed failure as waste, then retry, fail or expire the item as
+    :func:`batchgen.domain.decisions.after_failure` decides."""
+    decision = after_failure(
+        kind=exc.kind,
+        message=exc.message,
+        permanent=isinstance(exc, PermanentProviderError),
+        attempt=item.attempt,
+        max_attempts=attempt_cap(spec.max_attempts, settings.max_attempts),
+        retry_after_s=exc.retry_after_s if isinstance(exc, RateLimited) else None,
+        time_left_s=time_left_s(item.deadline_at, item.db_now()),
+        backoff_initial_s=settings.retry_base_s,
+        backoff_max_s=settings.retry_max_s,
+    )
 
     def work(session: Session) -> str:
         if exc.billed:
             # The provider may charge a call that failed after it was sent; its usage
             # is unknown, so the ledger carries the prompt estimate, marked as waste.
-            record_waste(
-                session,
-                CallOutcome(
-                    item.item_id,
-                    item.attempt,
-                    item.prompt_tokens_est,
-                    0,
-                    {},
-                    None,
-                    int((time.monotonic() - started) * 1000),
-                    0,
-                ),
-                spec,
-                f"failed_{exc.kind}",
+            waste = CallOutcome(
+                item_id=item.item_id,
+                attempt=item.attempt,
+                prompt_tokens=item.prompt_tokens_est,
+                upstream_latency_ms=latency_ms,
             )
-        return handle_failure(session, item, exc, spec, settings)
+            record_waste(session, waste, spec, f"failed_{exc.kind}")
+        if decision.action is AfterFailure.RETRY:
+            if items.retry_later(session, item, decision.wait_s, decision.code, decision.message):
+                return "retry"
+            items.finish(session, item, ItemStatus.CANCELLED, "cancelled", "batch cancelled")
+            return "cancelled"
+        status = ItemStatus.FAILED if decision.action is AfterFailure.FAIL else ItemStatus.EXPIRED
+        items.finish(session, item, status, decision.code, decision.message)
+        return decision.action.value
 
     verdict = _with_db_retries(item, "recording the failure", work)
-    if verdict != "retry":
-        _finish_batch(item)
     log.warning(
         "item %d attempt %d model %s %s: %s status=%s",
         item.item_id,

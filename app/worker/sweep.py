@@ -3,22 +3,23 @@
 Postgres is the truth, so recovering from a lost broker message, a flushed
 Redis or a SIGKILLed worker is one UPDATE on leases that ran out. A lost
 attempt whose request had been sent may be billed by the provider: it is
-ledgered as waste in the same transaction (see :func:`batchgen.store.ledger.record_lost_call`).
+ledgered as waste in the same transaction
+(:func:`batchgen.store.ledger.record_lost_call`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
+from batchgen.domain.decisions import attempt_cap
+from batchgen.domain.status import ItemStatus
 from batchgen.registry import Registry, get_registry
-from batchgen.store.batches import refresh_status
+from batchgen.store import batches, items
 from batchgen.store.ledger import record_lost_call
-from batchgen.store.sqlfiles import query
 
 log = logging.getLogger(__name__)
 
@@ -33,34 +34,28 @@ class SweepReport:
 
 def attempt_caps(registry: Registry, settings: Settings) -> dict[str, int]:
     """Each model's attempt cap: its own, never above the global one (pure)."""
-    return {spec.name: min(spec.max_attempts, settings.max_attempts) for spec in registry}
+    return {spec.name: attempt_cap(spec.max_attempts, settings.max_attempts) for spec in registry}
 
 
 def sweep(session: Session, settings: Settings, registry: Registry | None = None) -> SweepReport:
     """One sweep pass in the caller's transaction."""
     registry = registry or get_registry()
-    session.execute(query("sweep_cancel_orphans"))
-    expired = list(session.execute(query("sweep_expire")).scalars())
-    recovered = list(
-        session.execute(
-            query("sweep_requeue_lost"),
-            {
-                "max_attempts": settings.max_attempts,
-                "attempt_caps": json.dumps(attempt_caps(registry, settings)),
-            },
-        )
-    )
-    for lost in recovered:
-        if lost.was_sent:
-            record_lost_call(session, lost.id, lost.attempts, registry)
-    requeued = sum(1 for r in recovered if r.status == "pending")
-    failed = sum(1 for r in recovered if r.status == "failed")
-    expired_count = len(expired) + sum(1 for r in recovered if r.status == "expired")
+    items.sweep_cancel_orphans(session)
+    expired = items.sweep_expire(session)
+    lost = items.sweep_lost(session, settings.max_attempts, attempt_caps(registry, settings))
+    for attempt in lost:
+        if attempt.was_sent:
+            record_lost_call(session, attempt.item_id, attempt.attempts, registry)
     finished = 0
-    for (batch_id,) in session.execute(query("unfinished_batches")).all():
-        refresh_status(session, batch_id)
+    for batch_id in batches.unfinished_batch_ids(session):
+        batches.refresh_status(session, batch_id)
         finished += 1
-    report = SweepReport(expired_count, requeued, failed, finished)
+    report = SweepReport(
+        expired=expired + sum(1 for a in lost if a.status is ItemStatus.EXPIRED),
+        requeued=sum(1 for a in lost if a.status is ItemStatus.PENDING),
+        failed=sum(1 for a in lost if a.status is ItemStatus.FAILED),
+        batches_finished=finished,
+    )
     if any((report.expired, report.requeued, report.failed, report.batches_finished)):
         log.info(
             "sweep expired=%d requeued=%d failed=%d batches_finished=%d",

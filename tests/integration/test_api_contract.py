@@ -122,7 +122,7 @@ def test_submit_answer_survives_a_failing_dispatcher_wakeup(clean_db, tmp_path):
     make_tenant("host")
     script = (
         "import json\n"
-        "from batchgen import client\n"
+        "from batchgen import python_api as client\n"
         "rows = [{'custom_id': 'a', 'method': 'POST', 'url': '/v1/chat/completions',\n"
         "         'body': {'model': 'sim-small', 'max_tokens': 5,\n"
         "                  'messages': [{'role': 'user', 'content': 'hi'}]}}]\n"

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from batchgen.config import Settings
+from batchgen.domain.rate_limits import RateLimitState
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.limits.budget import Budget, charged_tokens, countdown_s
 from batchgen.limits.concurrency import Slots
-from batchgen.providers.base import RateLimitState
 from batchgen.registry import ChargePolicy, ModelSpec
 
 pytestmark = pytest.mark.integration

@@ -31,14 +31,14 @@ if not settings.configured:  # this module is the Django project of these tests
     )
     django.setup()
 
-from django.core.management import CommandError, call_command  # noqa: E402
-from django.http import HttpRequest, JsonResponse  # noqa: E402
-from django.test import Client  # noqa: E402
-from django.urls import include, path  # noqa: E402
+from django.core.management import CommandError, call_command
+from django.http import HttpRequest, JsonResponse
+from django.test import Client
+from django.urls import include, path
 
-from batchgen.api import create_app  # noqa: E402
-from batchgen.integrations.django import services  # noqa: E402
-from tests.helpers import chat_line, jsonl, make_tenant, wait_batches  # noqa: E402
+from batchgen.api import create_app
+from batchgen.integrations.django import services
+from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

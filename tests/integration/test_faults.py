@@ -66,7 +66,16 @@ def test_two_attempts_finishing_record_one_result_and_mark_waste(clean_db):
     assert first is not None
 
     def outcome(attempt: int) -> CallOutcome:
-        return CallOutcome(first.item_id, attempt, 10, 20, {"choices": []}, f"req-{attempt}", 5, 1)
+        return CallOutcome(
+            item_id=first.item_id,
+            attempt=attempt,
+            prompt_tokens=10,
+            completion_tokens=20,
+            response={"choices": []},
+            provider_request_id=f"req-{attempt}",
+            upstream_latency_ms=5,
+            queue_wait_ms=1,
+        )
 
     with db.session_scope() as s:
         assert record_success(s, outcome(1), spec) is True

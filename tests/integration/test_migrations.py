@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from alembic import command
@@ -52,3 +53,51 @@ def test_downgrade_to_base_and_back(empty_database):
     assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
     engine.dispose()
     command.upgrade(cfg, "head")
+
+
+def test_status_check_allows_exactly_the_enum(empty_database):
+    """The database refuses a status the enum does not know, and accepts each it does
+    (the migration froze the values; the models derive them from the enum)."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    from batchgen.config import Settings
+    from batchgen.domain.status import BatchStatus, ItemStatus
+
+    url = Settings(DATABASE_URL=empty_database).sqlalchemy_url
+    command.upgrade(db.alembic_config(url), "head")
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            checks = {
+                row.conname: row.src
+                for row in conn.execute(
+                    text(
+                        "SELECT conname, pg_get_constraintdef(oid) AS src FROM pg_constraint "
+                        "WHERE conname IN ('ck_items_status_known', 'ck_batches_status_known')"
+                    )
+                )
+            }
+        for name, enum in (
+            ("ck_items_status_known", ItemStatus),
+            ("ck_batches_status_known", BatchStatus),
+        ):
+            allowed = set(re.findall(r"'([a-z_]+)'", checks[name]))
+            assert allowed == {s.value for s in enum}, name
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO tenants (name, key_hash, key_prefix, weight) "
+                    "VALUES ('t', 'h', 'p', 1)"
+                )
+            )
+        with pytest.raises(IntegrityError), engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO batches (id, tenant_id, status, endpoint, priority, "
+                    "completion_window_s, deadline_at, total_items) VALUES "
+                    "('batch_x', 1, 'bogus', '/v1/chat/completions', 'bulk', 60, now(), 0)"
+                )
+            )
+    finally:
+        engine.dispose()

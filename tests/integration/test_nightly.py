@@ -17,9 +17,10 @@ from sqlalchemy import create_engine, func, select, text
 from batchgen import embedded
 from batchgen.config import get_settings
 from batchgen.errors import ConfigError, ValidationFailed
-from batchgen.nightly import Job, PromptRenderer, cron_schedule, load_jobs, output_table, submit_job
+from batchgen.nightly import Job, PromptRenderer, load_jobs, output_table, submit_job
 from batchgen.store import db
 from batchgen.store.schema import Batch, Item, UsageLedger
+from batchgen.worker.beat import cron_schedule
 from tests.helpers import make_tenant, status_summary, wait_batches
 
 pytestmark = pytest.mark.integration

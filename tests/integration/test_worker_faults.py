@@ -337,7 +337,16 @@ def test_lost_attempt_answer_turns_its_waste_row_into_the_result(clean_db, simul
     with db.session_scope() as s:
         sweep(s, get_settings())
     with db.session_scope() as s:
-        answer = CallOutcome(item_id, 1, 11, 22, {"choices": []}, "req-1", 5, 1)
+        answer = CallOutcome(
+            item_id=item_id,
+            attempt=1,
+            prompt_tokens=11,
+            completion_tokens=22,
+            response={"choices": []},
+            provider_request_id="req-1",
+            upstream_latency_ms=5,
+            queue_wait_ms=1,
+        )
         assert record_success(s, answer, spec) is True
     with db.session_scope() as s:
         rows = s.execute(

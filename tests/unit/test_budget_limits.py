@@ -75,3 +75,29 @@ def test_tenant_wait_releases_the_dispatch_window():
     assert plan(5.0, 3600.0, tenant=True) == (WaitAction.DEFER, 5.0)
     assert plan(5.0, 3600.0) == (WaitAction.REQUEUE, 5.0)
     assert plan(90.0, 3600.0) == (WaitAction.DEFER, 90.0)
+
+
+def test_the_limits_know_nothing_of_items_workers_or_providers():
+    """No module of batchgen.limits imports the store, the worker, the providers or the
+    tasks: the gate reads items and answers through Protocols (CallTicket, CallAnswer)."""
+    import ast
+    from pathlib import Path
+
+    limits = Path(__file__).resolve().parents[2] / "app" / "limits"
+    banned = ("batchgen.store", "batchgen.worker", "batchgen.providers", "batchgen.tasks")
+    found = []
+    for path in sorted(limits.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            found += [
+                f"{path.name}: {n}"
+                for n in names
+                if any(n == b or n.startswith(b + ".") for b in banned)
+            ]
+    assert found == []

@@ -1,11 +1,13 @@
-"""Error classification of the provider adapters (pure parts; the HTTP side is in
-tests/integration/test_providers.py)."""
+"""Error classification of the provider adapters, and the parameters of the request
+they send (pure parts; the HTTP side is in tests/integration/test_providers.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 import anthropic
 import httpx2
@@ -27,6 +29,7 @@ from batchgen.providers.base import (
     Provider,
     ProviderRequest,
     StreamWatch,
+    chat_params,
     classify_status,
     status_message,
     transport_error,
@@ -172,3 +175,66 @@ def test_cancelled_request_is_never_sent(provider: Provider) -> None:
     with pytest.raises(CallCancelled) as err:
         provider.complete(request)
     assert not err.value.billed
+
+
+# -- the request both adapters send (pure; over HTTP in tests/integration/test_providers.py)
+
+BODY = {
+    "model": "from-the-line",
+    "messages": [
+        {"role": "system", "content": "terse"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    ],
+    "max_tokens": 50,
+    "temperature": 0.3,
+    "stop": "END",
+    "stream": False,
+    "stream_options": {"include_usage": False},
+    "seed": 4,
+}
+
+
+def _line(body: dict[str, Any]) -> ProviderRequest:
+    return dataclasses.replace(
+        _request(timeout_s=4.5), body=body, item_id=7, extra_headers={"x-sim-fault": "none"}
+    )
+
+
+def test_chat_params_sets_the_model_headers_and_timeout() -> None:
+    params = chat_params(_line(BODY), {"messages": [], "model": "ignored"})
+    assert params == {
+        "messages": [],
+        "model": "m",  # the registry's name, never the line's
+        "extra_headers": {"x-batchgen-item": "7", "x-sim-fault": "none"},
+        "timeout": 4.5,
+    }
+
+
+def test_openai_forwards_the_body_as_it_is() -> None:
+    own = {"model": "m", "extra_headers": {"x-batchgen-item": "7", "x-sim-fault": "none"}}
+    extra = {"max_tokens": 50, "temperature": 0.3, "stop": "END", "seed": 4}
+    assert openai_adapter._params(_line(BODY)) == {
+        **own,
+        "messages": BODY["messages"],
+        "extra_body": extra,
+        "timeout": 4.5,
+    }
+    bare = {"model": "x", "messages": [], "stream": True}
+    assert openai_adapter._params(_line(bare))["extra_body"] is None
+
+
+def test_anthropic_translates_the_body_to_messages() -> None:
+    assert anthropic_adapter._params(_line(BODY)) == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "system": "terse",
+        "max_tokens": 50,
+        "stop_sequences": ["END"],
+        "temperature": 0.3,
+        "extra_headers": {"x-batchgen-item": "7", "x-sim-fault": "none"},
+        "timeout": 4.5,
+    }
+    both = {"messages": [], "max_completion_tokens": 20, "max_tokens": 90}
+    assert anthropic_adapter._params(_line(both))["max_tokens"] == 20
+    neither = anthropic_adapter._params(_line({"messages": []}))
+    assert neither["max_tokens"] == 10  # the registry's max_output_tokens

@@ -11,15 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchgen.domain import retry
+from batchgen.domain.cost import cost_usd
 from batchgen.domain.deadlines import call_timeout_s, parse_duration_s
-from batchgen.domain.status import (
-    TERMINAL,
-    TRANSITIONS,
-    BatchStatus,
-    ItemStatus,
-    batch_status,
-    can_move,
-)
+from batchgen.domain.status import BatchStatus, ItemStatus, batch_status
 from batchgen.errors import ValidationFailed
 from batchgen.providers.headers import (
     anthropic_rate_limits,
@@ -27,7 +21,6 @@ from batchgen.providers.headers import (
     parse_openai_duration_s,
 )
 from batchgen.registry import get_registry
-from batchgen.store.ledger import cost_usd
 
 
 def test_retry_after_headers_are_parsed():
@@ -64,15 +57,15 @@ def test_cost_is_exact_decimal_from_registry_prices():
     assert cost_usd(1234, 567, spec) == Decimal("0.0001851") + Decimal("0.0003402")
 
 
-def test_status_moves():
-    assert can_move(ItemStatus.PENDING, ItemStatus.QUEUED)
-    assert can_move(ItemStatus.RUNNING, ItemStatus.PENDING)
-    assert not can_move(ItemStatus.SUCCEEDED, ItemStatus.RUNNING)
-    assert all(not TRANSITIONS[s] for s in TERMINAL)
+def test_batch_status_from_item_counts():
     assert batch_status({ItemStatus.RUNNING: 1}, False) is BatchStatus.IN_PROGRESS
     assert batch_status({ItemStatus.RUNNING: 1}, True) is BatchStatus.CANCELLING
     assert batch_status({}, True) is BatchStatus.CANCELLED
     assert batch_status({ItemStatus.SUCCEEDED: 3}, False) is BatchStatus.COMPLETED
+    assert batch_status({ItemStatus.EXPIRED: 2}, False) is BatchStatus.EXPIRED
+    assert batch_status({ItemStatus.EXPIRED: 2, ItemStatus.FAILED: 1}, False) is (
+        BatchStatus.COMPLETED
+    )
 
 
 @pytest.mark.parametrize(

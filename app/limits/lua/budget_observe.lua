@@ -1,3 +1,5 @@
+--! include clock
+--! include window
 -- The provider told us how many tokens it still has (x-ratelimit-remaining-tokens
 -- or anthropic-ratelimit-tokens-remaining) and when that resets. When it has
 -- less than we believe, charge the difference as an observation entry that
@@ -19,13 +21,7 @@ local remaining = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 local reset_s = tonumber(ARGV[4])
 local span = tonumber(ARGV[5]) + tonumber(ARGV[6])
-local now
-if ARGV[7] ~= nil and ARGV[7] ~= '' then
-    now = tonumber(ARGV[7])
-else
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+local now = clock(ARGV[7])
 local age = math.max(0, tonumber(ARGV[8]) or 0)
 local seen_at = now - age
 
@@ -41,18 +37,7 @@ for i = 1, #entries, 2 do
 end
 
 -- Entries that left the window (as budget_reserve.lua does).
-local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - span)
-if #old > 0 then
-    local tokens_freed, requests_freed = 0, 0
-    for _, member in ipairs(old) do
-        tokens_freed = tokens_freed + (tonumber(redis.call('HGET', KEYS[2], member)) or 0)
-        if string.sub(member, 1, 2) ~= 'o:' then requests_freed = requests_freed + 1 end
-        redis.call('HDEL', KEYS[2], member)
-    end
-    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - span)
-    if tokens_freed > 0 then redis.call('HINCRBY', KEYS[2], '_tokens', -tokens_freed) end
-    if requests_freed > 0 then redis.call('HINCRBY', KEYS[2], '_requests', -requests_freed) end
-end
+expire_window(KEYS[1], KEYS[2], now, span)
 
 local missing = limit - used - remaining
 if missing <= 0 then return 0 end

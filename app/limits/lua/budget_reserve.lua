@@ -1,3 +1,5 @@
+--! include clock
+--! include window
 -- Reserve tokens and one request against a model's budget, and tokens
 -- against the tenant's own budget if it has one: all or nothing.
 --
@@ -36,32 +38,11 @@ local tokens_limit = tonumber(ARGV[3])
 local requests_limit = tonumber(ARGV[4])
 local tenant_limit = tonumber(ARGV[5])
 local span = tonumber(ARGV[6]) + tonumber(ARGV[7])
-local now
-if ARGV[8] ~= nil and ARGV[8] ~= '' then
-    now = tonumber(ARGV[8])
-else
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+local now = clock(ARGV[8])
 local waiter = ARGV[9] or ''
 local claim_ttl = tonumber(ARGV[10]) or 0
 local held_claims = tonumber(ARGV[11]) or 0
 local line, line_tokens, line_seen = KEYS[6], KEYS[7], KEYS[8]
-
-local function expire(log, amounts)
-    local old = redis.call('ZRANGEBYSCORE', log, '-inf', now - span)
-    if #old == 0 then return end
-    local tokens_freed, requests_freed = 0, 0
-    for _, member in ipairs(old) do
-        tokens_freed = tokens_freed + (tonumber(redis.call('HGET', amounts, member)) or 0)
-        if string.sub(member, 1, 2) ~= 'o:' then requests_freed = requests_freed + 1 end
-        redis.call('HDEL', amounts, member)
-    end
-    redis.call('ZREMRANGEBYSCORE', log, '-inf', now - span)
-    -- (never pass -0: Redis does not read "-0" as an integer)
-    if tokens_freed > 0 then redis.call('HINCRBY', amounts, '_tokens', -tokens_freed) end
-    if requests_freed > 0 then redis.call('HINCRBY', amounts, '_requests', -requests_freed) end
-end
 
 -- Seconds until `need` more tokens (or requests, when count_requests) are free.
 local function wait_for(log, amounts, need, count_requests)
@@ -128,7 +109,7 @@ if held_claims > 0 then
     end
 end
 
-expire(KEYS[1], KEYS[2])
+expire_window(KEYS[1], KEYS[2], now, span)
 local used = tonumber(redis.call('HGET', KEYS[2], '_tokens')) or 0
 local requests = tonumber(redis.call('HGET', KEYS[2], '_requests')) or 0
 local wait, reason = 0, ''
@@ -143,7 +124,7 @@ end
 local model_denied = wait > 0
 local tenant_denied = false
 if tenant_limit > 0 then
-    expire(KEYS[3], KEYS[4])
+    expire_window(KEYS[3], KEYS[4], now, span)
     local tenant_used = tonumber(redis.call('HGET', KEYS[4], '_tokens')) or 0
     if tenant_used + tokens > tenant_limit then
         tenant_denied = true

@@ -1,3 +1,4 @@
+--! include clock
 -- Tokens and requests reserved in the current window, read-only, on Redis's
 -- clock: entries that left the window count no more even when no reservation
 -- has expired them yet (for status and metrics).
@@ -7,13 +8,7 @@
 -- Returns {tokens, requests}.
 
 local span = tonumber(ARGV[1]) + tonumber(ARGV[2])
-local now
-if ARGV[3] ~= nil and ARGV[3] ~= '' then
-    now = tonumber(ARGV[3])
-else
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+local now = clock(ARGV[3])
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. (now - span), '+inf')
 local tokens, requests = 0, 0
 for _, member in ipairs(members) do

@@ -18,7 +18,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("file", type=Path, help="JSONL requests, one per line.")
         parser.add_argument("--tenant", required=True, help="The tenant's name.")
-        parser.add_argument("--completion-window", default="24h", help="e.g. 24h, 2h, 30m.")
+        parser.add_argument(
+            "--completion-window",
+            default=None,
+            help="e.g. 24h, 2h, 30m (default: BATCHGEN_DEFAULT_COMPLETION_WINDOW_S).",
+        )
         parser.add_argument("--priority", choices=["interactive", "bulk"], default="interactive")
         parser.add_argument("--idempotency-key", default=None)
         parser.add_argument("--json", action="store_true", help="Print the batch as JSON.")

@@ -1,0 +1,11 @@
+"""Task and queue names: the contract between publishers and :mod:`batchgen.tasks`."""
+
+from __future__ import annotations
+
+CONTROL_QUEUE = "batchgen.control"  # the dispatcher, the sweep, nightly jobs
+
+GENERATE_TASK = "batchgen.generate"
+DISPATCH_TASK = "batchgen.dispatch"
+SWEEP_TASK = "batchgen.sweep"
+NIGHTLY_TASK = "batchgen.nightly"
+COLLECT_TASK = "batchgen.nightly_collect"

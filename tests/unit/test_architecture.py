@@ -1,0 +1,258 @@
+"""The architecture, checked from the source: imports go down the layers, never in a
+circle, the library never imports the task layer, and one module writes item state.
+
+Every import counts, also one inside a function: a lazy import (kept for a fast
+CLI start) must still point down. Run alone: ``pytest tests/unit/test_architecture.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = {"batchgen": ROOT / "app", "batchgen.tasks": ROOT / "tasks"}
+FOLDERS["batchgen.migrations"] = ROOT / "migrations"
+
+# Bottom to top. A module may import its own layer or a lower one. Within the
+# "edges" layer, the three groups are peers that do not import each other.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("batchgen", "batchgen.config", "batchgen.errors", "batchgen.registry")),
+    ("foundation", ("batchgen.logs",)),
+    ("domain", ("batchgen.domain",)),
+    ("edges", ("batchgen.store", "batchgen.migrations")),
+    ("edges", ("batchgen.limits",)),
+    ("edges", ("batchgen.providers",)),
+    ("edges", ("batchgen.embedded",)),
+    ("worker", ("batchgen.worker", "batchgen.celeryconfig")),
+    (
+        "interfaces",
+        (
+            "batchgen.api",
+            "batchgen.python_api",
+            "batchgen.cli",
+            "batchgen.integrations",
+            "batchgen.nightly",
+            "batchgen.monitoring",
+        ),
+    ),
+    ("tasks", ("batchgen.tasks",)),
+]
+ORDER = ["foundation", "domain", "edges", "worker", "interfaces", "tasks"]
+PEERS = [("batchgen.store", "batchgen.migrations"), ("batchgen.limits",), ("batchgen.providers",)]
+# The simulator is a test peer, self-contained: the product's token counter only.
+SIMULATOR = "batchgen.simulator"
+SIMULATOR_MAY_IMPORT = ("batchgen.simulator", "batchgen.domain.tokens")
+
+
+def _module_files() -> dict[str, Path]:
+    modules: dict[str, Path] = {}
+    for package, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            if "versions" in parts:
+                continue
+            name = ".".join([package, *parts])
+            if folder == ROOT / "app" and parts and parts[0] in ("tasks", "migrations"):
+                continue
+            modules[name] = path
+    return modules
+
+
+MODULES = _module_files()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every batchgen module ``name`` imports, at any depth of the file."""
+    found: set[str] = set()
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            base = node.module
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            if target.startswith("batchgen"):
+                while target not in MODULES and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target != name:
+                    found.add(target)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _group(module: str) -> tuple[str, tuple[str, ...]]:
+    best: tuple[str, tuple[str, ...]] | None = None
+    best_len = -1
+    for layer, prefixes in LAYERS:
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = (layer, prefixes), len(prefix)
+    assert best is not None, f"{module} is in no layer: add it to LAYERS"
+    return best
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        if not module.startswith(SIMULATOR):
+            _group(module)
+
+
+def test_imports_point_down():
+    upward = []
+    for source, targets in GRAPH.items():
+        if source.startswith(SIMULATOR):
+            continue
+        layer, _ = _group(source)
+        for target in targets:
+            assert not target.startswith(SIMULATOR) or source.startswith(
+                ("batchgen.cli", "batchgen.tasks")
+            ), f"{source} imports the simulator, a test tool"
+            if target.startswith(SIMULATOR):
+                continue
+            target_layer, _ = _group(target)
+            if ORDER.index(target_layer) > ORDER.index(layer):
+                upward.append(f"{source} ({layer}) -> {target} ({target_layer})")
+    assert upward == []
+
+
+def test_edge_packages_do_not_import_each_other():
+    def peer(module: str) -> int | None:
+        for i, prefixes in enumerate(PEERS):
+            if any(module == p or module.startswith(p + ".") for p in prefixes):
+                return i
+        return None
+
+    crossings = [
+        f"{source} -> {target}"
+        for source, targets in GRAPH.items()
+        for target in targets
+        if peer(source) is not None and peer(target) is not None and peer(source) != peer(target)
+    ]
+    assert crossings == []
+
+
+def test_no_import_circles():
+    """Tarjan's strongly connected components over every import: none larger than one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(GRAPH):
+        if module not in index:
+            visit(module)
+    assert circles == []
+
+
+def test_library_never_imports_the_tasks():
+    offenders = [
+        f"{source} -> {target}"
+        for source, targets in GRAPH.items()
+        if not source.startswith("batchgen.tasks")
+        for target in targets
+        if target.startswith("batchgen.tasks")
+    ]
+    assert offenders == []
+
+
+def test_tasks_do_not_import_each_other():
+    """Tasks publish by name; only the Celery application module is shared."""
+    shared = "batchgen.tasks.celery_app"
+    offenders = [
+        f"{source} -> {target}"
+        for source, targets in GRAPH.items()
+        if source.startswith("batchgen.tasks.") and source != shared
+        for target in targets
+        if target.startswith("batchgen.tasks.") and target != shared
+    ]
+    assert offenders == []
+
+
+def test_simulator_imports_nothing_of_the_product_but_the_token_counter():
+    offenders = [
+        f"{source} -> {target}"
+        for source, targets in GRAPH.items()
+        if source.startswith(SIMULATOR)
+        for target in targets
+        if not target.startswith(SIMULATOR_MAY_IMPORT)
+    ]
+    assert offenders == []
+
+
+# --- one owner of item state ----------------------------------------------------
+
+ITEM_WRITES = re.compile(r"update\(\s*Item\b|UPDATE\s+items\b", re.IGNORECASE)
+OWNER = "batchgen.store.items"
+
+
+def _sql_files_loaded_by(path: Path) -> set[str]:
+    return set(re.findall(r"query\(\s*\"([a-z_]+)\"", path.read_text()))
+
+
+def test_one_module_writes_item_state():
+    writers = sorted(
+        name
+        for name, path in MODULES.items()
+        if name != OWNER and ITEM_WRITES.search(path.read_text())
+    )
+    assert writers == []
+    # ORM writes of an item's status (``item.status = ...``) count too.
+    orm_writes = sorted(
+        name
+        for name, path in MODULES.items()
+        if name != OWNER and re.search(r"\bitem\.status\s*=[^=]", path.read_text())
+    )
+    assert orm_writes == []
+
+
+def test_sql_files_that_write_items_are_loaded_by_the_owner_only():
+    sql_dir = FOLDERS["batchgen"] / "store" / "sql"
+    writing = {p.stem for p in sql_dir.glob("*.sql") if ITEM_WRITES.search(p.read_text())}
+    assert writing, "the sweep's statements write items: the pattern must find them"
+    owner_loads = _sql_files_loaded_by(MODULES[OWNER])
+    assert writing <= owner_loads
+    for name, path in MODULES.items():
+        if name != OWNER:
+            assert not (_sql_files_loaded_by(path) & writing), name
+
+
+@pytest.mark.parametrize("sql", sorted((FOLDERS["batchgen"] / "store" / "sql").glob("*.sql")))
+def test_every_sql_file_is_loaded(sql: Path):
+    loaders = [name for name, path in MODULES.items() if sql.stem in _sql_files_loaded_by(path)]
+    assert loaders, f"{sql.name} is loaded by no module"

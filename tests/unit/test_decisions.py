@@ -1,0 +1,117 @@
+"""The worker's decisions as pure functions, and the item state moves the store
+declares, checked against the one table of legal moves."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from batchgen.domain.decisions import AfterFailure, after_failure, attempt_cap, window_size
+from batchgen.domain.status import OPEN, TERMINAL, TRANSITIONS, ItemStatus, can_move
+from batchgen.store import items
+
+
+def _decide(**overrides):
+    args = {
+        "kind": "server_error",
+        "message": "HTTP 500",
+        "permanent": False,
+        "attempt": 1,
+        "max_attempts": 5,
+        "retry_after_s": None,
+        "time_left_s": 3600.0,
+        "backoff_initial_s": 0.5,
+        "backoff_max_s": 30.0,
+        "rng": random.Random(7),
+    }
+    return after_failure(**{**args, **overrides})
+
+
+def test_permanent_error_fails_at_once_whatever_the_attempts_left():
+    decision = _decide(permanent=True, kind="invalid_request", message="bad")
+    assert decision.action is AfterFailure.FAIL
+    assert decision.code == "invalid_request"
+    assert decision.message == "invalid_request: bad"
+
+
+def test_last_attempt_fails_and_says_how_many():
+    decision = _decide(attempt=5, max_attempts=5)
+    assert decision.action is AfterFailure.FAIL
+    assert decision.message.endswith("(after 5 attempts)")
+
+
+def test_retry_honours_retry_after():
+    decision = _decide(retry_after_s=8.0)
+    assert decision.action is AfterFailure.RETRY
+    assert 8.0 <= decision.wait_s <= 8.8
+
+
+def test_a_retry_that_would_pass_the_deadline_expires():
+    decision = _decide(retry_after_s=30.0, time_left_s=20.0)
+    assert decision.action is AfterFailure.EXPIRE
+    assert decision.code == "expired"
+    assert "no time left to retry" in decision.message
+
+
+@given(
+    attempt=st.integers(1, 10),
+    max_attempts=st.integers(1, 10),
+    time_left_s=st.floats(0, 1000),
+    seed=st.integers(0, 2**16),
+)
+def test_every_retry_fits_its_deadline_and_its_attempt_cap(
+    attempt, max_attempts, time_left_s, seed
+):
+    decision = _decide(
+        attempt=attempt, max_attempts=max_attempts, time_left_s=time_left_s, rng=random.Random(seed)
+    )
+    if decision.action is AfterFailure.RETRY:
+        assert attempt < max_attempts
+        assert decision.wait_s + 1.0 <= time_left_s
+    if attempt >= max_attempts:
+        assert decision.action is AfterFailure.FAIL
+
+
+def test_window_and_attempt_caps():
+    assert window_size(16, 2.0) == 32
+    assert window_size(3, 1.5) == 5  # rounded up
+    assert window_size(1, 0.1) == 1  # never closed
+    assert attempt_cap(3, 5) == 3 and attempt_cap(9, 5) == 5
+
+
+def test_every_declared_move_is_legal():
+    for move in items.MOVES.values():
+        for source in move.sources:
+            for target in move.targets:
+                assert can_move(source, target), (move.name, source, target)
+
+
+def test_every_legal_transition_is_made_by_some_move():
+    """No entry of the table is dead: each legal move is one the store makes."""
+    made = {
+        (source, target)
+        for move in items.MOVES.values()
+        for source in move.sources
+        for target in move.targets
+    }
+    legal = {(source, target) for source, targets in TRANSITIONS.items() for target in targets}
+    assert legal - made == set()
+
+
+def test_an_illegal_move_is_refused_when_declared():
+    with pytest.raises(AssertionError, match="illegal"):
+        items._declare("bogus", {ItemStatus.SUCCEEDED}, {ItemStatus.RUNNING})
+    assert "bogus" not in items.MOVES
+
+
+def test_terminal_states_have_no_way_out_and_open_ones_a_way_to_end():
+    assert all(not TRANSITIONS[s] for s in TERMINAL)
+    assert all(TRANSITIONS[s] & TERMINAL for s in OPEN)
+
+
+def test_finish_refuses_a_target_outside_its_move():
+    with pytest.raises(ValueError, match="cannot end an item"):
+        items.finish(None, None, ItemStatus.SUCCEEDED, "x", "y")  # type: ignore[arg-type]
