@@ -85,6 +85,13 @@ class Settings(BaseSettings):
     queued_lease_s: float = 120.0
     running_lease_margin_s: float = 30.0
     max_attempts: int = 5
+    # A provider 429 is a budget signal, not a failure: it uses no attempt. This many
+    # 429s for one item end it (failed, rate_limited), so a limit configured far
+    # above the provider's still ends.
+    max_rate_limited: int = 30
+    # After an item frees a place in its model's window, refills of the same
+    # process are gathered for this long into one release.
+    refill_coalesce_s: float = 0.05
 
     # Provider calls. Streaming lets a cancel stop a call mid-answer.
     stream_calls: bool = True
@@ -117,6 +124,15 @@ class Settings(BaseSettings):
     # after its caller's last try (a vanished caller frees it by itself).
     budget_held_claims: int = 32
     budget_claim_ttl_s: float = 150.0
+    # The learned ratio per model between the provider's count of a prompt and ours
+    # (app/domain/rate_limits.py): each sample moves it by budget_ratio_weight of the
+    # difference (0: never learn, reservations use our own count), within
+    # [budget_ratio_min, budget_ratio_max]. A sample from the headers of a bucket
+    # needs budget_ratio_min_calls calls granted between two headers.
+    budget_ratio_weight: float = Field(default=0.3, ge=0.0, le=1.0)
+    budget_ratio_min: float = Field(default=0.5, gt=0.0)
+    budget_ratio_max: float = Field(default=3.0, gt=0.0)
+    budget_ratio_min_calls: int = Field(default=4, ge=1)
 
     # Broker: unacked messages come back after this; longer than any countdown we use.
     visibility_timeout_s: int = 3600

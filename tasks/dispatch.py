@@ -9,9 +9,9 @@ from batchgen.worker.dispatch import dispatch as release_and_publish
 from batchgen.worker.names import DISPATCH_TASK
 
 
-def dispatch_now(model: str | None = None) -> int:
-    """Release what fits now (every model, or one) and publish it; returns how many."""
-    return release_and_publish(get_registry(), get_settings(), model)
+def dispatch_now() -> int:
+    """Release what fits now for every model and publish it; returns how many."""
+    return release_and_publish(get_registry(), get_settings())
 
 
 @celery_app.task(name=DISPATCH_TASK, ignore_result=True)

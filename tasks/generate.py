@@ -16,6 +16,7 @@ from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.dispatch import dispatch
 from batchgen.worker.execution import run_item
 from batchgen.worker.names import GENERATE_TASK
+from batchgen.worker.refill import Refiller
 
 
 @functools.cache
@@ -28,6 +29,15 @@ def _watcher() -> CancelWatcher:
     return CancelWatcher(get_redis())
 
 
+def _release(models: frozenset[str]) -> int:
+    return dispatch(get_registry(), get_settings(), models)
+
+
+@functools.cache
+def _refiller() -> Refiller:
+    return Refiller(_release, get_settings().refill_coalesce_s)
+
+
 # max_retries=None: a budget wait is not a failure and may repeat as often as
 # needed; failure attempts are counted on the item in PostgreSQL instead.
 @celery_app.task(name=GENERATE_TASK, bind=True, ignore_result=True, max_retries=None)
@@ -38,6 +48,6 @@ def generate(self: Task, item_id: int, model: str | None = None) -> str:
     if verdict.countdown_s is not None:
         raise self.retry(countdown=verdict.countdown_s)
     if verdict.frees_place and verdict.model is not None:
-        # A place in the model's window freed: refill it without waiting for the tick.
-        dispatch(registry, settings, verdict.model)
+        # A place in the model's window freed: refill it soon, without waiting for the tick.
+        _refiller().note(verdict.model)
     return verdict.outcome

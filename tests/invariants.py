@@ -179,11 +179,11 @@ def _check_daily_usage(findings: Findings) -> None:
                     d.tenant_id,
                     d.day,
                     d.model,
-                    d.requests,
-                    d.prompt_tokens,
-                    d.completion_tokens,
-                    d.cost_usd,
-                )
+                    func.sum(d.requests),
+                    func.sum(d.prompt_tokens),
+                    func.sum(d.completion_tokens),
+                    func.sum(d.cost_usd),
+                ).group_by(d.tenant_id, d.day, d.model)  # the sum of its shards
             )
         }
     problems = [

@@ -26,6 +26,66 @@ def attempt_cap(model_max_attempts: int, global_max_attempts: int) -> int:
     return min(model_max_attempts, global_max_attempts)
 
 
+class AfterRateLimit(StrEnum):
+    REQUEUE = "wait"  # stay queued; the task retries itself after the wait
+    DEFER = "deferred"  # back to pending with not_before; the dispatcher releases it
+    FAIL = "failed"  # the item's 429 cap is used up
+    EXPIRE = "expired"  # no time is left at all
+
+
+@dataclass(frozen=True, kw_only=True)
+class RateLimitDecision:
+    action: AfterRateLimit
+    wait_s: float = 0.0
+    message: str = ""
+
+
+def after_rate_limit(
+    *,
+    retry_after_s: float | None,
+    rate_limited: int,
+    max_rate_limited: int,
+    time_left_s: float,
+    max_countdown_s: float,
+    default_wait_s: float = 1.0,
+    rng: random.Random | None = None,
+) -> RateLimitDecision:
+    """The provider said 429: a budget signal, not a failure (no attempt is used).
+
+    ``rate_limited`` counts this item's 429s, this one included; at
+    ``max_rate_limited`` the item fails, so a limit set far above the provider's
+    still ends. Otherwise it waits ``retry-after`` (capped, with jitter) like a
+    budget wait: a short wait stays queued, a long one goes back to PostgreSQL.
+    A 429 never expires an item early (a probe after the wait may pass): the
+    wait is cut to what is left of the deadline, where the item expires at claim.
+    """
+    if rate_limited >= max_rate_limited:
+        return RateLimitDecision(
+            action=AfterRateLimit.FAIL,
+            message=f"rate_limited: the provider refused the call {rate_limited} times",
+        )
+    asked_s = retry_after_s if retry_after_s is not None else default_wait_s
+    wait_s = retry.backoff_s(1, retry_after_s=asked_s, rng=rng)
+    plan = retry.plan_wait(
+        wait_s,
+        time_left_s,
+        firm=False,
+        releases_dispatch=False,
+        max_countdown_s=max_countdown_s,
+    )
+    actions = {
+        retry.WaitAction.DEFER: AfterRateLimit.DEFER,
+        retry.WaitAction.REQUEUE: AfterRateLimit.REQUEUE,
+        retry.WaitAction.EXPIRE: AfterRateLimit.EXPIRE,
+    }
+    message = "rate_limited: no time left to wait for the provider"
+    return RateLimitDecision(
+        action=actions[plan.action],
+        wait_s=plan.wait_s,
+        message=message if plan.action is retry.WaitAction.EXPIRE else "",
+    )
+
+
 class AfterFailure(StrEnum):
     RETRY = "retry"  # back to pending, through the dispatcher and the budget
     FAIL = "failed"

@@ -13,10 +13,11 @@ import re
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import exists, func, insert, select
+from sqlalchemy import exists, func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -342,6 +343,42 @@ def cancel_requested_among(session: Session, batch_ids: list[str]) -> set[str]:
 def unfinished_batch_ids(session: Session) -> list[str]:
     """Batches still open although none of their items is (the sweep closes them)."""
     return list(session.scalars(query("unfinished_batches")))
+
+
+class Progress(StrEnum):
+    """Where a batch stands after one of its items ended (:func:`close_if_done`)."""
+
+    DONE = "done"  # nothing open: closed in this transaction
+    TAIL = "tail"  # only items running elsewhere are open: check again after the commit
+    OPEN = "open"  # items still wait to run: a later item will close the batch
+
+
+_PROGRESS = text(
+    """
+    SELECT EXISTS (SELECT 1 FROM items
+                   WHERE batch_id = :batch_id AND status IN ('pending', 'queued')) AS waiting,
+           EXISTS (SELECT 1 FROM items
+                   WHERE batch_id = :batch_id AND status = 'running') AS running
+    """
+)
+
+
+def close_if_done(session: Session, batch_id: str) -> Progress:
+    """In the transaction that ended one of the batch's items: close the batch when
+    nothing of it is open.
+
+    Two items ending at once each see the other still running (neither has
+    committed), so neither may close the batch: both report ``TAIL``, and their
+    callers check again after their commits (:func:`finish_if_done`); the later
+    check sees both. A batch with items still waiting is left to a later item.
+    """
+    row = session.execute(_PROGRESS, {"batch_id": batch_id}).one()
+    if row.waiting:
+        return Progress.OPEN
+    if row.running:
+        return Progress.TAIL
+    refresh_status(session, batch_id)
+    return Progress.DONE
 
 
 def finish_if_done(session: Session, batch_id: str) -> None:

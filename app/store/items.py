@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from batchgen.domain.deadlines import carried_forward
 from batchgen.domain.status import IN_FLIGHT, OPEN, ItemStatus, can_move, values
 from batchgen.store.db import ADVISORY_NAMESPACE
-from batchgen.store.schema import Batch, Item, Tenant
+from batchgen.store.schema import Item
 from batchgen.store.sqlfiles import query
 
 S = ItemStatus
@@ -40,6 +40,15 @@ class Move:
     def where(self) -> Any:
         """The status condition of the move's UPDATE."""
         return Item.status.in_(values(self.sources))
+
+    def params(self, target: ItemStatus | None = None) -> dict[str, Any]:
+        """Bind parameters ``:sources`` and ``:target`` of a hand-written statement
+        (``status = ANY(:sources)``): the declaration is what the SQL checks."""
+        if target is None:
+            (target,) = self.targets
+        if target not in self.targets:
+            raise ValueError(f"move {self.name!r} cannot end in {target}")
+        return {"sources": values(self.sources), "target": target.value}
 
 
 MOVES: dict[str, Move] = {}
@@ -76,6 +85,100 @@ SWEEP_LOST_RUNNING = _declare(
 )
 
 
+# --- the worker's hot statements, compiled once --------------------------------
+# Plain SQL: no statement building and no ORM synchronisation per call. Each one
+# checks ``status = ANY(:sources)`` from its move's declaration; the ones that
+# change a running item also check the attempt (``_owner``), so an attempt
+# number is never reused for a billed call.
+
+_CLAIM = text(
+    """
+    UPDATE items AS i
+    SET status = :target, attempts = i.attempts + 1, started_at = now(),
+        lease_expires_at = now() + make_interval(secs => :lease_s)
+    FROM tenants AS t
+    WHERE i.id = :item_id AND i.status = ANY(:sources) AND i.deadline_at > now()
+      AND t.id = i.tenant_id
+    RETURNING i.id, i.batch_id, i.tenant_id, i.model, i.body, i.attempts, i.deadline_at,
+              i.created_at, i.started_at, i.prompt_tokens_est, i.max_tokens,
+              t.tokens_per_min, i.lease_expires_at, i.rate_limited, now() AS now
+    """
+)
+_MARK_SENT = text(
+    """
+    UPDATE items SET sent_at = now()
+    WHERE id = :item_id AND status = 'running' AND attempts = :attempt
+    RETURNING id
+    """
+)
+_FINISH = text(
+    """
+    UPDATE items
+    SET status = :target, finished_at = now(), lease_expires_at = NULL,
+        error_code = :code, last_error = :message, rate_limited = rate_limited + :rate_limited
+    WHERE id = :item_id AND status = ANY(:sources) AND attempts = :attempt
+    RETURNING id
+    """
+)
+_REQUEUE = text(
+    """
+    UPDATE items
+    SET status = :target, attempts = attempts - 1, sent_at = NULL,
+        rate_limited = rate_limited + :rate_limited,
+        lease_expires_at = now() + make_interval(secs => :lease_s)
+    WHERE id = :item_id AND status = ANY(:sources) AND attempts = :attempt
+    RETURNING id
+    """
+)
+_DEFER = text(
+    """
+    UPDATE items
+    SET status = :target, attempts = attempts - 1, sent_at = NULL,
+        rate_limited = rate_limited + :rate_limited,
+        not_before = now() + make_interval(secs => :wait_s), lease_expires_at = NULL,
+        error_code = :code, last_error = :reason
+    WHERE id = :item_id AND status = ANY(:sources) AND attempts = :attempt
+    RETURNING id
+    """
+)
+# Not when the batch was cancelled meanwhile: the item must not run again.
+_RETRY_LATER = text(
+    """
+    UPDATE items
+    SET status = :target, not_before = now() + make_interval(secs => :wait_s),
+        lease_expires_at = NULL, sent_at = NULL, error_code = :code, last_error = :message
+    WHERE id = :item_id AND status = ANY(:sources) AND attempts = :attempt
+      AND NOT EXISTS (
+          SELECT 1 FROM batches AS b
+          WHERE b.id = items.batch_id AND b.cancel_requested_at IS NOT NULL
+      )
+    RETURNING id
+    """
+)
+_READ = text(
+    """
+    SELECT id, batch_id, tenant_id, model, status, attempts, sent_at, prompt_tokens_est
+    FROM items WHERE id = :item_id
+    """
+)
+_LOCK = text(
+    """
+    SELECT id, batch_id, tenant_id, model, status, attempts, sent_at, prompt_tokens_est
+    FROM items WHERE id = :item_id
+    FOR UPDATE
+    """
+)
+_SUCCEED = text(
+    """
+    UPDATE items
+    SET status = :target, finished_at = now(), lease_expires_at = NULL,
+        error_code = NULL, last_error = NULL
+    WHERE id = :item_id AND status = ANY(:sources)
+    RETURNING id
+    """
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Claimed:
     """What a worker needs of an item it now runs (``attempt`` counts from 1).
@@ -99,6 +202,7 @@ class Claimed:
     max_tokens: int
     tenant_tokens_per_min: int | None
     lease_expires_at: dt.datetime
+    rate_limited: int  # the provider's 429s for this item so far
     now: dt.datetime
     # time.monotonic() taken no later than the start of the claiming transaction
     # (whose now() is ``now``), so that :meth:`db_now` never runs behind.
@@ -124,58 +228,34 @@ def claim(
     began (default: now, exact when the claim is the transaction's first statement).
     """
     mono_s = time.monotonic() if read_mono_s is None else read_mono_s
-    now = func.now()
     row = session.execute(
-        update(Item)
-        .where(
-            Item.id == item_id, CLAIM.where(), Item.deadline_at > now, Tenant.id == Item.tenant_id
-        )
-        .values(
-            status=S.RUNNING.value,
-            attempts=Item.attempts + 1,
-            started_at=now,
-            lease_expires_at=now + dt.timedelta(seconds=lease_s),
-        )
-        .returning(
-            Item.id,
-            Item.batch_id,
-            Item.tenant_id,
-            Item.model,
-            Item.body,
-            Item.attempts,
-            Item.deadline_at,
-            Item.created_at,
-            Item.started_at,
-            Item.prompt_tokens_est,
-            Item.max_tokens,
-            Tenant.tokens_per_min,
-            Item.lease_expires_at,
-            now,
-        )
+        _CLAIM, {"item_id": item_id, "lease_s": lease_s, **CLAIM.params()}
     ).one_or_none()
     if row is None:
         return None
     return Claimed(
-        item_id=row[0],
-        batch_id=row[1],
-        tenant_id=row[2],
-        model=row[3],
-        body=row[4],
-        attempt=row[5],
-        deadline_at=row[6],
-        created_at=row[7],
-        started_at=row[8],
-        prompt_tokens_est=row[9],
-        max_tokens=row[10],
-        tenant_tokens_per_min=row[11],
-        lease_expires_at=row[12],
-        now=row[13],
+        item_id=row.id,
+        batch_id=row.batch_id,
+        tenant_id=row.tenant_id,
+        model=row.model,
+        body=row.body,
+        attempt=row.attempts,
+        deadline_at=row.deadline_at,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        prompt_tokens_est=row.prompt_tokens_est,
+        max_tokens=row.max_tokens,
+        tenant_tokens_per_min=row.tokens_per_min,
+        lease_expires_at=row.lease_expires_at,
+        rate_limited=row.rate_limited,
+        now=row.now,
         read_mono_s=mono_s,
     )
 
 
-def expire_unstarted(session: Session, item_id: int) -> bool:
-    """A pending or queued item whose deadline passed becomes expired, never sent."""
+def expire_unstarted(session: Session, item_id: int) -> str | None:
+    """A pending or queued item whose deadline passed becomes expired, never sent;
+    returns its batch id (None: the item was not expired)."""
     result = session.execute(
         update(Item)
         .where(Item.id == item_id, EXPIRE_UNSTARTED.where(), Item.deadline_at <= func.now())
@@ -186,33 +266,33 @@ def expire_unstarted(session: Session, item_id: int) -> bool:
             error_code="expired",
             last_error="deadline passed before the item could run",
         )
-        .returning(Item.id)
+        .returning(Item.batch_id)
+        .execution_options(synchronize_session=False)
     )
-    return result.scalar_one_or_none() is not None
+    return result.scalar_one_or_none()
 
 
-def _owned(item: Claimed, move: Move) -> Any:
-    """WHERE clause: the item is still running under this very attempt."""
-    return (Item.id == item.item_id) & move.where() & (Item.attempts == item.attempt)
+def _owner(item: Claimed) -> dict[str, Any]:
+    """Bind parameters naming this very attempt of the item."""
+    return {"item_id": item.item_id, "attempt": item.attempt}
 
 
-def finish(session: Session, item: Claimed, status: ItemStatus, code: str, message: str) -> bool:
-    """``running → failed | expired | cancelled`` for this attempt."""
+def finish(
+    session: Session,
+    item: Claimed,
+    status: ItemStatus,
+    code: str,
+    message: str,
+    *,
+    rate_limited: bool = False,
+) -> bool:
+    """``running → failed | expired | cancelled`` for this attempt (``rate_limited``:
+    it ended on a provider 429, counted on the item)."""
     if status not in FINISH.targets:
         raise ValueError(f"finish cannot end an item {status}")
-    result = session.execute(
-        update(Item)
-        .where(_owned(item, FINISH))
-        .values(
-            status=status.value,
-            finished_at=func.now(),
-            lease_expires_at=None,
-            error_code=code,
-            last_error=message,
-        )
-        .returning(Item.id)
-    )
-    return result.scalar_one_or_none() is not None
+    params = {**_owner(item), **FINISH.params(status), "code": code, "message": message}
+    params["rate_limited"] = int(rate_limited)
+    return session.execute(_FINISH, params).first() is not None
 
 
 def mark_sent(session: Session, item: Claimed) -> bool:
@@ -223,79 +303,38 @@ def mark_sent(session: Session, item: Claimed) -> bool:
     returned, no new provider request starts for that batch. (No state move:
     the item stays running.)
     """
-    result = session.execute(
-        update(Item)
-        .where(
-            Item.id == item.item_id,
-            Item.status == S.RUNNING.value,
-            Item.attempts == item.attempt,
-        )
-        .values(sent_at=func.now())
-        .returning(Item.id)
+    return session.execute(_MARK_SENT, _owner(item)).first() is not None
+
+
+def requeue(
+    session: Session, item: Claimed, wait_s: float, lease_s: float, *, rate_limited: bool = False
+) -> bool:
+    """``running → queued``: a short budget wait, an attempt handed back unsent, or a
+    provider 429 (``rate_limited``: counted on the item). The attempt is not counted;
+    the lease covers the wait (the task retries itself after ``wait_s``)."""
+    params = {**_owner(item), **REQUEUE.params(), "lease_s": wait_s + lease_s}
+    params["rate_limited"] = int(rate_limited)
+    return session.execute(_REQUEUE, params).first() is not None
+
+
+def defer(
+    session: Session, item: Claimed, wait_s: float, reason: str, *, rate_limited: bool = False
+) -> bool:
+    """``running → pending``: a long budget wait or provider 429 (``rate_limited``:
+    counted on the item), released again after ``wait_s``; the attempt is not counted."""
+    params = {**_owner(item), **DEFER.params(), "wait_s": wait_s, "reason": reason}
+    params.update(
+        rate_limited=int(rate_limited), code="rate_limited" if rate_limited else "budget_wait"
     )
-    return result.scalar_one_or_none() is not None
-
-
-def requeue(session: Session, item: Claimed, wait_s: float, lease_s: float) -> bool:
-    """``running → queued``: a short budget wait, or an attempt handed back unsent.
-    The attempt is not counted; the lease covers the wait (the task retries itself
-    after ``wait_s``)."""
-    result = session.execute(
-        update(Item)
-        .where(_owned(item, REQUEUE))
-        .values(
-            status=S.QUEUED.value,
-            attempts=Item.attempts - 1,
-            sent_at=None,
-            lease_expires_at=func.now() + dt.timedelta(seconds=wait_s + lease_s),
-        )
-        .returning(Item.id)
-    )
-    return result.scalar_one_or_none() is not None
-
-
-def defer(session: Session, item: Claimed, wait_s: float, reason: str) -> bool:
-    """``running → pending``: a long budget wait, released again after ``wait_s``;
-    the attempt is not counted."""
-    result = session.execute(
-        update(Item)
-        .where(_owned(item, DEFER))
-        .values(
-            status=S.PENDING.value,
-            attempts=Item.attempts - 1,
-            sent_at=None,
-            not_before=func.now() + dt.timedelta(seconds=wait_s),
-            lease_expires_at=None,
-            error_code="budget_wait",
-            last_error=reason,
-        )
-        .returning(Item.id)
-    )
-    return result.scalar_one_or_none() is not None
+    return session.execute(_DEFER, params).first() is not None
 
 
 def retry_later(session: Session, item: Claimed, wait_s: float, code: str, message: str) -> bool:
     """``running → pending``, not before ``now + wait_s``: the retry goes through the
     dispatcher. False when the batch was cancelled meanwhile (it must not run again)."""
-    cancelled = (
-        select(Batch.id)
-        .where(Batch.id == Item.batch_id, Batch.cancel_requested_at.is_not(None))
-        .exists()
-    )
-    result = session.execute(
-        update(Item)
-        .where(_owned(item, RETRY_LATER), ~cancelled)
-        .values(
-            status=S.PENDING.value,
-            not_before=func.now() + dt.timedelta(seconds=wait_s),
-            lease_expires_at=None,
-            sent_at=None,
-            error_code=code,
-            last_error=message,
-        )
-        .returning(Item.id)
-    )
-    return result.scalar_one_or_none() is not None
+    params = {**_owner(item), **RETRY_LATER.params(), "wait_s": wait_s}
+    params.update(code=code, message=message)
+    return session.execute(_RETRY_LATER, params).first() is not None
 
 
 @dataclass(frozen=True)
@@ -315,17 +354,7 @@ class LockedItem:
 def lock(session: Session, item_id: int, *, for_update: bool = True) -> LockedItem | None:
     """Read an item (locked, by default): a duplicate run of the same item waits here
     and then sees the first one's verdict."""
-    stmt = select(
-        Item.id,
-        Item.batch_id,
-        Item.tenant_id,
-        Item.model,
-        Item.status,
-        Item.attempts,
-        Item.sent_at,
-        Item.prompt_tokens_est,
-    ).where(Item.id == item_id)
-    row = session.execute(stmt.with_for_update() if for_update else stmt).one_or_none()
+    row = session.execute(_LOCK if for_update else _READ, {"item_id": item_id}).one_or_none()
     if row is None:
         return None
     return LockedItem(
@@ -342,19 +371,8 @@ def lock(session: Session, item_id: int, *, for_update: bool = True) -> LockedIt
 
 def succeed(session: Session, item_id: int) -> bool:
     """``open → succeeded``: a paid answer became the item's result."""
-    result = session.execute(
-        update(Item)
-        .where(Item.id == item_id, SUCCEED.where())
-        .values(
-            status=S.SUCCEEDED.value,
-            finished_at=func.now(),
-            lease_expires_at=None,
-            error_code=None,
-            last_error=None,
-        )
-        .returning(Item.id)
-    )
-    return result.scalar_one_or_none() is not None
+    params = {"item_id": item_id, **SUCCEED.params()}
+    return session.execute(_SUCCEED, params).first() is not None
 
 
 def cancel_unsent(session: Session, batch_id: str, now: dt.datetime) -> int:
@@ -376,6 +394,7 @@ def cancel_unsent(session: Session, batch_id: str, now: dt.datetime) -> int:
             last_error="batch cancelled",
         )
         .returning(Item.id)
+        .execution_options(synchronize_session=False)
     )
     return len(result.all())
 
@@ -440,6 +459,7 @@ def release(session: Session, model: str, window: int, queued_lease_s: float) ->
             queued_at=now,
             lease_expires_at=now + dt.timedelta(seconds=queued_lease_s),
         )
+        .execution_options(synchronize_session=False)
     )
     return sorted(locked)
 

@@ -8,13 +8,13 @@ moves go through :mod:`batchgen.store.items`.
 
 from __future__ import annotations
 
-import datetime as dt
+import functools
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Date, cast, func, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import TextClause, bindparam
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from batchgen.domain.cost import cost_usd
@@ -22,7 +22,13 @@ from batchgen.domain.status import TERMINAL, ItemStatus
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store import items
 from batchgen.store.items import LockedItem
-from batchgen.store.schema import Result, TenantDailyUsage, UsageLedger
+from batchgen.store.schema import DAILY_USAGE_SHARDS
+from batchgen.store.sqlfiles import query
+
+
+@functools.cache
+def _result_insert() -> TextClause:
+    return query("result_insert").bindparams(bindparam("response", type_=JSONB))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,66 +54,33 @@ SUPERSEDED_CALL = "superseded_in_flight"
 ESTIMATED = frozenset({LOST_CALL, SUPERSEDED_CALL})
 
 
-def _add_daily(
-    session: Session,
-    item: LockedItem,
-    day: dt.date,
-    requests: int,
-    prompt_tokens: int,
-    completion_tokens: int,
-    cost: Decimal,
-) -> None:
-    """Add to the tenant's daily totals (deltas may be negative when an estimate is replaced)."""
-    stmt = pg_insert(TenantDailyUsage).values(
-        tenant_id=item.tenant_id,
-        day=day,
-        model=item.model,
-        requests=requests,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        cost_usd=cost,
-    )
-    session.execute(
-        stmt.on_conflict_do_update(
-            index_elements=["tenant_id", "day", "model"],
-            set_={
-                "requests": TenantDailyUsage.requests + stmt.excluded.requests,
-                "prompt_tokens": TenantDailyUsage.prompt_tokens + stmt.excluded.prompt_tokens,
-                "completion_tokens": TenantDailyUsage.completion_tokens
-                + stmt.excluded.completion_tokens,
-                "cost_usd": TenantDailyUsage.cost_usd + stmt.excluded.cost_usd,
-            },
-        )
-    )
+def _shard(item_id: int) -> int:
+    return item_id % DAILY_USAGE_SHARDS
+
+
+def _params(item: LockedItem, outcome: CallOutcome, cost: Decimal, waste: str | None) -> dict:
+    return {
+        "item_id": item.id,
+        "attempt": outcome.attempt,
+        "tenant_id": item.tenant_id,
+        "batch_id": item.batch_id,
+        "model": item.model,
+        "shard": _shard(item.id),
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "cost_usd": cost,
+        "waste_reason": waste,
+    }
 
 
 def _ledger(
     session: Session, item: LockedItem, outcome: CallOutcome, cost: Decimal, waste: str | None
 ) -> bool:
-    """Insert the ledger row for (item, attempt) once; daily totals follow it."""
+    """Insert the ledger row for (item, attempt) once; daily totals follow it (one statement)."""
     inserted = session.execute(
-        pg_insert(UsageLedger)
-        .values(
-            item_id=item.id,
-            attempt=outcome.attempt,
-            tenant_id=item.tenant_id,
-            batch_id=item.batch_id,
-            model=item.model,
-            prompt_tokens=outcome.prompt_tokens,
-            completion_tokens=outcome.completion_tokens,
-            cost_usd=cost,
-            waste_reason=waste,
-        )
-        .on_conflict_do_nothing(index_elements=["item_id", "attempt"])
-        .returning(UsageLedger.id)
+        query("ledger_insert"), _params(item, outcome, cost, waste)
     ).scalar_one_or_none()
-    if inserted is None:
-        return False
-    # Days are UTC days, whatever the database server's time zone.
-    day = session.scalar(select(cast(func.timezone("UTC", func.now()), Date)))
-    assert day is not None
-    _add_daily(session, item, day, 1, outcome.prompt_tokens, outcome.completion_tokens, cost)
-    return True
+    return inserted is not None
 
 
 def _replace_estimate(
@@ -116,29 +89,10 @@ def _replace_estimate(
     """The answer of a call ledgered as an estimate arrived after all: its row takes the
     real usage (and becomes the result's row when ``waste`` is None), the daily totals
     of the row's day follow. False when (item, attempt) has no estimated row."""
-    row = session.scalars(
-        select(UsageLedger)
-        .where(UsageLedger.item_id == item.id, UsageLedger.attempt == outcome.attempt)
-        .with_for_update()
-    ).one_or_none()
-    if row is None or row.waste_reason not in ESTIMATED:
-        return False
-    day = session.scalar(select(cast(func.timezone("UTC", row.created_at), Date)))
-    assert day is not None
-    _add_daily(
-        session,
-        item,
-        day,
-        0,
-        outcome.prompt_tokens - row.prompt_tokens,
-        outcome.completion_tokens - row.completion_tokens,
-        cost - row.cost_usd,
-    )
-    row.prompt_tokens = outcome.prompt_tokens
-    row.completion_tokens = outcome.completion_tokens
-    row.cost_usd = cost
-    row.waste_reason = waste
-    return True
+    replaced = session.execute(
+        query("ledger_replace_estimate"), _params(item, outcome, cost, waste)
+    ).scalar_one_or_none()
+    return replaced is not None
 
 
 def _estimate(
@@ -197,21 +151,20 @@ def record_success(session: Session, outcome: CallOutcome, spec: ModelSpec) -> b
         return False  # this very attempt was already recorded
     _supersede(session, item, outcome.attempt, spec)
     session.execute(
-        pg_insert(Result)
-        .values(
-            item_id=item.id,
-            batch_id=item.batch_id,
-            tenant_id=item.tenant_id,
-            attempt=outcome.attempt,
-            response=outcome.response,
-            provider_request_id=outcome.provider_request_id,
-            prompt_tokens=outcome.prompt_tokens,
-            completion_tokens=outcome.completion_tokens,
-            cost_usd=cost,
-            upstream_latency_ms=outcome.upstream_latency_ms,
-            queue_wait_ms=outcome.queue_wait_ms,
-        )
-        .on_conflict_do_nothing(index_elements=["item_id"])
+        _result_insert(),
+        {
+            "item_id": item.id,
+            "batch_id": item.batch_id,
+            "tenant_id": item.tenant_id,
+            "attempt": outcome.attempt,
+            "response": outcome.response,
+            "provider_request_id": outcome.provider_request_id,
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            "cost_usd": cost,
+            "upstream_latency_ms": outcome.upstream_latency_ms,
+            "queue_wait_ms": outcome.queue_wait_ms,
+        },
     )
     items.succeed(session, item.id)
     return True

@@ -39,6 +39,7 @@ NAMING = {
 }
 
 USD = Numeric(20, 10)
+DAILY_USAGE_SHARDS = 16
 TZ = DateTime(timezone=True)
 
 
@@ -113,6 +114,8 @@ class Item(Base):
     max_tokens: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(20))
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    # The provider's 429s for this item: budget signals, capped apart from attempts.
+    rate_limited: Mapped[int] = mapped_column(Integer, server_default="0")
     not_before: Mapped[dt.datetime | None] = mapped_column(TZ)
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(TZ)
     deadline_at: Mapped[dt.datetime] = mapped_column(TZ)
@@ -191,13 +194,18 @@ class UsageLedger(Base):
 
 
 class TenantDailyUsage(Base):
-    """Per-tenant, per-day, per-model totals of the ledger, kept in the same transaction."""
+    """Per-tenant, per-day, per-model totals of the ledger, kept in the same transaction.
+
+    In ``DAILY_USAGE_SHARDS`` rows (``shard = item_id % DAILY_USAGE_SHARDS``) so that
+    one tenant's finishing items do not wait on one row lock; readers sum the shards.
+    """
 
     __tablename__ = "tenant_daily_usage"
 
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
     day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
     model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default="0")
     requests: Mapped[int] = mapped_column(BigInteger)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger)
     completion_tokens: Mapped[int] = mapped_column(BigInteger)

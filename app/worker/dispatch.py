@@ -11,6 +11,7 @@ lease runs out and the sweep hands it back.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
@@ -47,10 +48,10 @@ def release_all(session: Session, registry: Registry, settings: Settings) -> lis
     return released
 
 
-def dispatch(registry: Registry, settings: Settings, model: str | None = None) -> int:
-    """Release what fits now (every model, or only ``model``) and publish it;
+def dispatch(registry: Registry, settings: Settings, models: Collection[str] | None = None) -> int:
+    """Release what fits now (every model, or only ``models``) and publish it;
     returns how many items were released."""
-    specs = [s for s in registry if model is None or s.name == model]
+    specs = [s for s in registry if models is None or s.name in models]
     with session_scope() as session:
         releases: list[Release] = []
         for spec in specs:

@@ -25,7 +25,13 @@ from sqlalchemy.orm import Session
 from batchgen.config import Settings
 from batchgen.domain import retry
 from batchgen.domain.deadlines import call_timeout_s, time_left_s
-from batchgen.domain.decisions import AfterFailure, after_failure, attempt_cap
+from batchgen.domain.decisions import (
+    AfterFailure,
+    AfterRateLimit,
+    after_failure,
+    after_rate_limit,
+    attempt_cap,
+)
 from batchgen.domain.status import ItemStatus
 from batchgen.errors import (
     CallCancelled,
@@ -39,6 +45,7 @@ from batchgen.providers import get_provider
 from batchgen.providers.base import ProviderRequest, ProviderResponse
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store import batches, db, items
+from batchgen.store.batches import Progress
 from batchgen.store.db import session_scope
 from batchgen.store.items import Claimed
 from batchgen.store.ledger import CallOutcome, record_success, record_waste
@@ -50,8 +57,6 @@ T = TypeVar("T")
 
 # Outcomes after which the item no longer holds a place in its model's window.
 FREES_PLACE = frozenset({"succeeded", "failed", "expired", "cancelled", "deferred", "retry"})
-# Outcomes after which the item is finished: its batch may be too.
-ENDS_ITEM = frozenset({"succeeded", "duplicate", "failed", "expired", "cancelled"})
 
 
 @dataclass(frozen=True)
@@ -90,19 +95,18 @@ def run_item(
             if spec is None:
                 return Verdict("skipped")
         item = items.claim(session, item_id, running_lease_s(spec, settings), read_mono_s)
-        expired = item is None and items.expire_unstarted(session, item_id)
+        expired_in = None if item is not None else items.expire_unstarted(session, item_id)
+        progress = batches.close_if_done(session, expired_in) if expired_in else None
     if item is None:  # duplicate, cancelled, finished, or past its deadline
-        if expired:
-            _finish_batch_of(item_id)
-        return Verdict("expired" if expired else "skipped", model=spec.name)
+        if progress is Progress.TAIL and expired_in:
+            _close_batch(expired_in, item_id)
+        return Verdict("expired" if expired_in else "skipped", model=spec.name)
     if item.model != spec.name:  # a message routed under another model's name
         spec = registry.get(item.model)
         if spec is None:
             _give_back(item, settings)
             return Verdict("skipped")
     verdict = _run_claimed(item, spec, settings, gate, watcher)
-    if verdict.outcome in ENDS_ITEM:
-        _finish_batch(item)
     return Verdict(verdict.outcome, verdict.countdown_s, spec.name)
 
 
@@ -130,10 +134,10 @@ def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
     Only a firm wait past the deadline expires the item (:func:`retry.plan_wait`);
     a tenant-budget wait goes back to pending so it holds no dispatch capacity.
     """
+    if isinstance(decision, Never):
+        _end(item, ItemStatus.FAILED, "too_large", decision.reason)
+        return Verdict("failed")
     with session_scope() as session:
-        if isinstance(decision, Never):
-            items.finish(session, item, ItemStatus.FAILED, "too_large", decision.reason)
-            return Verdict("failed")
         plan = retry.plan_wait(
             decision.wait_s,
             time_left_s(item.deadline_at, item.now),
@@ -147,14 +151,9 @@ def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
         if plan.action is retry.WaitAction.REQUEUE:
             items.requeue(session, item, plan.wait_s, settings.queued_lease_s)
             return Verdict("wait", plan.wait_s)
-        items.finish(
-            session,
-            item,
-            ItemStatus.EXPIRED,
-            "expired",
-            f"{decision.reason}: the wait would pass the deadline",
-        )
-        return Verdict("expired")
+    message = f"{decision.reason}: the wait would pass the deadline"
+    _end(item, ItemStatus.EXPIRED, "expired", message)
+    return Verdict("expired")
 
 
 # What the gate is settled with when nothing reached the provider: the whole
@@ -195,7 +194,7 @@ def _run_admitted(
                 raise
             if not sent:  # the batch was cancelled between the claim and now
                 return Verdict("cancelled")
-            return Verdict(_call(item, spec, settings, cancel, settlement))
+            return _call(item, spec, settings, cancel, settlement)
     finally:
         _settle(gate, spec, admitted, item, settlement)
 
@@ -265,15 +264,30 @@ def _close_batch(batch_id: str, item_id: int) -> None:
         log.warning("item %d: database error closing its batch; the sweep will", item_id)
 
 
-def _finish_batch(item: Claimed) -> None:
-    _close_batch(item.batch_id, item.item_id)
+def _closing(session: Session, item: Claimed, progress: list[Progress]) -> None:
+    """In the transaction that ended the item: close its batch if nothing of it is open
+    (``progress`` receives where the batch stands, for :func:`_after_commit`)."""
+    progress.append(batches.close_if_done(session, item.batch_id))
 
 
-def _finish_batch_of(item_id: int) -> None:
-    with session_scope() as session:
-        batch_id = session.scalar(select(Item.batch_id).where(Item.id == item_id))
-    if batch_id is not None:
-        _close_batch(batch_id, item_id)
+def _after_commit(item: Claimed, progress: list[Progress]) -> None:
+    """Only items running elsewhere were open: look again now that ours is committed."""
+    if progress and progress[-1] is Progress.TAIL:
+        _close_batch(item.batch_id, item.item_id)
+
+
+def _end(
+    item: Claimed, status: ItemStatus, code: str, message: str, *, rate_limited: bool = False
+) -> None:
+    """End a running item (failed, expired, cancelled) and close its batch if done."""
+    progress: list[Progress] = []
+
+    def work(session: Session) -> None:
+        if items.finish(session, item, status, code, message, rate_limited=rate_limited):
+            _closing(session, item, progress)
+
+    _with_db_retries(item, f"ending the item {status}", work)
+    _after_commit(item, progress)
 
 
 def _settle(
@@ -299,7 +313,7 @@ def _call(
     settings: Settings,
     cancel: Event,
     settlement: Settlement,
-) -> str:
+) -> Verdict:
     # Time left on PostgreSQL's clock (where the deadline was set), not this host's.
     timeout = call_timeout_s(
         spec.call_timeout_s or settings.call_timeout_s, item.deadline_at, item.db_now()
@@ -320,8 +334,10 @@ def _call(
         settlement.error = exc
         latency_ms = int((time.monotonic() - started) * 1000)
         if isinstance(exc, CallCancelled):
-            return _cancelled(item, spec, exc)
-        return _failed(item, spec, settings, exc, latency_ms)
+            return Verdict(_cancelled(item, spec, exc))
+        if isinstance(exc, RateLimited) and not exc.billed:
+            return _rate_limited(item, settings, exc)
+        return Verdict(_failed(item, spec, settings, exc, latency_ms))
     settlement.response, settlement.error = response, None
     latency_s = time.monotonic() - started
     outcome = CallOutcome(
@@ -336,9 +352,16 @@ def _call(
     )
     # A paid answer is recorded before anything else; a database outage is waited
     # out for as long as the lease lasts.
-    recorded = _with_db_retries(
-        item, "recording the result", lambda session: record_success(session, outcome, spec)
-    )
+    progress: list[Progress] = []
+
+    def work(session: Session) -> bool:
+        recorded = record_success(session, outcome, spec)
+        if recorded:
+            _closing(session, item, progress)
+        return recorded
+
+    recorded = _with_db_retries(item, "recording the result", work)
+    _after_commit(item, progress)
     log.info(
         "item %d attempt %d model %s succeeded prompt_tokens=%d completion_tokens=%d "
         "latency_ms=%d recorded=%s",
@@ -350,16 +373,18 @@ def _call(
         latency_s * 1000,
         recorded,
     )
-    return "succeeded" if recorded else "duplicate"
+    return Verdict("succeeded" if recorded else "duplicate")
 
 
 def _cancelled(item: Claimed, spec: ModelSpec, exc: CallCancelled) -> str:
     """The batch was cancelled mid-call: the item ends cancelled; a billed call is waste."""
 
+    progress: list[Progress] = []
+
     def work(session: Session) -> None:
-        items.finish(
-            session, item, ItemStatus.CANCELLED, "cancelled", "batch cancelled during the call"
-        )
+        message = "batch cancelled during the call"
+        if items.finish(session, item, ItemStatus.CANCELLED, "cancelled", message):
+            _closing(session, item, progress)
         if exc.billed:
             waste = CallOutcome(
                 item_id=item.item_id,
@@ -370,7 +395,45 @@ def _cancelled(item: Claimed, spec: ModelSpec, exc: CallCancelled) -> str:
             record_waste(session, waste, spec, "cancelled_mid_call")
 
     _with_db_retries(item, "recording the cancellation", work)
+    _after_commit(item, progress)
     return "cancelled"
+
+
+def _rate_limited(item: Claimed, settings: Settings, exc: RateLimited) -> Verdict:
+    """The provider said 429: a budget signal, not a failure. The attempt is handed
+    back (the gate has put the budget key into a cooldown); the item's own 429 cap
+    ends it if the limit is configured far above the provider's."""
+    decision = after_rate_limit(
+        retry_after_s=exc.retry_after_s,
+        rate_limited=item.rate_limited + 1,
+        max_rate_limited=settings.max_rate_limited,
+        time_left_s=time_left_s(item.deadline_at, item.db_now()),
+        max_countdown_s=settings.max_countdown_s,
+    )
+    log.info(
+        "item %d attempt %d rate limited (%d so far): %s, wait %.1f s",
+        item.item_id,
+        item.attempt,
+        item.rate_limited + 1,
+        decision.action,
+        decision.wait_s,
+    )
+    if decision.action is AfterRateLimit.FAIL:
+        _end(item, ItemStatus.FAILED, "rate_limited", decision.message, rate_limited=True)
+        return Verdict("failed")
+    if decision.action is AfterRateLimit.EXPIRE:
+        _end(item, ItemStatus.EXPIRED, "expired", decision.message, rate_limited=True)
+        return Verdict("expired")
+    reason = f"{exc.kind}: {exc.message}"
+
+    def work(session: Session) -> Verdict:
+        if decision.action is AfterRateLimit.DEFER:
+            items.defer(session, item, decision.wait_s, reason, rate_limited=True)
+            return Verdict("deferred")
+        items.requeue(session, item, decision.wait_s, settings.queued_lease_s, rate_limited=True)
+        return Verdict("wait", decision.wait_s)
+
+    return _with_db_retries(item, "handing a rate-limited item back", work)
 
 
 def _failed(
@@ -384,11 +447,13 @@ def _failed(
         permanent=isinstance(exc, PermanentProviderError),
         attempt=item.attempt,
         max_attempts=attempt_cap(spec.max_attempts, settings.max_attempts),
-        retry_after_s=exc.retry_after_s if isinstance(exc, RateLimited) else None,
+        retry_after_s=None,
         time_left_s=time_left_s(item.deadline_at, item.db_now()),
         backoff_initial_s=settings.retry_base_s,
         backoff_max_s=settings.retry_max_s,
     )
+
+    progress: list[Progress] = []
 
     def work(session: Session) -> str:
         if exc.billed:
@@ -404,13 +469,17 @@ def _failed(
         if decision.action is AfterFailure.RETRY:
             if items.retry_later(session, item, decision.wait_s, decision.code, decision.message):
                 return "retry"
-            items.finish(session, item, ItemStatus.CANCELLED, "cancelled", "batch cancelled")
-            return "cancelled"
-        status = ItemStatus.FAILED if decision.action is AfterFailure.FAIL else ItemStatus.EXPIRED
-        items.finish(session, item, status, decision.code, decision.message)
-        return decision.action.value
+            status, code, message = ItemStatus.CANCELLED, "cancelled", "batch cancelled"
+        else:
+            failed = decision.action is AfterFailure.FAIL
+            status = ItemStatus.FAILED if failed else ItemStatus.EXPIRED
+            code, message = decision.code, decision.message
+        if items.finish(session, item, status, code, message):
+            _closing(session, item, progress)
+        return status.value
 
     verdict = _with_db_retries(item, "recording the failure", work)
+    _after_commit(item, progress)
     log.warning(
         "item %d attempt %d model %s %s: %s status=%s",
         item.item_id,

@@ -115,3 +115,49 @@ def test_terminal_states_have_no_way_out_and_open_ones_a_way_to_end():
 def test_finish_refuses_a_target_outside_its_move():
     with pytest.raises(ValueError, match="cannot end an item"):
         items.finish(None, None, ItemStatus.SUCCEEDED, "x", "y")  # type: ignore[arg-type]
+
+
+def _rate_limit(**overrides):
+    from batchgen.domain.decisions import after_rate_limit
+
+    args = {
+        "retry_after_s": 2.0,
+        "rate_limited": 1,
+        "max_rate_limited": 30,
+        "time_left_s": 3600.0,
+        "max_countdown_s": 60.0,
+        "rng": random.Random(3),
+    }
+    return after_rate_limit(**{**args, **overrides})
+
+
+def test_a_429_waits_its_retry_after_and_uses_no_attempt():
+    from batchgen.domain.decisions import AfterRateLimit
+
+    decision = _rate_limit(retry_after_s=2.0)
+    assert decision.action is AfterRateLimit.REQUEUE
+    assert 2.0 <= decision.wait_s <= 2.2
+
+
+def test_a_long_429_wait_goes_back_to_postgres():
+    from batchgen.domain.decisions import AfterRateLimit
+
+    assert _rate_limit(retry_after_s=90.0).action is AfterRateLimit.DEFER
+
+
+def test_the_429_cap_ends_the_item():
+    from batchgen.domain.decisions import AfterRateLimit
+
+    decision = _rate_limit(rate_limited=30, max_rate_limited=30)
+    assert decision.action is AfterRateLimit.FAIL
+    assert "30 times" in decision.message
+    assert _rate_limit(rate_limited=29, max_rate_limited=30).action is not AfterRateLimit.FAIL
+
+
+def test_a_429_never_expires_an_item_with_time_left():
+    from batchgen.domain.decisions import AfterRateLimit
+
+    decision = _rate_limit(retry_after_s=50.0, time_left_s=5.0)
+    assert decision.action is AfterRateLimit.REQUEUE
+    assert decision.wait_s <= 5.0  # comes back by its deadline at the latest
+    assert _rate_limit(time_left_s=0.0).action is AfterRateLimit.EXPIRE
