@@ -1,4 +1,9 @@
-"""Integration fixtures: the provider simulator and real Celery worker processes."""
+"""Integration fixtures: the provider simulator and real Celery worker processes.
+
+Every test collected under this folder carries the ``integration`` marker, and the
+tests listed in :data:`SLOW` the ``slow`` marker too (``pytestmark`` in a conftest.py
+marks nothing, so :func:`pytest_collection_modifyitems` does it).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,53 @@ import pytest
 
 from batchgen.worker.procs import WorkerProcess, start_worker
 
-pytestmark = pytest.mark.integration
-
+HERE = Path(__file__).resolve().parent
 CONTROL_QUEUE = "batchgen.control"
+
+# Tests that take more than a few seconds: 7 s or more (setup, call and teardown) in a
+# run of `pytest --durations=0 tests/integration` on a 2-core machine. A module's file
+# name marks all its tests; "file::test" marks one test (every parameter of it).
+SLOW = frozenset(
+    {
+        # Fault suites whose every test holds a fault or restarts a process.
+        "test_faults_postgres.py",
+        "test_faults_redis.py",
+        "test_faults_workers.py",
+        # A fresh venv and a host project; a second pytest run.
+        "test_host_project.py",
+        "test_embedded_isolation.py",
+        "test_beat.py::test_dispatcher_kill_9_takes_its_beat_along",
+        "test_beat.py::test_two_dispatchers_one_schedule",
+        "test_deadlines_cancel.py::test_cancel_holds_across_a_worker_restart",
+        "test_faults.py::test_flushed_redis_loses_no_item",
+        "test_faults.py::test_sigkill_worker_mid_call_loses_nothing",
+        "test_flower.py::test_flower_shows_tasks_with_ids_only_behind_basic_auth",
+        "test_nightly.py::test_beat_fires_twice_one_batch_500_descriptions_and_report",
+        "test_observability.py::test_metrics_match_the_database_across_two_workers",
+        "test_pipeline.py::test_three_tenants_two_models_200_items",
+        "test_rate_limits.py::test_budget_starvation_fails_nothing_and_work_resumes",
+        "test_rate_limits.py::test_four_workers_stay_within_the_provider_limits",
+        "test_worker_faults.py::test_killed_worker_sent_calls_are_ledgered",
+        "test_worker_faults.py::test_paid_answer_survives_database_outage",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m and -k deselect anything
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests of this folder ``integration`` (and the :data:`SLOW` ones ``slow``).
+
+    A conftest's hook sees every collected item, so it picks this folder's by path."""
+    for item in items:
+        path = Path(item.path).resolve()
+        if not path.is_relative_to(HERE):
+            continue
+        item.add_marker(pytest.mark.integration)
+        test = f"{path.name}::{getattr(item, 'originalname', item.name)}"
+        if path.name in SLOW or test in SLOW:
+            item.add_marker(pytest.mark.slow)
+    unknown = {entry for entry in SLOW if not (HERE / entry.partition("::")[0]).is_file()}
+    assert not unknown, f"SLOW names files that are not in {HERE}: {sorted(unknown)}"
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,11 @@ import time
 
 import httpx
 import pytest
+from sqlalchemy import func, select
 
 from batchgen import python_api as client
+from batchgen.store import db
+from batchgen.store.schema import Item
 from tests.helpers import chat_line, make_tenant, wait_batches
 
 pytestmark = pytest.mark.integration
@@ -36,13 +39,28 @@ def _item_ids(batch_id: str, tenant: str) -> set[str]:
     }
 
 
+def _wait_past_deadline(batch_id: str, *, every_item: bool, timeout_s: float = 30) -> None:
+    """Wait until the database's clock is past the deadline of every item of the batch
+    (or of its first item to expire)."""
+    deadline = func.max(Item.deadline_at) if every_item else func.min(Item.deadline_at)
+    query = select(func.now() > deadline).where(Item.batch_id == batch_id)
+    give_up = time.monotonic() + timeout_s
+    while True:
+        with db.session_scope() as s:
+            if s.scalar(query):
+                return
+        assert time.monotonic() < give_up, "the deadline did not pass"
+        time.sleep(0.05)
+
+
 def test_item_past_its_deadline_never_reaches_the_provider(clean_db, simulator, workers):
     make_tenant("late")
     httpx.post(f"{simulator.base_url}/_sim/reset").raise_for_status()
     batch = client.submit_batch(
         [chat_line(f"d{i}") for i in range(10)], tenant="late", completion_window="1s"
     )
-    time.sleep(1.5)  # queue time counts: no worker ran while the deadline passed
+    # Queue time counts: no worker runs while every item's deadline passes.
+    _wait_past_deadline(batch["id"], every_item=True)
     workers(concurrency=4, env=FAST_SWEEP)
     wait_batches([batch["id"]], timeout_s=30)
     info = client.get_batch(batch["id"], tenant="late")
@@ -57,7 +75,7 @@ def test_per_item_timeout_expires_only_that_item(clean_db, simulator, workers):
     rows = [chat_line(f"t{i}") for i in range(5)]
     rows[0]["timeout"] = "1s"
     batch = client.submit_batch(rows, tenant="mixed")
-    time.sleep(1.5)
+    _wait_past_deadline(batch["id"], every_item=False)  # t0's 1 s
     workers(concurrency=4, env=FAST_SWEEP)
     wait_batches([batch["id"]], timeout_s=30)
     counts = client.get_batch(batch["id"], tenant="mixed")["request_counts"]

@@ -2,9 +2,12 @@
 ``app/`` package), ``tasks``, ``celeryconfig`` and ``migrations`` uses batchgen beside
 them: the Flask extension, the Python API and ``celery -A batchgen.tasks worker``.
 
-The host's processes run this venv's interpreter with the host folder as their working
-directory (first on ``sys.path``, as for ``python app.py`` and ``celery -A``). The CI
-job proves ``pip install -e .`` into a fresh venv; no second venv is built here.
+The test builds a fresh venv (``python -m venv``) and runs ``pip install --no-deps
+--no-build-isolation -e <repo>`` in it. Nothing is downloaded: a ``.pth`` file in the
+new venv's site-packages puts this venv's site-packages (the dependencies, and the build
+backend) on its ``sys.path`` after its own. The host's processes run the NEW venv's
+interpreter with the host folder as their working directory (first on ``sys.path``, as
+for ``python app.py`` and ``celery -A``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -68,9 +72,23 @@ import migrations
 import tasks
 from batchgen import python_api as client
 
+import batchgen
+import importlib.metadata
+
 here = os.path.dirname(os.path.abspath(__file__))
 for module in (app, tasks, celeryconfig, migrations):
     assert module.__file__.startswith(here), (module.__name__, module.__file__)
+# Which venv runs this, and which install of batchgen it imports.
+finders = sorted(
+    module.__file__ for name, module in sys.modules.items()
+    if name.startswith("__editable___batchgen")
+)
+installed = {
+    "prefix": sys.prefix,
+    "batchgen": batchgen.__file__,
+    "dist": str(importlib.metadata.distribution("batchgen").locate_file("")),
+    "finders": finders,
+}
 assert celeryconfig.broker_url == "memory://" and tasks.HOST
 
 rows = [
@@ -85,7 +103,8 @@ auth = {"Authorization": "Bearer " + os.environ["HOST_KEY"]}
 answer = web.get("/llm/v1/batches/" + submitted["id"], headers=auth)
 assert web.get("/").text == "the host's own page"
 print(json.dumps({"status_code": answer.status_code, "body": answer.json,
-                  "stored": client.get_batch(submitted["id"], tenant="host")}))
+                  "stored": client.get_batch(submitted["id"], tenant="host"),
+                  "installed": installed}))
 """
 
 
@@ -99,7 +118,57 @@ def _write_host(host: Path) -> None:
     (host / "migrations" / "__init__.py").write_text(_marker("migrations"))
 
 
-def test_host_project_with_colliding_names_uses_batchgen(clean_db, tmp_path):
+_HAS_BDIST_WHEEL = (
+    "from setuptools.dist import Distribution; Distribution().get_command_class('bdist_wheel')"
+)
+
+
+def _run(argv: list[str], env: dict[str, str], timeout_s: float = 300) -> str:
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
+    assert done.returncode == 0, (argv, done.stdout[-3000:], done.stderr[-3000:])
+    return done.stdout
+
+
+def _fresh_venv(venv: Path, repo_root: Path, env: dict[str, str]) -> Path:
+    """A new venv with batchgen installed in it by ``pip install -e`` (editable, from
+    ``repo_root``) and this venv's packages visible; returns its interpreter."""
+    _run([sys.executable, "-m", "venv", str(venv)], env)
+    python = venv / "bin" / "python"
+    purelib = _run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], env
+    )
+    site_packages = Path(purelib.strip())
+    assert site_packages.is_dir() and site_packages.is_relative_to(venv), site_packages
+    # Plain paths, appended to sys.path: this venv's .pth files (its own editable
+    # install of batchgen among them) are NOT processed in the new one.
+    ours = dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
+    (site_packages / "_batchgen_test_dependencies.pth").write_text("".join(f"{p}\n" for p in ours))
+    # --no-build-isolation builds with the new venv's setuptools (the one venv bundles),
+    # which takes bdist_wheel from the wheel package: this venv must provide it.
+    has_bdist_wheel = subprocess.run(
+        [str(python), "-c", _HAS_BDIST_WHEEL], env=env, capture_output=True, text=True
+    )
+    assert has_bdist_wheel.returncode == 0, (
+        "no bdist_wheel for `pip install --no-build-isolation -e` in the new venv: this "
+        "venv needs the `wheel` package\n" + has_bdist_wheel.stderr[-2000:]
+    )
+    pip = venv / "bin" / "pip"
+    _run(
+        [
+            str(pip),
+            "install",
+            "--no-index",
+            "--no-deps",
+            "--no-build-isolation",
+            "-e",
+            str(repo_root),
+        ],
+        env,
+    )
+    return python
+
+
+def test_host_project_with_colliding_names_uses_batchgen(clean_db, tmp_path, repo_root):
     host = tmp_path / "host"
     _write_host(host)
     key = make_tenant("host")
@@ -107,14 +176,19 @@ def test_host_project_with_colliding_names_uses_batchgen(clean_db, tmp_path):
     worker_marks = tmp_path / "worker-marks"
     script_marks.mkdir()
     worker_marks.mkdir()
-    env = {**os.environ, "BATCHGEN_LOG_LEVEL": "WARNING"}
-    env.pop("PYTHONPATH", None)
+    env = {**os.environ, "BATCHGEN_LOG_LEVEL": "WARNING", "PIP_NO_INDEX": "1"}
+    for name in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"):
+        env.pop(name, None)
+    venv = tmp_path / "venv"
+    python = _fresh_venv(venv, repo_root, env)
 
     # The worker starts first: its start-up overlaps the script's.
     log_path = tmp_path / "worker.log"
     ready_path = tmp_path / "worker.ready"
-    celery = str(Path(sys.executable).with_name("celery"))
-    argv = [celery, "-A", "batchgen.tasks", "worker", "-P", "threads", "-c", "2"]
+    # The new venv's interpreter runs Celery's command line (with --no-deps, Celery's
+    # console script is not installed in it; ``python -m celery`` is the same command).
+    argv = [str(python), "-m", "celery", "-A", "batchgen.tasks", "worker", "-P", "threads"]
+    argv += ["-c", "2"]
     argv += ["-Q", "batchgen.control", "--without-mingle", "--without-gossip"]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -128,7 +202,7 @@ def test_host_project_with_colliding_names_uses_batchgen(clean_db, tmp_path):
     worker = WorkerProcess("host-worker", process, log_path, ready_path)
     try:
         done = subprocess.run(
-            [sys.executable, "app.py"],
+            [str(python), "app.py"],
             cwd=host,
             env={**env, "HOST_MARKS": str(script_marks), "HOST_KEY": key},
             capture_output=True,
@@ -142,6 +216,13 @@ def test_host_project_with_colliding_names_uses_batchgen(clean_db, tmp_path):
         assert out["body"]["request_counts"]["total"] == 3
         # The script ran the host's app.py and imported the host's own modules.
         assert sorted(p.name for p in script_marks.iterdir()) == sorted(HOST_NAMES)
+        # It ran in the new venv, on the new venv's editable install of batchgen.
+        installed = out["installed"]
+        assert Path(installed["prefix"]) == venv, installed
+        assert Path(installed["dist"]).is_relative_to(venv), installed
+        assert installed["finders"], installed
+        assert all(Path(f).is_relative_to(venv) for f in installed["finders"]), installed
+        assert Path(installed["batchgen"]).is_relative_to(repo_root), installed
 
         worker.wait_ready(timeout_s=90)
         assert worker.process.poll() is None

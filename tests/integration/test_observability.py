@@ -39,6 +39,17 @@ def _scrape(api) -> dict[tuple[str, tuple], float]:
     return samples
 
 
+def _started() -> bool:
+    with db.session_scope() as s:
+        return bool(
+            s.scalar(
+                select(func.count())
+                .select_from(Item)
+                .where(Item.status.in_(["running", "succeeded", "failed"]))
+            )
+        )
+
+
 def test_metrics_match_the_database_across_two_workers(clean_db, simulator, workers):
     api = create_app().test_client()
     keys = {t: make_tenant(t) for t in ("red", "blue")}
@@ -56,7 +67,10 @@ def test_metrics_match_the_database_across_two_workers(clean_db, simulator, work
         batch_ids.append(res.json["id"])
     workers(concurrency=4, name="one")
     workers(concurrency=4, name="two", beat=False)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 60
+    while not _started():  # the workers have begun on the batches
+        assert time.monotonic() < deadline, "no item started"
+        time.sleep(0.02)
     mid = _scrape(api)  # while the batch runs: every item is somewhere
     in_states = sum(v for (name, labels), v in mid.items() if name == "batchgen_items")
     assert in_states == 50

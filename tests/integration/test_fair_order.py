@@ -1,0 +1,265 @@
+"""The dispatcher's fair order (app/store/sql/dispatch_candidates.sql) on a real database.
+
+No worker runs: each test stores batches through the Python API (its dispatcher
+wake-up goes to a broker nobody consumes), calls ``release_model`` in a session as
+the dispatcher would, and reads which items became ``queued``. Where workers would
+finish items between two releases, the test marks them ``succeeded`` itself.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+from sqlalchemy import func, select, text, update
+
+from batchgen import python_api as client
+from batchgen.config import Settings, get_settings
+from batchgen.registry import ModelSpec, get_registry
+from batchgen.store import db
+from batchgen.store.schema import Batch, Item, Tenant
+from batchgen.worker.dispatch import release_model
+from tests.helpers import chat_line, make_tenant
+
+pytestmark = pytest.mark.integration
+
+MODEL = "sim-small"
+
+
+@pytest.fixture
+def dispatch_ahead(clean_db: dict[str, str]) -> Iterator[Callable[[float], Settings]]:
+    """``dispatch_ahead(factor)``: settings with BATCHGEN_DISPATCH_AHEAD_FACTOR set, so
+    one release fills ``ceil(max_concurrency * factor)`` slots; put back after the test."""
+    name = "BATCHGEN_DISPATCH_AHEAD_FACTOR"
+    saved = os.environ.get(name)
+
+    def set_factor(factor: float) -> Settings:
+        os.environ[name] = str(factor)
+        get_settings.cache_clear()
+        settings = get_settings()
+        assert settings.dispatch_ahead_factor == factor
+        return settings
+
+    yield set_factor
+    if saved is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = saved
+    get_settings.cache_clear()
+
+
+def spec() -> ModelSpec:
+    return get_registry()[MODEL]
+
+
+def window(settings: Settings) -> int:
+    """Items the model may have queued or running at once (the dispatcher's formula)."""
+    return max(1, math.ceil(spec().max_concurrency * settings.dispatch_ahead_factor))
+
+
+def submit(tenant: str, prefix: str, n: int, priority: str = "interactive") -> str:
+    rows = [chat_line(f"{prefix}{i}", model=MODEL, max_tokens=5) for i in range(n)]
+    return str(client.submit_batch(rows, tenant=tenant, priority=priority)["id"])
+
+
+def release(settings: Settings) -> list[tuple[str, str]]:
+    """One dispatch of the model; ``(tenant name, custom_id)`` of every item released."""
+    with db.session_scope() as session:
+        released = release_model(session, spec(), settings)
+        ids = [r.item_id for r in released]
+        rows = session.execute(
+            select(Tenant.name, Item.custom_id, Item.status)
+            .select_from(Item)
+            .join(Tenant, Tenant.id == Item.tenant_id)
+            .where(Item.id.in_(ids))
+        ).all()
+    assert all(status == "queued" for _, _, status in rows), rows
+    assert len(rows) == len(ids)
+    return [(name, custom_id) for name, custom_id, _ in rows]
+
+
+def in_flight() -> Counter[str]:
+    """Queued or running items of the model, per tenant name."""
+    with db.session_scope() as session:
+        rows = session.execute(
+            select(Tenant.name, func.count())
+            .select_from(Item)
+            .join(Tenant, Tenant.id == Item.tenant_id)
+            .where(Item.model == MODEL, Item.status.in_(["queued", "running"]))
+            .group_by(Tenant.name)
+        ).all()
+    return Counter(dict(rows))
+
+
+def finish(tenant: str | None = None, *, share: float = 1.0, seed: int = 0) -> int:
+    """Mark in-flight items ``succeeded`` as workers would: all of them (or of one
+    tenant's), or a seeded random ``share`` of them, rounded down. Returns how many."""
+    with db.session_scope() as session:
+        query = select(Item.id).where(Item.status.in_(["queued", "running"]))
+        if tenant is not None:
+            query = query.where(Item.tenant_id.in_(select(Tenant.id).where(Tenant.name == tenant)))
+        ids = sorted(session.scalars(query))
+        chosen = random.Random(seed).sample(ids, math.floor(len(ids) * share))
+        if chosen:
+            session.execute(
+                update(Item)
+                .where(Item.id.in_(chosen))
+                .values(status="succeeded", started_at=func.now(), finished_at=func.now())
+            )
+    return len(chosen)
+
+
+def statuses(batch_id: str) -> Counter[str]:
+    with db.session_scope() as session:
+        rows = session.execute(
+            select(Item.status, func.count()).where(Item.batch_id == batch_id).group_by(Item.status)
+        ).all()
+    return Counter(dict(rows))
+
+
+def test_weights_split_releases_two_to_one(dispatch_ahead):
+    settings = dispatch_ahead(2.0)
+    slots = window(settings)
+    assert slots >= 24  # enough slots for a 2:1 split to show
+    make_tenant("heavy", weight=2)
+    make_tenant("light", weight=1)
+    # Both backlogs outlast every round; "light" submits first, so submission order
+    # alone would favour it.
+    submit("light", "l", 300)
+    submit("heavy", "h", 300)
+
+    released: Counter[str] = Counter()
+    for round_no in range(10):
+        got = Counter(name for name, _ in release(settings))
+        released.update(got)
+        held = in_flight()
+        assert held.total() == slots, (round_no, held)  # every free slot was used
+        # Each release tops the tenants up to their weighted share of the slots:
+        # 2/3 and 1/3, give or take the one slot that cannot be split.
+        assert abs(held["heavy"] - 2 * slots / 3) <= 1.5, (round_no, held)
+        assert abs(held["light"] - slots / 3) <= 1.5, (round_no, held)
+        # Before the next release, workers finish half of each tenant's items in flight.
+        for tenant in ("heavy", "light"):
+            assert finish(tenant, share=0.5, seed=round_no) == held[tenant] // 2
+
+    # Over the rounds, the releases follow the weights.
+    ratio = released["heavy"] / released["light"]
+    assert 1.85 <= ratio <= 2.25, released
+
+
+def test_interactive_before_bulk_then_submission_order(dispatch_ahead):
+    settings = dispatch_ahead(0.25)
+    slots = window(settings)
+    assert slots == 4  # sim-small: max_concurrency 16
+    make_tenant("solo")
+    # Submission order: bulk b, interactive i, bulk c, interactive j.
+    submit("solo", "b", 5, priority="bulk")
+    submit("solo", "i", 5, priority="interactive")
+    submit("solo", "c", 5, priority="bulk")
+    submit("solo", "j", 5, priority="interactive")
+
+    rounds: list[set[str]] = []
+    while got := release(settings):
+        rounds.append({custom_id for _, custom_id in got})
+        finish()
+        assert len(rounds) <= 10, rounds
+
+    expected = [f"i{n}" for n in range(5)] + [f"j{n}" for n in range(5)]
+    expected += [f"b{n}" for n in range(5)] + [f"c{n}" for n in range(5)]
+    assert rounds == [set(expected[k : k + slots]) for k in range(0, len(expected), slots)]
+
+
+def test_an_idle_tenant_takes_no_share(dispatch_ahead):
+    settings = dispatch_ahead(2.0)
+    slots = window(settings)
+    # "idle" has the largest weight and a finished batch, but nothing pending.
+    make_tenant("idle", weight=5)
+    make_tenant("a")
+    make_tenant("b")
+    done = submit("idle", "x", 10)
+    while release(settings):
+        finish()
+    assert statuses(done) == {"succeeded": 10}
+
+    submit("a", "a", 100)
+    submit("b", "b", 100)
+    got = Counter(name for name, _ in release(settings))
+    # The idle tenant's share goes to the tenants with work: no slot is left empty.
+    assert got == {"a": slots // 2, "b": slots // 2}
+
+
+def test_a_tenant_with_work_in_flight_gets_fewer_of_the_next_releases(dispatch_ahead):
+    settings = dispatch_ahead(2.0)
+    slots = window(settings)
+    make_tenant("busy")
+    make_tenant("fresh")
+    submit("busy", "u", 100)
+    first = Counter(name for name, _ in release(settings))
+    assert first == {"busy": slots}  # alone, it takes every slot
+    finish(share=0.5)  # half of them finish; the other half stay in flight
+    assert in_flight() == {"busy": slots // 2}
+
+    submit("fresh", "f", 100)
+    got = Counter(name for name, _ in release(settings))
+    assert got.total() == slots // 2
+    assert got["busy"] < got["fresh"], got
+    # Equal weights: the release evens out what the two tenants hold.
+    held = in_flight()
+    assert abs(held["busy"] - held["fresh"]) <= 1, held
+
+
+def test_cancelled_batches_and_future_not_before_are_not_released(dispatch_ahead):
+    settings = dispatch_ahead(2.0)
+    slots = window(settings)
+    make_tenant("t")
+    cancelled = submit("t", "x", 5)
+    requested = submit("t", "r", 5)
+    delayed = submit("t", "d", 10)
+    plain = submit("t", "p", 5)
+    client.cancel_batch(cancelled, tenant="t")
+    with db.session_scope() as session:
+        # A cancel requested whose items are still pending (the moment between the
+        # request and the items' update): the dispatcher must skip them.
+        session.execute(
+            update(Batch).where(Batch.id == requested).values(cancel_requested_at=func.now())
+        )
+        for custom_id, delay in (
+            ("d0", "1 hour"),
+            ("d1", "1 hour"),
+            ("d2", "1 minute"),
+            ("d3", "10 seconds"),
+        ):
+            session.execute(
+                update(Item)
+                .where(Item.batch_id == delayed, Item.custom_id == custom_id)
+                .values(not_before=func.now() + text(f"interval '{delay}'"))
+            )
+        for custom_id in ("d4", "d5"):  # a not_before already past holds nothing back
+            session.execute(
+                update(Item)
+                .where(Item.batch_id == delayed, Item.custom_id == custom_id)
+                .values(not_before=func.now() - text("interval '1 second'"))
+            )
+    assert statuses(requested) == {"pending": 5}
+
+    got = {custom_id for _, custom_id in release(settings)}
+    assert len(got) < slots  # room was left: what stayed behind was held back
+    assert got == {f"d{n}" for n in range(4, 10)} | {f"p{n}" for n in range(5)}
+    assert statuses(requested) == {"pending": 5}
+    assert statuses(cancelled) == {"cancelled": 5}
+    assert statuses(delayed) == {"queued": 6, "pending": 4}
+    assert statuses(plain) == {"queued": 5}
+
+    # Once its not_before has passed, a held item is released.
+    with db.session_scope() as session:
+        session.execute(
+            update(Item)
+            .where(Item.batch_id == delayed, Item.custom_id == "d3")
+            .values(not_before=func.now() - text("interval '1 second'"))
+        )
+    assert {custom_id for _, custom_id in release(settings)} == {"d3"}
+    assert statuses(requested) == {"pending": 5}
