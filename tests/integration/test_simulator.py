@@ -349,8 +349,10 @@ def test_no_text_in_server_logs(
     caplog.set_level(logging.DEBUG, logger="batchgen.simulator")
     secret = [{"role": "user", "content": "zebra-quokka-secret"}]
     completion = oai.chat.completions.create(model=MODEL, messages=secret, max_tokens=50)
-    time.sleep(0.05)
-    assert "sim " in caplog.text
+    deadline = time.monotonic() + 5
+    while "sim " not in caplog.text:  # the server thread logs the call after answering it
+        assert time.monotonic() < deadline, caplog.text
+        time.sleep(0.01)
     assert "zebra-quokka-secret" not in caplog.text
     assert (completion.choices[0].message.content or "")[20:] not in caplog.text
 
@@ -432,3 +434,168 @@ def test_300_concurrent_requests() -> None:
     assert statuses == [200] * 300
     assert stats["admitted"] == 300 and stats["in_flight"] == 0
     assert stats["max_in_flight"] >= 50
+
+
+# -- token-bucket mode ----------------------------------------------------------------------
+
+
+def _post_raw(
+    client: httpx.Client, path: str, body: dict[str, Any], **headers: str
+) -> tuple[httpx.Response, int]:
+    """POST ``body`` as exactly these bytes; returns (response, bytes sent)."""
+    raw = json.dumps(body).encode()
+    resp = client.post(path, content=raw, headers={"content-type": "application/json", **headers})
+    return resp, len(raw)
+
+
+def _charge(body_bytes: int, max_tokens: int) -> int:
+    """The simulator's own count in bucket mode."""
+    return -(-body_bytes // 4) + max_tokens
+
+
+def test_bucket_own_count_headers_and_refill() -> None:
+    capacity, window_s = 3000, 6.0  # refills 500 tokens per second
+    config = SimulatorConfig(
+        tokens_per_min=capacity,
+        requests_per_min=1000,
+        window_s=window_s,
+        limiter="bucket",
+        latency_base_ms=5,
+        seed=5,
+    )
+    long_prompt = [{"role": "user", "content": "alpha " * 600}]  # ~600 tiktoken tokens
+    with SimulatorThread(config) as server, httpx.Client(base_url=server.base_url) as client:
+        auth = {"authorization": "Bearer sk-bucket"}
+        # 1. A long prompt is charged ceil(bytes / 4) + max_tokens, not tiktoken's count.
+        first_body = {"model": MODEL, "messages": long_prompt, "max_tokens": 1000}
+        first, nbytes = _post_raw(client, "/v1/chat/completions", first_body, **auth)
+        assert first.status_code == 200
+        charge = _charge(nbytes, 1000)
+        usage = first.json()["usage"]
+        assert usage["prompt_tokens"] == count_messages(long_prompt, "cl100k_base")
+        assert usage["prompt_tokens"] + 1000 < charge  # the own count is bigger here
+        for name in OPENAI_RL:
+            assert name in first.headers
+        assert first.headers["x-ratelimit-limit-tokens"] == str(capacity)
+        # The bucket started full: nothing has refilled yet at admission.
+        assert int(first.headers["x-ratelimit-remaining-tokens"]) == capacity - charge
+        assert GO_DURATION.match(first.headers["x-ratelimit-reset-tokens"])
+        assert first.headers["x-ratelimit-reset-tokens"].endswith("s")
+        assert first.headers["x-ratelimit-remaining-requests"] == "999"
+        # 2. Drain it: ask for (nearly) all that is left.
+        rest = int(first.headers["x-ratelimit-remaining-tokens"])
+        drain_body = {"model": MODEL, "messages": MESSAGES, "max_tokens": rest}
+        drain_body["max_tokens"] = rest - _charge(len(json.dumps(drain_body).encode()), 0)
+        drain, drain_bytes = _post_raw(client, "/v1/chat/completions", drain_body, **auth)
+        assert drain.status_code == 200
+        drain_charge = _charge(drain_bytes, drain_body["max_tokens"])
+        assert rest - 3 <= drain_charge <= rest
+        # 3. A request that does not fit: 429 with the rate-limit headers and an exact wait.
+        body = {"model": MODEL, "messages": long_prompt, "max_tokens": 200}
+        denied, nbytes = _post_raw(client, "/v1/chat/completions", body, **auth)
+        assert denied.status_code == 429
+        need = _charge(nbytes, 200)
+        for name in OPENAI_RL:
+            assert name in denied.headers
+        left = int(denied.headers["x-ratelimit-remaining-tokens"])
+        assert left < need
+        retry_ms = int(denied.headers["retry-after-ms"])
+        assert int(denied.headers["retry-after"]) == max(1, -(-retry_ms // 1000))
+        rate = capacity / window_s
+        # The wait is what the missing tokens take to refill (remaining is rounded down).
+        assert (need - left - 1) / rate * 1000 <= retry_ms <= (need - left) / rate * 1000 + 1
+        error = denied.json()["error"]
+        assert error["type"] == "tokens" and error["code"] == "rate_limit_exceeded"
+        # 4. Refill: wait what the server said (polling by its retry-after), then it fits.
+        started = time.monotonic()
+        statuses = []
+        while True:
+            again, _ = _post_raw(client, "/v1/chat/completions", body, **auth)
+            statuses.append(again.status_code)
+            for name in OPENAI_RL:
+                assert name in again.headers
+            if again.status_code == 200:
+                break
+            assert time.monotonic() - started < 30, statuses
+            time.sleep(int(again.headers["retry-after-ms"]) / 1000)
+        assert statuses[0] == 429  # not before its time
+        assert len(statuses) <= 3
+        assert int(again.headers["x-ratelimit-remaining-tokens"]) < need
+        stats = client.get("/_sim/stats").json()
+    assert stats["limiter"] == "bucket"
+    assert stats["admitted"] == 3 and stats["rate_limited"] == 1 + statuses.count(429)
+    bound = stats["bound"]["tokens"]
+    assert bound["admitted"] == stats["tokens_admitted"] == charge + drain_charge + need
+    assert bound["capacity"] == capacity and bound["refill_per_s"] == pytest.approx(rate)
+    assert bound["max_burst"] <= capacity and bound["respected"] is True
+    assert stats["bound"]["requests"]["admitted"] == 3
+
+
+def test_bucket_requests_limit_switched_on_at_run_time() -> None:
+    with (
+        SimulatorThread(SimulatorConfig(seed=6)) as server,
+        httpx.Client(base_url=server.base_url) as client,
+    ):
+        assert client.get("/_sim/config").json()["limiter"] == "window"
+        changes = {"limiter": "bucket", "requests_per_min": 3, "tokens_per_min": 100_000}
+        assert client.post("/_sim/config", json=changes).json()["limiter"] == "bucket"
+        window_s = client.get("/_sim/config").json()["window_s"]
+        body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 5}
+        # window_s is 60 s: 3 requests per 60 s refill one every 20 s.
+        for n in range(3):
+            ok, _ = _post_raw(client, "/v1/chat/completions", body)
+            assert ok.status_code == 200
+            assert ok.headers["x-ratelimit-remaining-requests"] == str(2 - n)
+        denied, _ = _post_raw(client, "/v1/chat/completions", body)
+        assert denied.status_code == 429 and denied.json()["error"]["type"] == "requests"
+        assert denied.headers["x-ratelimit-remaining-requests"] == "0"
+        retry_ms = int(denied.headers["retry-after-ms"])
+        assert 19_000 <= retry_ms <= window_s / 3 * 1000 + 1
+        assert GO_DURATION.match(denied.headers["x-ratelimit-reset-requests"])
+        # A faster refill through the admin route: 300 per 60 s, one every 0.2 s.
+        client.post("/_sim/config", json={"requests_per_min": 300}).raise_for_status()
+        started = time.monotonic()
+        while True:
+            again, _ = _post_raw(client, "/v1/chat/completions", body)
+            if again.status_code == 200:
+                break
+            assert int(again.headers["retry-after-ms"]) <= 200
+            assert time.monotonic() - started < 10
+            time.sleep(int(again.headers["retry-after-ms"]) / 1000)
+        assert again.headers["x-ratelimit-limit-requests"] == "300"
+
+
+def test_bucket_anthropic_headers_and_own_count() -> None:
+    capacity = 2000
+    config = SimulatorConfig(
+        tokens_per_min=capacity, requests_per_min=50, limiter="bucket", seed=7, window_s=60.0
+    )
+    with SimulatorThread(config) as server, httpx.Client(base_url=server.base_url) as client:
+        headers = {"x-api-key": "ak-bucket", "anthropic-version": "2023-06-01"}
+        body = {
+            "model": CLAUDE,
+            "max_tokens": 300,
+            "system": "You are terse.",
+            "messages": [{"role": "user", "content": "bravo " * 300}],
+        }
+        first, nbytes = _post_raw(client, "/v1/messages", body, **headers)
+        assert first.status_code == 200
+        charge = _charge(nbytes, 300)
+        assert first.json()["usage"]["input_tokens"] == count_messages(
+            anthropic_prompt_messages("You are terse.", body["messages"]), "cl100k_base"
+        )
+        assert first.headers["anthropic-ratelimit-tokens-limit"] == str(capacity)
+        assert int(first.headers["anthropic-ratelimit-tokens-remaining"]) == capacity - charge
+        assert first.headers["anthropic-ratelimit-requests-remaining"] == "49"
+        body["max_tokens"] = capacity  # can never fit: ceil(bytes / 4) + capacity > capacity
+        denied, _ = _post_raw(client, "/v1/messages", body, **headers)
+        assert denied.status_code == 429
+        assert denied.json()["error"]["type"] == "rate_limit_error"
+        for what in ("requests", "tokens"):
+            for part in ("limit", "remaining", "reset"):
+                assert f"anthropic-ratelimit-{what}-{part}" in denied.headers
+        assert re.match(
+            r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", denied.headers["anthropic-ratelimit-tokens-reset"]
+        )
+        assert int(denied.headers["anthropic-ratelimit-tokens-remaining"]) >= capacity - charge
+        assert int(denied.headers["retry-after"]) >= 1 and "retry-after-ms" in denied.headers
