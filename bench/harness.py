@@ -173,3 +173,207 @@ def wait_finished(batch_ids: list[str], timeout_s: float) -> None:
             return
         time.sleep(0.5)
     raise TimeoutError(f"batches not finished within {timeout_s}s")
+
+
+# --- Process CPU, server processes and server counters (bench/overhead.py) ---------------
+
+
+def start_celery_worker(
+    app: str,
+    queues: list[str],
+    *,
+    log_dir: Path,
+    concurrency: int,
+    env: dict[str, str] | None = None,
+    name: str,
+) -> Any:
+    """``celery -A <app> worker`` for a Celery app of the benchmarks (``bench.…``), started
+    like :func:`batchgen.worker.procs.start_worker` starts batchgen's: the same pool and
+    options, its own process group, and a ready file the app's ``worker_ready`` handler
+    touches (``BATCHGEN_READY_FILE``); returns a ``WorkerProcess``."""
+    from batchgen.worker.procs import WORKER_POOL, WorkerProcess
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    ready_path = log_dir / f"{name}.ready"
+    ready_path.unlink(missing_ok=True)
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        app,
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "-P",
+        WORKER_POOL,
+        "-c",
+        str(concurrency),
+        "-n",
+        f"{name}@%h",
+        "--without-mingle",
+        "--without-gossip",
+        "--loglevel",
+        "INFO",
+    ]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={
+                **os.environ,
+                **(env or {}),
+                "PYTHONPATH": path,
+                "BATCHGEN_READY_FILE": str(ready_path),
+            },
+            start_new_session=True,
+        )
+    return WorkerProcess(name, process, log_path, ready_path)
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` from the state on (field 3 is index 0)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def _proc_comm(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
+def parent_pids() -> dict[int, int]:
+    """Every live process (zombies included) and its parent, from ``/proc``."""
+    parents = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = _proc_stat(int(entry.name))
+            if fields:
+                parents[int(entry.name)] = int(fields[1])
+    return parents
+
+
+def process_tree(root: int, parents: dict[int, int] | None = None) -> list[int]:
+    """``root`` and all its descendants alive now (``[]`` when ``root`` is gone)."""
+    parents = parent_pids() if parents is None else parents
+    if root not in parents:
+        return []
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def tree_cpu_s(root: int, parents: dict[int, int] | None = None) -> float | None:
+    """CPU seconds (user + system, every thread) used so far by ``root`` and its
+    descendants: each live process's own time (utime, stime) plus what it collected
+    from children that ended and it waited for (cutime, cstime), so a process that
+    ends between two readings still counts. ``None`` when ``root`` is gone."""
+    pids = process_tree(root, parents)
+    if not pids:
+        return None
+    ticks = 0
+    for pid in pids:
+        fields = _proc_stat(pid)
+        if fields:
+            ticks += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    return ticks / CLOCK_TICKS
+
+
+def postgres_server_pid(url: str) -> int | None:
+    """The postmaster of the PostgreSQL at ``url`` when it runs on this machine (the
+    topmost ``postgres`` process above our own backend), else ``None``."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        pid, found = int(row[0]) if row else 0, None
+        while pid > 1 and _proc_comm(pid) in ("postgres", "postmaster"):
+            found = pid
+            fields = _proc_stat(pid)
+            pid = int(fields[1]) if fields else 0
+    return found
+
+
+def redis_server_pid(client: Any) -> int | None:
+    """The redis-server process behind ``client`` when it runs on this machine."""
+    pid = int(client.info("server")["process_id"])
+    return pid if (_proc_comm(pid) or "").startswith("redis") else None
+
+
+def simulator_pid(url: str) -> int | None:
+    """The process :func:`simulator_process` started for ``url`` (a child of ours)."""
+    from urllib.parse import urlsplit
+
+    port = str(urlsplit(url).port).encode()
+    me = os.getpid()
+    for pid, ppid in parent_pids().items():
+        if ppid != me:
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"batchgen.simulator" in argv and port in argv:
+            return pid
+    return None
+
+
+def redis_command_calls(client: Any) -> dict[str, int]:
+    """Calls per command since the server started (``INFO commandstats``). Redis counts
+    the commands a Lua script runs (``redis.call``) as well as the EVALSHA itself."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+PG_COUNTERS = ("xact_commit", "xact_rollback", "tup_inserted", "tup_updated", "tup_deleted")
+
+
+def pg_database_counters(conn: Any, database: str) -> dict[str, int]:
+    """``pg_stat_database`` counters of ``database`` (``conn``: psycopg, autocommit,
+    best on another database so that reading does not count). Backends report their
+    counts when they end a transaction and go idle, at most once a second (an idle
+    backend within 10 s), and when they exit: read again until they stop moving."""
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        f"SELECT {', '.join(PG_COUNTERS)}, numbackends FROM pg_stat_database WHERE datname = %s",
+        (database,),
+    ).fetchone()
+    values = dict(zip((*PG_COUNTERS, "numbackends"), (int(v or 0) for v in row), strict=True))
+    return values
+
+
+def settled_pg_counters(
+    conn: Any, database: str, quiet_s: float = 1.5, timeout_s: float = 30.0
+) -> tuple[dict[str, int], bool]:
+    """The counters once no backend is connected to ``database`` (they report at exit)
+    and nothing moved for ``quiet_s``; ``(counters, settled)``, ``settled`` False when
+    ``timeout_s`` ran out first."""
+    deadline = time.monotonic() + timeout_s
+    last = pg_database_counters(conn, database)
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = pg_database_counters(conn, database)
+        if now != last or now["numbackends"]:
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_s:
+            return now, True
+    return last, False

@@ -44,12 +44,17 @@ def wait_batches(batch_ids: list[str], timeout_s: float = 120.0) -> None:
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with db.session_scope() as session:
-            open_count = session.scalar(
-                select(func.count())
-                .select_from(Batch)
-                .where(Batch.id.in_(batch_ids), Batch.finished_at.is_(None))
-            )
+        try:
+            with db.session_scope() as session:
+                open_count = session.scalar(
+                    select(func.count())
+                    .select_from(Batch)
+                    .where(Batch.id.in_(batch_ids), Batch.finished_at.is_(None))
+                )
+        except Exception as exc:  # this process's pooled connection was cut by a fault
+            if not db.is_transient(exc):
+                raise
+            open_count = None
         if open_count == 0:
             return
         time.sleep(0.2)

@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import httpx2
 import openai
 import pydantic
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion
 
 from batchgen.domain.tokens import count_messages, count_text
 from batchgen.errors import MalformedResponse, ProviderError
@@ -153,45 +153,35 @@ class OpenAIProvider:
         )
 
     def _stream(self, client: openai.OpenAI, request: ProviderRequest) -> ProviderResponse:
+        # The SDK's own sync Stream stops reading at [DONE] and so closes the
+        # connection after every call (a TCP connect per item); reading the events
+        # to the end of the body keeps the pooled connection, and plain dicts skip
+        # the SDK's per-chunk model construction.
         watch = StreamWatch(request)
-        stream = client.chat.completions.create(
-            **_params(request), stream=True, stream_options={"include_usage": True}
-        )
-        headers = stream.response.headers
-        limits = openai_rate_limits(headers)  # as of now, the start of the stream
-        first: ChatCompletionChunk | None = None
-        finish: str | None = None
-        usage = None
-        try:
-            watch.check()
-            for chunk in stream:
-                first = first or chunk
-                for choice in chunk.choices:
-                    if choice.index == 0:  # the batch output carries the first choice
-                        watch.add(choice.delta.content if choice.delta else None)
-                        finish = choice.finish_reason or finish
-                usage = chunk.usage or usage
-                watch.check()
-        except _SDK_ERRORS as exc:  # the answer had started: it may be billed
-            raise translate(exc, in_stream=True) from None
-        finally:
-            stream.close()
+        create = client.chat.completions.with_streaming_response.create
+        with create(**_params(request), stream=True, stream_options={"include_usage": True}) as raw:
+            headers = raw.headers
+            limits = openai_rate_limits(headers)  # as of now, the start of the stream
+            try:
+                first, finish, usage = self._read_events(raw, watch)
+            except _SDK_ERRORS as exc:  # the answer had started: it may be billed
+                raise translate(exc, in_stream=True) from None
         if first is None or finish is None:
             raise MalformedResponse(
                 "stream ended before its finish reason", status=200, billed=True
             )
         text = watch.text
         if usage is not None:
-            prompt, done, estimated = usage.prompt_tokens, usage.completion_tokens, False
+            prompt, done, estimated = usage["prompt_tokens"], usage["completion_tokens"], False
         else:  # server ignored stream_options.include_usage: count locally
             enc = request.spec.encoding
             prompt = count_messages(request.body["messages"], enc)
             done, estimated = count_text(text, enc), True
         body: dict[str, Any] = {
-            "id": first.id,
+            "id": first.get("id"),
             "object": "chat.completion",
-            "created": first.created or int(time.time()),
-            "model": first.model,
+            "created": first.get("created") or int(time.time()),
+            "model": first.get("model"),
             "choices": [
                 {
                     "index": 0,
@@ -201,15 +191,55 @@ class OpenAIProvider:
             ],
             "usage": _usage_dict(prompt, done),
         }
-        if first.system_fingerprint:
-            body["system_fingerprint"] = first.system_fingerprint
+        if first.get("system_fingerprint"):
+            body["system_fingerprint"] = first["system_fingerprint"]
         return ProviderResponse(
             text=text,
             prompt_tokens=prompt,
             completion_tokens=done,
             finish_reason=finish,
-            request_id=headers.get("x-request-id") or first.id,
+            request_id=headers.get("x-request-id") or first.get("id"),
             body=body,
             rate_limits=limits,
             usage_estimated=estimated,
         )
+
+    @staticmethod
+    def _read_events(
+        raw: Any, watch: StreamWatch
+    ) -> tuple[dict[str, Any] | None, str | None, dict[str, Any] | None]:
+        """Read the server-sent events to the end of the body: the first chunk, the
+        first choice's finish reason and the usage (the text goes to ``watch``)."""
+        first: dict[str, Any] | None = None
+        finish: str | None = None
+        usage: dict[str, Any] | None = None
+        watch.check()
+        for line in raw.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                continue  # read on: the end of the body frees the connection
+            chunk = json.loads(data)
+            if not isinstance(chunk, dict):
+                raise MalformedResponse("a stream chunk that is not an object", billed=True)
+            if chunk.get("error"):
+                raise openai.APIError(
+                    "error event in the stream", raw.http_response.request, body=chunk["error"]
+                )
+            first = first or chunk
+            try:
+                for choice in chunk.get("choices") or ():
+                    if choice.get("index") == 0:  # the batch output carries the first choice
+                        delta = choice.get("delta") or {}
+                        watch.add(delta.get("content"))
+                        finish = choice.get("finish_reason") or finish
+                usage = chunk.get("usage") or usage
+                if usage is not None:
+                    int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise MalformedResponse(
+                    f"malformed stream chunk ({type(exc).__name__})", status=200, billed=True
+                ) from None
+            watch.check()
+        return first, finish, usage

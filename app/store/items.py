@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import Connection, func, select, text, update
 from sqlalchemy.orm import Session
 
 from batchgen.domain.deadlines import carried_forward
@@ -220,7 +220,7 @@ class Claimed:
 
 
 def claim(
-    session: Session, item_id: int, lease_s: float, read_mono_s: float | None = None
+    session: Session | Connection, item_id: int, lease_s: float, read_mono_s: float | None = None
 ) -> Claimed | None:
     """``queued → running`` with a lease; None when the item is not ours to run.
 
@@ -253,7 +253,7 @@ def claim(
     )
 
 
-def expire_unstarted(session: Session, item_id: int) -> str | None:
+def expire_unstarted(session: Session | Connection, item_id: int) -> str | None:
     """A pending or queued item whose deadline passed becomes expired, never sent;
     returns its batch id (None: the item was not expired)."""
     result = session.execute(
@@ -295,7 +295,7 @@ def finish(
     return session.execute(_FINISH, params).first() is not None
 
 
-def mark_sent(session: Session, item: Claimed) -> bool:
+def mark_sent(session: Session | Connection, item: Claimed) -> bool:
     """Right before the provider request: False when a cancel got there first.
 
     A cancel ends running items whose ``sent_at`` is NULL; both statements

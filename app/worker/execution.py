@@ -88,19 +88,14 @@ def run_item(
     registry, the claim is the first statement (no lookup of the row first).
     """
     spec = registry.get(model) if model else None
-    read_mono_s = time.monotonic()  # before the transaction whose now() the claim returns
-    with session_scope() as session:
-        if spec is None:
+    if spec is None:
+        with session_scope() as session:
             spec = _spec_of(session, item_id, registry)
-            if spec is None:
-                return Verdict("skipped")
-        item = items.claim(session, item_id, running_lease_s(spec, settings), read_mono_s)
-        expired_in = None if item is not None else items.expire_unstarted(session, item_id)
-        progress = batches.close_if_done(session, expired_in) if expired_in else None
+        if spec is None:
+            return Verdict("skipped")
+    item = _claim(item_id, running_lease_s(spec, settings))
     if item is None:  # duplicate, cancelled, finished, or past its deadline
-        if progress is Progress.TAIL and expired_in:
-            _close_batch(expired_in, item_id)
-        return Verdict("expired" if expired_in else "skipped", model=spec.name)
+        return _not_claimed(item_id, spec)
     if item.model != spec.name:  # a message routed under another model's name
         spec = registry.get(item.model)
         if spec is None:
@@ -108,6 +103,37 @@ def run_item(
             return Verdict("skipped")
     verdict = _run_claimed(item, spec, settings, gate, watcher)
     return Verdict(verdict.outcome, verdict.countdown_s, spec.name)
+
+
+def _claim(item_id: int, lease_s: float) -> Claimed | None:
+    """One statement, one round trip. A pooled connection whose backend died (a
+    failover) fails its first statement and invalidates the pool: the claim is tried
+    once more, on a fresh connection (nothing was claimed: the statement failed)."""
+    for last_try in (False, True):
+        read_mono_s = time.monotonic()  # before the statement whose now() the claim returns
+        try:
+            with db.autocommit() as connection:
+                return items.claim(connection, item_id, lease_s, read_mono_s)
+        except Exception as exc:
+            if last_try or not db.is_transient(exc):
+                raise
+            log.warning(
+                "item %d: database error claiming (%s), once more", item_id, type(exc).__name__
+            )
+    raise AssertionError("unreachable")
+
+
+def _not_claimed(item_id: int, spec: ModelSpec) -> Verdict:
+    """The claim matched nothing: expire the item if its deadline passed (closing its
+    batch if that was its last open item), else skip the delivery."""
+    with session_scope() as session:
+        batch_id = items.expire_unstarted(session, item_id)
+        progress = batches.close_if_done(session, batch_id) if batch_id else None
+    if batch_id is None:
+        return Verdict("skipped", model=spec.name)
+    if progress is Progress.TAIL:
+        _close_batch(batch_id, item_id)
+    return Verdict("expired", model=spec.name)
 
 
 def _spec_of(session: Session, item_id: int, registry: Registry) -> ModelSpec | None:
@@ -186,8 +212,8 @@ def _run_admitted(
     try:
         with watcher.watch(item.batch_id) if watcher else nullcontext(Event()) as cancel:
             try:
-                with session_scope() as session:
-                    sent = items.mark_sent(session, item)
+                with db.autocommit() as connection:  # one statement, one round trip
+                    sent = items.mark_sent(connection, item)
             except Exception as exc:
                 if db.is_transient(exc):
                     _give_back(item, settings)
