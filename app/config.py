@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     max_rate_limited: int = 30
     # After an item frees a place in its model's window, refills of the same
     # process are gathered for this long into one release.
-    refill_coalesce_s: float = 0.05
+    refill_coalesce_s: float = 0.2
 
     # Provider calls. Streaming lets a cancel stop a call mid-answer.
     stream_calls: bool = True

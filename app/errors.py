@@ -158,11 +158,23 @@ class TransientProviderError(ProviderError):
 
 
 class RateLimited(TransientProviderError):
+    """A 429. ``rate_limits`` is what the answer's rate-limit headers said (a
+    :class:`batchgen.domain.rate_limits.RateLimitState`, typed loosely because this
+    module sits below the domain layer), None when there were none to read."""
+
     kind = "rate_limited"
 
-    def __init__(self, message: str, *, status: int | None = 429, retry_after_s: float | None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = 429,
+        retry_after_s: float | None,
+        rate_limits: object | None = None,
+    ):
         super().__init__(message, status=status)
         self.retry_after_s = retry_after_s
+        self.rate_limits = rate_limits
 
 
 class PermanentProviderError(ProviderError):

@@ -30,6 +30,20 @@ class ChargePolicy(StrEnum):
     ACTUAL = "actual"  # prompt + the output actually produced (Anthropic)
 
 
+class LimitShape(StrEnum):
+    """How the provider's limiter counts tokens and requests over time (see
+    :mod:`batchgen.limits.budget`)."""
+
+    # A sliding window: a call counts against the limit for one window (plus a
+    # guard), then not at all. Never exceeds any provider's per-minute limit: the
+    # safe default, for servers whose limiter is unknown.
+    WINDOW = "window"
+    # A token bucket of capacity = the limit, refilled continuously at limit per
+    # window (OpenAI's and Anthropic's documented limiters): capacity freed by a
+    # call returns a little every second, not all at once a minute later.
+    BUCKET = "bucket"
+
+
 class ModelSpec(BaseModel):
     """One model's provider, limits and prices."""
 
@@ -50,6 +64,7 @@ class ModelSpec(BaseModel):
     output_usd_per_1m: float = Field(ge=0)
     encoding: str = "cl100k_base"
     charge_policy: ChargePolicy = ChargePolicy.RESERVE
+    limit_shape: LimitShape = LimitShape.WINDOW
     max_attempts: PositiveInt = 5
     call_timeout_s: PositiveFloat | None = None
     # Open work (estimated tokens) admitted at most; default: BATCHGEN_MAX_BACKLOG_MIN
@@ -120,12 +135,13 @@ def parse_registry(text: str, source: str = "<string>") -> Registry:
     return Registry(models)
 
 
-SHARED_LIMITS = ("tokens_per_min", "requests_per_min")
+SHARED_LIMITS = ("tokens_per_min", "requests_per_min", "limit_shape")
 
 
 def check_shared_budgets(models: Iterable[ModelSpec], source: str = "<string>") -> None:
     """Models sharing a ``budget_key`` share one provider account, hence one budget:
-    they must declare the same limits (else one of them may never get capacity)."""
+    they must declare the same limits and limit shape (else one of them may never get
+    capacity, or the shared budget would be kept in two incompatible ways)."""
     by_key: dict[str, list[ModelSpec]] = {}
     for spec in models:
         by_key.setdefault(spec.budget_key, []).append(spec)

@@ -6,8 +6,8 @@ tokens and one request, see :mod:`batchgen.limits.budget`) is either
 * **reconciled** to what the provider charged when it answered (and the
   rate-limit headers of the answer are heard),
 * **released** in full when the provider cannot have counted the call (a 429,
-  a call cancelled before it was sent, a request rejected before generating, a
-  connect failure), or
+  whose rate-limit headers are heard too, a call cancelled before it was sent, a
+  request rejected before generating, a connect failure), or
 * **kept** as it is when the provider may have counted it (a transient error
   after the request was sent, a call cancelled mid-answer): it ages out of the
   window by itself.
@@ -53,20 +53,25 @@ class Settlement:
     action: SettleAction
     # RECONCILE: the tokens to set the reservation to; None otherwise.
     charged_tokens: int | None = None
-    # Hear the answer's rate-limit headers (only for an answer).
+    # Hear the rate-limit headers: an answer's, or a 429's when it carried any.
     observe_rate_limits: bool = False
     # Close the model's budget for this long (after a 429); None: no cooldown.
     cooldown_s: float | None = None
     counters: tuple[SettleCounter, ...] = ()
 
 
+def charged_rest(policy: ChargePolicy, completion_tokens: int, max_tokens: int) -> int:
+    """The part of what the provider counts that is not the prompt."""
+    if policy is ChargePolicy.RESERVE:
+        return max_tokens  # OpenAI keeps max_tokens charged
+    return completion_tokens  # Anthropic counts the real output
+
+
 def charged_tokens(
     policy: ChargePolicy, prompt_tokens: int, completion_tokens: int, max_tokens: int
 ) -> int:
     """What the provider counts against its limit once it has answered."""
-    if policy is ChargePolicy.RESERVE:
-        return prompt_tokens + max_tokens  # OpenAI keeps max_tokens charged
-    return prompt_tokens + completion_tokens  # Anthropic counts the real output
+    return prompt_tokens + charged_rest(policy, completion_tokens, max_tokens)
 
 
 def decide_settlement(
@@ -85,9 +90,11 @@ def decide_settlement(
         charged = charged_tokens(charge_policy, prompt_tokens, completion_tokens, max_tokens)
         return Settlement(SettleAction.RECONCILE, charged_tokens=charged, observe_rate_limits=True)
     if isinstance(error, RateLimited):
-        # Not admitted by the provider: nothing was charged, but it is full.
+        # Not admitted by the provider: nothing was charged, but it is full (and its
+        # headers, when it sent any, say how full).
         return Settlement(
             SettleAction.RELEASE,
+            observe_rate_limits=error.rate_limits is not None,
             cooldown_s=error.retry_after_s or DEFAULT_COOLDOWN_S,
             counters=(SettleCounter.COOLDOWNS, SettleCounter.RATE_LIMITED),
         )

@@ -1,20 +1,52 @@
-"""The global token budget: one atomic Lua call per provider call.
+"""The global token budget, shaped like the provider's limiter: one atomic Lua call
+to enter the gate, one to settle.
 
-Window semantics: a sliding window log (``app/limits/lua/budget_reserve.lua``). A
-reservation of ``prompt + max_tokens`` tokens and one request counts for
-``budget_window_s + budget_guard_s`` seconds from the moment Redis granted
-it, so in any window of ``budget_window_s`` seconds the tokens reserved never
-exceed the model's ``tokens_per_min`` (nor requests its ``requests_per_min``),
-the first minute included: there is no initial burst beyond the limit.
-Models sharing a ``budget_key`` (one provider account) share one budget.
+Two shapes, per model (the registry's ``limit_shape``; models sharing a
+``budget_key``, one provider account, share one budget and declare one shape):
+
+``window`` (the default): a sliding window log. A reservation of its tokens
+and one request counts for ``budget_window_s + budget_guard_s`` seconds from
+the moment Redis granted it, so in any window of ``budget_window_s`` seconds
+the tokens reserved never exceed the model's ``tokens_per_min`` (nor requests
+its ``requests_per_min``), the first minute included: there is no initial
+burst beyond the limit. It never exceeds any provider's per-minute limiter,
+hence the default for a server whose limiter is unknown.
+
+``bucket``: a token bucket like OpenAI's and Anthropic's: capacity
+``tokens_per_min``, refilled continuously at ``tokens_per_min /
+budget_window_s`` per second (the same for requests), starting full. Over any
+``d`` seconds it grants at most ``capacity + rate * d``, which is what such a
+provider admits: capacity freed by a call comes back a little every second,
+not in one piece a minute later. Reconcile refunds what was reserved but not
+charged (the prompt part stays as reserved, since the provider's limiter
+counted it its own way at admission); release refunds everything.
+
+Both live on Redis's clock, atomic and global across workers
+(``lua/budget_reserve.lua``, ``lua/budget_settle.lua``); the arithmetic and
+its pure twins are in :mod:`batchgen.domain.rate_limits`.
+
+The provider's headers (``x-ratelimit-remaining-*``,
+``anthropic-ratelimit-*-remaining``, on answers and on 429s) calibrate the
+budget both ways. Window: less than we believe is charged as an observation
+that ages out at the provider's reset; more takes our observations back
+(never a reservation: the window has no other way to know the provider forgot
+it). Bucket: the level is set to what the provider reported, aged by the
+refill since the call the header belongs to, minus what we granted since.
+
+Learned ratio: the prompt part of a reservation is ``ceil(ratio *
+prompt_tokens_est)`` with one ratio per model kept in Redis, an exponentially
+weighted mean of the provider's count over ours (formula and samples:
+:mod:`batchgen.domain.rate_limits`), so reservations converge on the
+provider's own count (OpenAI's limiter counts about four bytes a token,
+~26 % more than tiktoken for English prose).
 
 Fairness: a caller the model's budget denies joins a line (by item, ordered
 by first denial); the first ``budget_held_claims`` in line (at most one limit
 of tokens together) hold a claim on the tokens they asked for, and any other
-reservation must leave room for the claims ahead of it. So capacity freed
-while a 30k-token request waits builds up for it instead of going, 1k at a
-time, to the small requests behind it.
-A claim lapses ``budget_claim_ttl_s`` after its caller's last try.
+reservation must leave room for the claims ahead of it, in either shape. So
+capacity freed while a 30k-token request waits builds up for it instead of
+going, 1k at a time, to the small requests behind it. A claim lapses
+``budget_claim_ttl_s`` after its caller's last try.
 
 The pure functions at the top are the budget maths; :class:`Budget` is the
 Redis edge.
@@ -28,25 +60,37 @@ from dataclasses import dataclass
 import redis
 
 from batchgen.config import Settings
-from batchgen.domain.rate_limits import RateLimitState
+from batchgen.domain.rate_limits import RateLimitState, scaled_prompt_tokens
 from batchgen.domain.settlement import charged_tokens as charged_tokens  # re-exported
+from batchgen.limits import counters
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import script
-from batchgen.registry import ModelSpec
+from batchgen.registry import LimitShape, ModelSpec
 
 MAX_JITTER_S = 1.0
 
 
-def reservation_tokens(prompt_tokens_est: int, max_tokens: int) -> int:
-    """What to reserve before a call: the most the provider can charge for it."""
-    return prompt_tokens_est + max_tokens
+def reservation_tokens(
+    prompt_tokens_est: int, max_tokens: int, ratio: float = 1.0, limit: int | None = None
+) -> int:
+    """What to reserve before a call: the most the provider can charge for it, the
+    prompt in the provider's count (our estimate times the learned ``ratio``), at
+    most ``limit``."""
+    tokens = scaled_prompt_tokens(prompt_tokens_est, ratio) + max_tokens
+    return tokens if limit is None else min(limit, tokens)
+
+
+def jittered_s(wait_s: float, u: float) -> float:
+    """``wait_s`` plus ``u`` (in [0, 1)) of the jitter span: 10 % of the wait plus
+    50 ms, at most 1 s (``budget_reserve.lua`` computes the same)."""
+    return wait_s + u * min(MAX_JITTER_S, 0.1 * wait_s + 0.05)
 
 
 def countdown_s(wait_s: float, rng: random.Random | None = None) -> float:
     """Retry countdown after a denial: the wait plus up to 10 % (≤ 1 s) of jitter,
     so workers denied together do not all come back in the same instant."""
     r = rng or random
-    return wait_s + r.uniform(0.0, min(MAX_JITTER_S, 0.1 * wait_s + 0.05))
+    return jittered_s(wait_s, r.random())
 
 
 def capped_cooldown_s(retry_after_s: float, max_cooldown_s: float) -> float:
@@ -60,8 +104,54 @@ class Grant:
     granted: bool
     wait_s: float = 0.0
     never: bool = False  # larger than the limit itself: can never be granted
-    # Why it was denied: "cooldown", "tokens", "requests" or "tenant" (the longest wait).
+    # Why it was denied: "cooldown", "tokens", "requests" or "tenant" (the longest
+    # wait), or "slot" when no concurrency slot was free.
     reason: str = ""
+    # Granted: the tokens reserved (the ratio applied), of them the prompt part.
+    tokens: int = 0
+    prompt_part: int = 0
+    # Denied: wait_s plus the jitter the caller asked for (what the counters added).
+    countdown_s: float = 0.0
+
+    @property
+    def slot_denied(self) -> bool:
+        return self.reason == "slot"
+
+
+@dataclass(frozen=True)
+class SettleOps:
+    """Everything one settlement does, in one script call (``budget_settle.lua``)."""
+
+    # "reconcile", "release" or "" (keep the reservation as it is).
+    action: str = ""
+    # Reconcile: the tokens the provider charged, by its usage (the window's amount).
+    charged_tokens: int = 0
+    # Reconcile: the part of the charge that is not the prompt (max_tokens or the
+    # output); a bucket adds it to the prompt part as reserved. None: charged_tokens.
+    charged_rest: int | None = None
+    tenant_id: int | None = None
+    # The answer's (or the 429's) rate-limit headers.
+    rate_limits: RateLimitState | None = None
+    # The answer's usage and our estimate of its prompt, for the ratio.
+    usage_prompt_tokens: int | None = None
+    prompt_tokens_est: int | None = None
+    cooldown_s: float | None = None
+    counters: tuple[str, ...] = ()
+    release_slot: bool = False
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What a settlement changed."""
+
+    delta: int = 0  # of the reservation's tokens (negative: refunded)
+    observed: int = 0  # tokens the headers added to our count (negative: given back)
+    cooldown_s: float = 0.0  # the cooldown now in force, when one was asked
+    ratio: float = 1.0  # the model's learned ratio after it
+
+
+def _arg(value: float | int | None) -> str:
+    return "" if value is None else repr(value)
 
 
 class Budget:
@@ -74,6 +164,14 @@ class Budget:
         self.max_cooldown_s = settings.max_cooldown_s
         self.held_claims = settings.budget_held_claims
         self.claim_ttl_s = settings.budget_claim_ttl_s
+        self.ratio_weight = settings.budget_ratio_weight
+        self.ratio_min = min(settings.budget_ratio_min, settings.budget_ratio_max)
+        self.ratio_max = max(settings.budget_ratio_min, settings.budget_ratio_max)
+        self.ratio_min_calls = settings.budget_ratio_min_calls
+
+    @property
+    def span_s(self) -> float:
+        return self.window_s + self.guard_s
 
     def _keys(self, spec: ModelSpec, tenant_id: int | None) -> list[str]:
         tid = tenant_id if tenant_id is not None else 0
@@ -83,6 +181,80 @@ class Budget:
             keys.tenant_log(tid),
             keys.tenant_amounts(tid),
         ]
+
+    # --- entering ----------------------------------------------------------------------
+
+    def enter(
+        self,
+        spec: ModelSpec,
+        reservation_id: str,
+        prompt_tokens: int,
+        rest_tokens: int,
+        *,
+        tenant_id: int | None = None,
+        tenant_tokens_per_min: int | None = None,
+        waiter_id: str | None = None,
+        slot_limit: int = 0,
+        slot_lease_s: float = 0.0,
+        jitter_u: float = 0.0,
+        count: bool = False,
+        count_slot_denial: bool = False,
+        now_s: float | None = None,
+    ) -> Grant:
+        """One script: a slot (``slot_limit`` > 0) and ``prompt_tokens`` (scaled by the
+        learned ratio) + ``rest_tokens`` and one request against the model (and tenant),
+        all or nothing. ``waiter_id`` names the caller across its retries (the item, not
+        the attempt): when denied, it keeps its place in the budget's line. ``count``:
+        add denials and waits (and, with ``count_slot_denial``, a slot denial) to the
+        model's counters."""
+        key = spec.budget_key
+        status, wait_ms, reason, tokens, part, countdown = script(self.client, "budget_reserve")(
+            keys=[
+                *self._keys(spec, tenant_id),
+                keys.cooldown(key),
+                keys.budget_waiters(key),
+                keys.budget_waiter_tokens(key),
+                keys.budget_waiters_seen(key),
+                keys.budget_meta(key),
+                keys.budget_bucket(key),
+                keys.budget_ratio(key),
+                keys.slots(spec.name),
+                keys.counters(spec.name),
+            ],
+            args=[
+                reservation_id,
+                max(0, prompt_tokens),
+                max(0, rest_tokens),
+                spec.tokens_per_min,
+                spec.requests_per_min,
+                tenant_tokens_per_min or 0,
+                self.window_s,
+                self.guard_s,
+                _arg(now_s),
+                waiter_id or "",
+                self.claim_ttl_s,
+                self.held_claims,
+                spec.limit_shape.value,
+                spec.name,
+                slot_limit,
+                slot_lease_s,
+                repr(jitter_u),
+                (2 if count_slot_denial else 1) if count else 0,
+                counters.SLOT_DENIALS,
+                counters.BUDGET_DENIALS,
+                counters.BUDGET_WAIT_S,
+            ],
+        )
+        why = reason.decode() if isinstance(reason, bytes) else str(reason)
+        if status == 1:
+            return Grant(True, tokens=int(tokens), prompt_part=int(part))
+        if status == -1:
+            return Grant(False, never=True, reason="never")
+        if status == 2:
+            return Grant(False, reason="slot")
+        wait_s = int(wait_ms) / 1000.0
+        text = countdown.decode() if isinstance(countdown, bytes) else str(countdown)
+        return Grant(False, wait_s=wait_s, reason=why, countdown_s=float(text or wait_s))
 
     def reserve(
         self,
@@ -94,59 +266,118 @@ class Budget:
         tenant_tokens_per_min: int | None = None,
         waiter_id: str | None = None,
         now_s: float | None = None,
+        prompt_tokens: int = 0,
     ) -> Grant:
-        """All or nothing: ``tokens`` and one request against the model (and tenant).
-
-        ``waiter_id`` names the caller across its retries (the item, not the
-        attempt): when denied, it keeps its place in the budget's line.
+        """All or nothing: ``tokens`` and one request against the model (and tenant),
+        no slot, nothing counted. ``prompt_tokens`` of the ``tokens`` are our estimate
+        of the prompt, which the learned ratio scales (0: reserve ``tokens`` as they are).
         """
+        prompt = max(0, min(prompt_tokens, tokens))
+        return self.enter(
+            spec,
+            reservation_id,
+            prompt,
+            tokens - prompt,
+            tenant_id=tenant_id,
+            tenant_tokens_per_min=tenant_tokens_per_min,
+            waiter_id=waiter_id,
+            now_s=now_s,
+        )
+
+    # --- settling ----------------------------------------------------------------------
+
+    def settle(
+        self,
+        spec: ModelSpec,
+        reservation_id: str,
+        ops: SettleOps,
+        *,
+        now_s: float | None = None,
+        age_s: float | None = None,
+    ) -> Settled:
+        """One script: everything ``ops`` says (see :class:`SettleOps`).
+
+        Headers are compared with our budget as it was when they were received,
+        ``age_s`` ago (by default: from ``state.received_s``); a bucket reads them
+        against the time its reservation was granted."""
+        state = ops.rate_limits
+        remaining_tokens = remaining_requests = reset_s = None
+        age = 0.0
+        if state is not None and state.reported:
+            age = state.age_s() if age_s is None else max(0.0, age_s)
+            remaining_tokens, remaining_requests = state.remaining_tokens, state.remaining_requests
+            reset_s = state.reset_tokens_s
+        cooldown_ms = 0
+        if ops.cooldown_s is not None:
+            capped = capped_cooldown_s(ops.cooldown_s, self.max_cooldown_s)
+            cooldown_ms = max(1, int(capped * 1000))
         key = spec.budget_key
-        granted, wait_ms, reason = script(self.client, "budget_reserve")(
+        delta, observed, left_ms, ratio = script(self.client, "budget_settle")(
             keys=[
-                *self._keys(spec, tenant_id),
+                *self._keys(spec, ops.tenant_id),
+                keys.budget_meta(key),
+                keys.budget_bucket(key),
+                keys.budget_ratio(key),
                 keys.cooldown(key),
-                keys.budget_waiters(key),
-                keys.budget_waiter_tokens(key),
-                keys.budget_waiters_seen(key),
+                keys.slots(spec.name),
+                keys.counters(spec.name),
             ],
             args=[
                 reservation_id,
-                tokens,
+                spec.limit_shape.value,
+                ops.action,
+                ops.charged_tokens,
+                _arg(ops.charged_rest),
                 spec.tokens_per_min,
                 spec.requests_per_min,
-                tenant_tokens_per_min or 0,
                 self.window_s,
                 self.guard_s,
-                "" if now_s is None else repr(now_s),
-                waiter_id or "",
-                self.claim_ttl_s,
-                self.held_claims,
+                _arg(now_s),
+                _arg(remaining_tokens),
+                _arg(remaining_requests),
+                _arg(reset_s),
+                repr(age),
+                spec.name,
+                _arg(ops.usage_prompt_tokens),
+                _arg(ops.prompt_tokens_est),
+                self.ratio_weight,
+                self.ratio_min,
+                self.ratio_max,
+                self.ratio_min_calls,
+                cooldown_ms,
+                ",".join(ops.counters),
+                "1" if ops.release_slot else "0",
             ],
         )
-        if granted == 1:
-            return Grant(True)
-        if granted == -1:
-            return Grant(False, never=True, reason="never")
-        why = reason.decode() if isinstance(reason, bytes) else str(reason)
-        return Grant(False, wait_s=int(wait_ms) / 1000.0, reason=why)
+        text = ratio.decode() if isinstance(ratio, bytes) else str(ratio)
+        return Settled(int(delta), int(observed), int(left_ms) / 1000.0, float(text))
 
     def reconcile(
-        self, spec: ModelSpec, reservation_id: str, tokens: int, tenant_id: int | None = None
+        self,
+        spec: ModelSpec,
+        reservation_id: str,
+        tokens: int,
+        tenant_id: int | None = None,
+        *,
+        now_s: float | None = None,
     ) -> int:
-        """Set the reservation to what the provider charged; returns the change."""
-        return int(
-            script(self.client, "budget_adjust")(
-                keys=self._keys(spec, tenant_id), args=[reservation_id, tokens, "0"]
-            )
-        )
+        """Set the reservation to what the provider charged; returns the change (a
+        bucket gets a refund back, or gives up an extra charge)."""
+        ops = SettleOps("reconcile", charged_tokens=tokens, tenant_id=tenant_id)
+        return self.settle(spec, reservation_id, ops, now_s=now_s).delta
 
-    def release(self, spec: ModelSpec, reservation_id: str, tenant_id: int | None = None) -> int:
-        """Give the whole reservation back (the call never reached the provider)."""
-        return int(
-            script(self.client, "budget_adjust")(
-                keys=self._keys(spec, tenant_id), args=[reservation_id, 0, "1"]
-            )
-        )
+    def release(
+        self,
+        spec: ModelSpec,
+        reservation_id: str,
+        tenant_id: int | None = None,
+        *,
+        now_s: float | None = None,
+    ) -> int:
+        """Give the whole reservation back (the call never reached the provider); a
+        bucket gets its tokens and its request back."""
+        ops = SettleOps("release", tenant_id=tenant_id)
+        return self.settle(spec, reservation_id, ops, now_s=now_s).delta
 
     def observe(
         self,
@@ -156,48 +387,60 @@ class Budget:
         now_s: float | None = None,
         age_s: float | None = None,
     ) -> int:
-        """Lower our budget when the provider reports less capacity than we think.
+        """Calibrate our budget to what the provider reports: the tokens this added to
+        our count (negative: the budget was raised).
 
-        The report is compared with our window as it was when its header was
-        received, ``age_s`` ago (by default: from ``state.received_s``).
+        Window: the report is compared with our window as it was when its header was
+        received, ``age_s`` ago (by default: from ``state.received_s``). Bucket: with
+        the call granted as ``reservation_id`` (the header's answer).
         """
-        if state.remaining_tokens is None:
+        if not state.reported:
             return 0
         age = state.age_s() if age_s is None else max(0.0, age_s)
-        if age >= self.window_s + self.guard_s:
+        if age >= self.span_s:
             return 0  # everything it counted has left our window since
-        reset_s = state.reset_tokens_s if state.reset_tokens_s is not None else self.window_s
-        return int(
-            script(self.client, "budget_observe")(
-                keys=self._keys(spec, None)[:2],
-                args=[
-                    reservation_id,
-                    state.remaining_tokens,
-                    spec.tokens_per_min,
-                    reset_s,
-                    self.window_s,
-                    self.guard_s,
-                    "" if now_s is None else repr(now_s),
-                    repr(age),
-                ],
-            )
-        )
+        ops = SettleOps(rate_limits=state)
+        return self.settle(spec, reservation_id, ops, now_s=now_s, age_s=age).observed
 
     def cool_down(self, spec: ModelSpec, seconds: float) -> float:
         """After a 429: deny every reservation on this budget for ``seconds``, capped at
         ``max_cooldown_s``; the longer of an existing and the new cooldown is kept, in
         one atomic step. Returns the cooldown now in force, in seconds."""
-        ms = max(1, int(capped_cooldown_s(seconds, self.max_cooldown_s) * 1000))
-        left_ms = script(self.client, "budget_cooldown")(
-            keys=[keys.cooldown(spec.budget_key)], args=[ms]
-        )
-        return int(left_ms) / 1000.0
+        return self.settle(spec, "", SettleOps(cooldown_s=seconds)).cooldown_s
 
     def used(self, spec: ModelSpec, now_s: float | None = None) -> tuple[int, int]:
-        """(tokens, requests) reserved in the current window, on Redis's clock, counting
-        only what is still inside the window (for status and metrics)."""
+        """(tokens, requests) in use, on Redis's clock (for status and metrics). Window:
+        reserved in the current window (only what is still inside it). Bucket: what is
+        missing from a full bucket (capacity minus level)."""
+        key = spec.budget_key
         tokens, requests = script(self.client, "budget_used")(
-            keys=self._keys(spec, None)[:2],
-            args=[self.window_s, self.guard_s, "" if now_s is None else repr(now_s)],
+            keys=[*self._keys(spec, None)[:2], keys.budget_bucket(key)],
+            args=[
+                self.window_s,
+                self.guard_s,
+                _arg(now_s),
+                spec.limit_shape.value,
+                spec.tokens_per_min,
+                spec.requests_per_min,
+            ],
         )
         return int(tokens), int(requests)
+
+    def ratio(self, spec: ModelSpec) -> float:
+        """The model's learned ratio of the provider's prompt count to ours (1: none yet)."""
+        value = self.client.hget(keys.budget_ratio(spec.budget_key), spec.name)
+        return float(value) if value is not None else 1.0
+
+
+__all__ = [
+    "Budget",
+    "Grant",
+    "LimitShape",
+    "SettleOps",
+    "Settled",
+    "capped_cooldown_s",
+    "charged_tokens",
+    "countdown_s",
+    "jittered_s",
+    "reservation_tokens",
+]

@@ -1,16 +1,20 @@
-"""The gate in front of every provider call: a concurrency slot, then the budget.
+"""The gate in front of every provider call: a concurrency slot and the budget, in one step.
 
-Order matters: the worker claims the item, then takes a slot, then reserves
-tokens, so that once tokens are reserved the call starts at once (a
-reservation is only honest about *when* the provider sees the tokens if
-nothing waits in between). After the call, :meth:`settle`
-reconciles the reservation with what the provider reports, and listens to
-it: a 429 starts a cooldown, rate-limit headers lower our budget.
+Entering is one atomic Lua script (``lua/budget_reserve.lua``): a free slot for
+the model and the budget's reservation, all or nothing, so once tokens are
+reserved the call starts at once (a reservation is only honest about *when*
+the provider sees the tokens if nothing waits in between). Waiting for a slot
+is that same script again, polled for up to ``slot_wait_s``. After the call,
+:meth:`Gate.settle` is one script too (``lua/budget_settle.lua``): it frees the
+slot, reconciles the reservation with what the provider reports and listens
+to it: a 429 starts a cooldown, rate-limit headers (of an answer or a 429)
+calibrate the budget, the learned ratio moves, the counters count.
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -21,9 +25,9 @@ import redis
 from batchgen.config import Settings
 from batchgen.domain.rate_limits import RateLimitState
 from batchgen.domain.settlement import SettleAction, SettleCounter, decide_settlement
-from batchgen.errors import ProviderError
+from batchgen.errors import ProviderError, RateLimited
 from batchgen.limits import counters
-from batchgen.limits.budget import Budget, countdown_s, reservation_tokens
+from batchgen.limits.budget import Budget, SettleOps, countdown_s, reservation_tokens
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import ModelSpec
 
@@ -80,7 +84,8 @@ class Pass:
     """Admitted: the call may start now. Hand it back to :meth:`Gate.settle`."""
 
     reservation_id: str
-    tokens: int
+    tokens: int  # reserved (the prompt scaled by the learned ratio)
+    prompt_tokens_est: int = 0  # our own count of the prompt (for the ratio)
 
 
 class WaitKind(StrEnum):
@@ -137,57 +142,58 @@ class Gate:
     def _slot_lease_s(self, spec: ModelSpec) -> float:
         return running_lease_s(spec, self.settings)
 
-    def _take_slot(self, spec: ModelSpec, holder: str) -> bool:
-        deadline = time.monotonic() + self.settings.slot_wait_s
-        lease = self._slot_lease_s(spec)
-        while True:
-            if self.slots.acquire(spec.name, holder, spec.max_concurrency, lease):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(SLOT_POLL_S)
-
     def _free_slot(self, spec: ModelSpec, holder: str) -> None:
         """Release a slot after a failure (best effort: if Redis is down, its lease ends)."""
         with contextlib.suppress(redis.RedisError):
             self.slots.release(spec.name, holder)
 
     def enter(self, spec: ModelSpec, item: CallTicket) -> Pass | Wait | Never:
-        """Take a slot and reserve tokens, or say how long to wait."""
-        tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
+        """Take a slot and reserve tokens (one script), or say how long to wait."""
         # One id per item and attempt: an attempt handed back unsent (its attempt
         # number is reused) finds a reservation whose reply it lost, instead of
         # leaving it on the books for a call that never happens.
         reservation_id = f"{item.item_id}:{item.attempt}"
         if not self.enabled:
-            return Pass(reservation_id, tokens)
-        if not self._take_slot(spec, reservation_id):
-            counters.incr(self.client, spec.name, counters.SLOT_DENIALS)
-            return Wait(countdown_s(SLOT_RETRY_S), "no free concurrency slot", WaitKind.SLOT)
-        try:  # the slot is ours: it is handed on in a Pass or freed here
-            grant = self.budget.reserve(
-                spec,
-                reservation_id,
-                tokens,
-                tenant_id=item.tenant_id,
-                tenant_tokens_per_min=item.tenant_tokens_per_min,
-                waiter_id=str(item.item_id),  # one place in line per item, across its retries
-            )
-        except BaseException:
-            self._free_slot(spec, reservation_id)
-            raise
+            tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
+            return Pass(reservation_id, tokens, item.prompt_tokens_est)
+        deadline = time.monotonic() + self.settings.slot_wait_s
+        lease = self._slot_lease_s(spec)
+        while True:
+            last_try = time.monotonic() >= deadline
+            try:
+                grant = self.budget.enter(
+                    spec,
+                    reservation_id,
+                    item.prompt_tokens_est,
+                    item.max_tokens,
+                    tenant_id=item.tenant_id,
+                    tenant_tokens_per_min=item.tenant_tokens_per_min,
+                    waiter_id=str(item.item_id),  # one place in line per item, across retries
+                    slot_limit=spec.max_concurrency,
+                    slot_lease_s=lease,
+                    jitter_u=random.random(),
+                    count=True,
+                    count_slot_denial=last_try,
+                )
+            except BaseException:
+                # The reply may have been lost after the script ran: the slot is not
+                # ours to keep now (a retry adopts the reservation and takes a slot).
+                self._free_slot(spec, reservation_id)
+                raise
+            if not grant.slot_denied:
+                break
+            if last_try:
+                return Wait(countdown_s(SLOT_RETRY_S), _REASONS[WaitKind.SLOT], WaitKind.SLOT)
+            time.sleep(SLOT_POLL_S)
         if grant.granted:
-            return Pass(reservation_id, tokens)
-        self.slots.release(spec.name, reservation_id)
+            return Pass(reservation_id, grant.tokens, item.prompt_tokens_est)
         if grant.never:
+            tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
             return Never(
                 f"request of {tokens} tokens exceeds the tokens-per-minute limit of {spec.name}"
             )
-        counters.incr(self.client, spec.name, counters.BUDGET_DENIALS)
-        wait = countdown_s(grant.wait_s)
-        counters.incr(self.client, spec.name, counters.BUDGET_WAIT_S, float(wait))
         kind = WaitKind(grant.reason) if grant.reason in _KINDS else WaitKind.TOKENS
-        return Wait(wait, _REASONS[kind], kind)
+        return Wait(grant.countdown_s, _REASONS[kind], kind)
 
     def settle(
         self,
@@ -198,32 +204,58 @@ class Gate:
         response: CallAnswer | None = None,
         error: ProviderError | None = None,
     ) -> None:
-        """Reconcile the reservation with the outcome, listen to the provider, free the slot.
+        """Reconcile the reservation with the outcome, listen to the provider, free the
+        slot: one script.
 
         What to do is :func:`batchgen.domain.settlement.decide_settlement`'s decision;
-        this carries it out."""
+        :func:`settle_ops` translates it for the script."""
         if not self.enabled:
             return
         rid = admitted.reservation_id
         try:
-            decision = decide_settlement(
-                charge_policy=spec.charge_policy,
-                max_tokens=max_tokens,
-                answered=response is not None,
-                prompt_tokens=response.prompt_tokens if response is not None else 0,
-                completion_tokens=response.completion_tokens if response is not None else 0,
-                error=error,
-            )
-            if decision.action is SettleAction.RECONCILE:
-                assert decision.charged_tokens is not None
-                self.budget.reconcile(spec, rid, decision.charged_tokens, tenant_id)
-            elif decision.action is SettleAction.RELEASE:
-                self.budget.release(spec, rid, tenant_id)
-            if decision.observe_rate_limits and response is not None:
-                self.budget.observe(spec, response.rate_limits, rid)
-            if decision.cooldown_s is not None:
-                self.budget.cool_down(spec, decision.cooldown_s)
-            for counter in decision.counters:
-                counters.incr(self.client, spec.name, _SETTLE_COUNTERS[counter])
-        finally:
-            self.slots.release(spec.name, rid)
+            ops = settle_ops(spec, admitted, tenant_id, max_tokens, response, error)
+            self.budget.settle(spec, rid, ops)
+        except BaseException:
+            self._free_slot(spec, rid)  # the script may not have run: free it anyway
+            raise
+
+
+def settle_ops(
+    spec: ModelSpec,
+    admitted: Pass,
+    tenant_id: int,
+    max_tokens: int,
+    response: CallAnswer | None = None,
+    error: ProviderError | None = None,
+) -> SettleOps:
+    """The settlement decided for this outcome, as the one settle script's operations."""
+    answered = response is not None
+    prompt = response.prompt_tokens if response is not None else 0
+    decision = decide_settlement(
+        charge_policy=spec.charge_policy,
+        max_tokens=max_tokens,
+        answered=answered,
+        prompt_tokens=prompt,
+        completion_tokens=response.completion_tokens if response is not None else 0,
+        error=error,
+    )
+    heard: object | None = None  # an answer's headers, or a 429's
+    if decision.observe_rate_limits:
+        heard = response.rate_limits if response is not None else None
+        if heard is None and isinstance(error, RateLimited):
+            heard = error.rate_limits
+    state = heard if isinstance(heard, RateLimitState) else None
+    usage_known = response is not None and not getattr(response, "usage_estimated", False)
+    charged = decision.charged_tokens
+    return SettleOps(
+        action=(decision.action.value if decision.action is not SettleAction.KEEP else ""),
+        charged_tokens=charged or 0,
+        charged_rest=(charged - prompt) if charged is not None else None,
+        tenant_id=tenant_id,
+        rate_limits=state,
+        usage_prompt_tokens=prompt if usage_known else None,
+        prompt_tokens_est=admitted.prompt_tokens_est if usage_known else None,
+        cooldown_s=decision.cooldown_s,
+        counters=tuple(_SETTLE_COUNTERS[c] for c in decision.counters),
+        release_slot=True,
+    )

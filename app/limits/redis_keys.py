@@ -1,9 +1,9 @@
 """Every Redis key this project writes, in one place.
 
-Keys of one budget share a hash tag (``{...}``). The reservation script also
-touches the tenant's budget keys, so on Redis Cluster a model's and a tenant's
-keys would have to live in one slot: run the budget on a single Redis (or
-primary) as the project does today.
+Keys of one budget share a hash tag (``{...}``). The gate's two scripts also
+touch the tenant's budget keys, the model's concurrency slots and its counters,
+so on Redis Cluster those would have to live in one slot: run the budget on a
+single Redis (or primary) as the project does today.
 """
 
 from __future__ import annotations
@@ -17,6 +17,24 @@ def budget_log(budget_key: str) -> str:
 
 def budget_amounts(budget_key: str) -> str:
     return f"{PREFIX}budget:{{{budget_key}}}:amounts"
+
+
+def budget_meta(budget_key: str) -> str:
+    """Hash: reservation id -> "<prompt part> <prompt estimate>" (the part of its
+    tokens the learned ratio scaled, and our own count of it), kept as long as the log."""
+    return f"{PREFIX}budget:{{{budget_key}}}:meta"
+
+
+def budget_bucket(budget_key: str) -> str:
+    """Hash of a bucket-shaped budget: levels ``t`` (tokens) and ``r`` (requests) at
+    time ``ts``, and the header the ratio's next sample starts from (``og``, ``oR``)."""
+    return f"{PREFIX}budget:{{{budget_key}}}:bucket"
+
+
+def budget_ratio(budget_key: str) -> str:
+    """Hash: model -> learned ratio of the provider's prompt count to ours, and
+    ``<model>:n`` -> samples learned from."""
+    return f"{PREFIX}budget:{{{budget_key}}}:ratio"
 
 
 def cooldown(budget_key: str) -> str:

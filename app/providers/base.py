@@ -34,6 +34,7 @@ from batchgen.errors import (
     RateLimited,
     TransientProviderError,
 )
+from batchgen.providers.headers import rate_limits_of
 from batchgen.registry import ModelSpec
 
 # Sent with every call so the provider (and the simulator's log) can be matched to an item.
@@ -138,7 +139,11 @@ def classify_status(
     provider's own text) is only inspected for context-length wording.
     """
     if status == 429:
-        return RateLimited(message, retry_after_s=parse_retry_after_s(dict(headers or {})))
+        return RateLimited(
+            message,
+            retry_after_s=parse_retry_after_s(dict(headers or {})),
+            rate_limits=rate_limits_of(headers),  # a 429's headers calibrate the budget too
+        )
     if status in TRANSIENT_STATUSES or status >= 500:
         return TransientProviderError(message, status=status, billed=billed)
     if status == 400 and (

@@ -52,6 +52,22 @@ def openai_rate_limits(
     )
 
 
+def rate_limits_of(
+    headers: Mapping[str, str] | None, received_s: float | None = None
+) -> RateLimitState | None:
+    """The rate-limit state of any answer (a 429 too), whichever API's headers it
+    carries: Anthropic's ``anthropic-ratelimit-*`` or OpenAI's ``x-ratelimit-*``.
+    None when it carries neither."""
+    if not headers:
+        return None
+    names = {k.lower() for k in headers}
+    if any(n.startswith("anthropic-ratelimit-") for n in names):
+        return anthropic_rate_limits(headers, received_s=received_s)
+    if any(n.startswith("x-ratelimit-") for n in names):
+        return openai_rate_limits(headers, received_s=received_s)
+    return None
+
+
 def _rfc3339_in_s(text: str | None, now: dt.datetime) -> float | None:
     if not text:
         return None

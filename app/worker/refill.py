@@ -4,7 +4,7 @@ Every item that leaves its model's window (it ended, or went back to pending)
 leaves room for another. Releasing after each one would cost a dispatch
 transaction per item; instead the worker threads note the model, and one
 thread of the process releases for every noted model at most every
-``coalesce_s`` (a few dozen ms, far below a call's time, while the window
+``coalesce_s`` (a fifth of a second by default, while the window
 holds ``dispatch_ahead_factor`` times the model's concurrency). A refill that
 is lost (the process dies) only waits for the beat's dispatch tick.
 """

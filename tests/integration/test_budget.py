@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+import random
 import threading
 import time
 
@@ -16,7 +19,7 @@ from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.limits.budget import Budget, charged_tokens, countdown_s
 from batchgen.limits.concurrency import Slots
-from batchgen.registry import ChargePolicy, ModelSpec
+from batchgen.registry import ChargePolicy, LimitShape, ModelSpec
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +27,9 @@ WINDOW_S = 60.0
 GUARD_S = 1.0
 
 
-def spec(tpm: int = 1000, rpm: int = 20, key: str = "acct") -> ModelSpec:
+def spec(
+    tpm: int = 1000, rpm: int = 20, key: str = "acct", shape: LimitShape = LimitShape.WINDOW
+) -> ModelSpec:
     return ModelSpec(
         name=f"m-{key}",
         provider="openai",
@@ -39,6 +44,7 @@ def spec(tpm: int = 1000, rpm: int = 20, key: str = "acct") -> ModelSpec:
         max_concurrency=2,
         input_usd_per_1m=1,
         output_usd_per_1m=1,
+        limit_shape=shape,
     )
 
 
@@ -294,6 +300,7 @@ LIMIT = 100_000
 SPAN_S = WINDOW_S + GUARD_S
 
 
+@pytest.mark.parametrize("shape", list(LimitShape))
 @settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -303,13 +310,16 @@ SPAN_S = WINDOW_S + GUARD_S
     call_s=st.floats(0.05, 3.0),
     jitter=st.floats(0.0, 1.0),
 )
-def test_large_requests_are_not_starved_by_small_ones(budget, n_workers, sizes, call_s, jitter):
+def test_large_requests_are_not_starved_by_small_ones(
+    budget, shape, n_workers, sizes, call_s, jitter
+):
     """Workers on a virtual clock, each taking the next request of a 1k..60k mix and
     retrying when told to: small traffic saturates the budget, yet every request is
     granted within two windows per request that was already waiting when it was first
-    denied (first-denied, first-served), and no window holds more than the limit."""
+    denied (first-denied, first-served), and no window holds more than the limit (a
+    bucket: no interval more than its capacity plus its refill)."""
     get_redis().flushdb()
-    s = spec(tpm=LIMIT, rpm=1_000_000)
+    s = spec(tpm=LIMIT, rpm=1_000_000, shape=shape)
     end_s = 6 * SPAN_S
     wake: list[tuple[float, int]] = [(0.01 * w, w) for w in range(n_workers)]
     current: dict[int, tuple[str, int]] = {}
@@ -342,8 +352,27 @@ def test_large_requests_are_not_starved_by_small_ones(budget, n_workers, sizes, 
             wake.append((now + grant.wait_s + jitter * (w % 2), w))
     for item, since in first_denied.items():  # still waiting at the end: not for too long
         assert end_s - since <= 2 * SPAN_S * (ahead[item] + 1) + 2 * jitter, item
-    for t, _ in granted:
-        assert sum(a for g, a in granted if t - WINDOW_S < g <= t) <= LIMIT
+    if shape is LimitShape.WINDOW:
+        for t, _ in granted:
+            assert sum(a for g, a in granted if t - WINDOW_S < g <= t) <= LIMIT
+    else:
+        assert max_bucket_excess(granted, LIMIT, LIMIT / WINDOW_S) <= 1e-6
+
+
+def max_bucket_excess(events: list[tuple[float, int]], capacity: float, rate: float) -> float:
+    """The most the net amounts at times in any ``[t0, t1]`` exceed ``capacity + rate *
+    (t1 - t0)`` (<= 0: a bucket of that capacity and rate could have granted them)."""
+    per_instant: dict[float, float] = {}  # an interval holds all of an instant's events
+    for t, amount in events:
+        per_instant[t] = per_instant.get(t, 0.0) + amount
+    ordered = sorted(per_instant.items())
+    worst = -float("inf")
+    for i, (t0, _) in enumerate(ordered):
+        total = 0.0
+        for t1, amount in ordered[i:]:
+            total += amount
+            worst = max(worst, total - capacity - rate * (t1 - t0))
+    return worst
 
 
 def test_a_vanished_waiter_frees_its_claim(budget):
@@ -372,3 +401,347 @@ def test_metrics_read_the_window_and_slots_on_redis_clock(budget, monkeypatch):
     for skew_s in (-3600.0, 3600.0):  # this host's clock an hour behind, then ahead
         monkeypatch.setattr(time, "time", lambda skew_s=skew_s: real() + skew_s)
         assert slots.held("m") == 1
+
+
+# --- the bucket shape, calibration both ways, the learned ratio, round trips ---------------
+
+BUCKET = LimitShape.BUCKET
+
+
+def test_bucket_grants_after_refill_within_a_second_not_after_a_window(budget):
+    s = spec(tpm=6000, rpm=600, key="b", shape=BUCKET)  # 100 tokens and 10 requests a second
+    # A full bucket (it starts full) grants its capacity in one piece ...
+    assert budget.reserve(s, "all", 6000, now_s=0.0).granted
+    # ... and otherwise keeps one guard_s of refill (100) in hand beside a request.
+    assert budget.reserve(s, "a", 5800, now_s=100.0).granted  # refilled by 100 s: 200 left
+    denied = budget.reserve(s, "b", 150, now_s=100.0)
+    assert not denied.granted and denied.reason == "tokens"
+    assert denied.wait_s == pytest.approx(0.5, abs=0.002)  # 150 + 100 - 200 at 100 a second
+    assert not budget.reserve(s, "b", 150, now_s=100.4).granted
+    assert budget.reserve(s, "b", 150, now_s=100.0 + denied.wait_s).granted
+    # A window, as full, waits for "a" to leave it: 61 s.
+    w = spec(tpm=6000, rpm=600, key="w")
+    assert budget.reserve(w, "a", 5900, now_s=100.0).granted
+    assert budget.reserve(w, "b", 150, now_s=100.0).wait_s == pytest.approx(61.0, abs=0.01)
+    # A bucket never holds more than its capacity, however long it rests.
+    assert budget.used(s, now_s=1000.0) == (0, 0)
+    assert budget.reserve(s, "c", 6000, now_s=1000.0).granted
+    assert not budget.reserve(s, "d", 1, now_s=1000.0).granted
+
+
+def test_bucket_requests_refill_too(budget):
+    s = spec(tpm=1_000_000, rpm=60, key="r", shape=BUCKET)  # one request a second
+    for i in range(59):  # 60 less the one second kept in hand
+        assert budget.reserve(s, f"q{i}", 1, now_s=10.0).granted
+    denied = budget.reserve(s, "late", 1, now_s=10.0)
+    assert denied.reason == "requests" and denied.wait_s == pytest.approx(1.0, abs=0.002)
+    assert budget.reserve(s, "late", 1, now_s=11.0).granted
+
+
+def test_bucket_reconcile_refunds_what_was_not_charged_and_release_everything(budget):
+    s = spec(tpm=6000, rpm=600, key="b", shape=BUCKET)
+    assert budget.reserve(s, "a", 5000, now_s=0.0).granted
+    assert budget.used(s, now_s=0.0) == (5000, 1)
+    assert budget.reconcile(s, "a", 3000, now_s=0.0) == -2000  # charged 3000 of 5000
+    assert budget.used(s, now_s=0.0) == (3000, 1)
+    assert budget.reserve(s, "b", 2000, now_s=0.0).granted
+    assert budget.release(s, "b", now_s=0.0) == -2000  # the request comes back too
+    assert budget.used(s, now_s=0.0) == (3000, 1)
+    # Gone from the books: released twice is released once.
+    assert budget.release(s, "b", now_s=0.0) == 0
+
+
+def test_bucket_adopts_a_reservation_whose_reply_was_lost(budget):
+    s = spec(tpm=1000, rpm=20, key="b", shape=BUCKET)
+    first = budget.reserve(s, "7:1", 400, now_s=10.0)
+    again = budget.reserve(s, "7:1", 400, now_s=10.0)
+    assert first.granted and again.granted and again.tokens == first.tokens == 400
+    assert budget.used(s, now_s=10.0) == (400, 1)  # charged once
+    assert budget.release(s, "7:1", now_s=10.0) == -400
+    assert budget.used(s, now_s=10.0) == (0, 0)
+
+
+def test_bucket_keeps_the_fair_line_for_a_large_request(budget):
+    s = spec(tpm=100_000, rpm=1_000_000, key="fair", shape=BUCKET)
+    rate = 100_000 / WINDOW_S
+    assert budget.reserve(s, "fill:1", 100_000, now_s=0.0).granted
+    big = budget.reserve(s, "big:1", 30_000, waiter_id="big", now_s=1.0)
+    margin = rate * GUARD_S  # the refill kept in hand
+    assert not big.granted
+    assert big.wait_s == pytest.approx((30_000 + margin - rate) / rate, abs=0.01)
+    # 8.3k tokens have refilled by 5 s, but they are the large request's: a small one waits.
+    small = budget.reserve(s, "s:1", 1_000, waiter_id="s", now_s=5.0)
+    assert not small.granted and small.reason == "tokens"
+    assert budget.reserve(s, "big:1", 30_000, waiter_id="big", now_s=1.0 + big.wait_s).granted
+    assert not budget.reserve(s, "s:1", 1_000, waiter_id="s", now_s=1.0 + big.wait_s).granted
+
+
+# An operation on a bucket: (seconds since the previous one, kind, tokens, share kept)
+bucket_ops = st.lists(
+    st.tuples(
+        st.floats(0, 5, allow_nan=False),
+        st.sampled_from(["reserve", "reserve", "reserve", "reconcile", "release"]),
+        st.integers(1, 700),
+        st.floats(0, 1),
+    ),
+    min_size=1,
+    max_size=50,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(sequence=bucket_ops)
+def test_the_bucket_never_grants_more_than_capacity_plus_refill(budget, sequence):
+    """Reservations, refunds and releases on a simulated clock: over any interval the
+    tokens granted less those given back stay within capacity + rate × its length, and
+    the level is the pure model's (batchgen.domain.rate_limits)."""
+    from batchgen.domain.rate_limits import bucket_grants, bucket_level, bucket_margin
+
+    get_redis().flushdb()
+    s = spec(tpm=1000, rpm=1_000_000, key="prop", shape=BUCKET)
+    rate = 1000 / WINDOW_S
+    now, n = 1_000.0, 0
+    level, last = None, None  # the pure model's
+    charged: dict[str, int] = {}
+    events: list[tuple[float, int]] = []  # (time, tokens granted; negative: given back)
+    for gap, kind, tokens, keep in sequence:
+        now += gap
+        model_level = bucket_level(level, last, now, 1000, rate)
+        if kind == "reserve":
+            n += 1
+            grant = budget.reserve(s, f"r{n}", tokens, now_s=now)
+            margin = bucket_margin(1000, rate, GUARD_S, tokens)
+            assert grant.granted == bucket_grants(model_level, tokens, margin=margin)
+            if grant.granted:
+                charged[f"r{n}"] = tokens
+                events.append((now, tokens))
+                level, last = model_level - tokens, now
+        elif charged:
+            rid = sorted(charged)[int(keep * (len(charged) - 1))]
+            back = charged[rid] if kind == "release" else charged[rid] - int(charged[rid] * keep)
+            if kind == "release":
+                assert budget.release(s, rid, now_s=now) == -charged.pop(rid)
+            else:
+                assert budget.reconcile(s, rid, charged[rid] - back, now_s=now) == -back
+                charged[rid] -= back
+            events.append((now, -back))
+            level, last = min(1000.0, model_level + back), now
+        assert max_bucket_excess(events, 1000, rate) <= 1e-6
+        assert (
+            abs(budget.used(s, now_s=now)[0] - (1000 - bucket_level(level, last, now, 1000, rate)))
+            <= 1
+        )
+
+
+def test_headers_raise_and_lower_the_bucket(budget):
+    from batchgen.domain.rate_limits import calibrated_level
+
+    s = spec(tpm=6000, rpm=600, key="cal", shape=BUCKET)
+    rate = 6000 / WINDOW_S
+    assert budget.reserve(s, "a", 3000, now_s=100.0).granted
+    assert budget.reserve(s, "b", 2000, now_s=100.2).granted
+    ours = 6000 - budget.used(s, now_s=100.5)[0]  # 6000 - 3000 - 2000 + 50 refilled
+    assert ours == 1050
+    # Right after "a" the provider still had 5000 (it counted "a" as 1000): ours goes up.
+    header = RateLimitState(remaining_tokens=5000, remaining_requests=590)
+    target = calibrated_level(5000, 0.5, 6000, rate, granted_since=2000)
+    assert budget.observe(s, header, "a", now_s=100.5, age_s=0.3) == -(target - ours) == -2000
+    # Requests: 590 then, 5 refilled since, 1 granted after ("b").
+    assert budget.used(s, now_s=100.5) == (6000 - 3050, 600 - (590 + 5 - 1))
+    assert budget.reserve(s, "c", 2000, now_s=100.5).granted  # more than we had before
+    # Right after "c" it had nothing left (someone else uses the account), where we
+    # believe 1050 were left: ours goes down, to the 10 refilled since.
+    empty = RateLimitState(remaining_tokens=0)
+    assert budget.observe(s, empty, "c", now_s=100.6) == 1050
+    denied = budget.reserve(s, "d", 100, now_s=100.6)
+    assert not denied.granted  # 10 left, 100 asked for, 100 kept in hand
+    assert denied.wait_s == pytest.approx((100 + 100 - 10) / rate, abs=0.01)
+    # A header older than the log (a call outliving the window) says nothing.
+    assert budget.observe(s, header, "gone", now_s=200.0, age_s=70.0) == 0
+
+
+def test_headers_of_a_429_are_heard(clean_db):
+    """The gate settles a 429 whose headers say the provider is empty: the bucket drops
+    to it (not only the cooldown), and in a window an observation charges the gap."""
+    from batchgen.config import get_settings
+    from batchgen.errors import RateLimited
+    from batchgen.limits.gate import Gate, Pass
+
+    gate = Gate(get_redis(), get_settings())
+    for shape in LimitShape:
+        s = spec(tpm=60_000, rpm=1000, key=f"429-{shape}", shape=shape)
+        assert gate.budget.reserve(s, "1:1", 1000).granted
+        headers = RateLimitState(remaining_tokens=0, remaining_requests=10, reset_tokens_s=30.0)
+        error = RateLimited("429", retry_after_s=0.001, rate_limits=headers)
+        gate.settle(s, Pass("1:1", 1000), 1, 500, error=error)
+        tokens, _ = gate.budget.used(s)
+        assert tokens >= 59_000, shape  # the provider's word, not our 1000 (released)
+
+
+def test_the_window_takes_back_its_own_observations_when_the_provider_has_more(budget):
+    s = spec(tpm=1000)
+    assert budget.reserve(s, "a", 100, now_s=0.0).granted
+    low = RateLimitState(remaining_tokens=400, reset_tokens_s=30.0)
+    assert budget.observe(s, low, "a", now_s=0.0) == 500  # an observation of 500
+    assert budget.reserve(s, "b", 100, now_s=1.0).granted
+    assert budget.used(s, now_s=1.0) == (700, 2)
+    # The provider has 700 left, we believe 300: 400 of the observation go back.
+    assert budget.observe(s, RateLimitState(remaining_tokens=700), "b", now_s=1.5) == -400
+    assert budget.used(s, now_s=1.5) == (300, 2)
+    # Reservations are never taken back: only the observation's last 100.
+    assert budget.observe(s, RateLimitState(remaining_tokens=1000), "b", now_s=2.0) == -100
+    assert budget.used(s, now_s=2.0) == (200, 2)
+
+
+def test_the_learned_ratio_is_applied_to_the_prompt(budget):
+    """Window shape: the answers' usage says the provider counts prompts 30 % above our
+    estimate; the ratio moves there and the prompt part of reservations with it."""
+    from batchgen.domain.rate_limits import ratio_update
+    from batchgen.limits.budget import SettleOps
+
+    s = spec(tpm=100_000, rpm=1000, key="ratio-w")
+    expected = 1.0
+    for i in range(10):
+        rid = f"{i}:1"
+        grant = budget.reserve(s, rid, 200 + 50, prompt_tokens=200, now_s=float(i))
+        assert grant.granted
+        assert grant.tokens == math.ceil(expected * 200 - 1e-9) + 50  # the ratio so far
+        ops = SettleOps("reconcile", charged_tokens=260 + 50, charged_rest=50)
+        ops = SettleOps(**{**ops.__dict__, "usage_prompt_tokens": 260, "prompt_tokens_est": 200})
+        settled = budget.settle(s, rid, ops, now_s=float(i))
+        expected = ratio_update(expected, 1.3, budget.ratio_weight, 0.5, 3.0)
+        assert settled.ratio == pytest.approx(expected)
+    assert budget.ratio(s) == pytest.approx(1.3, abs=0.01)
+    probe = budget.reserve(s, "probe", 1000 + 10, prompt_tokens=1000, now_s=20.0)
+    assert probe.tokens == math.ceil(budget.ratio(s) * 1000 - 1e-9) + 10
+    # Scaled, a reservation is still at most the limit (and never "never" for it).
+    assert budget.reserve(s, "huge", 90_000, prompt_tokens=90_000, now_s=200.0).tokens == 100_000
+
+
+def test_the_learned_ratio_converges_and_the_429s_stop(budget):
+    """A provider whose limiter is a token bucket with our limits but counts each prompt
+    26 % (± 5 %) above our estimate (as OpenAI's four bytes a token against tiktoken),
+    called by 32 workers with long (streamed) calls. The ratio converges on 1.26 from
+    the headers (not from the usage, which is the provider's tokenizer count), and
+    after the first calls the provider refuses none; without the ratio it refuses
+    half of them, the headers' calibration notwithstanding."""
+    ratio, early, late = provider_run(budget, "learned")
+    assert ratio == pytest.approx(1.26, abs=0.03)
+    assert late <= 2, (early, late)
+    unlearned = Budget(get_redis(), Settings(budget_window_s=WINDOW_S, budget_ratio_weight=0))
+    ratio, early, late = provider_run(unlearned, "unlearned")
+    assert ratio == 1.0 and late > 100, (early, late)
+
+
+def provider_run(budget: Budget, key: str) -> tuple[float, int, int]:
+    """600 calls against a token-bucket provider counting prompts 1.26 × ours, on a
+    virtual clock: (the ratio learned, 429s in the first 100 calls, 429s after)."""
+    import heapq
+
+    from batchgen.limits.budget import SettleOps
+    from batchgen.simulator.bucket import TokenBucketLimiter
+
+    factor, max_tokens = 1.26, 150
+    s = spec(tpm=60_000, rpm=100_000, key=key, shape=BUCKET)
+    provider = TokenBucketLimiter(60_000, WINDOW_S)
+    rng = random.Random(11)
+    # Events in time order: (time, seq, worker, what, payload).
+    events: list[tuple[float, int, int, str, object]] = []
+    seq = itertools.count()
+    for w in range(32):
+        heapq.heappush(events, (0.001 * w, next(seq), w, "new", None))
+    outcomes: list[bool] = []  # True: the provider admitted the call
+    calls = 0
+    while len(outcomes) < 600:
+        now, _, w, what, payload = heapq.heappop(events)
+        if what == "new":
+            calls += 1
+            what, payload = "try", (calls, rng.randint(300, 1500))
+        if what == "try":
+            n, est = payload  # type: ignore[misc]
+            rid = f"{n}:1"
+            grant = budget.reserve(s, rid, est + max_tokens, prompt_tokens=est, now_s=now)
+            if not grant.granted:
+                heapq.heappush(events, (now + grant.wait_s + 0.001, next(seq), w, "try", payload))
+                continue
+            sent = now + 0.005  # reaching the provider
+            charge = math.ceil(rng.uniform(factor - 0.05, factor + 0.05) * est) + max_tokens
+            admission = provider.try_admit("key", charge, sent)
+            header = RateLimitState(
+                remaining_tokens=admission.remaining, reset_tokens_s=admission.reset_s
+            )
+            usage = {"usage_prompt_tokens": est, "prompt_tokens_est": est}  # its tokenizer's
+            ops = (
+                SettleOps("reconcile", est + max_tokens, max_tokens, rate_limits=header, **usage)
+                if admission.ok
+                else SettleOps("release", rate_limits=header)
+            )
+            # A stream's headers come at its start; it is settled at its end.
+            done = sent + (rng.uniform(5.0, 20.0) if admission.ok else 0.02)
+            heapq.heappush(events, (done, next(seq), w, "settle", (rid, ops, sent)))
+            outcomes.append(admission.ok)
+        elif what == "settle":
+            rid, ops, sent = payload  # type: ignore[misc]
+            budget.settle(s, rid, ops, now_s=now, age_s=now - sent)
+            heapq.heappush(events, (now, next(seq), w, "new", None))
+    return budget.ratio(s), outcomes[:100].count(False), outcomes[100:].count(False)
+
+
+def test_one_script_to_enter_and_one_to_settle(clean_db):
+    """Redis round trips on the hot path, seen by MONITOR: entering the gate is one
+    EVALSHA (slot and budget), settling is one EVALSHA (reconcile, headers, ratio,
+    counters, slot); a denial is one too, counters included."""
+    from batchgen.config import get_settings
+    from batchgen.limits.gate import Gate, Pass, Wait
+
+    class Ticket:
+        tenant_id, tenant_tokens_per_min, prompt_tokens_est, max_tokens = 1, None, 400, 100
+
+        def __init__(self, item_id: int) -> None:
+            self.item_id, self.attempt = item_id, 1
+
+    class Answer:
+        prompt_tokens, completion_tokens = 410, 60
+        rate_limits = RateLimitState(remaining_tokens=900_000, remaining_requests=100)
+
+    gate = Gate(get_redis(), get_settings())
+    for shape in LimitShape:
+        s = spec(tpm=1_000_000, rpm=1000, key=f"rt-{shape}", shape=shape)
+        warm = gate.enter(s, Ticket(1))  # loads the scripts (SCRIPT LOAD after NOSCRIPT)
+        assert isinstance(warm, Pass)
+        gate.settle(s, warm, 1, 100, response=Answer())
+
+        admitted, entered = client_commands(lambda s=s: gate.enter(s, Ticket(2)))
+        assert isinstance(admitted, Pass) and entered == ["EVALSHA"], entered
+        _, settled = client_commands(
+            lambda s=s, p=admitted: gate.settle(s, p, 1, 100, response=Answer())
+        )
+        assert settled == ["EVALSHA"], settled
+        assert get_redis().zcard(keys.slots(s.name)) == 0
+
+        gate.budget.cool_down(s, 5.0)
+        waited, denied = client_commands(lambda s=s: gate.enter(s, Ticket(3)))
+        assert isinstance(waited, Wait) and denied == ["EVALSHA"], denied
+        from batchgen.limits import counters
+
+        assert counters.read(get_redis(), s.name)[counters.BUDGET_DENIALS] == 1
+        get_redis().delete(keys.cooldown(s.budget_key))
+
+
+def client_commands(action):  # type: ignore[no-untyped-def]
+    """``action()``'s result and the commands clients sent Redis meanwhile (MONITOR; a
+    script's own commands show as ``lua`` and are left out)."""
+    marker = "batchgen-test-marker"
+    client = get_redis()
+    with client.monitor() as monitor:
+        result = action()
+        client.echo(marker)
+        sent: list[str] = []
+        while True:
+            command = monitor.next_command()
+            if marker in command["command"]:
+                return result, sent
+            if command["client_type"] != "lua":
+                sent.append(command["command"].split()[0].upper())

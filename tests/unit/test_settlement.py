@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from batchgen.domain.rate_limits import RateLimitState
 from batchgen.domain.settlement import (
     DEFAULT_COOLDOWN_S,
     SettleAction,
@@ -97,6 +98,16 @@ def test_a_429_releases_cools_down_and_counts():
     )  # the cap on the cooldown is the budget's (Budget.cool_down)
 
 
+def test_a_429_with_rate_limit_headers_is_heard():
+    headers = RateLimitState(remaining_tokens=0, reset_tokens_s=3.0)
+    assert failed(RateLimited("429", retry_after_s=2, rate_limits=headers)) == Settlement(
+        SettleAction.RELEASE,
+        observe_rate_limits=True,
+        cooldown_s=2,
+        counters=(C.COOLDOWNS, C.RATE_LIMITED),
+    )
+
+
 @pytest.mark.parametrize("retry_after_s", [None, 0.0])
 def test_a_429_without_a_usable_retry_after_cools_down_for_the_default(retry_after_s):
     decision = failed(RateLimited("429", retry_after_s=retry_after_s))
@@ -176,6 +187,7 @@ errors = st.one_of(
         st.just("429"),
         status=st.sampled_from([None, 429]),
         retry_after_s=st.none() | st.floats(0, 7200),
+        rate_limits=st.none() | st.builds(RateLimitState, remaining_tokens=st.integers(0, 10)),
     ),
     st.builds(CallCancelled, st.just("c"), billed=st.booleans()),
     *(
@@ -209,7 +221,10 @@ def test_the_decision_is_consistent(policy, max_tokens, answered, prompt, comple
         error=error,
     )
     assert (d.action is SettleAction.RECONCILE) == answered
-    assert (d.charged_tokens is not None) == answered == d.observe_rate_limits
+    assert (d.charged_tokens is not None) == answered
+    # Headers are heard on an answer, and on a 429 that carried them.
+    heard_429 = isinstance(error, RateLimited) and error.rate_limits is not None
+    assert d.observe_rate_limits == (answered or heard_429)
     if answered:
         assert d.charged_tokens == charged_tokens(policy, prompt, completion, max_tokens)
         assert d.cooldown_s is None and d.counters == ()
@@ -242,24 +257,15 @@ def test_the_settlement_module_imports_only_domain_config_errors_registry():
     )
 
 
-# --- the gate carries the decision out, in order ----------------------------------------------
+# --- the gate carries the decision out, in one script ---------------------------------------
 
 
 class FakeBudget:
     def __init__(self, calls: list[tuple]):
         self.calls = calls
 
-    def reconcile(self, spec, rid, tokens, tenant_id):
-        self.calls.append(("reconcile", rid, tokens, tenant_id))
-
-    def release(self, spec, rid, tenant_id):
-        self.calls.append(("release", rid, tenant_id))
-
-    def observe(self, spec, state, rid):
-        self.calls.append(("observe", rid, state))
-
-    def cool_down(self, spec, seconds):
-        self.calls.append(("cool_down", seconds))
+    def settle(self, spec, rid, ops):
+        self.calls.append(("settle", rid, ops))
 
 
 class FakeSlots:
@@ -270,18 +276,17 @@ class FakeSlots:
         self.calls.append(("slot_release", holder))
 
 
-class FakeRedis:
-    def __init__(self, calls: list[tuple]):
-        self.calls = calls
-
-    def hincrby(self, key, field, amount):
-        self.calls.append(("count", field))
+HEADERS = RateLimitState(remaining_tokens=500, remaining_requests=3, reset_tokens_s=2.0)
 
 
 class Answer:
     prompt_tokens = 100
     completion_tokens = 20
-    rate_limits = "headers"
+    rate_limits = HEADERS
+
+
+class EstimatedAnswer(Answer):
+    usage_estimated = True  # no usage reported: our own counts, nothing to learn from
 
 
 def gate_calls(policy: ChargePolicy = RESERVE, *, enabled: bool = True, **outcome) -> list[tuple]:
@@ -289,42 +294,63 @@ def gate_calls(policy: ChargePolicy = RESERVE, *, enabled: bool = True, **outcom
 
     calls: list[tuple] = []
     gate = Gate.__new__(Gate)
-    gate.client = FakeRedis(calls)  # type: ignore[assignment]
     gate.budget = FakeBudget(calls)  # type: ignore[assignment]
     gate.slots = FakeSlots(calls)  # type: ignore[assignment]
     gate.enabled = enabled
-    gate.settle(spec(policy), Pass("7:1", 400), 3, 300, **outcome)
+    gate.settle(spec(policy), Pass("7:1", 400, prompt_tokens_est=90), 3, 300, **outcome)
     return calls
 
 
-def test_the_gate_reconciles_then_hears_the_headers_then_frees_the_slot():
+def ops(action: str = "", **fields):
+    from batchgen.limits.budget import SettleOps
+
+    return SettleOps(action, tenant_id=3, release_slot=True, **fields)
+
+
+def test_the_gate_reconciles_hears_the_headers_and_frees_the_slot_in_one_call():
     assert gate_calls(ACTUAL, response=Answer()) == [
-        ("reconcile", "7:1", 120, 3),
-        ("observe", "7:1", "headers"),
-        ("slot_release", "7:1"),
+        (
+            "settle",
+            "7:1",
+            ops(
+                "reconcile",
+                charged_tokens=120,
+                charged_rest=20,  # the output: a bucket adds it to the prompt as reserved
+                rate_limits=HEADERS,
+                usage_prompt_tokens=100,  # the provider's count of the prompt ...
+                prompt_tokens_est=90,  # ... and ours, for the ratio
+            ),
+        )
     ]
+    [(_, _, reserve)] = gate_calls(RESERVE, response=EstimatedAnswer())
+    assert (reserve.charged_tokens, reserve.charged_rest) == (400, 300)
+    assert reserve.usage_prompt_tokens is None and reserve.prompt_tokens_est is None
 
 
 def test_the_gate_releases_cools_down_and_counts_after_a_429():
     assert gate_calls(error=RateLimited("429", retry_after_s=None)) == [
-        ("release", "7:1", 3),
-        ("cool_down", DEFAULT_COOLDOWN_S),
-        ("count", "cooldowns"),
-        ("count", "rate_limited"),
-        ("slot_release", "7:1"),
+        (
+            "settle",
+            "7:1",
+            ops("release", cooldown_s=DEFAULT_COOLDOWN_S, counters=("cooldowns", "rate_limited")),
+        )
     ]
+
+
+def test_the_gate_hears_the_headers_of_a_429():
+    error = RateLimited("429", retry_after_s=2.0, rate_limits=HEADERS)
+    [(_, _, heard)] = gate_calls(error=error)
+    assert heard.action == "release" and heard.rate_limits == HEADERS
+    assert heard.cooldown_s == 2.0 and heard.usage_prompt_tokens is None
 
 
 def test_the_gate_keeps_a_reservation_the_provider_may_have_counted():
     assert gate_calls(error=TransientProviderError("503", status=503)) == [
-        ("count", "transient_errors"),
-        ("slot_release", "7:1"),
+        ("settle", "7:1", ops(counters=("transient_errors",)))
     ]
-    assert gate_calls(error=CallCancelled("c", billed=True)) == [("slot_release", "7:1")]
+    assert gate_calls(error=CallCancelled("c", billed=True)) == [("settle", "7:1", ops())]
     assert gate_calls(error=PermanentProviderError("400", status=400)) == [
-        ("release", "7:1", 3),
-        ("count", "permanent_errors"),
-        ("slot_release", "7:1"),
+        ("settle", "7:1", ops("release", counters=("permanent_errors",)))
     ]
 
 
@@ -332,14 +358,13 @@ def test_the_gate_frees_the_slot_even_when_redis_fails():
     import redis
 
     class Broken(FakeBudget):
-        def release(self, spec, rid, tenant_id):
+        def settle(self, spec, rid, ops):
             raise redis.ConnectionError("down")
 
     from batchgen.limits.gate import Gate, Pass
 
     calls: list[tuple] = []
     gate = Gate.__new__(Gate)
-    gate.client = FakeRedis(calls)  # type: ignore[assignment]
     gate.budget = Broken(calls)  # type: ignore[assignment]
     gate.slots = FakeSlots(calls)  # type: ignore[assignment]
     gate.enabled = True
