@@ -226,6 +226,8 @@ def part_b(args: argparse.Namespace, workdir: Path) -> None:
                     rpm=factor * args.rpm,
                     concurrency=WORKERS * args.b_concurrency,
                 )
+                # The provider's limiter is a bucket: the registry says so.
+                + f'limit_shape = "{args.shape}"\n'
             )
             label = "limits as the provider's" if factor == 1 else "limits 2x too high"
             runs[label] = run_batchgen(
@@ -268,6 +270,12 @@ def main() -> None:
     parser.add_argument("--b-concurrency", type=int, default=32, help="part B threads per worker")
     parser.add_argument("--timeout-s", type=float, default=1800)
     parser.add_argument("--only", choices=("a", "b"), default=None)
+    parser.add_argument(
+        "--shape",
+        choices=("bucket", "window"),
+        default="bucket",
+        help="part B: the budget shape batchgen's registry declares (the provider is a bucket)",
+    )
     args = parser.parse_args()
     for name in ("requests", "b_requests", "tpm", "rpm", "b_concurrency"):
         if getattr(args, name) < 1:
