@@ -85,98 +85,11 @@ SWEEP_LOST_RUNNING = _declare(
 )
 
 
-# --- the worker's hot statements, compiled once --------------------------------
-# Plain SQL: no statement building and no ORM synchronisation per call. Each one
-# checks ``status = ANY(:sources)`` from its move's declaration; the ones that
-# change a running item also check the attempt (``_owner``), so an attempt
-# number is never reused for a billed call.
-
-_CLAIM = text(
-    """
-    UPDATE items AS i
-    SET status = :target, attempts = i.attempts + 1, started_at = now(),
-        lease_expires_at = now() + make_interval(secs => :lease_s)
-    FROM tenants AS t
-    WHERE i.id = :item_id AND i.status = ANY(:sources) AND i.deadline_at > now()
-      AND t.id = i.tenant_id
-    RETURNING i.id, i.batch_id, i.tenant_id, i.model, i.body, i.attempts, i.deadline_at,
-              i.created_at, i.started_at, i.prompt_tokens_est, i.max_tokens,
-              t.tokens_per_min, i.lease_expires_at, i.rate_limited, now() AS now
-    """
-)
-_MARK_SENT = text(
-    """
-    UPDATE items SET sent_at = now()
-    WHERE id = :item_id AND status = 'running' AND attempts = :attempt
-    RETURNING id
-    """
-)
-_FINISH = text(
-    """
-    UPDATE items
-    SET status = :target, finished_at = now(), lease_expires_at = NULL,
-        error_code = :code, last_error = :message, rate_limited = rate_limited + :rate_limited
-    WHERE id = :item_id AND status = ANY(:sources) AND attempts = :attempt
-    RETURNING id
-    """
-)
-_REQUEUE = text(
-    """
-    UPDATE items
-    SET status = :target, attempts = attempts - 1, sent_at = NULL,
-        rate_limited = rate_limited + :rate_limited,
-        lease_expires_at = now() + make_interval(secs => :lease_s)
-    WHERE id = :item_id AND status = ANY(:sources) AND attempts = :attempt
-    RETURNING id
-    """
-)
-_DEFER = text(
-    """
-    UPDATE items
-    SET status = :target, attempts = attempts - 1, sent_at = NULL,
-        rate_limited = rate_limited + :rate_limited,
-        not_before = now() + make_interval(secs => :wait_s), lease_expires_at = NULL,
-        error_code = :code, last_error = :reason
-    WHERE id = :item_id AND status = ANY(:sources) AND attempts = :attempt
-    RETURNING id
-    """
-)
-# Not when the batch was cancelled meanwhile: the item must not run again.
-_RETRY_LATER = text(
-    """
-    UPDATE items
-    SET status = :target, not_before = now() + make_interval(secs => :wait_s),
-        lease_expires_at = NULL, sent_at = NULL, error_code = :code, last_error = :message
-    WHERE id = :item_id AND status = ANY(:sources) AND attempts = :attempt
-      AND NOT EXISTS (
-          SELECT 1 FROM batches AS b
-          WHERE b.id = items.batch_id AND b.cancel_requested_at IS NOT NULL
-      )
-    RETURNING id
-    """
-)
-_READ = text(
-    """
-    SELECT id, batch_id, tenant_id, model, status, attempts, sent_at, prompt_tokens_est
-    FROM items WHERE id = :item_id
-    """
-)
-_LOCK = text(
-    """
-    SELECT id, batch_id, tenant_id, model, status, attempts, sent_at, prompt_tokens_est
-    FROM items WHERE id = :item_id
-    FOR UPDATE
-    """
-)
-_SUCCEED = text(
-    """
-    UPDATE items
-    SET status = :target, finished_at = now(), lease_expires_at = NULL,
-        error_code = NULL, last_error = NULL
-    WHERE id = :item_id AND status = ANY(:sources)
-    RETURNING id
-    """
-)
+# The worker's hot statements: plain SQL in sql/item_*.sql, compiled once (no
+# statement building and no ORM synchronisation per call). Each binds
+# ``status = ANY(:sources)`` from its move's declaration; the ones that change a
+# running item also check the attempt (``_owner``), so an attempt number is never
+# reused for a billed call.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,7 +142,7 @@ def claim(
     """
     mono_s = time.monotonic() if read_mono_s is None else read_mono_s
     row = session.execute(
-        _CLAIM, {"item_id": item_id, "lease_s": lease_s, **CLAIM.params()}
+        query("item_claim"), {"item_id": item_id, "lease_s": lease_s, **CLAIM.params()}
     ).one_or_none()
     if row is None:
         return None
@@ -292,7 +205,7 @@ def finish(
         raise ValueError(f"finish cannot end an item {status}")
     params = {**_owner(item), **FINISH.params(status), "code": code, "message": message}
     params["rate_limited"] = int(rate_limited)
-    return session.execute(_FINISH, params).first() is not None
+    return session.execute(query("item_finish"), params).first() is not None
 
 
 def mark_sent(session: Session | Connection, item: Claimed) -> bool:
@@ -303,7 +216,7 @@ def mark_sent(session: Session | Connection, item: Claimed) -> bool:
     returned, no new provider request starts for that batch. (No state move:
     the item stays running.)
     """
-    return session.execute(_MARK_SENT, _owner(item)).first() is not None
+    return session.execute(query("item_mark_sent"), _owner(item)).first() is not None
 
 
 def requeue(
@@ -314,7 +227,7 @@ def requeue(
     the lease covers the wait (the task retries itself after ``wait_s``)."""
     params = {**_owner(item), **REQUEUE.params(), "lease_s": wait_s + lease_s}
     params["rate_limited"] = int(rate_limited)
-    return session.execute(_REQUEUE, params).first() is not None
+    return session.execute(query("item_requeue"), params).first() is not None
 
 
 def defer(
@@ -326,7 +239,7 @@ def defer(
     params.update(
         rate_limited=int(rate_limited), code="rate_limited" if rate_limited else "budget_wait"
     )
-    return session.execute(_DEFER, params).first() is not None
+    return session.execute(query("item_defer"), params).first() is not None
 
 
 def retry_later(session: Session, item: Claimed, wait_s: float, code: str, message: str) -> bool:
@@ -334,7 +247,7 @@ def retry_later(session: Session, item: Claimed, wait_s: float, code: str, messa
     dispatcher. False when the batch was cancelled meanwhile (it must not run again)."""
     params = {**_owner(item), **RETRY_LATER.params(), "wait_s": wait_s}
     params.update(code=code, message=message)
-    return session.execute(_RETRY_LATER, params).first() is not None
+    return session.execute(query("item_retry_later"), params).first() is not None
 
 
 @dataclass(frozen=True)
@@ -354,7 +267,8 @@ class LockedItem:
 def lock(session: Session, item_id: int, *, for_update: bool = True) -> LockedItem | None:
     """Read an item (locked, by default): a duplicate run of the same item waits here
     and then sees the first one's verdict."""
-    row = session.execute(_LOCK if for_update else _READ, {"item_id": item_id}).one_or_none()
+    statement = query("item_lock") if for_update else query("item_read")
+    row = session.execute(statement, {"item_id": item_id}).one_or_none()
     if row is None:
         return None
     return LockedItem(
@@ -372,7 +286,7 @@ def lock(session: Session, item_id: int, *, for_update: bool = True) -> LockedIt
 def succeed(session: Session, item_id: int) -> bool:
     """``open → succeeded``: a paid answer became the item's result."""
     params = {"item_id": item_id, **SUCCEED.params()}
-    return session.execute(_SUCCEED, params).first() is not None
+    return session.execute(query("item_succeed"), params).first() is not None
 
 
 def cancel_unsent(session: Session, batch_id: str, now: dt.datetime) -> int:

@@ -1,0 +1,11 @@
+-- queued -> running with a lease (store.items.claim): the claim, one statement.
+-- sources / target come from the CLAIM move's declaration.
+UPDATE items AS i
+SET status = :target, attempts = i.attempts + 1, started_at = now(),
+    lease_expires_at = now() + make_interval(secs => :lease_s)
+FROM tenants AS t
+WHERE i.id = :item_id AND i.status = ANY(:sources) AND i.deadline_at > now()
+  AND t.id = i.tenant_id
+RETURNING i.id, i.batch_id, i.tenant_id, i.model, i.body, i.attempts, i.deadline_at,
+          i.created_at, i.started_at, i.prompt_tokens_est, i.max_tokens,
+          t.tokens_per_min, i.lease_expires_at, i.rate_limited, now() AS now
