@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from threading import Event
@@ -25,17 +24,9 @@ from sqlalchemy.orm import Session
 from batchgen.config import Settings
 from batchgen.domain import retry
 from batchgen.domain.deadlines import call_timeout_s, time_left_s
-from batchgen.domain.decisions import (
-    AfterFailure,
-    AfterRateLimit,
-    after_failure,
-    after_rate_limit,
-    attempt_cap,
-)
 from batchgen.domain.status import ItemStatus
 from batchgen.errors import (
     CallCancelled,
-    PermanentProviderError,
     ProviderError,
     RateLimited,
     TransientProviderError,
@@ -48,30 +39,22 @@ from batchgen.store import batches, db, items
 from batchgen.store.batches import Progress
 from batchgen.store.db import session_scope
 from batchgen.store.items import Claimed
-from batchgen.store.ledger import CallOutcome, record_success, record_waste
+from batchgen.store.ledger import CallOutcome, record_success
 from batchgen.store.schema import Item
 from batchgen.worker.cancellation import CancelWatcher
+from batchgen.worker.failures import cancelled, failed, rate_limited_call
+from batchgen.worker.recording import (
+    after_commit,
+    close_batch,
+    closing,
+    end,
+    give_back,
+    with_db_retries,
+)
+from batchgen.worker.verdict import Verdict
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# Outcomes after which the item no longer holds a place in its model's window.
-FREES_PLACE = frozenset({"succeeded", "failed", "expired", "cancelled", "deferred", "retry"})
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What happened to one delivery. ``countdown_s`` is set for a budget wait:
-    the task retries itself after that long without using up an attempt."""
-
-    outcome: str
-    countdown_s: float | None = None
-    model: str | None = None
-
-    @property
-    def frees_place(self) -> bool:
-        """The item left its model's dispatch window: a refill may release another."""
-        return self.outcome in FREES_PLACE
 
 
 def run_item(
@@ -99,7 +82,7 @@ def run_item(
     if item.model != spec.name:  # a message routed under another model's name
         spec = registry.get(item.model)
         if spec is None:
-            _give_back(item, settings)
+            give_back(item, settings)
             return Verdict("skipped")
     verdict = _run_claimed(item, spec, settings, gate, watcher)
     return Verdict(verdict.outcome, verdict.countdown_s, spec.name)
@@ -132,7 +115,7 @@ def _not_claimed(item_id: int, spec: ModelSpec) -> Verdict:
     if batch_id is None:
         return Verdict("skipped", model=spec.name)
     if progress is Progress.TAIL:
-        _close_batch(batch_id, item_id)
+        close_batch(batch_id, item_id)
     return Verdict("expired", model=spec.name)
 
 
@@ -147,7 +130,7 @@ def _run_claimed(
     try:
         decision = gate.enter(spec, item)
     except redis.RedisError:
-        _give_back(item, settings)
+        give_back(item, settings)
         raise
     if not isinstance(decision, Pass):
         return _wait(item, decision, settings)
@@ -161,7 +144,7 @@ def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
     a tenant-budget wait goes back to pending so it holds no dispatch capacity.
     """
     if isinstance(decision, Never):
-        _end(item, ItemStatus.FAILED, "too_large", decision.reason)
+        end(item, ItemStatus.FAILED, "too_large", decision.reason)
         return Verdict("failed")
     with session_scope() as session:
         plan = retry.plan_wait(
@@ -178,7 +161,7 @@ def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
             items.requeue(session, item, plan.wait_s, settings.queued_lease_s)
             return Verdict("wait", plan.wait_s)
     message = f"{decision.reason}: the wait would pass the deadline"
-    _end(item, ItemStatus.EXPIRED, "expired", message)
+    end(item, ItemStatus.EXPIRED, "expired", message)
     return Verdict("expired")
 
 
@@ -216,104 +199,13 @@ def _run_admitted(
                     sent = items.mark_sent(connection, item)
             except Exception as exc:
                 if db.is_transient(exc):
-                    _give_back(item, settings)
+                    give_back(item, settings)
                 raise
             if not sent:  # the batch was cancelled between the claim and now
                 return Verdict("cancelled")
             return _call(item, spec, settings, cancel, settlement)
     finally:
         _settle(gate, spec, admitted, item, settlement)
-
-
-def _give_back(item: Claimed, settings: Settings) -> None:
-    """Nothing was sent: back to the queue, the attempt not counted.
-
-    Retried through a database outage for as long as the lease lasts: a
-    ``mark_sent`` whose commit landed but whose reply was lost leaves ``sent_at``
-    set, and if the sweep found it so it would ledger a call that was never made.
-    Past the lease the sweep hands the item back (and, seeing ``sent_at``,
-    ledgers the call as waste: it over-counts rather than misses).
-    """
-    try:
-        _with_db_retries(
-            item,
-            "handing the item back",
-            lambda session: items.requeue(session, item, 0.0, settings.queued_lease_s),
-        )
-    except Exception as exc:
-        if not db.is_transient(exc):
-            raise
-        log.warning("item %d: database error handing the item back; the sweep will", item.item_id)
-
-
-# Retrying a transaction while the database is away: first wait, doubling up to the cap.
-DB_RETRY_FIRST_S = 0.1
-DB_RETRY_MAX_S = 2.0
-
-
-def _with_db_retries(item: Claimed, what: str, work: Callable[[Session], T]) -> T:
-    """Run ``work`` in a transaction; on a database outage (dropped connection, refused
-    connect, pool time-out) retry it with backoff for as long as our lease lasts.
-
-    Used for what follows a provider call: the call is paid, so its outcome must
-    not be dropped while the item is still ours. Past the lease the error is
-    raised (the sweep then ledgers the call as waste and hands the item back).
-    """
-    delay_s = DB_RETRY_FIRST_S
-    while True:
-        try:
-            with session_scope() as session:
-                return work(session)
-        except Exception as exc:
-            left_s = item.lease_left_s()
-            if not db.is_transient(exc) or left_s <= 0:
-                raise
-            log.warning(
-                "item %d: database error %s (%s), retrying; lease left %.1f s",
-                item.item_id,
-                what,
-                type(exc).__name__,
-                left_s,
-            )
-            time.sleep(min(delay_s, left_s))
-            delay_s = min(2 * delay_s, DB_RETRY_MAX_S)
-
-
-def _close_batch(batch_id: str, item_id: int) -> None:
-    """Close the batch if this was its last item (best effort: the sweep also does it)."""
-    try:
-        with session_scope() as session:
-            batches.finish_if_done(session, batch_id)
-    except Exception as exc:
-        if not db.is_transient(exc):
-            raise
-        log.warning("item %d: database error closing its batch; the sweep will", item_id)
-
-
-def _closing(session: Session, item: Claimed, progress: list[Progress]) -> None:
-    """In the transaction that ended the item: close its batch if nothing of it is open
-    (``progress`` receives where the batch stands, for :func:`_after_commit`)."""
-    progress.append(batches.close_if_done(session, item.batch_id))
-
-
-def _after_commit(item: Claimed, progress: list[Progress]) -> None:
-    """Only items running elsewhere were open: look again now that ours is committed."""
-    if progress and progress[-1] is Progress.TAIL:
-        _close_batch(item.batch_id, item.item_id)
-
-
-def _end(
-    item: Claimed, status: ItemStatus, code: str, message: str, *, rate_limited: bool = False
-) -> None:
-    """End a running item (failed, expired, cancelled) and close its batch if done."""
-    progress: list[Progress] = []
-
-    def work(session: Session) -> None:
-        if items.finish(session, item, status, code, message, rate_limited=rate_limited):
-            _closing(session, item, progress)
-
-    _with_db_retries(item, f"ending the item {status}", work)
-    _after_commit(item, progress)
 
 
 def _settle(
@@ -360,10 +252,10 @@ def _call(
         settlement.error = exc
         latency_ms = int((time.monotonic() - started) * 1000)
         if isinstance(exc, CallCancelled):
-            return Verdict(_cancelled(item, spec, exc))
+            return Verdict(cancelled(item, spec, exc))
         if isinstance(exc, RateLimited) and not exc.billed:
-            return _rate_limited(item, settings, exc)
-        return Verdict(_failed(item, spec, settings, exc, latency_ms))
+            return rate_limited_call(item, settings, exc)
+        return Verdict(failed(item, spec, settings, exc, latency_ms))
     settlement.response, settlement.error = response, None
     latency_s = time.monotonic() - started
     outcome = CallOutcome(
@@ -383,11 +275,11 @@ def _call(
     def work(session: Session) -> bool:
         recorded = record_success(session, outcome, spec)
         if recorded:
-            _closing(session, item, progress)
+            closing(session, item, progress)
         return recorded
 
-    recorded = _with_db_retries(item, "recording the result", work)
-    _after_commit(item, progress)
+    recorded = with_db_retries(item, "recording the result", work)
+    after_commit(item, progress)
     log.info(
         "item %d attempt %d model %s succeeded prompt_tokens=%d completion_tokens=%d "
         "latency_ms=%d recorded=%s",
@@ -400,119 +292,3 @@ def _call(
         recorded,
     )
     return Verdict("succeeded" if recorded else "duplicate")
-
-
-def _cancelled(item: Claimed, spec: ModelSpec, exc: CallCancelled) -> str:
-    """The batch was cancelled mid-call: the item ends cancelled; a billed call is waste."""
-
-    progress: list[Progress] = []
-
-    def work(session: Session) -> None:
-        message = "batch cancelled during the call"
-        if items.finish(session, item, ItemStatus.CANCELLED, "cancelled", message):
-            _closing(session, item, progress)
-        if exc.billed:
-            waste = CallOutcome(
-                item_id=item.item_id,
-                attempt=item.attempt,
-                prompt_tokens=exc.prompt_tokens or item.prompt_tokens_est,
-                completion_tokens=exc.completion_tokens or 0,
-            )
-            record_waste(session, waste, spec, "cancelled_mid_call")
-
-    _with_db_retries(item, "recording the cancellation", work)
-    _after_commit(item, progress)
-    return "cancelled"
-
-
-def _rate_limited(item: Claimed, settings: Settings, exc: RateLimited) -> Verdict:
-    """The provider said 429: a budget signal, not a failure. The attempt is handed
-    back (the gate has put the budget key into a cooldown); the item's own 429 cap
-    ends it if the limit is configured far above the provider's."""
-    decision = after_rate_limit(
-        retry_after_s=exc.retry_after_s,
-        rate_limited=item.rate_limited + 1,
-        max_rate_limited=settings.max_rate_limited,
-        time_left_s=time_left_s(item.deadline_at, item.db_now()),
-        max_countdown_s=settings.max_countdown_s,
-    )
-    log.info(
-        "item %d attempt %d rate limited (%d so far): %s, wait %.1f s",
-        item.item_id,
-        item.attempt,
-        item.rate_limited + 1,
-        decision.action,
-        decision.wait_s,
-    )
-    if decision.action is AfterRateLimit.FAIL:
-        _end(item, ItemStatus.FAILED, "rate_limited", decision.message, rate_limited=True)
-        return Verdict("failed")
-    if decision.action is AfterRateLimit.EXPIRE:
-        _end(item, ItemStatus.EXPIRED, "expired", decision.message, rate_limited=True)
-        return Verdict("expired")
-    reason = f"{exc.kind}: {exc.message}"
-
-    def work(session: Session) -> Verdict:
-        if decision.action is AfterRateLimit.DEFER:
-            items.defer(session, item, decision.wait_s, reason, rate_limited=True)
-            return Verdict("deferred")
-        items.requeue(session, item, decision.wait_s, settings.queued_lease_s, rate_limited=True)
-        return Verdict("wait", decision.wait_s)
-
-    return _with_db_retries(item, "handing a rate-limited item back", work)
-
-
-def _failed(
-    item: Claimed, spec: ModelSpec, settings: Settings, exc: ProviderError, latency_ms: int
-) -> str:
-    """Ledger a billed failure as waste, then retry, fail or expire the item as
-    :func:`batchgen.domain.decisions.after_failure` decides."""
-    decision = after_failure(
-        kind=exc.kind,
-        message=exc.message,
-        permanent=isinstance(exc, PermanentProviderError),
-        attempt=item.attempt,
-        max_attempts=attempt_cap(spec.max_attempts, settings.max_attempts),
-        retry_after_s=None,
-        time_left_s=time_left_s(item.deadline_at, item.db_now()),
-        backoff_initial_s=settings.retry_base_s,
-        backoff_max_s=settings.retry_max_s,
-    )
-
-    progress: list[Progress] = []
-
-    def work(session: Session) -> str:
-        if exc.billed:
-            # The provider may charge a call that failed after it was sent; its usage
-            # is unknown, so the ledger carries the prompt estimate, marked as waste.
-            waste = CallOutcome(
-                item_id=item.item_id,
-                attempt=item.attempt,
-                prompt_tokens=item.prompt_tokens_est,
-                upstream_latency_ms=latency_ms,
-            )
-            record_waste(session, waste, spec, f"failed_{exc.kind}")
-        if decision.action is AfterFailure.RETRY:
-            if items.retry_later(session, item, decision.wait_s, decision.code, decision.message):
-                return "retry"
-            status, code, message = ItemStatus.CANCELLED, "cancelled", "batch cancelled"
-        else:
-            failed = decision.action is AfterFailure.FAIL
-            status = ItemStatus.FAILED if failed else ItemStatus.EXPIRED
-            code, message = decision.code, decision.message
-        if items.finish(session, item, status, code, message):
-            _closing(session, item, progress)
-        return status.value
-
-    verdict = _with_db_retries(item, "recording the failure", work)
-    _after_commit(item, progress)
-    log.warning(
-        "item %d attempt %d model %s %s: %s status=%s",
-        item.item_id,
-        item.attempt,
-        spec.name,
-        verdict,
-        exc.kind,
-        exc.status,
-    )
-    return verdict

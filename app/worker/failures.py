@@ -1,0 +1,148 @@
+"""What a failed provider call becomes: a retry, a wait, or the item's end.
+
+Each decision is :mod:`batchgen.domain.decisions`' (pure); this module applies it
+in one transaction with the ledger row of a call that may have been billed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.orm import Session
+
+from batchgen.config import Settings
+from batchgen.domain.deadlines import time_left_s
+from batchgen.domain.decisions import (
+    AfterFailure,
+    AfterRateLimit,
+    after_failure,
+    after_rate_limit,
+    attempt_cap,
+)
+from batchgen.domain.status import ItemStatus
+from batchgen.errors import CallCancelled, PermanentProviderError, ProviderError, RateLimited
+from batchgen.registry import ModelSpec
+from batchgen.store import items
+from batchgen.store.batches import Progress
+from batchgen.store.items import Claimed
+from batchgen.store.ledger import CallOutcome, record_waste
+from batchgen.worker.recording import after_commit, closing, end, with_db_retries
+from batchgen.worker.verdict import Verdict
+
+log = logging.getLogger(__name__)
+
+
+def cancelled(item: Claimed, spec: ModelSpec, exc: CallCancelled) -> str:
+    """The batch was cancelled mid-call: the item ends cancelled; a billed call is waste."""
+
+    progress: list[Progress] = []
+
+    def work(session: Session) -> None:
+        message = "batch cancelled during the call"
+        if items.finish(session, item, ItemStatus.CANCELLED, "cancelled", message):
+            closing(session, item, progress)
+        if exc.billed:
+            waste = CallOutcome(
+                item_id=item.item_id,
+                attempt=item.attempt,
+                prompt_tokens=exc.prompt_tokens or item.prompt_tokens_est,
+                completion_tokens=exc.completion_tokens or 0,
+            )
+            record_waste(session, waste, spec, "cancelled_mid_call")
+
+    with_db_retries(item, "recording the cancellation", work)
+    after_commit(item, progress)
+    return "cancelled"
+
+
+def rate_limited_call(item: Claimed, settings: Settings, exc: RateLimited) -> Verdict:
+    """The provider said 429: a budget signal, not a failure. The attempt is handed
+    back (the gate has put the budget key into a cooldown); the item's own 429 cap
+    ends it if the limit is configured far above the provider's."""
+    decision = after_rate_limit(
+        retry_after_s=exc.retry_after_s,
+        rate_limited=item.rate_limited + 1,
+        max_rate_limited=settings.max_rate_limited,
+        time_left_s=time_left_s(item.deadline_at, item.db_now()),
+        max_countdown_s=settings.max_countdown_s,
+    )
+    log.info(
+        "item %d attempt %d rate limited (%d so far): %s, wait %.1f s",
+        item.item_id,
+        item.attempt,
+        item.rate_limited + 1,
+        decision.action,
+        decision.wait_s,
+    )
+    if decision.action is AfterRateLimit.FAIL:
+        end(item, ItemStatus.FAILED, "rate_limited", decision.message, rate_limited=True)
+        return Verdict("failed")
+    if decision.action is AfterRateLimit.EXPIRE:
+        end(item, ItemStatus.EXPIRED, "expired", decision.message, rate_limited=True)
+        return Verdict("expired")
+    reason = f"{exc.kind}: {exc.message}"
+
+    def work(session: Session) -> Verdict:
+        if decision.action is AfterRateLimit.DEFER:
+            items.defer(session, item, decision.wait_s, reason, rate_limited=True)
+            return Verdict("deferred")
+        items.requeue(session, item, decision.wait_s, settings.queued_lease_s, rate_limited=True)
+        return Verdict("wait", decision.wait_s)
+
+    return with_db_retries(item, "handing a rate-limited item back", work)
+
+
+def failed(
+    item: Claimed, spec: ModelSpec, settings: Settings, exc: ProviderError, latency_ms: int
+) -> str:
+    """Ledger a billed failure as waste, then retry, fail or expire the item as
+    :func:`batchgen.domain.decisions.after_failure` decides."""
+    decision = after_failure(
+        kind=exc.kind,
+        message=exc.message,
+        permanent=isinstance(exc, PermanentProviderError),
+        attempt=item.attempt,
+        max_attempts=attempt_cap(spec.max_attempts, settings.max_attempts),
+        retry_after_s=None,
+        time_left_s=time_left_s(item.deadline_at, item.db_now()),
+        backoff_initial_s=settings.retry_base_s,
+        backoff_max_s=settings.retry_max_s,
+    )
+
+    progress: list[Progress] = []
+
+    def work(session: Session) -> str:
+        if exc.billed:
+            # The provider may charge a call that failed after it was sent; its usage
+            # is unknown, so the ledger carries the prompt estimate, marked as waste.
+            waste = CallOutcome(
+                item_id=item.item_id,
+                attempt=item.attempt,
+                prompt_tokens=item.prompt_tokens_est,
+                upstream_latency_ms=latency_ms,
+            )
+            record_waste(session, waste, spec, f"failed_{exc.kind}")
+        if decision.action is AfterFailure.RETRY:
+            if items.retry_later(session, item, decision.wait_s, decision.code, decision.message):
+                return "retry"
+            status, code, message = ItemStatus.CANCELLED, "cancelled", "batch cancelled"
+        else:
+            failed = decision.action is AfterFailure.FAIL
+            status = ItemStatus.FAILED if failed else ItemStatus.EXPIRED
+            code, message = decision.code, decision.message
+        if items.finish(session, item, status, code, message):
+            closing(session, item, progress)
+        return status.value
+
+    verdict = with_db_retries(item, "recording the failure", work)
+    after_commit(item, progress)
+    log.warning(
+        "item %d attempt %d model %s %s: %s status=%s",
+        item.item_id,
+        item.attempt,
+        spec.name,
+        verdict,
+        exc.kind,
+        exc.status,
+    )
+    return verdict
