@@ -41,7 +41,10 @@ FINISH_REASONS = {
     "tool_use": "tool_calls",
     "refusal": "content_filter",
 }
-PASSED_THROUGH = ("temperature", "top_p", "metadata")
+PASSED_THROUGH = ("metadata",)
+# Sampling fields the SDK (2.x) has no keyword for: sent in the body as they are,
+# through the SDK's extra_body (a provider that refuses one answers a 400).
+SAMPLING_FIELDS = ("temperature", "top_p")
 # Error types of an ``event: error`` inside a 200 stream, as the HTTP status they stand for.
 ERROR_TYPE_STATUS = {
     "invalid_request_error": 400,
@@ -88,6 +91,9 @@ def to_messages_request(body: dict[str, Any], max_tokens: int) -> dict[str, Any]
     for key in PASSED_THROUGH:
         if key in body:
             params[key] = body[key]
+    sampling = {key: body[key] for key in SAMPLING_FIELDS if key in body}
+    if sampling:
+        params["extra_body"] = sampling
     return params
 
 

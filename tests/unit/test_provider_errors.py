@@ -230,7 +230,7 @@ def test_anthropic_translates_the_body_to_messages() -> None:
         "system": "terse",
         "max_tokens": 50,
         "stop_sequences": ["END"],
-        "temperature": 0.3,
+        "extra_body": {"temperature": 0.3},  # the SDK has no keyword for it
         "extra_headers": {"x-batchgen-item": "7", "x-sim-fault": "none"},
         "timeout": 4.5,
     }
