@@ -213,7 +213,13 @@ def part_b(args: argparse.Namespace, workdir: Path) -> None:
         "--latency-base-ms",
         str(args.latency_ms),
     )
-    env = {"BATCHGEN_LOG_LEVEL": "WARNING", "BATCHGEN_BUDGET_WINDOW_S": str(args.window_s)}
+    env = {
+        "BATCHGEN_LOG_LEVEL": "WARNING",
+        "BATCHGEN_BUDGET_WINDOW_S": str(args.window_s),
+        # The guard in the same proportion to the window as in production (1 s of 60 s):
+        # the window is scaled down here, and a 1 s guard would hold back a tenth of it.
+        "BATCHGEN_BUDGET_GUARD_S": str(args.window_s / 60),
+    }
     runs: dict[str, dict[str, Any]] = {}
     with simulator_process(*sim_args) as sim_url:
         for factor in (1, 2):
