@@ -186,12 +186,21 @@ def start_celery_worker(
     concurrency: int,
     env: dict[str, str] | None = None,
     name: str,
+    pool: str | None = None,
+    beat: bool = False,
 ) -> Any:
     """``celery -A <app> worker`` for a Celery app of the benchmarks (``bench.…``), started
     like :func:`batchgen.worker.procs.start_worker` starts batchgen's: the same pool and
     options, its own process group, and a ready file the app's ``worker_ready`` handler
-    touches (``BATCHGEN_READY_FILE``); returns a ``WorkerProcess``."""
+    touches (``BATCHGEN_READY_FILE``); returns a ``WorkerProcess``.
+
+    ``pool="gevent"`` starts it through ``bench/gevent_worker.py`` (batchgen refuses
+    that pool otherwise), to measure it against the thread pool."""
     from batchgen.worker.procs import WORKER_POOL, WorkerProcess
+
+    pool = pool or WORKER_POOL
+    launcher = [str(Path(__file__).with_name("gevent_worker.py"))]
+    launcher = launcher if pool == "gevent" else ["-m", "celery"]
 
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
@@ -201,15 +210,14 @@ def start_celery_worker(
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     argv = [
         sys.executable,
-        "-m",
-        "celery",
+        *launcher,
         "-A",
         app,
         "worker",
         "-Q",
         ",".join(queues),
         "-P",
-        WORKER_POOL,
+        pool,
         "-c",
         str(concurrency),
         "-n",
@@ -219,6 +227,8 @@ def start_celery_worker(
         "--loglevel",
         "INFO",
     ]
+    if beat:
+        argv += ["-B", "-s", str(log_dir / f"{name}-beat-schedule")]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             argv,

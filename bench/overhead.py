@@ -4,7 +4,8 @@ Celery task that does nothing, side by side in one run.
 Same machine set-up for both runs: PostgreSQL and Redis (embedded, or the given
 ``DATABASE_URL`` / ``REDIS_URL`` in a database of their own), the provider
 simulator in its own process answering at once (zero latency, no limits), and
-``--workers`` Celery worker processes × ``--threads`` threads (thread pool):
+``--workers`` Celery worker processes × ``--threads`` threads (thread pool; ``--pool gevent``
+for greenlets through bench/gevent_worker.py, in both runs):
 
   (a) no-op: N messages of a task that does nothing (bench/noop_tasks.py, on
       batchgen's broker and Celery settings), published up front by this
@@ -30,7 +31,8 @@ publish or submit until the last message is acked or every batch is finished:
   Redis     INFO commandstats deltas (includes the commands Lua scripts run),
             minus this bench's own INFO and polling commands.
 
-    .venv/bin/python bench/overhead.py [--items 2000] [--workers 2] [--threads 16] [--tenants 1]
+    .venv/bin/python bench/overhead.py [--items 2000] [--workers 2] [--threads 16]
+                                      [--tenants 1] [--pool threads] [--count-items 300]
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -98,6 +101,10 @@ class Result:
     pg_settled: bool = True
     redis: Counter[str] = field(default_factory=Counter)
     checks: list[str] = field(default_factory=list)
+    # The counting pass (MONITOR): commands per source, and per (source, command).
+    count_items: int = 0
+    redis_sources: Counter[str] = field(default_factory=Counter)
+    redis_by_source_command: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     def per_item(self, value: float | None, scale: float = 1.0) -> float | None:
         return None if value is None else value * scale / self.items
@@ -205,6 +212,7 @@ def run_noop(setup: Setup) -> Result:
             concurrency=args.threads,
             env={"BATCHGEN_LOG_LEVEL": "WARNING"},
             name=f"noop{i}",
+            pool=args.pool,
         )
         for i in range(args.workers)
     ]
@@ -308,6 +316,67 @@ class BatchesPoll:
         self.engine.dispose()
 
 
+class CommandCount:
+    """Counts the commands Redis runs while it is on (``MONITOR``, on a thread of its
+    own), split by who sent them: a client (one round trip each) or a Lua script.
+    MONITOR slows Redis down, so it runs in a counting pass of its own, never while
+    CPU is measured."""
+
+    def __init__(self, url: str):
+        import redis as redis_lib
+
+        self.client = redis_lib.Redis.from_url(url)
+        self.by_source: Counter[str] = Counter()
+        self.by_command: Counter[tuple[str, str]] = Counter()
+        self._monitor = self.client.monitor()
+        self._monitor.__enter__()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                command = self._monitor.next_command()
+                if command is None:
+                    return
+                source = "script" if command["client_type"] == "lua" else "client"
+                name = command["command"].split(" ", 1)[0].strip('"').lower()
+                self.by_source[source] += 1
+                self.by_command[(source, name)] += 1
+        except Exception:  # the connection closed: counting is over
+            return
+
+    def stop(self) -> None:
+        time.sleep(0.5)  # the last replies reach the monitor
+        self._monitor.__exit__(None, None, None)
+        self._thread.join(timeout=5)
+        self.client.close()
+
+
+def count_pass(setup: Setup, procs: list[Any], result: Result) -> None:
+    """A second, smaller batch with MONITOR on: commands per item by source."""
+    from batchgen import python_api
+    from batchgen.config import get_settings
+
+    args = setup.args
+    n = args.count_items
+    counter = CommandCount(get_settings().redis_url)
+    try:
+        batch = python_api.submit_batch(
+            chat_requests(n, MODEL, "count", seed=2), tenant="bench-warmup"
+        )
+        poll = BatchesPoll()
+        try:
+            _wait(lambda: not poll.unfinished([batch["id"]]), procs, args.timeout_s, 0.2)
+        finally:
+            poll.close()
+    finally:
+        counter.stop()
+    result.count_items = n
+    result.redis_sources = counter.by_source
+    result.redis_by_source_command = counter.by_command
+
+
 def run_batchgen(setup: Setup) -> Result:
     from batchgen import python_api
     from batchgen.store import db, tenants
@@ -333,8 +402,14 @@ def run_batchgen(setup: Setup) -> Result:
         name="dispatcher",
     )
     workers = [
-        start_worker(
-            [f"llm.{MODEL}"], log_dir=log_dir, concurrency=args.threads, env=env, name=f"bg{i}"
+        start_celery_worker(
+            "batchgen.tasks",
+            [f"llm.{MODEL}"],
+            log_dir=log_dir,
+            concurrency=args.threads,
+            env=env,
+            name=f"bg{i}",
+            pool=args.pool,
         )
         for i in range(args.workers)
     ]
@@ -362,6 +437,8 @@ def run_batchgen(setup: Setup) -> Result:
             batch_ids.append(python_api.submit_batch(batch, tenant=name)["id"])
         _wait(lambda: not poll.unfinished(batch_ids), procs, args.timeout_s, 0.2)
         meter.stop_clock(result)
+        if args.count_items:
+            count_pass(setup, procs, result)
     finally:
         poll.close()
         for p in procs:
@@ -424,8 +501,9 @@ def report(setup: Setup, noop: Result, bg: Result, code: tuple[str, str]) -> Non
     if code[1] != code[0]:
         print(f"** the code changed during the run: now {code[1]} **")
     print(
-        f"{args.items} items/messages; {args.workers} worker processes × {args.threads} threads "
-        f"(thread pool); batchgen dispatcher {args.dispatcher_threads} threads + beat; "
+        f"{args.items} items/messages; {args.workers} worker processes × {args.threads} "
+        f"{'threads (thread pool)' if args.pool == 'threads' else 'greenlets (gevent pool)'}; "
+        f"batchgen dispatcher {args.dispatcher_threads} threads + beat; "
         f"{args.tenants} tenant(s); model cap {args.max_concurrency}; simulator at zero latency, "
         f"no limits; warm-up {args.warmup}, settle {args.settle_s:g} s"
     )
@@ -505,6 +583,8 @@ def report(setup: Setup, noop: Result, bg: Result, code: tuple[str, str]) -> Non
             _fmt(noop.per_item(sum(noop.redis[k] for k in rest))),
             _fmt(bg.per_item(sum(bg.redis[k] for k in rest))),
         )
+    if bg.count_items:
+        _report_sources(noop, bg, row)
     print()
     for check in noop.checks + bg.checks:
         print(check)
@@ -518,6 +598,27 @@ def report(setup: Setup, noop: Result, bg: Result, code: tuple[str, str]) -> Non
         print("note: --settle-s under 10.5 s: counts PostgreSQL reports late may land in a window")
     for name in setup.given_servers:
         print(f"note: {name} was given, not embedded: its CPU and counters include other clients")
+
+
+def _report_sources(noop: Result, bg: Result, row: Callable[..., None]) -> None:
+    """Round trips (commands clients sent) apart from what scripts ran inside Redis."""
+    n = bg.count_items
+    print(f"Redis commands per item by source (MONITOR, a counting pass of {n} more items)")
+    client, inside = bg.redis_sources["client"] / n, bg.redis_sources["script"] / n
+    celery = noop.per_item(sum(noop.redis.values()))  # Celery runs no scripts
+    row("  sent by clients (round trips)", _fmt(celery), _fmt(client))
+    own = None if celery is None else client - celery
+    row(
+        "  minus the no-op's per message",
+        f"{'':11}",
+        _fmt(own),
+        "",
+        f"≤ {TARGET_REDIS_COMMANDS:g} (batchgen's own)",
+    )
+    row("  run inside Lua scripts", f"{'-':>11}", _fmt(inside))
+    sent = Counter({k: v for (src, k), v in bg.redis_by_source_command.items() if src == "client"})
+    for name, calls in sent.most_common(8):
+        row(f"    {name}", f"{'':11}", _fmt(calls / n))
 
 
 def main() -> None:
@@ -542,6 +643,18 @@ def main() -> None:
     )
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per drain")
     parser.add_argument("--top-commands", type=int, default=14)
+    parser.add_argument(
+        "--pool",
+        choices=("threads", "gevent"),
+        default="threads",
+        help="the Celery pool of both runs' workers (gevent: bench/gevent_worker.py)",
+    )
+    parser.add_argument(
+        "--count-items",
+        type=int,
+        default=300,
+        help="items of the counting pass (MONITOR on, after the measured one); 0: none",
+    )
     args = parser.parse_args()
     if not 1 <= args.items <= 200_000:
         parser.error("--items must be between 1 and 200000")

@@ -1,9 +1,12 @@
-"""The worker task: one item per message; the message carries the item id only
-(and its model's name, which routes it to the model group's queue)."""
+"""The worker task: one item per message; the message carries the item id, its
+model's name (which routes it to the model group's queue) and its ticket (batch,
+tenant, attempt, token counts: ids and numbers, never text)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from typing import Any
 
 from celery import Task
 
@@ -11,6 +14,7 @@ from batchgen.config import get_settings
 from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate
 from batchgen.registry import get_registry
+from batchgen.store.items import Ticket
 from batchgen.tasks.celery_app import celery_app
 from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.dispatch import dispatch
@@ -41,10 +45,27 @@ def _refiller() -> Refiller:
 # max_retries=None: a budget wait is not a failure and may repeat as often as
 # needed; failure attempts are counted on the item in PostgreSQL instead.
 @celery_app.task(name=GENERATE_TASK, bind=True, ignore_result=True, max_retries=None)
-def generate(self: Task, item_id: int, model: str | None = None) -> str:
-    """Run item ``item_id``. ``model`` routes the message to its group's queue."""
+def generate(
+    self: Task, item_id: int, model: str | None = None, ticket: dict[str, Any] | None = None
+) -> str:
+    """Run item ``item_id``. ``model`` routes the message to its group's queue;
+    ``ticket`` lets the gate decide before the claim (a message without one, or with
+    one this version cannot read, costs a lookup of the item)."""
     registry, settings = get_registry(), get_settings()
-    verdict = run_item(item_id, registry, settings, _gate(), _watcher(), model=model)
+    read: Ticket | None = None
+    if ticket is not None:
+        with contextlib.suppress(ValueError):
+            read = Ticket.from_message(item_id, ticket)
+    verdict = run_item(
+        item_id,
+        registry,
+        settings,
+        _gate(),
+        _watcher(),
+        model=model,
+        ticket=read,
+        delivery_id=self.request.id,
+    )
     if verdict.countdown_s is not None:
         raise self.retry(countdown=verdict.countdown_s)
     if verdict.frees_place and verdict.model is not None:

@@ -131,6 +131,11 @@ _REASONS = {
 }
 
 
+# The part of a message's id that goes into a reservation id (enough to tell two
+# messages of one item and attempt apart).
+DELIVERY_ID_CHARS = 12
+
+
 class Gate:
     def __init__(self, client: redis.Redis, settings: Settings):
         self.client = client
@@ -147,12 +152,21 @@ class Gate:
         with contextlib.suppress(redis.RedisError):
             self.slots.release(spec.name, holder)
 
-    def enter(self, spec: ModelSpec, item: CallTicket) -> Pass | Wait | Never:
-        """Take a slot and reserve tokens (one script), or say how long to wait."""
-        # One id per item and attempt: an attempt handed back unsent (its attempt
-        # number is reused) finds a reservation whose reply it lost, instead of
-        # leaving it on the books for a call that never happens.
+    def enter(
+        self, spec: ModelSpec, item: CallTicket, delivery_id: str | None = None
+    ) -> Pass | Wait | Never:
+        """Take a slot and reserve tokens (one script), or say how long to wait.
+
+        ``delivery_id`` names the message (its retries keep it): two messages of the
+        same item and attempt (a duplicate publish) then hold reservations of their
+        own, and the one that claims nothing gives back only its own.
+        """
+        # One id per item, attempt (and message): an attempt handed back unsent (its
+        # attempt number is reused) finds a reservation whose reply it lost, instead
+        # of leaving it on the books for a call that never happens.
         reservation_id = f"{item.item_id}:{item.attempt}"
+        if delivery_id:
+            reservation_id += f":{delivery_id[:DELIVERY_ID_CHARS]}"
         if not self.enabled:
             tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
             return Pass(reservation_id, tokens, item.prompt_tokens_est)

@@ -33,6 +33,7 @@ from batchgen.providers.base import (
     chat_params,
     classify_status,
     safe_code,
+    sse_data,
     status_message,
     transport_error,
 )
@@ -214,11 +215,8 @@ class OpenAIProvider:
         finish: str | None = None
         usage: dict[str, Any] | None = None
         watch.check()
-        for line in raw.iter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
+        for data in sse_data(raw.iter_bytes()):
+            if data == b"[DONE]":
                 continue  # read on: the end of the body frees the connection
             chunk = json.loads(data)
             if not isinstance(chunk, dict):

@@ -289,20 +289,32 @@ async def _stream(
         status=200,
         headers={**call.headers, "content-type": "text/event-stream", "cache-control": "no-cache"},
     )
+    # Nothing paces the chunks (no per-token latency, no fault mid-stream): the events
+    # go out in one write, as a fast server's would share TCP segments.
+    coalesce = per_chunk_s <= 0 and fault is None
+    pending: list[bytes] = []
+
+    async def emit(data: bytes) -> None:
+        if coalesce:
+            pending.append(data)
+        else:
+            await resp.write(data)
+
     await asyncio.sleep(first_s)
     try:
         await resp.prepare(request)
         call.entry["status"] = 200
         if api == "anthropic":
             for name, data in fmt.anthropic_start_events(rid, model, call.prompt_tokens):
-                await resp.write(fmt.sse(api, name, data))
+                await emit(fmt.sse(api, name, data))
         else:
             first = fmt.openai_chunk(
                 rid, model, {"role": "assistant", "content": ""}, None, req.include_usage
             )
-            await resp.write(fmt.sse(api, "", first))
+            await emit(fmt.sse(api, "", first))
         for i, piece in enumerate(chunks):
-            await asyncio.sleep(per_chunk_s)
+            if not coalesce:
+                await asyncio.sleep(per_chunk_s)
             if fault == "reset" and i == len(chunks) // 2:
                 state.counters["errors"] += 1
                 _abort(request, call)
@@ -316,22 +328,24 @@ async def _stream(
                 return resp
             if api == "anthropic":
                 name, data = fmt.anthropic_delta_event(piece)
-                await resp.write(fmt.sse(api, name, data))
+                await emit(fmt.sse(api, name, data))
             else:
                 chunk = fmt.openai_chunk(rid, model, {"content": piece}, None, req.include_usage)
-                await resp.write(fmt.sse(api, "", chunk))
+                await emit(fmt.sse(api, "", chunk))
             call.sent.append(piece)
         if api == "anthropic":
             for name, data in fmt.anthropic_end_events(finish, call.prompt_tokens, ctoks):
-                await resp.write(fmt.sse(api, name, data))
+                await emit(fmt.sse(api, name, data))
         else:
-            await resp.write(
+            await emit(
                 fmt.sse(api, "", fmt.openai_chunk(rid, model, {}, finish, req.include_usage))
             )
             if req.include_usage:
                 usage = fmt.openai_usage_chunk(rid, model, call.prompt_tokens, ctoks)
-                await resp.write(fmt.sse(api, "", usage))
-            await resp.write(fmt.sse(api, "", "[DONE]"))
+                await emit(fmt.sse(api, "", usage))
+            await emit(fmt.sse(api, "", "[DONE]"))
+        if pending:
+            await resp.write(b"".join(pending))
         await resp.write_eof()
         call.entry["completed"] = True
     except ConnectionResetError:  # client closed the stream (no handler cancellation)

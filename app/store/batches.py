@@ -395,7 +395,7 @@ def cancel(session: Session, tenant: Tenant, batch_id: str) -> Batch:
 
     After this commits, no new provider request starts for the batch (workers
     re-check the item row when they claim it and right before they send, see
-    :func:`batchgen.store.items.mark_sent`). Calls already under way are told to stop by
+    :func:`batchgen.store.items.claim_sent`). Calls already under way are told to stop by
     :func:`batchgen.worker.cancellation.announce` after the commit.
     """
     batch = get_owned_batch(session, tenant, batch_id)

@@ -12,18 +12,20 @@ are loaded by nobody else.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy import Connection, func, select, text, update
+from sqlalchemy import Connection, TextClause, bindparam, func, select, text, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from batchgen.domain.deadlines import carried_forward
 from batchgen.domain.status import IN_FLIGHT, OPEN, ItemStatus, can_move, values
 from batchgen.store.db import ADVISORY_NAMESPACE
-from batchgen.store.schema import Item
+from batchgen.store.schema import Item, Tenant
 from batchgen.store.sqlfiles import query
 
 S = ItemStatus
@@ -74,6 +76,8 @@ FINISH = _declare("finish", {S.RUNNING}, {S.FAILED, S.EXPIRED, S.CANCELLED})
 # A paid answer is the item's result whatever the item became meanwhile, as long
 # as it is not finished: even after its lease ran out and it went back to the queue.
 SUCCEED = _declare("succeed", set(OPEN), {S.SUCCEEDED})
+# The hot path's one-statement record of an answer: only this very attempt, running.
+SUCCEED_ANSWERED = _declare("succeed_answered", {S.RUNNING}, {S.SUCCEEDED})
 CANCEL_BATCH = _declare("cancel_batch", {S.PENDING, S.QUEUED, S.RUNNING}, {S.CANCELLED})
 # The sweep's statements (sql/sweep_*.sql).
 SWEEP_CANCEL_ORPHANS = _declare("sweep_cancel_orphans", {S.PENDING, S.QUEUED}, {S.CANCELLED})
@@ -90,6 +94,61 @@ SWEEP_LOST_RUNNING = _declare(
 # ``status = ANY(:sources)`` from its move's declaration; the ones that change a
 # running item also check the attempt (``_owner``), so an attempt number is never
 # reused for a billed call.
+
+
+class Attempt(Protocol):
+    """One attempt of one item, as the statements that move a running item name it."""
+
+    @property
+    def item_id(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ticket:
+    """What a released item's message carries besides its id: enough for the gate to
+    decide before the item is claimed (ids and token counts, never text).
+
+    ``attempt`` is the attempt this delivery would be (attempts so far + 1): a claim
+    matches only while the item is still there, so a stale message claims nothing.
+    """
+
+    item_id: int
+    batch_id: str
+    tenant_id: int
+    attempt: int
+    prompt_tokens_est: int
+    max_tokens: int
+    tenant_tokens_per_min: int | None
+
+    def to_message(self) -> dict[str, Any]:
+        """The message's ``ticket`` keyword (JSON; the item id is the task's argument)."""
+        return {
+            "batch": self.batch_id,
+            "tenant": self.tenant_id,
+            "attempt": self.attempt,
+            "prompt_tokens_est": self.prompt_tokens_est,
+            "max_tokens": self.max_tokens,
+            "tenant_tokens_per_min": self.tenant_tokens_per_min,
+        }
+
+    @classmethod
+    def from_message(cls, item_id: int, data: dict[str, Any]) -> Ticket:
+        """Read :meth:`to_message`'s form back; ``ValueError`` when it is not that."""
+        try:
+            tpm = data["tenant_tokens_per_min"]
+            return cls(
+                item_id=int(item_id),
+                batch_id=str(data["batch"]),
+                tenant_id=int(data["tenant"]),
+                attempt=int(data["attempt"]),
+                prompt_tokens_est=int(data["prompt_tokens_est"]),
+                max_tokens=int(data["max_tokens"]),
+                tenant_tokens_per_min=None if tpm is None else int(tpm),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a ticket: {type(exc).__name__} {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,19 +192,26 @@ class Claimed:
 
 
 def claim(
-    session: Session | Connection, item_id: int, lease_s: float, read_mono_s: float | None = None
+    session: Session | Connection,
+    item_id: int,
+    lease_s: float,
+    read_mono_s: float | None = None,
+    *,
+    attempt: int | None = None,
 ) -> Claimed | None:
     """``queued → running`` with a lease; None when the item is not ours to run.
 
     ``read_mono_s``: ``time.monotonic()`` from before the session's transaction
     began (default: now, exact when the claim is the transaction's first statement).
+    ``attempt``: the attempt the message's ticket expects (None: any).
     """
     mono_s = time.monotonic() if read_mono_s is None else read_mono_s
-    row = session.execute(
-        query("item_claim"), {"item_id": item_id, "lease_s": lease_s, **CLAIM.params()}
-    ).one_or_none()
-    if row is None:
-        return None
+    params = {"item_id": item_id, "lease_s": lease_s, "attempt": attempt, **CLAIM.params()}
+    row = session.execute(query("item_claim"), params).one_or_none()
+    return None if row is None else _claimed(row, mono_s)
+
+
+def _claimed(row: Any, read_mono_s: float) -> Claimed:
     return Claimed(
         item_id=row.id,
         batch_id=row.batch_id,
@@ -162,8 +228,19 @@ def claim(
         lease_expires_at=row.lease_expires_at,
         rate_limited=row.rate_limited,
         now=row.now,
-        read_mono_s=mono_s,
+        read_mono_s=read_mono_s,
     )
+
+
+def claim_sent(
+    session: Session | Connection, ticket: Ticket, lease_s: float, read_mono_s: float
+) -> Claimed | None:
+    """``queued → running``, marked sent, in one statement: the gate has already let
+    the call through. None when the item is not there for this ticket's attempt
+    (a stale or duplicate message, a cancelled, finished or expired item)."""
+    params = {"item_id": ticket.item_id, "attempt": ticket.attempt, "lease_s": lease_s}
+    row = session.execute(query("item_claim_sent"), {**params, **CLAIM.params()}).one_or_none()
+    return None if row is None else _claimed(row, read_mono_s)
 
 
 def expire_unstarted(session: Session | Connection, item_id: int) -> str | None:
@@ -185,7 +262,7 @@ def expire_unstarted(session: Session | Connection, item_id: int) -> str | None:
     return result.scalar_one_or_none()
 
 
-def _owner(item: Claimed) -> dict[str, Any]:
+def _owner(item: Attempt) -> dict[str, Any]:
     """Bind parameters naming this very attempt of the item."""
     return {"item_id": item.item_id, "attempt": item.attempt}
 
@@ -208,19 +285,8 @@ def finish(
     return session.execute(query("item_finish"), params).first() is not None
 
 
-def mark_sent(session: Session | Connection, item: Claimed) -> bool:
-    """Right before the provider request: False when a cancel got there first.
-
-    A cancel ends running items whose ``sent_at`` is NULL; both statements
-    update this row, so exactly one of them wins. Hence, once a cancel has
-    returned, no new provider request starts for that batch. (No state move:
-    the item stays running.)
-    """
-    return session.execute(query("item_mark_sent"), _owner(item)).first() is not None
-
-
 def requeue(
-    session: Session, item: Claimed, wait_s: float, lease_s: float, *, rate_limited: bool = False
+    session: Session, item: Attempt, wait_s: float, lease_s: float, *, rate_limited: bool = False
 ) -> bool:
     """``running → queued``: a short budget wait, an attempt handed back unsent, or a
     provider 429 (``rate_limited``: counted on the item). The attempt is not counted;
@@ -289,15 +355,39 @@ def succeed(session: Session, item_id: int) -> bool:
     return session.execute(query("item_succeed"), params).first() is not None
 
 
+@dataclass(frozen=True)
+class Answered:
+    """What :func:`succeed_answered` found, as of its statement's snapshot."""
+
+    recorded: bool  # the answer is the item's result, ledgered once
+    waiting: bool  # items of the batch still pending or queued
+    running: bool  # other items of the batch running (ours not counted)
+
+
+def succeed_answered(connection: Connection, row: dict[str, Any]) -> Answered:
+    """``running → succeeded`` with the ledger row, the daily totals and the result, in
+    one statement; ``recorded`` is False (and nothing written) unless this very attempt
+    (``row["item_id"]``, ``row["attempt"]``) is running and neither answered nor
+    ledgered yet. ``row`` holds the ledger's and the result's columns
+    (:func:`batchgen.store.ledger.record_answer` builds it)."""
+    result = connection.execute(_succeed_answered(), {**row, **SUCCEED_ANSWERED.params()}).one()
+    return Answered(recorded=result.recorded, waiting=result.waiting, running=result.running)
+
+
+@functools.cache
+def _succeed_answered() -> TextClause:
+    return query("item_succeed_answered").bindparams(bindparam("response", type_=JSONB))
+
+
 def cancel_unsent(session: Session, batch_id: str, now: dt.datetime) -> int:
     """End every item of the batch whose provider request has not been sent
-    (pending, queued, or running before :func:`mark_sent`); returns how many."""
+    (pending, queued, or running unsent: claimed for a wait); returns how many."""
     result = session.execute(
         update(Item)
         .where(
             Item.batch_id == batch_id,
             Item.status.in_(values(CANCEL_BATCH.sources - {S.RUNNING}))
-            # running but the request not yet sent: see mark_sent
+            # running but the request not yet sent: see claim_sent
             | ((Item.status == S.RUNNING.value) & Item.sent_at.is_(None)),
         )
         .values(
@@ -337,9 +427,10 @@ def in_flight(session: Session, model: str) -> int:
     )
 
 
-def release(session: Session, model: str, window: int, queued_lease_s: float) -> list[int]:
+def release(session: Session, model: str, window: int, queued_lease_s: float) -> list[Ticket]:
     """``pending → queued`` for up to the model's free places in its window of
-    ``window`` items, in weighted fair order across tenants; returns the ids.
+    ``window`` items, in weighted fair order across tenants; returns their tickets
+    (what each message carries), in id order.
 
     A per-model advisory lock makes the count and the release one critical
     section across dispatchers, and ``FOR UPDATE SKIP LOCKED`` guarantees that
@@ -365,17 +456,51 @@ def release(session: Session, model: str, window: int, queued_lease_s: float) ->
     if not locked:
         return []
     now = func.now()
-    session.execute(
+    rows = session.execute(
         update(Item)
-        .where(Item.id.in_(locked))
+        .where(Item.id.in_(locked), Item.tenant_id == Tenant.id)
         .values(
             status=S.QUEUED.value,
             queued_at=now,
             lease_expires_at=now + dt.timedelta(seconds=queued_lease_s),
         )
+        .returning(*_TICKET_COLUMNS)
         .execution_options(synchronize_session=False)
     )
-    return sorted(locked)
+    return sorted((_ticket(row) for row in rows), key=lambda t: t.item_id)
+
+
+_TICKET_COLUMNS = (
+    Item.id,
+    Item.batch_id,
+    Item.tenant_id,
+    Item.attempts,
+    Item.prompt_tokens_est,
+    Item.max_tokens,
+    Tenant.tokens_per_min,
+)
+
+
+def _ticket(row: Any) -> Ticket:
+    return Ticket(
+        item_id=row.id,
+        batch_id=row.batch_id,
+        tenant_id=row.tenant_id,
+        attempt=row.attempts + 1,
+        prompt_tokens_est=row.prompt_tokens_est,
+        max_tokens=row.max_tokens,
+        tenant_tokens_per_min=row.tokens_per_min,
+    )
+
+
+def ticket_of(session: Session | Connection, item_id: int) -> tuple[str, Ticket] | None:
+    """The model and the ticket of a queued item (for a message that carries none)."""
+    row = session.execute(
+        select(Item.model, *_TICKET_COLUMNS).where(
+            Item.id == item_id, Item.tenant_id == Tenant.id, Item.status == S.QUEUED.value
+        )
+    ).one_or_none()
+    return None if row is None else (row.model, _ticket(row))
 
 
 # --- the sweep's moves ----------------------------------------------------------

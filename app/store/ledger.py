@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import TextClause, bindparam
+from sqlalchemy import Connection, TextClause, bindparam
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
@@ -21,7 +21,7 @@ from batchgen.domain.cost import cost_usd
 from batchgen.domain.status import TERMINAL, ItemStatus
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store import items
-from batchgen.store.items import LockedItem
+from batchgen.store.items import Answered, Claimed, LockedItem
 from batchgen.store.schema import DAILY_USAGE_SHARDS
 from batchgen.store.sqlfiles import query
 
@@ -121,6 +121,33 @@ def _supersede(session: Session, item: LockedItem, attempt: int, spec: ModelSpec
     if newer_sent:
         outcome, cost = _estimate(item, item.attempts, spec)
         _ledger(session, item, outcome, cost, SUPERSEDED_CALL)
+
+
+def record_answer(
+    connection: Connection, item: Claimed, outcome: CallOutcome, spec: ModelSpec
+) -> Answered:
+    """The common case of :func:`record_success` in one statement (autocommit): this
+    attempt is still running, nothing of it ledgered. ``recorded`` False: nothing was
+    written, and :func:`record_success` decides what the answer is."""
+    cost = cost_usd(outcome.prompt_tokens, outcome.completion_tokens, spec)
+    return items.succeed_answered(
+        connection,
+        {
+            "item_id": item.item_id,
+            "attempt": outcome.attempt,
+            "tenant_id": item.tenant_id,
+            "batch_id": item.batch_id,
+            "model": item.model,
+            "shard": _shard(item.item_id),
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            "cost_usd": cost,
+            "response": outcome.response,
+            "provider_request_id": outcome.provider_request_id,
+            "upstream_latency_ms": outcome.upstream_latency_ms,
+            "queue_wait_ms": outcome.queue_wait_ms,
+        },
+    )
 
 
 def record_success(session: Session, outcome: CallOutcome, spec: ModelSpec) -> bool:

@@ -1,14 +1,34 @@
-"""SQL that SQLAlchemy cannot express cleanly lives in app/store/sql/*.sql, loaded by name."""
+"""SQL that SQLAlchemy cannot express cleanly lives in app/store/sql/*.sql, loaded by name.
+
+A line ``--! include <name>`` is replaced by ``sql/include/<name>.sql`` (a part that
+two statements share, such as the daily totals that follow a ledger row).
+"""
 
 from __future__ import annotations
 
 import functools
+import re
 from importlib import resources
 
 from sqlalchemy import TextClause, text
+
+_INCLUDE = re.compile(r"^--! include ([a-z_]+)$", re.MULTILINE)
+
+
+def _read(*parts: str) -> str:
+    return resources.files("batchgen.store").joinpath("sql", *parts).read_text("utf-8")
+
+
+def source(name: str) -> str:
+    """The text of ``app/store/sql/<name>.sql``, its includes in place."""
+
+    def part(match: re.Match[str]) -> str:
+        return _read("include", f"{match.group(1)}.sql").rstrip("\n")
+
+    return _INCLUDE.sub(part, _read(f"{name}.sql"))
 
 
 @functools.cache
 def query(name: str) -> TextClause:
     """The statement in ``app/store/sql/<name>.sql``."""
-    return text(resources.files("batchgen.store").joinpath("sql", f"{name}.sql").read_text("utf-8"))
+    return text(source(name))

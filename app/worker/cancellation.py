@@ -1,7 +1,7 @@
 """Stopping provider calls that are under way when their batch is cancelled.
 
 The database is the truth (a cancelled item is never claimed or sent, see
-:func:`batchgen.store.items.mark_sent`); this module only makes calls already sent stop
+:func:`batchgen.store.items.claim_sent`); this module only makes calls already sent stop
 early. A cancel is announced on a Redis channel; each worker process runs one
 watcher thread that sets the cancel event of its in-flight calls for that
 batch. Pub/sub loses messages while a subscriber reconnects, so the watcher

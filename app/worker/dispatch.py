@@ -28,16 +28,20 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Release:
-    item_id: int
+    ticket: items.Ticket
     model: str
     queue: str
+
+    @property
+    def item_id(self) -> int:
+        return self.ticket.item_id
 
 
 def release_model(session: Session, spec: ModelSpec, settings: Settings) -> list[Release]:
     """Release up to the model's free places, in fair order, in the caller's transaction."""
     window = window_size(spec.max_concurrency, settings.dispatch_ahead_factor)
     released = items.release(session, spec.name, window, settings.queued_lease_s)
-    return [Release(item_id, spec.name, spec.queue) for item_id in released]
+    return [Release(ticket, spec.name, spec.queue) for ticket in released]
 
 
 def release_all(session: Session, registry: Registry, settings: Settings) -> list[Release]:
@@ -57,7 +61,7 @@ def dispatch(registry: Registry, settings: Settings, models: Collection[str] | N
         for spec in specs:
             releases.extend(release_model(session, spec, settings))
     for r in releases:
-        publish.generate(r.item_id, r.model)
+        publish.generate(r.item_id, r.model, r.ticket.to_message())
     if releases:
         log.debug("dispatched %d items", len(releases))
     return len(releases)

@@ -1,10 +1,12 @@
-"""Running one delivery of an item: claim, gate, call, record exactly once.
+"""Running one delivery of an item: gate, claim, call, record exactly once.
 
 Celery-free, so it can be driven by the task in :mod:`batchgen.tasks.generate` and by
-tests alike. The path goes down the layers once: claim (queued → running) →
-gate (concurrency slot, token budget) → mark sent → provider call → record the
-result, or ask :mod:`batchgen.domain.decisions` what a failure means and apply it
-→ settle the gate (``finally``) → close the batch if this was its last item.
+tests alike. The path goes down the layers once: gate on the message's ticket
+(concurrency slot, token budget: one script) → claim and mark sent (queued →
+running, one statement) → provider call → record the result (one statement in the
+common case), or ask :mod:`batchgen.domain.decisions` what a failure means and
+apply it → settle the gate (``finally``, one script) → close the batch if this was
+its last item. On the gate's wait the item is claimed and handed back for later.
 Every item state move is a call into :mod:`batchgen.store.items`.
 """
 
@@ -18,7 +20,6 @@ from threading import Event
 from typing import Any, TypeVar
 
 import redis
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
@@ -38,9 +39,8 @@ from batchgen.registry import ModelSpec, Registry
 from batchgen.store import batches, db, items
 from batchgen.store.batches import Progress
 from batchgen.store.db import session_scope
-from batchgen.store.items import Claimed
-from batchgen.store.ledger import CallOutcome, record_success
-from batchgen.store.schema import Item
+from batchgen.store.items import Claimed, Ticket
+from batchgen.store.ledger import CallOutcome, record_answer, record_success
 from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.failures import cancelled, failed, rate_limited_call
 from batchgen.worker.recording import (
@@ -64,31 +64,62 @@ def run_item(
     gate: Gate,
     watcher: CancelWatcher | None = None,
     model: str | None = None,
+    ticket: Ticket | None = None,
+    delivery_id: str | None = None,
 ) -> Verdict:
     """Run one delivery of an item end to end.
 
-    ``model`` is the message's routing hint: when it names a model of the
-    registry, the claim is the first statement (no lookup of the row first).
+    ``model`` and ``ticket`` come with the message (its routing hint, and what the
+    gate decides on); a message without them costs one lookup of the item first.
+    ``delivery_id`` names the message (see :meth:`Gate.enter`).
     """
     spec = registry.get(model) if model else None
-    if spec is None:
-        with session_scope() as session:
-            spec = _spec_of(session, item_id, registry)
+    if ticket is None or spec is None or ticket.item_id != item_id:
+        with db.autocommit() as connection:
+            found = items.ticket_of(connection, item_id)
+        if found is None:  # not queued: a duplicate, cancelled, finished, expired...
+            return _not_claimed(item_id, model)
+        model_name, ticket = found
+        spec = registry.get(model_name)
         if spec is None:
             return Verdict("skipped")
-    item = _claim(item_id, running_lease_s(spec, settings))
-    if item is None:  # duplicate, cancelled, finished, or past its deadline
-        return _not_claimed(item_id, spec)
-    if item.model != spec.name:  # a message routed under another model's name
-        spec = registry.get(item.model)
-        if spec is None:
-            give_back(item, settings)
-            return Verdict("skipped")
-    verdict = _run_claimed(item, spec, settings, gate, watcher)
+    verdict = _run_ticket(ticket, spec, settings, gate, watcher, delivery_id)
     return Verdict(verdict.outcome, verdict.countdown_s, spec.name)
 
 
-def _claim(item_id: int, lease_s: float) -> Claimed | None:
+def _run_ticket(
+    ticket: Ticket,
+    spec: ModelSpec,
+    settings: Settings,
+    gate: Gate,
+    watcher: CancelWatcher | None,
+    delivery_id: str | None,
+) -> Verdict:
+    """Gate first, then claim: on the gate's yes, one statement claims the item and
+    marks it sent; on a wait, the item is claimed and handed back for later."""
+    lease_s = running_lease_s(spec, settings)
+    decision = gate.enter(spec, ticket, delivery_id)  # a Redis error: nothing claimed yet
+    if not isinstance(decision, Pass):
+        item = _claim(ticket.item_id, lease_s, ticket.attempt)
+        if item is None:  # duplicate, cancelled, finished, or past its deadline
+            return _not_claimed(ticket.item_id, spec.name)
+        return _wait(item, decision, settings)
+    settlement = Settlement()
+    try:
+        # Watching before the claim: a cancel that commits after it is heard at once.
+        with watcher.watch(ticket.batch_id) if watcher else nullcontext(Event()) as cancel:
+            item = _claim_sent(ticket, lease_s, settings)
+            if item is None:
+                return _not_claimed(ticket.item_id, spec.name)
+            if item.model != spec.name:  # a message routed under another model's name
+                give_back(item, settings)
+                return Verdict("skipped")
+            return _call(item, spec, settings, cancel, settlement)
+    finally:
+        _settle(gate, spec, decision, ticket, settlement)
+
+
+def _claim(item_id: int, lease_s: float, attempt: int | None = None) -> Claimed | None:
     """One statement, one round trip. A pooled connection whose backend died (a
     failover) fails its first statement and invalidates the pool: the claim is tried
     once more, on a fresh connection (nothing was claimed: the statement failed)."""
@@ -96,7 +127,7 @@ def _claim(item_id: int, lease_s: float) -> Claimed | None:
         read_mono_s = time.monotonic()  # before the statement whose now() the claim returns
         try:
             with db.autocommit() as connection:
-                return items.claim(connection, item_id, lease_s, read_mono_s)
+                return items.claim(connection, item_id, lease_s, read_mono_s, attempt=attempt)
         except Exception as exc:
             if last_try or not db.is_transient(exc):
                 raise
@@ -106,35 +137,53 @@ def _claim(item_id: int, lease_s: float) -> Claimed | None:
     raise AssertionError("unreachable")
 
 
-def _not_claimed(item_id: int, spec: ModelSpec) -> Verdict:
+@dataclass(frozen=True)
+class _MaybeClaimed:
+    """A claim whose reply was lost: the item may be ours, for at most its lease."""
+
+    item_id: int
+    attempt: int
+    until_mono_s: float
+
+    def lease_left_s(self) -> float:
+        return self.until_mono_s - time.monotonic()
+
+
+def _claim_sent(ticket: Ticket, lease_s: float, settings: Settings) -> Claimed | None:
+    """Claim and mark sent, one statement. On a database error the statement may have
+    committed with its reply lost: the attempt is handed back (a no-op if it did not
+    commit), and the claim tried once more on a fresh connection (see :func:`_claim`)."""
+    for last_try in (False, True):
+        read_mono_s = time.monotonic()
+        try:
+            with db.autocommit() as connection:
+                return items.claim_sent(connection, ticket, lease_s, read_mono_s)
+        except Exception as exc:
+            if not db.is_transient(exc):
+                raise
+            maybe = _MaybeClaimed(ticket.item_id, ticket.attempt, read_mono_s + lease_s)
+            give_back(maybe, settings)
+            if last_try:
+                raise
+            log.warning(
+                "item %d: database error claiming (%s), once more",
+                ticket.item_id,
+                type(exc).__name__,
+            )
+    raise AssertionError("unreachable")
+
+
+def _not_claimed(item_id: int, model: str | None) -> Verdict:
     """The claim matched nothing: expire the item if its deadline passed (closing its
     batch if that was its last open item), else skip the delivery."""
     with session_scope() as session:
         batch_id = items.expire_unstarted(session, item_id)
         progress = batches.close_if_done(session, batch_id) if batch_id else None
     if batch_id is None:
-        return Verdict("skipped", model=spec.name)
+        return Verdict("skipped", model=model)
     if progress is Progress.TAIL:
         close_batch(batch_id, item_id)
-    return Verdict("expired", model=spec.name)
-
-
-def _spec_of(session: Session, item_id: int, registry: Registry) -> ModelSpec | None:
-    model = session.scalar(select(Item.model).where(Item.id == item_id))
-    return registry.get(model) if model is not None else None
-
-
-def _run_claimed(
-    item: Claimed, spec: ModelSpec, settings: Settings, gate: Gate, watcher: CancelWatcher | None
-) -> Verdict:
-    try:
-        decision = gate.enter(spec, item)
-    except redis.RedisError:
-        give_back(item, settings)
-        raise
-    if not isinstance(decision, Pass):
-        return _wait(item, decision, settings)
-    return _run_admitted(item, spec, decision, gate, settings, watcher)
+    return Verdict("expired", model=model)
 
 
 def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
@@ -181,35 +230,8 @@ class Settlement:
     error: ProviderError | None = NOT_SENT
 
 
-def _run_admitted(
-    item: Claimed,
-    spec: ModelSpec,
-    admitted: Pass,
-    gate: Gate,
-    settings: Settings,
-    watcher: CancelWatcher | None,
-) -> Verdict:
-    """From the gate's yes to its settlement: the slot and the reservation are ours
-    until :func:`_settle` in ``finally``, whatever fails in between."""
-    settlement = Settlement()
-    try:
-        with watcher.watch(item.batch_id) if watcher else nullcontext(Event()) as cancel:
-            try:
-                with db.autocommit() as connection:  # one statement, one round trip
-                    sent = items.mark_sent(connection, item)
-            except Exception as exc:
-                if db.is_transient(exc):
-                    give_back(item, settings)
-                raise
-            if not sent:  # the batch was cancelled between the claim and now
-                return Verdict("cancelled")
-            return _call(item, spec, settings, cancel, settlement)
-    finally:
-        _settle(gate, spec, admitted, item, settlement)
-
-
 def _settle(
-    gate: Gate, spec: ModelSpec, admitted: Pass, item: Claimed, settlement: Settlement
+    gate: Gate, spec: ModelSpec, admitted: Pass, item: Ticket, settlement: Settlement
 ) -> None:
     """Budget bookkeeping after a call; a Redis error must not undo the call's outcome."""
     outcome: dict[str, Any] = (
@@ -268,18 +290,7 @@ def _call(
         upstream_latency_ms=int(latency_s * 1000),
         queue_wait_ms=max(0, int((item.started_at - item.created_at).total_seconds() * 1000)),
     )
-    # A paid answer is recorded before anything else; a database outage is waited
-    # out for as long as the lease lasts.
-    progress: list[Progress] = []
-
-    def work(session: Session) -> bool:
-        recorded = record_success(session, outcome, spec)
-        if recorded:
-            closing(session, item, progress)
-        return recorded
-
-    recorded = with_db_retries(item, "recording the result", work)
-    after_commit(item, progress)
+    recorded = _record(item, outcome, spec)
     log.info(
         "item %d attempt %d model %s succeeded prompt_tokens=%d completion_tokens=%d "
         "latency_ms=%d recorded=%s",
@@ -292,3 +303,30 @@ def _call(
         recorded,
     )
     return Verdict("succeeded" if recorded else "duplicate")
+
+
+def _record(item: Claimed, outcome: CallOutcome, spec: ModelSpec) -> bool:
+    """A paid answer is recorded before anything else; a database outage is waited out
+    for as long as the lease lasts. One statement when this attempt still runs the item
+    (the common case); otherwise the general path sorts out what the answer is."""
+    answered = with_db_retries(
+        item,
+        "recording the result",
+        lambda connection: record_answer(connection, item, outcome, spec),
+        scope=db.autocommit,
+    )
+    if answered.recorded:
+        if not answered.waiting:  # nothing of the batch waits: it may be done
+            close_batch(item.batch_id, item.item_id)
+        return True
+    progress: list[Progress] = []
+
+    def work(session: Session) -> bool:
+        recorded = record_success(session, outcome, spec)
+        if recorded:
+            closing(session, item, progress)
+        return recorded
+
+    recorded = with_db_retries(item, "recording the result", work)
+    after_commit(item, progress)
+    return recorded

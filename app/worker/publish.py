@@ -9,6 +9,8 @@ name and a date.
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
 
 from batchgen.worker.names import COLLECT_TASK, DISPATCH_TASK, GENERATE_TASK
@@ -28,9 +30,13 @@ celery_app.config_from_object("batchgen.celeryconfig")
 WAKE_EXPIRES_S = 10
 
 
-def generate(item_id: int, model: str) -> None:
-    """Publish one released item to its model group's queue."""
-    celery_app.send_task(GENERATE_TASK, args=[item_id], kwargs={"model": model})
+def generate(item_id: int, model: str, ticket: dict[str, Any] | None = None) -> None:
+    """Publish one released item to its model group's queue (``ticket``:
+    :meth:`batchgen.store.items.Ticket.to_message`)."""
+    kwargs: dict[str, Any] = {"model": model}
+    if ticket is not None:
+        kwargs["ticket"] = ticket
+    celery_app.send_task(GENERATE_TASK, args=[item_id], kwargs=kwargs)
 
 
 def wake_dispatcher() -> None:

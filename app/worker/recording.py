@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -21,17 +22,23 @@ from batchgen.domain.status import ItemStatus
 from batchgen.store import batches, db, items
 from batchgen.store.batches import Progress
 from batchgen.store.db import session_scope
-from batchgen.store.items import Claimed
+from batchgen.store.items import Attempt, Claimed
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def give_back(item: Claimed, settings: Settings) -> None:
+class Owned(Attempt, Protocol):
+    """An attempt that is ours for a while (a :class:`Claimed` item is one)."""
+
+    def lease_left_s(self) -> float: ...
+
+
+def give_back(item: Owned, settings: Settings) -> None:
     """Nothing was sent: back to the queue, the attempt not counted.
 
     Retried through a database outage for as long as the lease lasts: a
-    ``mark_sent`` whose commit landed but whose reply was lost leaves ``sent_at``
+    claim whose commit landed but whose reply was lost leaves ``sent_at``
     set, and if the sweep found it so it would ledger a call that was never made.
     Past the lease the sweep hands the item back (and, seeing ``sent_at``,
     ledgers the call as waste: it over-counts rather than misses).
@@ -53,9 +60,15 @@ DB_RETRY_FIRST_S = 0.1
 DB_RETRY_MAX_S = 2.0
 
 
-def with_db_retries(item: Claimed, what: str, work: Callable[[Session], T]) -> T:
-    """Run ``work`` in a transaction; on a database outage (dropped connection, refused
-    connect, pool time-out) retry it with backoff for as long as our lease lasts.
+def with_db_retries(
+    item: Owned,
+    what: str,
+    work: Callable[[Any], T],
+    scope: Callable[[], AbstractContextManager[Any]] = session_scope,
+) -> T:
+    """Run ``work`` in a transaction (``scope``: a session, or :func:`db.autocommit` for
+    one statement); on a database outage (dropped connection, refused connect, pool
+    time-out) retry it with backoff for as long as our lease lasts.
 
     Used for what follows a provider call: the call is paid, so its outcome must
     not be dropped while the item is still ours. Past the lease the error is
@@ -64,7 +77,7 @@ def with_db_retries(item: Claimed, what: str, work: Callable[[Session], T]) -> T
     delay_s = DB_RETRY_FIRST_S
     while True:
         try:
-            with session_scope() as session:
+            with scope() as session:
                 return work(session)
         except Exception as exc:
             left_s = item.lease_left_s()

@@ -38,7 +38,14 @@ def test_broker_messages_carry_ids_only(clean_db):
         assert SECRET.encode() not in body
         args, kwargs, _ = json.loads(body)
         assert len(args) == 1 and isinstance(args[0], int)
-        assert kwargs == {"model": "sim-small"}
+        # The model (routing) and the ticket: the batch id, then numbers only.
+        assert set(kwargs) == {"model", "ticket"} and kwargs["model"] == "sim-small"
+        ticket = kwargs["ticket"]
+        assert ticket.pop("batch").startswith("batch_")
+        assert ticket.pop("tenant_tokens_per_min") is None
+        assert set(ticket) == {"tenant", "attempt", "prompt_tokens_est", "max_tokens"}
+        assert all(isinstance(v, int) for v in ticket.values())
+        assert ticket["attempt"] == 1
         assert envelope["headers"]["task"] == "batchgen.generate"
     # and the control queue's wake-up message carries nothing at all
     for raw in r.lrange("batchgen.control", 0, -1):

@@ -27,7 +27,7 @@ from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate
 from batchgen.registry import Registry, get_registry, parse_registry
 from batchgen.store import db
-from batchgen.store.schema import Batch, Item, TenantDailyUsage, UsageLedger
+from batchgen.store.schema import Batch, Item, Result, TenantDailyUsage, UsageLedger
 from batchgen.worker.dispatch import release_all
 from batchgen.worker.execution import run_item
 from batchgen.worker.sweep import sweep
@@ -111,7 +111,7 @@ FOR EACH ROW WHEN (NEW.sent_at IS NOT NULL) EXECUTE FUNCTION refuse_sent_at();
 
 @pytest.fixture
 def sent_at_fails(clean_db) -> Iterator[None]:
-    """Every ``mark_sent`` gets a real connection-class error from PostgreSQL."""
+    """Every claim that marks the item sent gets a real connection-class error."""
     with db.get_engine().begin() as conn:
         conn.execute(text(SENT_AT_FAILS))
     yield
@@ -141,8 +141,9 @@ def test_slot_leaks_on_redis_error_inside_the_gate(clean_db, simulator):
     _assert_handed_back(item_id, spec.name, gate, registry)
 
 
-def test_slot_leaks_on_database_error_in_mark_sent(sent_at_fails, simulator):
-    """PostgreSQL fails when the item is marked sent, after the slot and tokens were taken."""
+def test_slot_leaks_on_database_error_in_the_claim(sent_at_fails, simulator):
+    """PostgreSQL fails when the item is claimed and marked sent, after the gate took the
+    slot and the tokens: both come back, and the item is queued as before."""
     registry = _registry()
     spec = registry["sim-small"]
     item_id = _queue_one(registry, spec.name, "slot-db")
@@ -152,6 +153,72 @@ def test_slot_leaks_on_database_error_in_mark_sent(sent_at_fails, simulator):
     _assert_handed_back(item_id, spec.name, gate, registry)
     assert gate.budget.used(spec) == (0, 0)  # nothing was sent: the reservation is back
     assert _count(TenantDailyUsage) == 0
+
+
+# -- the message's ticket: the gate decides before the claim --------------------------------
+
+
+def _released_ticket(registry: Registry, model: str, tenant: str) -> Any:
+    """Submit one request and release it, as the dispatcher would; its ticket."""
+    make_tenant(tenant)
+    client.submit_batch([chat_line("only", model=model)], tenant=tenant)
+    with db.session_scope() as s:
+        (released,) = release_all(s, registry, get_settings())
+    return released.ticket
+
+
+def test_a_second_message_of_a_running_attempt_leaves_its_reservation_alone(clean_db, simulator):
+    """Two messages of one item and attempt (a duplicate publish): the one that claims
+    nothing gives back its own reservation and slot, never those of the call in flight."""
+    from batchgen.store import items
+
+    registry = _registry()
+    spec = registry["sim-small"]
+    ticket = _released_ticket(registry, spec.name, "dup")
+    gate = Gate(get_redis(), get_settings())
+    first = gate.enter(spec, ticket, "message-one")  # the first message's gate...
+    with db.autocommit() as connection:  # ...and its claim: its call is in flight now
+        assert items.claim_sent(connection, ticket, 60.0, time.monotonic()) is not None
+    in_flight = gate.budget.used(spec)
+    assert in_flight[0] > 0 and get_redis().zcard(keys.slots(spec.name)) == 1
+
+    verdict = run_item(
+        ticket.item_id,
+        registry,
+        get_settings(),
+        gate,
+        model=spec.name,
+        ticket=ticket,
+        delivery_id="message-two",
+    )
+    assert verdict.outcome == "skipped"
+    assert gate.budget.used(spec) == in_flight  # the first call's reservation stands
+    assert get_redis().zcard(keys.slots(spec.name)) == 1  # and so does its slot
+    assert _sim_calls(simulator.base_url, ticket.item_id) == []
+    gate.settle(spec, first, ticket.tenant_id, ticket.max_tokens)  # nothing sent after all
+
+
+def test_a_stale_ticket_claims_nothing(clean_db, simulator):
+    """A message whose attempt is not the item's next one (the item moved on since it
+    was published) claims nothing and gives its reservation back."""
+    import dataclasses
+
+    registry = _registry()
+    spec = registry["sim-small"]
+    ticket = _released_ticket(registry, spec.name, "stale")
+    stale = dataclasses.replace(ticket, attempt=ticket.attempt + 1)
+    gate = Gate(get_redis(), get_settings())
+    verdict = run_item(
+        ticket.item_id, registry, get_settings(), gate, model=spec.name, ticket=stale
+    )
+    assert verdict.outcome == "skipped"
+    _assert_handed_back(ticket.item_id, spec.name, gate, registry)
+    assert gate.budget.used(spec) == (0, 0)
+    # The right ticket still runs the item.
+    verdict = run_item(
+        ticket.item_id, registry, get_settings(), gate, model=spec.name, ticket=ticket
+    )
+    assert verdict.outcome == "succeeded"
 
 
 # -- case 2: a paid answer survives a database outage while the lease lasts ----------------
@@ -357,6 +424,77 @@ def test_lost_attempt_answer_turns_its_waste_row_into_the_result(clean_db, simul
         daily = s.execute(select(TenantDailyUsage.requests, TenantDailyUsage.prompt_tokens)).all()
     assert rows == [(1, None, 22)]
     assert daily == [(1, 11)]
+    assert_ledger_is_results_plus_waste()
+    assert_daily_usage_matches_ledger()
+
+
+def _answer(item_id: int, attempt: int = 1) -> Any:
+    from batchgen.store.ledger import CallOutcome
+
+    return CallOutcome(
+        item_id=item_id,
+        attempt=attempt,
+        prompt_tokens=11,
+        completion_tokens=22,
+        response={"choices": []},
+        provider_request_id="req-1",
+    )
+
+
+def _table_counts() -> tuple[int, int, int]:
+    return _count(UsageLedger), _count(Result), _count(Item, Item.status == "succeeded")
+
+
+def test_one_statement_record_writes_only_for_the_running_attempt(clean_db, simulator):
+    """The hot path's one-statement record: the running attempt's answer becomes the
+    result with its ledger row and daily totals; a second record of it, and the answer of
+    an attempt that is not the running one, write nothing (the general path decides)."""
+    from batchgen.store import items
+    from batchgen.store.ledger import record_answer
+
+    registry = _registry()
+    spec = registry["sim-small"]
+    item_id = _queue_one(registry, "sim-small", "fast")
+    with db.autocommit() as connection:
+        claimed = items.claim(connection, item_id, 60.0)
+    assert claimed is not None and claimed.attempt == 1
+    with db.autocommit() as connection:
+        stale = record_answer(connection, claimed, _answer(item_id, attempt=2), spec)
+    assert not stale.recorded and _table_counts() == (0, 0, 0)
+    with db.autocommit() as connection:
+        first = record_answer(connection, claimed, _answer(item_id), spec)
+    # The only item of its batch: nothing waits, nothing else runs.
+    assert (first.recorded, first.waiting, first.running) == (True, False, False)
+    assert _table_counts() == (1, 1, 1)
+    with db.autocommit() as connection:
+        again = record_answer(connection, claimed, _answer(item_id), spec)
+    assert not again.recorded and _table_counts() == (1, 1, 1)
+    assert_ledger_is_results_plus_waste()
+    assert_daily_usage_matches_ledger()
+
+
+def test_one_statement_record_leaves_a_lost_lease_to_the_general_path(clean_db, simulator):
+    """The sweep ledgered the call as lost and requeued the item: the one statement
+    writes nothing, and the general path turns the waste row into the result's row."""
+    from batchgen.store import items
+    from batchgen.store.ledger import record_answer, record_success
+
+    registry = _registry()
+    spec = registry["sim-small"]
+    item_id = _queue_one(registry, "sim-small", "lost-fast")
+    with db.autocommit() as connection:
+        claimed = items.claim(connection, item_id, 60.0)
+    assert claimed is not None
+    _lose_lease(item_id, attempts=1, sent=True)
+    with db.session_scope() as s:
+        sweep(s, get_settings())
+    assert _table_counts() == (1, 0, 0)  # the sweep's waste row
+    with db.autocommit() as connection:
+        assert not record_answer(connection, claimed, _answer(item_id), spec).recorded
+    assert _table_counts() == (1, 0, 0)
+    with db.session_scope() as s:
+        assert record_success(s, _answer(item_id), spec) is True
+    assert _table_counts() == (1, 1, 1)
     assert_ledger_is_results_plus_waste()
     assert_daily_usage_matches_ledger()
 

@@ -256,3 +256,30 @@ def test_sql_files_that_write_items_are_loaded_by_the_owner_only():
 def test_every_sql_file_is_loaded(sql: Path):
     loaders = [name for name, path in MODULES.items() if sql.stem in _sql_files_loaded_by(path)]
     assert loaders, f"{sql.name} is loaded by no module"
+
+
+def test_sql_includes_are_expanded_and_shipped():
+    """``--! include`` lines are replaced by their part, every part is used, and a
+    wheel ships the parts (package data) as well as the statements."""
+    import fnmatch
+    import tomllib
+
+    from batchgen.store.sqlfiles import source
+
+    sql_dir = FOLDERS["batchgen"] / "store" / "sql"
+    statements = sorted(sql_dir.glob("*.sql"))
+    included = {
+        name
+        for path in statements
+        for name in re.findall(r"^--! include ([a-z_]+)$", path.read_text(), re.MULTILINE)
+    }
+    assert included == {p.stem for p in (sql_dir / "include").glob("*.sql")}
+    for path in statements:
+        assert "--! include" not in source(path.stem), path.name
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["batchgen.store"]
+    for path in sql_dir.rglob("*.sql"):
+        relative = path.relative_to(sql_dir.parent).as_posix()
+        assert any(
+            fnmatch.fnmatch(relative, g) and relative.count("/") == g.count("/") for g in globs
+        ), relative

@@ -238,3 +238,23 @@ def test_anthropic_translates_the_body_to_messages() -> None:
     assert anthropic_adapter._params(_line(both))["max_tokens"] == 20
     neither = anthropic_adapter._params(_line({"messages": []}))
     assert neither["max_tokens"] == 10  # the registry's max_output_tokens
+
+
+# -- reading a stream's events --------------------------------------------------------
+
+
+def test_sse_data_reads_events_split_anywhere():
+    """The data of each event, whatever the chunk boundaries and line endings; other
+    fields and comments are skipped, and a last line without its end still counts."""
+    from batchgen.providers.base import sse_data
+
+    body = (
+        b': keep-alive\n\nevent: message\ndata: {"a": 1}\n\n'
+        b'data: {"b": 2}\r\n\r\ndata:{"c": 3}\r\rdata: [DONE]'
+    )
+    expected = [b'{"a": 1}', b'{"b": 2}', b'{"c": 3}', b"[DONE]"]
+    assert list(sse_data([body])) == expected
+    for size in (1, 2, 3, 7, 16):  # every split, CRLF halves included
+        chunks = [body[i : i + size] for i in range(0, len(body), size)]
+        assert list(sse_data(chunks)) == expected, size
+    assert list(sse_data([b"", b"data: x\n", b""])) == [b"x"]

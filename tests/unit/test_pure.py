@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import random
 from decimal import Decimal
 
@@ -110,3 +111,26 @@ def test_rate_limit_headers():
         now,
     )
     assert (a.remaining_tokens, a.reset_tokens_s) == (42, 5)
+
+
+# -- the message's ticket ---------------------------------------------------------------
+
+
+def test_ticket_round_trips_through_a_message_and_refuses_anything_else():
+    from batchgen.store.items import Ticket
+
+    ticket = Ticket(
+        item_id=7,
+        batch_id="batch_x",
+        tenant_id=3,
+        attempt=2,
+        prompt_tokens_est=120,
+        max_tokens=64,
+        tenant_tokens_per_min=None,
+    )
+    message = json.loads(json.dumps(ticket.to_message()))
+    assert Ticket.from_message(7, message) == ticket
+    assert "item_id" not in message  # the id is the task's argument
+    for broken in ({}, {**message, "attempt": "two"}, {**message, "tenant": None}):
+        with pytest.raises(ValueError, match="not a ticket"):
+            Ticket.from_message(7, broken)
