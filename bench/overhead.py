@@ -354,7 +354,8 @@ class CommandCount:
 
 
 def count_pass(setup: Setup, procs: list[Any], result: Result) -> None:
-    """A second, smaller batch with MONITOR on: commands per item by source."""
+    """A smaller batch with MONITOR on, before the measured one: commands per item by
+    source."""
     from batchgen import python_api
     from batchgen.config import get_settings
 
@@ -429,6 +430,8 @@ def run_batchgen(setup: Setup) -> Result:
                 chat_requests(args.warmup, MODEL, "warmup", seed=1), tenant="bench-warmup"
             )
             _wait(lambda: not poll.unfinished([warm["id"]]), procs, args.timeout_s, 0.2)
+        if args.count_items:  # before the measured window: MONITOR is off by then
+            count_pass(setup, procs, result)
         db.get_engine().dispose()  # its connections report their counts as they close
         time.sleep(args.settle_s)
         poll.restart()
@@ -437,8 +440,6 @@ def run_batchgen(setup: Setup) -> Result:
             batch_ids.append(python_api.submit_batch(batch, tenant=name)["id"])
         _wait(lambda: not poll.unfinished(batch_ids), procs, args.timeout_s, 0.2)
         meter.stop_clock(result)
-        if args.count_items:
-            count_pass(setup, procs, result)
     finally:
         poll.close()
         for p in procs:
@@ -603,7 +604,7 @@ def report(setup: Setup, noop: Result, bg: Result, code: tuple[str, str]) -> Non
 def _report_sources(noop: Result, bg: Result, row: Callable[..., None]) -> None:
     """Round trips (commands clients sent) apart from what scripts ran inside Redis."""
     n = bg.count_items
-    print(f"Redis commands per item by source (MONITOR, a counting pass of {n} more items)")
+    print(f"Redis commands per item by source (MONITOR, a counting pass of {n} items first)")
     client, inside = bg.redis_sources["client"] / n, bg.redis_sources["script"] / n
     celery = noop.per_item(sum(noop.redis.values()))  # Celery runs no scripts
     row("  sent by clients (round trips)", _fmt(celery), _fmt(client))

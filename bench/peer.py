@@ -8,7 +8,8 @@ A. Throughput with no provider limits and 200 ms answers: batchgen with 2
    calling the same simulator with aiohttp and a semaphore of 64, the same
    number of requests. Prints items/s of each and the ratios. ``--pools
    threads,gevent`` runs batchgen's workers on each pool in turn (gevent through
-   bench/gevent_worker.py), to choose the pool by measurement.
+   bench/gevent_worker.py, with the beat in a third, thread-pool process: Celery
+   cannot embed it in a gevent worker), to choose the pool by measurement.
 
 B. A provider with token-bucket limits (``--limiter bucket``: capacity
    tokens_per_min / requests_per_min, refilled continuously, and its own token
@@ -24,7 +25,7 @@ B. A provider with token-bucket limits (``--limiter bucket``: capacity
 
 batchgen's product code is measured as it is; nothing here tunes it.
 
-    .venv/bin/python bench/peer.py [--requests 600] [--b-requests 200|2000] [--pools threads]
+    .venv/bin/python bench/peer.py [--requests 2000] [--b-requests 200|2000] [--pools threads]
 """
 
 from __future__ import annotations
@@ -99,19 +100,32 @@ def run_batchgen(
     tenant = f"peer-{label}"
     with db.session_scope() as s:
         tenants.create_tenant(s, tenant)
+    worker_env = {**env, "BATCHGEN_MODELS_FILE": str(models_file)}
     workers = [
         start_celery_worker(
             "batchgen.tasks",
             [f"llm.{MODEL}", "batchgen.control"],
             log_dir=workdir / "logs" / label,
             concurrency=concurrency,
-            beat=i == 0,
-            env={**env, "BATCHGEN_MODELS_FILE": str(models_file)},
+            beat=i == 0 and pool == "threads",
+            env=worker_env,
             name=f"{label}{i}",
             pool=pool,
         )
         for i in range(WORKERS)
     ]
+    if pool != "threads":  # Celery embeds beat only in a thread or prefork worker
+        workers.append(
+            start_celery_worker(
+                "batchgen.tasks",
+                ["batchgen.control"],
+                log_dir=workdir / "logs" / label,
+                concurrency=2,
+                beat=True,
+                env=worker_env,
+                name=f"{label}beat",
+            )
+        )
     try:
         for w in workers:
             w.wait_ready()
@@ -276,7 +290,7 @@ def part_b(args: argparse.Namespace, workdir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=600, help="part A requests")
+    parser.add_argument("--requests", type=int, default=2000, help="part A requests")
     parser.add_argument("--b-requests", type=int, default=200, help="part B requests (or 2000)")
     parser.add_argument("--latency-ms", type=float, default=200.0)
     parser.add_argument("--tpm", type=int, default=20_000, help="part B tokens per window")

@@ -60,8 +60,7 @@ def dispatch(registry: Registry, settings: Settings, models: Collection[str] | N
         releases: list[Release] = []
         for spec in specs:
             releases.extend(release_model(session, spec, settings))
-    for r in releases:
-        publish.generate(r.item_id, r.model, r.ticket.to_message())
+    publish.generate_many((r.item_id, r.model, r.ticket.to_message()) for r in releases)
     if releases:
         log.debug("dispatched %d items", len(releases))
     return len(releases)

@@ -9,6 +9,8 @@ name and a date.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery
@@ -30,13 +32,26 @@ celery_app.config_from_object("batchgen.celeryconfig")
 WAKE_EXPIRES_S = 10
 
 
-def generate(item_id: int, model: str, ticket: dict[str, Any] | None = None) -> None:
+def generate(
+    item_id: int, model: str, ticket: dict[str, Any] | None = None, producer: Any = None
+) -> None:
     """Publish one released item to its model group's queue (``ticket``:
     :meth:`batchgen.store.items.Ticket.to_message`)."""
     kwargs: dict[str, Any] = {"model": model}
     if ticket is not None:
         kwargs["ticket"] = ticket
-    celery_app.send_task(GENERATE_TASK, args=[item_id], kwargs=kwargs)
+    celery_app.send_task(GENERATE_TASK, args=[item_id], kwargs=kwargs, producer=producer)
+
+
+def generate_many(messages: Iterable[tuple[int, str, dict[str, Any]]]) -> None:
+    """Publish released items (id, model, ticket) through one producer, buffered into one
+    pipeline where the broker's transport can (kombu's ``Producer.batch``, Redis); a
+    failed flush raises, and the items it held wait for the sweep like any lost message."""
+    with celery_app.producer_or_acquire() as producer:
+        batch = getattr(producer, "batch", None)  # kombu 5.7 and later
+        with batch() if batch is not None else contextlib.nullcontext():
+            for item_id, model, ticket in messages:
+                generate(item_id, model, ticket, producer=producer)
 
 
 def wake_dispatcher() -> None:
