@@ -430,7 +430,7 @@ def in_flight(session: Session, model: str) -> int:
 def release(session: Session, model: str, window: int, queued_lease_s: float) -> list[Ticket]:
     """``pending → queued`` for up to the model's free places in its window of
     ``window`` items, in weighted fair order across tenants; returns their tickets
-    (what each message carries), in id order.
+    (what each message carries), in that order.
 
     A per-model advisory lock makes the count and the release one critical
     section across dispatchers, and ``FOR UPDATE SKIP LOCKED`` guarantees that
@@ -467,7 +467,11 @@ def release(session: Session, model: str, window: int, queued_lease_s: float) ->
         .returning(*_TICKET_COLUMNS)
         .execution_options(synchronize_session=False)
     )
-    return sorted((_ticket(row) for row in rows), key=lambda t: t.item_id)
+    # In the fair order: the messages go out, and are consumed, in this order, so
+    # an order by id would put the newer tenant's items behind the older one's in
+    # every round (waiting for a slot while counted in its share).
+    rank = {item_id: n for n, item_id in enumerate(candidates)}
+    return sorted((_ticket(row) for row in rows), key=lambda t: rank[t.item_id])
 
 
 _TICKET_COLUMNS = (

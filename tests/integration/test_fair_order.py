@@ -263,3 +263,33 @@ def test_cancelled_batches_and_future_not_before_are_not_released(dispatch_ahead
         )
     assert {custom_id for _, custom_id in release(settings)} == {"d3"}
     assert statuses(requested) == {"pending": 5}
+
+
+def test_a_release_is_published_in_the_fair_order_not_by_id(dispatch_ahead):
+    """The released items come back (and are published, and consumed) interleaved in
+    the fair order: with equal weights, a tenant that submitted later is not put behind
+    the earlier one's items in every round (its items would wait longer for a slot
+    while counting in its share)."""
+    settings = dispatch_ahead(2.0)
+    make_tenant("early")
+    make_tenant("late")
+    submit("early", "e", 100)
+    submit("late", "l", 100)
+    with db.session_scope() as session:
+        released = release_model(session, spec(), settings)
+        owners = dict(
+            session.execute(
+                select(Item.id, Tenant.name)
+                .join(Tenant, Tenant.id == Item.tenant_id)
+                .where(Item.id.in_([r.item_id for r in released]))
+            ).all()
+        )
+    order = [owners[r.item_id] for r in released]
+    assert len(order) == window(settings) and Counter(order) == {
+        "early": len(order) // 2,
+        "late": len(order) // 2,
+    }
+    # In the fair order each half of the round holds about half of each tenant's items;
+    # in id order the first half would be all "early".
+    first_half = Counter(order[: len(order) // 2])
+    assert abs(first_half["early"] - first_half["late"]) <= 2, order
