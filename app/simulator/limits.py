@@ -112,7 +112,9 @@ class SlidingWindowLimiter:
         return math.inf  # unreachable while amount <= limit
 
     def _reset(self, bucket: _Bucket, now: float) -> float:
-        return max((e.expiry for e in bucket.active), default=now) - now
+        # Entries are appended in time order with one window each (an adjustment
+        # changes amounts only), so the newest expires last: O(1), not a scan.
+        return (bucket.active[-1].expiry if bucket.active else now) - now
 
     def check(self, key: Hashable, amount: int, now: float) -> Admission:
         """Would ``amount`` be admitted for ``key`` at ``now``? Records nothing."""

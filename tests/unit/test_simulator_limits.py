@@ -71,6 +71,30 @@ def test_window_guarantee_and_exact_retry_after(
     assert limiter.max_window_sum() == _brute_max_window(admitted, window_s)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    limit=st.one_of(st.none(), st.integers(min_value=1, max_value=100)),
+    window_s=st.floats(min_value=0.5, max_value=60.0, allow_nan=False),
+    seq=steps,
+)
+def test_reset_is_when_the_last_admitted_entry_leaves_the_window(
+    limit: int | None, window_s: float, seq: list[tuple[float, int]]
+) -> None:
+    """``reset_s`` (the provider's reset header) is read in O(1) from the newest entry:
+    it equals the latest expiry of the entries still in the window, as a scan finds it."""
+    limiter = SlidingWindowLimiter(limit, window_s)
+    now = 0.0
+    admitted: list[float] = []
+    for advance, amount in seq:
+        now += advance
+        result = limiter.try_admit("k", amount, now)
+        if result.ok:
+            admitted.append(now)
+        in_window = [t + window_s for t in admitted if t + window_s > now]
+        expected = (max(in_window) - now) if in_window else 0.0
+        assert limiter.check("k", 0, now).reset_s == pytest.approx(expected, abs=1e-9)
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     seq=st.lists(
