@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import httpx2
 import openai
 import pydantic
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from batchgen.domain.tokens import count_messages, count_text
 from batchgen.errors import MalformedResponse, ProviderError
@@ -103,6 +103,19 @@ def _params(request: ProviderRequest) -> dict[str, Any]:
     return chat_params(request, {"messages": body["messages"], "extra_body": extra or None})
 
 
+def _stream_body(request: ProviderRequest) -> dict[str, Any]:
+    """The JSON body of a streamed call: the batch line's fields, the registry's model
+    name, and the stream flags (usage in the last chunk)."""
+    body = {k: v for k, v in request.body.items() if k not in _OWN_FIELDS}
+    body.update(
+        model=request.spec.name,
+        messages=request.body["messages"],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    return body
+
+
 def _usage_dict(prompt: int, completion: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt,
@@ -158,15 +171,28 @@ class OpenAIProvider:
         # connection after every call (a TCP connect per item); reading the events
         # to the end of the body keeps the pooled connection, and plain dicts skip
         # the SDK's per-chunk model construction.
+        # The body goes as the batch line has it (the SDK's ``client.post``, as for any
+        # route: its auth, headers, timeout and typed errors, without re-walking the
+        # messages against the parameter types on every call).
         watch = StreamWatch(request)
-        create = client.chat.completions.with_streaming_response.create
-        with create(**_params(request), stream=True, stream_options={"include_usage": True}) as raw:
-            headers = raw.headers
-            limits = openai_rate_limits(headers)  # as of now, the start of the stream
+        stream = client.post(
+            "/chat/completions",
+            body=_stream_body(request),
+            cast_to=ChatCompletion,
+            options={"headers": request.headers(), "timeout": request.timeout_s},
+            stream=True,
+            stream_cls=openai.Stream[ChatCompletionChunk],
+        )
+        raw = stream.response
+        try:
+            limits = openai_rate_limits(raw.headers)  # as of now, the start of the stream
             try:
                 first, finish, usage = self._read_events(raw, watch)
             except _SDK_ERRORS as exc:  # the answer had started: it may be billed
                 raise translate(exc, in_stream=True) from None
+        finally:
+            raw.close()
+        headers = raw.headers
         if first is None or finish is None:
             raise MalformedResponse(
                 "stream ended before its finish reason", status=200, billed=True
@@ -215,16 +241,14 @@ class OpenAIProvider:
         finish: str | None = None
         usage: dict[str, Any] | None = None
         watch.check()
-        for data in sse_data(raw.iter_bytes()):
+        for data in sse_data(raw.iter_bytes()):  # an httpx response, read to its end
             if data == b"[DONE]":
                 continue  # read on: the end of the body frees the connection
             chunk = json.loads(data)
             if not isinstance(chunk, dict):
                 raise MalformedResponse("a stream chunk that is not an object", billed=True)
             if chunk.get("error"):
-                raise openai.APIError(
-                    "error event in the stream", raw.http_response.request, body=chunk["error"]
-                )
+                raise openai.APIError("error event in the stream", raw.request, body=chunk["error"])
             first = first or chunk
             try:
                 for choice in chunk.get("choices") or ():
