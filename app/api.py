@@ -152,6 +152,19 @@ def cancel_batch(batch_id: str) -> Response:
     return jsonify(python_api.cancel_batch(batch_id, tenant=_caller()))
 
 
+@blueprint.get("/v1/models")
+def list_models() -> Response:
+    """The registry's models, as the OpenAI SDK's ``client.models.list()`` reads them."""
+    _caller()
+    return jsonify({"object": "list", "data": python_api.list_models()})
+
+
+@blueprint.get("/v1/models/<path:name>")
+def get_model(name: str) -> Response:
+    _caller()
+    return jsonify(python_api.get_model(name))
+
+
 @blueprint.get("/v1/usage")
 def usage() -> Response:
     """The caller's usage; an admin key may ask ``tenant=all`` for every tenant."""

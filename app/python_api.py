@@ -219,3 +219,32 @@ def usage(
     with session_scope() as session:
         tenant_id = None if tenant is None else _tenant(session, tenant).id
         return usage_report.report(session, first, last, group_by, tenant_id)
+
+
+# --- the registry's models, as OpenAI's ``Model`` objects (``GET /v1/models``) -------
+
+
+def _model_object(name: str, provider: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": provider}
+
+
+def _registry_created() -> int:
+    """When the registry was last written (Unix seconds): the models' ``created``."""
+    try:
+        return int(Path(get_settings().models_file).stat().st_mtime)
+    except OSError:
+        return 0
+
+
+def list_models() -> list[dict[str, Any]]:
+    """Every model of the registry (``owned_by``: its provider kind), in registry order."""
+    created = _registry_created()
+    return [_model_object(s.name, s.provider.value, created) for s in get_registry()]
+
+
+def get_model(name: str) -> dict[str, Any]:
+    """One model of the registry; :class:`NotFound` for a name it does not have."""
+    spec = get_registry().get(name)
+    if spec is None:
+        raise NotFound(f"model {name!r} is not in the registry", field="model")
+    return _model_object(spec.name, spec.provider.value, _registry_created())
