@@ -59,10 +59,16 @@ def _bearer() -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
+def _api_key() -> str | None:
+    """The tenant key: ``Authorization: Bearer`` (OpenAI's SDK), else ``x-api-key``
+    (Anthropic's SDK)."""
+    return _bearer() or (request.headers.get("x-api-key", "").strip() or None)
+
+
 def _caller() -> Tenant:
     if "tenant" not in g:
         with session_scope() as session:
-            g.tenant = authenticate(session, _bearer())
+            g.tenant = authenticate(session, _api_key())
     tenant: Tenant = g.tenant
     return tenant
 
@@ -152,17 +158,33 @@ def cancel_batch(batch_id: str) -> Response:
     return jsonify(python_api.cancel_batch(batch_id, tenant=_caller()))
 
 
+def _anthropic_client() -> bool:
+    """The Anthropic SDK sends ``anthropic-version`` on every request; OpenAI's does not."""
+    return "anthropic-version" in request.headers
+
+
 @blueprint.get("/v1/models")
 def list_models() -> Response:
-    """The registry's models, as the OpenAI SDK's ``client.models.list()`` reads them."""
+    """The registry's models, as ``client.models.list()`` of either SDK reads them."""
     _caller()
-    return jsonify({"object": "list", "data": python_api.list_models()})
+    if not _anthropic_client():
+        return jsonify({"object": "list", "data": python_api.list_models()})
+    try:
+        limit = int(request.args.get("limit", 20))
+    except ValueError as exc:
+        raise ValidationFailed("limit must be an integer", field="limit") from exc
+    page = python_api.list_models_page(
+        limit=limit,
+        after_id=request.args.get("after_id"),
+        before_id=request.args.get("before_id"),
+    )
+    return jsonify(page)
 
 
 @blueprint.get("/v1/models/<path:name>")
 def get_model(name: str) -> Response:
     _caller()
-    return jsonify(python_api.get_model(name))
+    return jsonify(python_api.get_model(name, anthropic=_anthropic_client()))
 
 
 @blueprint.get("/v1/usage")

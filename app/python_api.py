@@ -24,10 +24,10 @@ from sqlalchemy.orm import Session
 
 from batchgen.config import get_settings
 from batchgen.domain.status import Priority
-from batchgen.errors import ClientError, NotFound, Overloaded
+from batchgen.errors import ClientError, NotFound, Overloaded, ValidationFailed
 from batchgen.limits import counters
 from batchgen.limits.backend import get_redis
-from batchgen.registry import get_registry
+from batchgen.registry import ModelSpec, get_registry
 from batchgen.store import batches
 from batchgen.store.batches import SubmitOptions
 from batchgen.store.db import session_scope
@@ -221,11 +221,7 @@ def usage(
         return usage_report.report(session, first, last, group_by, tenant_id)
 
 
-# --- the registry's models, as OpenAI's ``Model`` objects (``GET /v1/models``) -------
-
-
-def _model_object(name: str, provider: str, created: int) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": created, "owned_by": provider}
+# --- the registry's models (``GET /v1/models``), as either SDK reads them -----------
 
 
 def _registry_created() -> int:
@@ -236,15 +232,69 @@ def _registry_created() -> int:
         return 0
 
 
+def _openai_model(spec: ModelSpec, created: int) -> dict[str, Any]:
+    """OpenAI's ``Model`` (``owned_by``: the provider kind)."""
+    return {"id": spec.name, "object": "model", "created": created, "owned_by": spec.provider.value}
+
+
+def _anthropic_model(spec: ModelSpec, created: int) -> dict[str, Any]:
+    """Anthropic's ``ModelInfo``, with the registry's context window and output cap."""
+    import datetime as dt
+
+    return {
+        "type": "model",
+        "id": spec.name,
+        "display_name": spec.name,
+        "created_at": dt.datetime.fromtimestamp(created, dt.UTC).isoformat().replace("+00:00", "Z"),
+        "lifecycle": "active",
+        "max_input_tokens": spec.context_window,
+        "max_tokens": spec.max_output_tokens,
+    }
+
+
 def list_models() -> list[dict[str, Any]]:
-    """Every model of the registry (``owned_by``: its provider kind), in registry order."""
+    """Every model of the registry as OpenAI's ``Model`` objects, in registry order."""
     created = _registry_created()
-    return [_model_object(s.name, s.provider.value, created) for s in get_registry()]
+    return [_openai_model(spec, created) for spec in get_registry()]
 
 
-def get_model(name: str) -> dict[str, Any]:
-    """One model of the registry; :class:`NotFound` for a name it does not have."""
+def get_model(name: str, *, anthropic: bool = False) -> dict[str, Any]:
+    """One model of the registry (OpenAI's shape, or Anthropic's); :class:`NotFound` for
+    a name it does not have."""
     spec = get_registry().get(name)
     if spec is None:
         raise NotFound(f"model {name!r} is not in the registry", field="model")
-    return _model_object(spec.name, spec.provider.value, _registry_created())
+    shape = _anthropic_model if anthropic else _openai_model
+    return shape(spec, _registry_created())
+
+
+def list_models_page(
+    *, limit: int = 20, after_id: str | None = None, before_id: str | None = None
+) -> dict[str, Any]:
+    """One page of the registry's models in Anthropic's list shape (``data``,
+    ``has_more``, ``first_id``, ``last_id``), paged by model id as its SDK pages."""
+    if not 1 <= limit <= 1000:
+        raise ValidationFailed("limit must be between 1 and 1000", field="limit")
+    specs = list(get_registry())
+    names = [spec.name for spec in specs]
+    for cursor, field in ((after_id, "after_id"), (before_id, "before_id")):
+        if cursor is not None and cursor not in names:
+            raise ValidationFailed(
+                f"{field} {cursor!r} is not a model of the registry", field=field
+            )
+    if before_id is not None:
+        end = names.index(before_id)
+        start = max(0, end - limit)
+        has_more = start > 0
+    else:
+        start = names.index(after_id) + 1 if after_id is not None else 0
+        end = min(len(specs), start + limit)
+        has_more = end < len(specs)
+    created = _registry_created()
+    data = [_anthropic_model(spec, created) for spec in specs[start:end]]
+    return {
+        "data": data,
+        "has_more": has_more,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import anthropic
 import openai
 import pytest
+from anthropic.types import ModelInfo
 from openai.types import Model
 
 from batchgen.registry import get_registry
@@ -26,7 +28,7 @@ def oai(clean_db, api_server: Callable[..., str]) -> Iterator[openai.OpenAI]:
         yield client
 
 
-def _no_extra_fields(obj: openai.BaseModel) -> bool:
+def _no_extra_fields(obj: openai.BaseModel | anthropic.BaseModel) -> bool:
     return not (obj.model_extra or {})
 
 
@@ -49,3 +51,36 @@ def test_a_wrong_key_is_the_sdk_authentication_error(oai: openai.OpenAI):
     stranger = oai.with_options(api_key="bg-not-a-key")
     with pytest.raises(openai.AuthenticationError):
         stranger.models.list()
+
+
+@pytest.fixture
+def claude(clean_db, api_server: Callable[..., str]) -> Iterator[anthropic.Anthropic]:
+    base_url = api_server()
+    key = make_tenant("sdk-anthropic")
+    with anthropic.Anthropic(base_url=base_url, api_key=key, max_retries=0) as client:
+        yield client
+
+
+def test_anthropic_models_list_pages_and_retrieve(claude: anthropic.Anthropic):
+    """The Anthropic SDK (``x-api-key``, ``anthropic-version``) gets its own shape from
+    the same routes: ``ModelInfo`` objects, paged by id with ``limit`` and cursors."""
+    names = [spec.name for spec in get_registry()]
+    assert len(names) >= 3  # enough for a page of 2 to have a second page
+    page = claude.models.list(limit=2)
+    assert [m.id for m in page.data] == names[:2] and page.has_more
+    everything = list(claude.models.list(limit=2))  # the SDK follows after_id
+    assert [m.id for m in everything] == names
+    assert all(isinstance(m, ModelInfo) and _no_extra_fields(m) for m in everything)
+    spec = get_registry()[names[0]]
+    first = claude.models.retrieve(names[0])
+    assert (first.max_input_tokens, first.max_tokens) == (
+        spec.context_window,
+        spec.max_output_tokens,
+    )
+    assert first.lifecycle == "active" and first.created_at.year >= 2020
+    before = claude.models.list(before_id=names[2], limit=1)
+    assert [m.id for m in before.data] == [names[1]] and before.has_more
+    with pytest.raises(anthropic.NotFoundError):
+        claude.models.retrieve("no-such-model")
+    with pytest.raises(anthropic.BadRequestError):
+        claude.models.list(after_id="no-such-model")
