@@ -17,7 +17,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
-from flask import Blueprint, Flask, Response, g, jsonify, request, stream_with_context
+from flask import (
+    Blueprint,
+    Flask,
+    Response,
+    g,
+    has_request_context,
+    jsonify,
+    request,
+    stream_with_context,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 from werkzeug.exceptions import HTTPException
@@ -257,10 +266,34 @@ def _retry_after(seconds: float) -> str:
     return str(max(1, math.ceil(seconds)))
 
 
+# Anthropic's error types by HTTP status (its SDK maps the status to an exception;
+# the type is what its users read).
+ANTHROPIC_ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+def _error_body(status: int, body: dict[str, object]) -> dict[str, object]:
+    """``{"error": {code, message, ...}}`` (OpenAI's shape), or Anthropic's
+    ``{"type": "error", "error": {type, message, code, ...}}`` for a request from its SDK."""
+    if not (has_request_context() and _anthropic_client()):
+        return {"error": body}
+    kind = ANTHROPIC_ERROR_TYPES.get(
+        status, "invalid_request_error" if status < 500 else "api_error"
+    )
+    return {"type": "error", "error": {"type": kind, **body}}
+
+
 def _error_response(
     status: int, body: dict[str, object], retry_after_s: float | None = None
 ) -> tuple[Response, int]:
-    response = jsonify({"error": body})
+    response = jsonify(_error_body(status, body))
     if retry_after_s is not None:
         response.headers["Retry-After"] = _retry_after(retry_after_s)
     return response, status

@@ -45,6 +45,11 @@ def test_models_list_and_retrieve(oai: openai.OpenAI):
     with pytest.raises(openai.NotFoundError) as raised:
         oai.models.retrieve("no-such-model")
     assert raised.value.code == "not_found"
+    assert raised.value.body == {  # OpenAI's shape: the error object, our code in it
+        "code": "not_found",
+        "message": "model 'no-such-model' is not in the registry",
+        "param": "model",
+    }
 
 
 def test_a_wrong_key_is_the_sdk_authentication_error(oai: openai.OpenAI):
@@ -84,3 +89,20 @@ def test_anthropic_models_list_pages_and_retrieve(claude: anthropic.Anthropic):
         claude.models.retrieve("no-such-model")
     with pytest.raises(anthropic.BadRequestError):
         claude.models.list(after_id="no-such-model")
+
+
+def test_anthropic_errors_come_in_its_shape(claude: anthropic.Anthropic):
+    """An error answered to the Anthropic SDK is ``{"type": "error", "error": {type,
+    message}}`` with our code beside them; the SDK raises its typed exception."""
+    with pytest.raises(anthropic.NotFoundError) as raised:
+        claude.models.retrieve("no-such-model")
+    body = raised.value.body
+    assert isinstance(body, dict) and body["type"] == "error"
+    assert body["error"]["type"] == "not_found_error" and body["error"]["code"] == "not_found"
+    assert "no-such-model" in body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        claude.models.list(limit=0)
+    assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    with pytest.raises(anthropic.AuthenticationError) as denied:
+        claude.with_options(api_key="bg-not-a-key").models.list()
+    assert denied.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
