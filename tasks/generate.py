@@ -64,7 +64,6 @@ def generate(
         _watcher(),
         model=model,
         ticket=read,
-        delivery_id=self.request.id,
     )
     if verdict.countdown_s is not None:
         raise self.retry(countdown=verdict.countdown_s)

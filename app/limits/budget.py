@@ -112,6 +112,10 @@ class Grant:
     prompt_part: int = 0
     # Denied: wait_s plus the jitter the caller asked for (what the counters added).
     countdown_s: float = 0.0
+    # Granted: the reservation (and the slot) were held under this id before the call
+    # (an earlier entry of the same attempt); it is not the caller's to give back.
+    held_before: bool = False
+    slot_held_before: bool = False
 
     @property
     def slot_denied(self) -> bool:
@@ -208,7 +212,7 @@ class Budget:
         add denials and waits (and, with ``count_slot_denial``, a slot denial) to the
         model's counters."""
         key = spec.budget_key
-        status, wait_ms, reason, tokens, part, countdown = script(self.client, "budget_reserve")(
+        reply = script(self.client, "budget_reserve")(
             keys=[
                 *self._keys(spec, tenant_id),
                 keys.cooldown(key),
@@ -245,9 +249,17 @@ class Budget:
                 counters.BUDGET_WAIT_S,
             ],
         )
+        status, wait_ms, reason, tokens, part, countdown = reply[:6]
         why = reason.decode() if isinstance(reason, bytes) else str(reason)
         if status == 1:
-            return Grant(True, tokens=int(tokens), prompt_part=int(part))
+            held = int(reply[6]) if len(reply) > 6 else 0
+            return Grant(
+                True,
+                tokens=int(tokens),
+                prompt_part=int(part),
+                held_before=bool(held & 1),
+                slot_held_before=bool(held & 2),
+            )
         if status == -1:
             return Grant(False, never=True, reason="never")
         if status == 2:

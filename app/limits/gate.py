@@ -86,6 +86,10 @@ class Pass:
     reservation_id: str
     tokens: int  # reserved (the prompt scaled by the learned ratio)
     prompt_tokens_est: int = 0  # our own count of the prompt (for the ratio)
+    # The reservation (and the slot) were on the books before this entry: another
+    # delivery of the same attempt made them. If no call follows, they are left alone.
+    adopted: bool = False
+    slot_adopted: bool = False
 
 
 class WaitKind(StrEnum):
@@ -131,11 +135,6 @@ _REASONS = {
 }
 
 
-# The part of a message's id that goes into a reservation id (enough to tell two
-# messages of one item and attempt apart).
-DELIVERY_ID_CHARS = 12
-
-
 class Gate:
     def __init__(self, client: redis.Redis, settings: Settings):
         self.client = client
@@ -152,21 +151,17 @@ class Gate:
         with contextlib.suppress(redis.RedisError):
             self.slots.release(spec.name, holder)
 
-    def enter(
-        self, spec: ModelSpec, item: CallTicket, delivery_id: str | None = None
-    ) -> Pass | Wait | Never:
+    def enter(self, spec: ModelSpec, item: CallTicket) -> Pass | Wait | Never:
         """Take a slot and reserve tokens (one script), or say how long to wait.
 
-        ``delivery_id`` names the message (its retries keep it): two messages of the
-        same item and attempt (a duplicate publish) then hold reservations of their
-        own, and the one that claims nothing gives back only its own.
+        One reservation id per item and attempt, whichever message delivers it: an
+        entry whose reply was lost, or whose worker died before its claim, is adopted
+        by the next delivery of that attempt instead of being left on the books for a
+        call that never happens. An entry that finds the reservation already held
+        (``Pass.adopted``) gives back nothing if its claim then finds nothing: the
+        reservation belongs to the delivery whose call is in flight.
         """
-        # One id per item, attempt (and message): an attempt handed back unsent (its
-        # attempt number is reused) finds a reservation whose reply it lost, instead
-        # of leaving it on the books for a call that never happens.
         reservation_id = f"{item.item_id}:{item.attempt}"
-        if delivery_id:
-            reservation_id += f":{delivery_id[:DELIVERY_ID_CHARS]}"
         if not self.enabled:
             tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
             return Pass(reservation_id, tokens, item.prompt_tokens_est)
@@ -200,7 +195,13 @@ class Gate:
                 return Wait(countdown_s(SLOT_RETRY_S), _REASONS[WaitKind.SLOT], WaitKind.SLOT)
             time.sleep(SLOT_POLL_S)
         if grant.granted:
-            return Pass(reservation_id, grant.tokens, item.prompt_tokens_est)
+            return Pass(
+                reservation_id,
+                grant.tokens,
+                item.prompt_tokens_est,
+                adopted=grant.held_before,
+                slot_adopted=grant.slot_held_before,
+            )
         if grant.never:
             tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
             return Never(
@@ -232,6 +233,19 @@ class Gate:
         except BaseException:
             self._free_slot(spec, rid)  # the script may not have run: free it anyway
             raise
+
+    def settle_unsent(
+        self, spec: ModelSpec, admitted: Pass, tenant_id: int, max_tokens: int, error: ProviderError
+    ) -> None:
+        """The entry made no call (its claim found nothing, or it stopped before the
+        call): give back what it took. An adopted reservation is another delivery's,
+        so it stays; the slot is freed only if this entry took it."""
+        if not self.enabled:
+            return
+        if not admitted.adopted:
+            self.settle(spec, admitted, tenant_id, max_tokens, error=error)
+        elif not admitted.slot_adopted:
+            self._free_slot(spec, admitted.reservation_id)
 
 
 def settle_ops(

@@ -65,13 +65,11 @@ def run_item(
     watcher: CancelWatcher | None = None,
     model: str | None = None,
     ticket: Ticket | None = None,
-    delivery_id: str | None = None,
 ) -> Verdict:
     """Run one delivery of an item end to end.
 
     ``model`` and ``ticket`` come with the message (its routing hint, and what the
     gate decides on); a message without them costs one lookup of the item first.
-    ``delivery_id`` names the message (see :meth:`Gate.enter`).
     """
     spec = registry.get(model) if model else None
     if ticket is None or spec is None or ticket.item_id != item_id:
@@ -83,7 +81,7 @@ def run_item(
         spec = registry.get(model_name)
         if spec is None:
             return Verdict("skipped")
-    verdict = _run_ticket(ticket, spec, settings, gate, watcher, delivery_id)
+    verdict = _run_ticket(ticket, spec, settings, gate, watcher)
     return Verdict(verdict.outcome, verdict.countdown_s, spec.name)
 
 
@@ -93,12 +91,11 @@ def _run_ticket(
     settings: Settings,
     gate: Gate,
     watcher: CancelWatcher | None,
-    delivery_id: str | None,
 ) -> Verdict:
     """Gate first, then claim: on the gate's yes, one statement claims the item and
     marks it sent; on a wait, the item is claimed and handed back for later."""
     lease_s = running_lease_s(spec, settings)
-    decision = gate.enter(spec, ticket, delivery_id)  # a Redis error: nothing claimed yet
+    decision = gate.enter(spec, ticket)  # a Redis error: nothing claimed yet
     if not isinstance(decision, Pass):
         item = _claim(ticket.item_id, lease_s, ticket.attempt)
         if item is None:  # duplicate, cancelled, finished, or past its deadline
@@ -240,7 +237,10 @@ def _settle(
         else {"error": settlement.error}
     )
     try:
-        gate.settle(spec, admitted, item.tenant_id, item.max_tokens, **outcome)
+        if settlement.error is NOT_SENT:
+            gate.settle_unsent(spec, admitted, item.tenant_id, item.max_tokens, NOT_SENT)
+        else:
+            gate.settle(spec, admitted, item.tenant_id, item.max_tokens, **outcome)
     except redis.RedisError:
         log.warning(
             "item %d: Redis error settling the budget; the reservation ages out", item.item_id

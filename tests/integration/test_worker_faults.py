@@ -24,12 +24,12 @@ from batchgen import python_api as client
 from batchgen.config import Settings, get_settings
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
-from batchgen.limits.gate import Gate
+from batchgen.limits.gate import Gate, Pass
 from batchgen.registry import Registry, get_registry, parse_registry
 from batchgen.store import db
 from batchgen.store.schema import Batch, Item, Result, TenantDailyUsage, UsageLedger
 from batchgen.worker.dispatch import release_all
-from batchgen.worker.execution import run_item
+from batchgen.worker.execution import NOT_SENT, run_item
 from batchgen.worker.sweep import sweep
 from tests.helpers import (
     assert_daily_usage_matches_ledger,
@@ -168,34 +168,78 @@ def _released_ticket(registry: Registry, model: str, tenant: str) -> Any:
 
 
 def test_a_second_message_of_a_running_attempt_leaves_its_reservation_alone(clean_db, simulator):
-    """Two messages of one item and attempt (a duplicate publish): the one that claims
-    nothing gives back its own reservation and slot, never those of the call in flight."""
+    """Two messages of one item and attempt (a duplicate publish): the second finds the
+    reservation held (it adopts it), claims nothing, and gives back nothing: neither the
+    reservation nor the slot of the call in flight."""
     from batchgen.store import items
 
     registry = _registry()
     spec = registry["sim-small"]
     ticket = _released_ticket(registry, spec.name, "dup")
     gate = Gate(get_redis(), get_settings())
-    first = gate.enter(spec, ticket, "message-one")  # the first message's gate...
+    first = gate.enter(spec, ticket)  # the first message's gate...
+    assert isinstance(first, Pass) and not first.adopted
     with db.autocommit() as connection:  # ...and its claim: its call is in flight now
         assert items.claim_sent(connection, ticket, 60.0, time.monotonic()) is not None
     in_flight = gate.budget.used(spec)
     assert in_flight[0] > 0 and get_redis().zcard(keys.slots(spec.name)) == 1
 
     verdict = run_item(
-        ticket.item_id,
-        registry,
-        get_settings(),
-        gate,
-        model=spec.name,
-        ticket=ticket,
-        delivery_id="message-two",
+        ticket.item_id, registry, get_settings(), gate, model=spec.name, ticket=ticket
     )
     assert verdict.outcome == "skipped"
     assert gate.budget.used(spec) == in_flight  # the first call's reservation stands
     assert get_redis().zcard(keys.slots(spec.name)) == 1  # and so does its slot
     assert _sim_calls(simulator.base_url, ticket.item_id) == []
-    gate.settle(spec, first, ticket.tenant_id, ticket.max_tokens)  # nothing sent after all
+    # Nothing was sent after all: the owner gives it back.
+    gate.settle_unsent(spec, first, ticket.tenant_id, ticket.max_tokens, NOT_SENT)
+    assert gate.budget.used(spec) == (0, 0)
+    assert get_redis().zcard(keys.slots(spec.name)) == 0
+
+
+def test_a_late_duplicate_frees_the_slot_it_took_and_nothing_else(clean_db, simulator):
+    """A duplicate message delivered after the call ended: it adopts the settled
+    reservation (which stays, as the provider's charge) but takes a fresh slot; when its
+    claim finds nothing, it frees that slot and leaves the budget as it was."""
+    registry = _registry()
+    spec = registry["sim-small"]
+    ticket = _released_ticket(registry, spec.name, "late")
+    gate = Gate(get_redis(), get_settings())
+    done = run_item(ticket.item_id, registry, get_settings(), gate, model=spec.name, ticket=ticket)
+    assert done.outcome == "succeeded"
+    charged = gate.budget.used(spec)
+    assert charged[0] > 0 and get_redis().zcard(keys.slots(spec.name)) == 0
+
+    late = run_item(ticket.item_id, registry, get_settings(), gate, model=spec.name, ticket=ticket)
+    assert late.outcome == "skipped"
+    assert gate.budget.used(spec) == charged
+    assert get_redis().zcard(keys.slots(spec.name)) == 0
+    assert len(_sim_calls(simulator.base_url, ticket.item_id)) == 1
+
+
+def test_a_gate_entered_by_a_worker_that_died_is_adopted_by_the_next_delivery(clean_db, simulator):
+    """A worker entered the gate for an attempt and died before its claim (or Redis ran
+    the script after the client gave up on its reply): the item is still queued for that
+    attempt, and the next delivery adopts the reservation and the slot. One reservation
+    stays on the books, for the one call that reached the provider."""
+    registry = _registry()
+    spec = registry["sim-small"]
+    ticket = _released_ticket(registry, spec.name, "died")
+    gate = Gate(get_redis(), get_settings())
+    orphan = gate.enter(spec, ticket)  # ...and the process is gone
+    assert isinstance(orphan, Pass)
+    held = gate.budget.used(spec)
+
+    verdict = run_item(
+        ticket.item_id, registry, get_settings(), gate, model=spec.name, ticket=ticket
+    )
+    assert verdict.outcome == "succeeded"
+    requests = gate.budget.used(spec)[1]
+    assert requests == held[1] == 1  # one request on the books, not two
+    members = [m.decode() for m in get_redis().zrange(keys.budget_log(spec.budget_key), 0, -1)]
+    assert members == [f"{ticket.item_id}:{ticket.attempt}"]
+    assert get_redis().zcard(keys.slots(spec.name)) == 0
+    assert len(_sim_calls(simulator.base_url, ticket.item_id)) == 1
 
 
 def test_a_stale_ticket_claims_nothing(clean_db, simulator):

@@ -48,8 +48,9 @@
 --       15 slot_limit (0 = take no slot), 16 slot_lease_s, 17 jitter u in [0, 1),
 --       18 count (0: nothing, 1: budget denials and waits, 2: a slot denial too),
 --       19..21 the counter fields: slot denials, budget denials, budget wait seconds
--- Returns {status, wait_ms, reason, tokens, prompt_part, countdown_s}: status 1
--- granted (tokens reserved, of which prompt_part is the scaled prompt), 0 denied
+-- Returns {status, wait_ms, reason, tokens, prompt_part, countdown_s, held}: status 1
+-- granted (tokens reserved, of which prompt_part is the scaled prompt; held: 1 if the
+-- reservation was on the books before this call, plus 2 if its slot was), 0 denied
 -- (reason 'cooldown', 'tokens', 'requests' or 'tenant', whichever needs the
 -- longest wait; countdown_s = wait + jitter), -1 never (tokens above a limit),
 -- 2 no free slot.
@@ -84,6 +85,8 @@ if slot_limit > 0 and not slot_free(slots, id, slot_limit, slot_now) then
     if count >= 2 then redis.call('HINCRBY', counters, ARGV[19], 1) end
     return {2, 0, 'slot', 0, 0, ''}
 end
+-- Whether this id held its slot already (an earlier entry of the same attempt).
+local slot_held = slot_limit > 0 and redis.call('ZSCORE', slots, id) and 2 or 0
 local function take_slot()
     if slot_limit > 0 then redis.call('ZADD', slots, slot_now + slot_lease, id) end
 end
@@ -95,9 +98,11 @@ local function leave_line(w)
 end
 
 -- The same reservation id again: a retry of an attempt whose reply was lost
--- (Redis stalled past the client's timeout, then ran the script anyway). The
--- entry is already on the books and still in the window, so it is this
--- caller's: granted, nothing counted twice. (A bucket's entry is re-dated: the
+-- (Redis stalled past the client's timeout, then ran the script anyway), the
+-- next message of an attempt whose worker died before its claim, or a duplicate
+-- message of an attempt in flight. The entry is already on the books and still
+-- in the window: granted, nothing counted twice, and the caller is told (held),
+-- so that one whose claim then finds nothing leaves the entry to its owner. (A bucket's entry is re-dated: the
 -- call happens now, and headers are read against its time.)
 local held_score = redis.call('ZSCORE', log, id)
 if held_score and tonumber(held_score) > now - span then
@@ -105,7 +110,7 @@ if held_score and tonumber(held_score) > now - span then
     if is_bucket and now > tonumber(held_score) then redis.call('ZADD', log, 'XX', now, id) end
     take_slot()
     local part = tonumber(string.match(redis.call('HGET', meta, id) or '', '^(%S+)')) or 0
-    return {1, 0, '', tonumber(redis.call('HGET', amounts, id)) or 0, part, ''}
+    return {1, 0, '', tonumber(redis.call('HGET', amounts, id)) or 0, part, '', 1 + slot_held}
 end
 
 local function denied(wait, reason)
@@ -257,4 +262,4 @@ if tenant_limit > 0 then
     redis.call('PEXPIRE', tenant_amounts, ttl_ms)
 end
 take_slot()
-return {1, 0, '', tokens, part, ''}
+return {1, 0, '', tokens, part, '', slot_held}
