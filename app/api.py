@@ -97,6 +97,14 @@ def _body_lines() -> Iterator[bytes]:
         yield line
 
 
+def _limit(default: int) -> int:
+    """The ``limit`` query parameter of a list."""
+    try:
+        return int(request.args.get("limit", default))
+    except ValueError as exc:
+        raise ValidationFailed("limit must be an integer", field="limit") from exc
+
+
 def _submit_options() -> SubmitOptions:
     args = request.args
     metadata: dict[str, Any] | None = None
@@ -119,13 +127,69 @@ def _submit_options() -> SubmitOptions:
     )
 
 
+# The largest JSON body read whole to look for ``input_file_id`` (the SDK's request).
+MAX_JSON_REQUEST_BYTES = 1024 * 1024
+
+
+def _file_batch_request() -> dict[str, Any] | None:
+    """The JSON body of ``client.batches.create(input_file_id=…)``, or None for a JSONL
+    body (our own submit: the request lines themselves)."""
+    if request.mimetype != "application/json":
+        return None
+    if (request.content_length or 0) > MAX_JSON_REQUEST_BYTES:
+        return None
+    try:
+        body = json.loads(request.get_data(cache=True) or b"null")
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) and "input_file_id" in body else None
+
+
+def _create_from_file(tenant: Tenant, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    extra = {k: body[k] for k in ("priority",) if k in body}
+    for key in ("input_file_id", "endpoint", "completion_window"):
+        if key in body and not isinstance(body[key], str):
+            raise ValidationFailed(f"{key} must be a string", field=key)
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ValidationFailed("metadata must be an object", field="metadata")
+    return python_api.create_batch(
+        tenant=tenant,
+        input_file_id=body["input_file_id"],
+        endpoint=body.get("endpoint", "/v1/chat/completions"),
+        completion_window=body.get("completion_window", "24h"),
+        metadata=metadata,
+        idempotency_key=request.headers.get("Idempotency-Key"),
+        priority=extra.get("priority", request.args.get("priority", Priority.INTERACTIVE)),
+    )
+
+
+def _body_source() -> Iterator[bytes]:
+    """The JSONL body: the bytes already read (a JSON body that named no file), or the
+    stream."""
+    size = request.content_length
+    if (
+        request.mimetype == "application/json"
+        and size is not None
+        and size <= MAX_JSON_REQUEST_BYTES
+    ):
+        return iter(request.get_data(cache=True).splitlines(keepends=True))
+    return _body_lines()
+
+
 @blueprint.post("/v1/batches")
 def create_batch() -> tuple[Response, int]:
+    """Either SDK's flow (a JSON body naming an uploaded ``input_file_id``) or our
+    own: the JSONL request lines as the body, options in the query."""
     tenant = _caller()
     settings = get_settings()
     if request.content_length and request.content_length > settings.max_body_bytes:
         raise PayloadTooLarge(f"body larger than {settings.max_body_bytes} bytes")
-    described, created = python_api.submit(tenant, _body_lines(), _submit_options())
+    from_file = _file_batch_request()
+    if from_file is not None:
+        described, created = _create_from_file(tenant, from_file)
+    else:
+        described, created = python_api.submit(tenant, _body_source(), _submit_options())
     response = jsonify(described)
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
@@ -134,10 +198,7 @@ def create_batch() -> tuple[Response, int]:
 
 @blueprint.get("/v1/batches")
 def list_batches() -> Response:
-    try:
-        limit = int(request.args.get("limit", 20))
-    except ValueError as exc:
-        raise ValidationFailed("limit must be an integer", field="limit") from exc
+    limit = _limit(20)
     page = python_api.list_batches_page(
         tenant=_caller(), limit=limit, after=request.args.get("after")
     )
@@ -167,6 +228,81 @@ def cancel_batch(batch_id: str) -> Response:
     return jsonify(python_api.cancel_batch(batch_id, tenant=_caller()))
 
 
+# -- files (the OpenAI Files API) ----------------------------------------------------
+
+# What a multipart upload may add to the file itself (boundaries, the other fields).
+MULTIPART_SLACK_BYTES = 64 * 1024
+
+
+def _expires_after_s() -> int | None:
+    """``expires_after[anchor]=created_at`` and ``expires_after[seconds]=N`` (the SDK's
+    form fields), or None."""
+    form = request.form
+    seconds = form.get("expires_after[seconds]")
+    if seconds is None:
+        return None
+    if form.get("expires_after[anchor]", "created_at") != "created_at":
+        raise ValidationFailed("expires_after[anchor] must be 'created_at'", field="expires_after")
+    try:
+        return int(seconds)
+    except ValueError as exc:
+        raise ValidationFailed(
+            "expires_after[seconds] must be an integer", field="expires_after"
+        ) from exc
+
+
+@blueprint.post("/v1/files")
+def upload_file() -> Response:
+    tenant = _caller()
+    limit = get_settings().max_body_bytes
+    if request.content_length and request.content_length > limit + MULTIPART_SLACK_BYTES:
+        raise PayloadTooLarge(f"file larger than {limit} bytes")
+    upload = request.files.get("file")
+    if upload is None:
+        raise ValidationFailed("a multipart field 'file' is required", field="file")
+    content = upload.stream.read(limit + 1)
+    return jsonify(
+        python_api.upload_file(
+            content,
+            tenant=tenant,
+            filename=upload.filename or "upload.jsonl",
+            purpose=request.form.get("purpose", ""),
+            expires_after_s=_expires_after_s(),
+        )
+    )
+
+
+@blueprint.get("/v1/files")
+def list_files() -> Response:
+    limit = _limit(10_000)
+    page = python_api.list_files_page(
+        tenant=_caller(),
+        limit=limit,
+        after=request.args.get("after"),
+        order=request.args.get("order", "desc"),
+        purpose=request.args.get("purpose"),
+    )
+    return jsonify(page)
+
+
+@blueprint.get("/v1/files/<file_id>")
+def get_file(file_id: str) -> Response:
+    return jsonify(python_api.get_file(file_id, tenant=_caller()))
+
+
+@blueprint.get("/v1/files/<file_id>/content")
+def file_content(file_id: str) -> Response:
+    tenant = _caller()
+    python_api.check_file(file_id, tenant=tenant)  # 404 before the stream starts
+    chunks = python_api.iter_file_content(file_id, tenant=tenant)
+    return Response(stream_with_context(chunks), mimetype="application/octet-stream")
+
+
+@blueprint.delete("/v1/files/<file_id>")
+def delete_file(file_id: str) -> Response:
+    return jsonify(python_api.delete_file(file_id, tenant=_caller()))
+
+
 def _anthropic_client() -> bool:
     """The Anthropic SDK sends ``anthropic-version`` on every request; OpenAI's does not."""
     return "anthropic-version" in request.headers
@@ -178,10 +314,7 @@ def list_models() -> Response:
     _caller()
     if not _anthropic_client():
         return jsonify({"object": "list", "data": python_api.list_models()})
-    try:
-        limit = int(request.args.get("limit", 20))
-    except ValueError as exc:
-        raise ValidationFailed("limit must be an integer", field="limit") from exc
+    limit = _limit(20)
     page = python_api.list_models_page(
         limit=limit,
         after_id=request.args.get("after_id"),

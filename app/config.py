@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     # Submission bounds.
     max_batch_lines: int = 50_000
     max_body_bytes: int = 200 * 1024 * 1024
+    # How long an uploaded file (POST /v1/files) is kept unless its upload asks for
+    # less (expires_after); the sweep deletes it then. Output files of a batch are its
+    # results, read on demand: they go with the batch.
+    file_retention_s: int = 30 * 86400
     default_completion_window_s: int = 24 * 3600
     # Backlog bound per model, in minutes of its tokens_per_min (see app/store/quotas.py).
     max_backlog_min: float = 60.0

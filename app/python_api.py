@@ -23,12 +23,13 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from batchgen.config import get_settings
+from batchgen.domain.admission import CHAT_COMPLETIONS
 from batchgen.domain.status import Priority
 from batchgen.errors import ClientError, NotFound, Overloaded, ValidationFailed
 from batchgen.limits import counters
 from batchgen.limits.backend import get_redis
 from batchgen.registry import ModelSpec, get_registry
-from batchgen.store import batches
+from batchgen.store import batches, files
 from batchgen.store.batches import SubmitOptions
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
@@ -167,6 +168,12 @@ def list_batches_page(
         owner = _tenant(session, tenant)
         page, has_more = batches.list_page(session, owner, limit=limit, after=after)
         data = [batches.describe(session, b) for b in page]
+    return list_object(data, has_more)
+
+
+def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """A page as OpenAI lists: ``{"object": "list", "data", "has_more", "first_id",
+    "last_id"}``."""
     return {
         "object": "list",
         "data": data,
@@ -200,6 +207,127 @@ def cancel_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
     except Exception as exc:
         log.warning("could not announce a cancel (%s); workers will poll", type(exc).__name__)
     return described
+
+
+# --- files, and batches created from them (the OpenAI Files and Batches flow) -------
+
+FILE_CHUNK_BYTES = 64 * 1024
+
+
+def upload_file(
+    content: bytes | str | Path,
+    *,
+    tenant: str | Tenant,
+    filename: str | None = None,
+    purpose: str = files.BATCH_PURPOSE,
+    expires_after_s: int | None = None,
+) -> dict[str, Any]:
+    """Validate a batch input file (every line, as a submit would) and keep it in
+    PostgreSQL; returns OpenAI's ``FileObject``. ``content`` is the bytes or a path."""
+    if isinstance(content, str | Path):
+        path = Path(content)
+        filename = filename or path.name
+        content = path.read_bytes()
+    with session_scope() as session:
+        stored = files.store_file(
+            session,
+            _tenant(session, tenant),
+            content,
+            filename=filename or "upload.jsonl",
+            purpose=purpose,
+            expires_after_s=expires_after_s,
+            registry=get_registry(),
+            settings=get_settings(),
+        )
+        return files.describe_file(stored)
+
+
+def get_file(file_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
+    """One of the tenant's files (an upload, or a batch's output or error file)."""
+    with session_scope() as session:
+        owner = _tenant(session, tenant)
+        output = files.get_output_file(session, owner, file_id)
+        if output is not None:
+            return files.describe_output(session, output)
+        return files.describe_file(files.get_file(session, owner, file_id))
+
+
+def check_file(file_id: str, *, tenant: str | Tenant) -> None:
+    """Raise :class:`NotFound` unless the tenant can read ``file_id`` (before a stream)."""
+    with session_scope() as session:
+        owner = _tenant(session, tenant)
+        if files.get_output_file(session, owner, file_id) is None:
+            files.get_file(session, owner, file_id)
+
+
+def iter_file_content(file_id: str, *, tenant: str | Tenant) -> Iterator[bytes]:
+    """A file's content in chunks; a batch's output or error file is rendered from its
+    results as it is read."""
+    with session_scope() as session:
+        owner = _tenant(session, tenant)
+        output = files.get_output_file(session, owner, file_id)
+        if output is not None:
+            yield from files.output_lines(session, output)
+            return
+        content = files.get_file(session, owner, file_id).content
+    for start in range(0, len(content), FILE_CHUNK_BYTES):
+        yield content[start : start + FILE_CHUNK_BYTES]
+
+
+def list_files_page(
+    *,
+    tenant: str | Tenant,
+    limit: int = 10_000,
+    after: str | None = None,
+    order: str = "desc",
+    purpose: str | None = None,
+) -> dict[str, Any]:
+    """One page of the tenant's uploads, as ``client.files.list()`` pages them."""
+    with session_scope() as session:
+        owner = _tenant(session, tenant)
+        page, has_more = files.list_page(
+            session, owner, limit=limit, after=after, order=order, purpose=purpose
+        )
+        data = [files.describe_file(f) for f in page]
+    return list_object(data, has_more)
+
+
+def delete_file(file_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
+    """Delete one of the tenant's uploads; batches made from it are not touched."""
+    with session_scope() as session:
+        return files.delete_file(session, _tenant(session, tenant), file_id)
+
+
+def create_batch(
+    *,
+    tenant: str | Tenant,
+    input_file_id: str,
+    endpoint: str = CHAT_COMPLETIONS,
+    completion_window: str | float = "24h",
+    metadata: dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    priority: Priority | str = Priority.INTERACTIVE,
+) -> tuple[dict[str, Any], bool]:
+    """A batch of the requests of an uploaded file (``client.batches.create``); returns
+    its description and ``created`` (False: the idempotency key replayed a batch)."""
+    if endpoint != CHAT_COMPLETIONS:
+        raise ValidationFailed(f"endpoint must be {CHAT_COMPLETIONS!r}", field="endpoint")
+    try:
+        chosen = Priority(priority)
+    except ValueError as exc:
+        raise ValidationFailed(
+            "priority must be 'interactive' or 'bulk'", field="priority"
+        ) from exc
+    with session_scope() as session:
+        lines = list(files.input_lines(session, _tenant(session, tenant), input_file_id))
+    options = SubmitOptions(
+        completion_window=completion_window,
+        metadata=metadata,
+        idempotency_key=idempotency_key,
+        priority=chosen,
+        input_file_id=input_file_id,
+    )
+    return submit(tenant, lines, options)
 
 
 def usage(

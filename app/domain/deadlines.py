@@ -32,6 +32,18 @@ def parse_duration_s(text: str | int | float, field: str = "completion_window") 
     return seconds
 
 
+def format_duration(seconds: float) -> str:
+    """A duration as :func:`parse_duration_s` reads it, in its largest whole unit
+    (``86400`` → ``"24h"``, as OpenAI writes a completion window; ``90`` → ``"90s"``)."""
+    whole = int(seconds)
+    if whole != seconds:
+        return f"{int(seconds * 1000)}ms"
+    for unit, size in (("h", 3600), ("m", 60)):
+        if whole and whole % size == 0:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
+
+
 def host_now() -> dt.datetime:
     """This host's wall clock (UTC). Never compare it with a time set by PostgreSQL:
     hosts drift; deadlines and leases use :func:`carried_forward` instead."""

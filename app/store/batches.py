@@ -31,7 +31,7 @@ from batchgen.domain.admission import (
     parse_lines,
     unstorable_path,
 )
-from batchgen.domain.deadlines import parse_duration_s
+from batchgen.domain.deadlines import format_duration, parse_duration_s
 from batchgen.domain.status import (
     OPEN,
     TERMINAL,
@@ -61,6 +61,41 @@ class SubmitOptions:
     metadata: dict[str, Any] | None = None
     idempotency_key: str | None = None
     priority: Priority = Priority.INTERACTIVE
+    # The upload the lines come from (POST /v1/batches with input_file_id).
+    input_file_id: str | None = None
+
+
+# A finished batch's output file (its succeeded requests) and error file (the rest),
+# rendered from its results when read (app/store/files.py).
+OUTPUT, ERRORS = "output", "errors"
+_FINISHED = frozenset({BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED})
+_ERROR_ROWS = (ItemStatus.FAILED, ItemStatus.EXPIRED, ItemStatus.CANCELLED)
+
+
+def output_file_id(batch_id: str, kind: str) -> str:
+    return f"file-{batch_id}-{kind}"
+
+
+def output_file_ids(batch: Batch, counts: dict[str, int]) -> tuple[str | None, str | None]:
+    """A batch's ``(output_file_id, error_file_id)``: set once it is finished, each when
+    it has a line."""
+    if batch.finished_at is None or batch.status not in _FINISHED:
+        return None, None
+    done = counts.get(ItemStatus.SUCCEEDED, 0)
+    others = sum(counts.get(s, 0) for s in _ERROR_ROWS)
+    return (
+        output_file_id(batch.id, OUTPUT) if done else None,
+        output_file_id(batch.id, ERRORS) if others else None,
+    )
+
+
+def submission_limits(settings: Settings) -> Limits:
+    """The bounds of one request file, upload or submit alike."""
+    return Limits(
+        max_lines=settings.max_batch_lines,
+        max_bytes=settings.max_body_bytes,
+        max_tokenize_bytes=settings.max_tokenize_bytes,
+    )
 
 
 def new_batch_id() -> str:
@@ -170,14 +205,10 @@ def store_batch(
             "completion_window_s": window_s,
             "metadata": options.metadata,
             "priority": priority.value,
+            **({"input_file_id": options.input_file_id} if options.input_file_id else {}),
         }
     )
-    limits = Limits(
-        max_lines=settings.max_batch_lines,
-        max_bytes=settings.max_body_bytes,
-        max_tokenize_bytes=settings.max_tokenize_bytes,
-    )
-    drafts = fingerprint.track(parse_lines(lines, registry, limits))
+    drafts = fingerprint.track(parse_lines(lines, registry, submission_limits(settings)))
     if key is not None:
         existing = _find_idempotent(session, tenant.id, key)
         if existing is not None:
@@ -194,6 +225,7 @@ def store_batch(
         deadline_at=now + dt.timedelta(seconds=window_s),
         metadata_=options.metadata,
         idempotency_key=key,
+        input_file_id=options.input_file_id,
         total_items=0,
         created_at=now,
     )
@@ -260,25 +292,45 @@ def _ts(value: dt.datetime | None) -> int | None:
 
 
 def describe(session: Session, batch: Batch) -> dict[str, Any]:
-    """The batch as the API shows it (OpenAI batch object, plus our counts)."""
+    """The batch as the API shows it: OpenAI's batch object, every field its SDK's
+    ``Batch`` type has, with OpenAI's values; our own fields besides (``priority``,
+    ``finished_at``, ``cancel_requested_at``, and the count of every item status in
+    ``request_counts``), which the SDKs keep as extras."""
     counts = request_counts(session, batch.id)
+    output_id, error_id = output_file_ids(batch, counts)
+    finished = _ts(batch.finished_at)
+    status = BatchStatus(batch.status)
     return {
         "id": batch.id,
         "object": "batch",
         "endpoint": batch.endpoint,
+        "errors": None,
+        "input_file_id": batch.input_file_id or "",
+        "completion_window": format_duration(batch.completion_window_s),
         "status": batch.status,
-        "priority": batch.priority,
-        "completion_window": f"{batch.completion_window_s}s",
+        "output_file_id": output_id,
+        "error_file_id": error_id,
         "created_at": _ts(batch.created_at),
+        # Validated when stored: a batch is in progress from its creation.
+        "in_progress_at": _ts(batch.created_at),
         "expires_at": _ts(batch.deadline_at),
-        "cancel_requested_at": _ts(batch.cancel_requested_at),
-        "finished_at": _ts(batch.finished_at),
-        "metadata": batch.metadata_,
+        "finalizing_at": None,
+        "completed_at": finished if status is BatchStatus.COMPLETED else None,
+        "failed_at": None,
+        "expired_at": finished if status is BatchStatus.EXPIRED else None,
+        "cancelling_at": _ts(batch.cancel_requested_at),
+        "cancelled_at": finished if status is BatchStatus.CANCELLED else None,
         "request_counts": {
             "total": counts["total"],
             "completed": counts[ItemStatus.SUCCEEDED],
             **{s.value: counts[s] for s in ItemStatus},
         },
+        "metadata": batch.metadata_,
+        "model": None,
+        "usage": None,
+        "priority": batch.priority,
+        "cancel_requested_at": _ts(batch.cancel_requested_at),
+        "finished_at": finished,
     }
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Numeric,
     SmallInteger,
@@ -83,6 +84,8 @@ class Batch(Base):
     deadline_at: Mapped[dt.datetime] = mapped_column(TZ)
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    # The uploaded file the batch was created from (POST /v1/batches with input_file_id).
+    input_file_id: Mapped[str | None] = mapped_column(String(40))
     # SHA-256 of the request that used the key (batchgen.domain.admission.RequestFingerprint):
     # the key replays this request only.
     request_sha256: Mapped[str | None] = mapped_column(String(64))
@@ -96,6 +99,25 @@ class Batch(Base):
         UniqueConstraint("tenant_id", "idempotency_key"),
         Index("ix_batches_tenant_id_created_at", "tenant_id", "created_at"),
     )
+
+
+class File(Base):
+    """An uploaded file (the OpenAI Files API), content and all, so every API host
+    sees it; deleted by the sweep once ``expires_at`` passed."""
+
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    purpose: Mapped[str] = mapped_column(String(40))
+    filename: Mapped[str] = mapped_column(String(255))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    line_count: Mapped[int] = mapped_column(Integer)
+    content: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+    expires_at: Mapped[dt.datetime | None] = mapped_column(TZ, index=True)
+
+    __table_args__ = (Index("ix_files_tenant_id_created_at", "tenant_id", "created_at"),)
 
 
 class Item(Base):

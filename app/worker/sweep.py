@@ -18,7 +18,7 @@ from batchgen.config import Settings
 from batchgen.domain.decisions import attempt_cap
 from batchgen.domain.status import ItemStatus
 from batchgen.registry import Registry, get_registry
-from batchgen.store import batches, items
+from batchgen.store import batches, files, items
 from batchgen.store.ledger import record_lost_call
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ class SweepReport:
     requeued: int
     failed: int
     batches_finished: int
+    files_deleted: int = 0
 
 
 def attempt_caps(registry: Registry, settings: Settings) -> dict[str, int]:
@@ -46,6 +47,7 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
     for attempt in lost:
         if attempt.was_sent:
             record_lost_call(session, attempt.item_id, attempt.attempts, registry)
+    files_deleted = files.delete_expired(session)
     finished = 0
     for batch_id in batches.unfinished_batch_ids(session):
         batches.refresh_status(session, batch_id)
@@ -55,13 +57,15 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
         requeued=sum(1 for a in lost if a.status is ItemStatus.PENDING),
         failed=sum(1 for a in lost if a.status is ItemStatus.FAILED),
         batches_finished=finished,
+        files_deleted=files_deleted,
     )
-    if any((report.expired, report.requeued, report.failed, report.batches_finished)):
+    if any(vars(report).values()):
         log.info(
-            "sweep expired=%d requeued=%d failed=%d batches_finished=%d",
+            "sweep expired=%d requeued=%d failed=%d batches_finished=%d files_deleted=%d",
             report.expired,
             report.requeued,
             report.failed,
             report.batches_finished,
+            report.files_deleted,
         )
     return report

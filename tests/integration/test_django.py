@@ -80,7 +80,7 @@ def test_django_api_equals_flask_api_and_worker_processes(clean_db, simulator, w
     )
     assert res.status_code == 200, res.content
     batch = res.json()
-    assert batch["request_counts"]["total"] == 10 and batch["completion_window"] == "7200s"
+    assert batch["request_counts"]["total"] == 10 and batch["completion_window"] == "2h"
     again = client.post(  # the same request again (the key names it, parameters included)
         "/batchgen/v1/batches?completion_window=2h",
         data=jsonl(rows),

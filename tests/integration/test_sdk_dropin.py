@@ -6,16 +6,21 @@ code already does against the provider.
 
 from __future__ import annotations
 
+import json
+import time
+import warnings
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import anthropic
 import openai
 import pytest
 from anthropic.types import ModelInfo
-from openai.types import Model
+from openai.types import FileObject, Model
+from openai.types.chat import ChatCompletion
 
 from batchgen.registry import get_registry
-from tests.helpers import make_tenant
+from tests.helpers import chat_line, make_tenant
 
 pytestmark = pytest.mark.integration
 
@@ -106,3 +111,146 @@ def test_anthropic_errors_come_in_its_shape(claude: anthropic.Anthropic):
     with pytest.raises(anthropic.AuthenticationError) as denied:
         claude.with_options(api_key="bg-not-a-key").models.list()
     assert denied.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+
+
+# -- the OpenAI Files + Batches flow, as the SDK runs it ---------------------------------
+
+BATCH_FIELDS = set(openai.types.Batch.model_fields)
+# Our own fields of the batch object, kept by the SDK as extras (documented in README).
+BATCH_EXTRAS = {"priority", "cancel_requested_at", "finished_at"}
+
+
+def _jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def _poll(client: openai.OpenAI, batch_id: str, until: set[str], timeout_s: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in until:
+            return batch
+        assert time.monotonic() < deadline, f"batch {batch_id} still {batch.status}"
+        time.sleep(0.3)
+
+
+def _strict_dump(model: openai.BaseModel) -> dict[str, Any]:
+    """The SDK's own dump, with any serializer warning (a value its type does not
+    hold) raised as an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return model.model_dump()
+
+
+@pytest.fixture
+def oai_run(clean_db, simulator, api_server, workers) -> Iterator[openai.OpenAI]:
+    """The SDK against an API process, with a worker draining into the simulator."""
+    base_url = api_server()
+    key = make_tenant("sdk-files")
+    workers(concurrency=8)
+    with openai.OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0) as client:
+        yield client
+
+
+def test_openai_files_and_batches_flow(oai_run: openai.OpenAI):
+    """files.create → batches.create → poll retrieve → files.content of the output and
+    error files → batches.list with auto-pagination, every object the SDK's type."""
+    lines = [chat_line(f"ok-{i}") for i in range(6)]
+    lines.append({**chat_line("too-late"), "timeout": "1ms"})  # expires before it runs
+    upload = oai_run.files.create(file=("requests.jsonl", _jsonl(lines)), purpose="batch")
+    assert isinstance(upload, FileObject) and _no_extra_fields(upload)
+    assert (upload.purpose, upload.status, upload.bytes) == (
+        "batch",
+        "processed",
+        len(_jsonl(lines)),
+    )
+    assert upload.filename == "requests.jsonl" and upload.expires_at > upload.created_at
+    assert oai_run.files.retrieve(upload.id).id == upload.id
+    assert oai_run.files.content(upload.id).content == _jsonl(lines)
+
+    batch = oai_run.batches.create(
+        input_file_id=upload.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"job": "sdk"},
+    )
+    assert isinstance(batch, openai.types.Batch)
+    assert set(_strict_dump(batch)) == BATCH_FIELDS | BATCH_EXTRAS
+    assert batch.model_fields_set == BATCH_FIELDS  # every field of its type was sent
+    assert set(batch.model_extra or {}) == BATCH_EXTRAS
+    assert (batch.input_file_id, batch.completion_window, batch.metadata) == (
+        upload.id,
+        "24h",
+        {"job": "sdk"},
+    )
+    assert batch.status == "in_progress" and batch.in_progress_at == batch.created_at
+    assert batch.output_file_id is None and batch.error_file_id is None
+
+    done = _poll(oai_run, batch.id, {"completed", "expired", "failed", "cancelled"})
+    _strict_dump(done)
+    assert done.status == "completed" and done.completed_at >= done.created_at
+    assert (done.request_counts.total, done.request_counts.completed) == (7, 6)
+    assert done.output_file_id and done.error_file_id
+
+    output = [json.loads(x) for x in oai_run.files.content(done.output_file_id).text.splitlines()]
+    assert [row["custom_id"] for row in output] == [f"ok-{i}" for i in range(6)]
+    for row in output:
+        assert row["error"] is None and row["response"]["status_code"] == 200
+        completion = ChatCompletion.model_validate(row["response"]["body"])
+        assert completion.choices[0].message.content
+    errors = [json.loads(x) for x in oai_run.files.content(done.error_file_id).text.splitlines()]
+    assert [(r["custom_id"], r["error"]["code"], r["response"]) for r in errors] == [
+        ("too-late", "batch_expired", None)
+    ]
+    out_file = oai_run.files.retrieve(done.output_file_id)
+    assert out_file.purpose == "batch_output" and _no_extra_fields(out_file)
+    assert out_file.bytes == len(oai_run.files.content(done.output_file_id).content)
+
+    # A second batch from the same file, then the list pages through both.
+    again = oai_run.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    listed = [b.id for b in oai_run.batches.list(limit=1)]  # auto-pagination, one per page
+    assert listed == [again.id, batch.id]
+
+
+def test_openai_batch_cancel_and_file_errors(oai_run: openai.OpenAI):
+    """batches.cancel stops a batch (its unrun requests go to the error file as
+    batch_cancelled); a bad upload, another tenant's file and a deleted file are the
+    SDK's typed errors."""
+    lines = [chat_line(f"c-{i}", max_tokens=400) for i in range(40)]
+    upload = oai_run.files.create(file=("many.jsonl", _jsonl(lines)), purpose="batch")
+    batch = oai_run.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    cancelling = oai_run.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
+    ended = _poll(oai_run, batch.id, {"cancelled"})
+    assert ended.cancelled_at and ended.error_file_id
+    errors = [json.loads(x) for x in oai_run.files.content(ended.error_file_id).text.splitlines()]
+    assert errors and {r["error"]["code"] for r in errors} <= {"batch_cancelled"}
+    assert ended.request_counts.total == 40
+
+    with pytest.raises(openai.BadRequestError) as bad:
+        oai_run.files.create(file=("bad.jsonl", b'{"custom_id": "x"}\n'), purpose="batch")
+    assert bad.value.body["line"] == 1  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError):
+        oai_run.files.create(file=("r.jsonl", _jsonl(lines)), purpose="fine-tune")
+
+    stranger = oai_run.with_options(api_key=make_tenant("other-tenant"))
+    with pytest.raises(openai.NotFoundError):
+        stranger.files.retrieve(upload.id)
+    with pytest.raises(openai.NotFoundError):
+        stranger.files.content(ended.error_file_id)
+    with pytest.raises(openai.NotFoundError):
+        stranger.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+
+    listed = oai_run.files.list()
+    assert [f.id for f in listed] == [upload.id]
+    deleted = oai_run.files.delete(upload.id)
+    assert (deleted.id, deleted.deleted) == (upload.id, True)
+    with pytest.raises(openai.NotFoundError):
+        oai_run.files.retrieve(upload.id)
+    assert oai_run.batches.retrieve(batch.id).input_file_id == upload.id  # the batch stays
