@@ -26,6 +26,7 @@ from flask import (
     jsonify,
     request,
     stream_with_context,
+    url_for,
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
@@ -33,7 +34,7 @@ from werkzeug.exceptions import HTTPException
 
 from batchgen import python_api
 from batchgen.config import get_settings
-from batchgen.domain.status import Priority
+from batchgen.domain.status import Priority, parse_priority
 from batchgen.errors import (
     BatchgenError,
     ClientError,
@@ -113,12 +114,7 @@ def _submit_options() -> SubmitOptions:
             metadata = json.loads(args["metadata"])
         except json.JSONDecodeError as exc:
             raise ValidationFailed("metadata: not valid JSON", field="metadata") from exc
-    try:
-        priority = Priority(args.get("priority", Priority.INTERACTIVE))
-    except ValueError as exc:
-        raise ValidationFailed(
-            "priority must be 'interactive' or 'bulk'", field="priority"
-        ) from exc
+    priority = parse_priority(args.get("priority", Priority.INTERACTIVE))
     return SubmitOptions(
         completion_window=args.get("completion_window"),
         metadata=metadata,
@@ -301,6 +297,71 @@ def file_content(file_id: str) -> Response:
 @blueprint.delete("/v1/files/<file_id>")
 def delete_file(file_id: str) -> Response:
     return jsonify(python_api.delete_file(file_id, tenant=_caller()))
+
+
+# -- Anthropic's Message Batches ---------------------------------------------------
+
+
+def _results_url(batch_id: str) -> str:
+    """Where this API serves a Message Batch's results (absolute: the SDK follows it)."""
+    return url_for("batchgen.message_batch_results", batch_id=batch_id, _external=True)
+
+
+@blueprint.post("/v1/messages/batches")
+def create_message_batch() -> Response:
+    tenant = _caller()
+    limit = get_settings().max_body_bytes
+    if request.content_length and request.content_length > limit:
+        raise PayloadTooLarge(f"body larger than {limit} bytes")
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise ValidationFailed("the body must be a JSON object with 'requests'", field="requests")
+    described, created = python_api.create_message_batch(
+        body.get("requests"),  # type: ignore[arg-type]
+        tenant=tenant,
+        idempotency_key=request.headers.get("Idempotency-Key"),
+        priority=body.get("priority", Priority.INTERACTIVE),
+    )
+    response = jsonify(described)
+    if not created:
+        response.headers["Idempotent-Replayed"] = "true"
+    return response
+
+
+@blueprint.get("/v1/messages/batches")
+def list_message_batches() -> Response:
+    page = python_api.list_message_batches_page(
+        tenant=_caller(),
+        limit=_limit(20),
+        after_id=request.args.get("after_id"),
+        before_id=request.args.get("before_id"),
+        results_url=_results_url,
+    )
+    return jsonify(page)
+
+
+@blueprint.get("/v1/messages/batches/<batch_id>")
+def get_message_batch(batch_id: str) -> Response:
+    return jsonify(
+        python_api.get_message_batch(batch_id, tenant=_caller(), results_url=_results_url)
+    )
+
+
+@blueprint.post("/v1/messages/batches/<batch_id>/cancel")
+def cancel_message_batch(batch_id: str) -> Response:
+    return jsonify(python_api.cancel_message_batch(batch_id, tenant=_caller()))
+
+
+@blueprint.get("/v1/messages/batches/<batch_id>/results")
+def message_batch_results(batch_id: str) -> Response:
+    tenant = _caller()
+    python_api.get_message_batch(batch_id, tenant=tenant)  # 404 before the stream starts
+
+    def lines() -> Iterator[bytes]:
+        for row in python_api.iter_message_batch_results(batch_id, tenant=tenant):
+            yield json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n"
+
+    return Response(stream_with_context(lines()), mimetype="application/binary")
 
 
 def _anthropic_client() -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,9 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from batchgen.config import get_settings
+from batchgen.domain import message_batches
 from batchgen.domain.admission import CHAT_COMPLETIONS
-from batchgen.domain.status import Priority
+from batchgen.domain.status import Priority, parse_priority
 from batchgen.errors import ClientError, NotFound, Overloaded, ValidationFailed
 from batchgen.limits import counters
 from batchgen.limits.backend import get_redis
@@ -171,16 +172,19 @@ def list_batches_page(
     return list_object(data, has_more)
 
 
-def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    """A page as OpenAI lists: ``{"object": "list", "data", "has_more", "first_id",
-    "last_id"}``."""
+def cursor_page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """A page as Anthropic lists: ``{"data", "has_more", "first_id", "last_id"}``."""
     return {
-        "object": "list",
         "data": data,
         "has_more": has_more,
         "first_id": data[0]["id"] if data else None,
         "last_id": data[-1]["id"] if data else None,
     }
+
+
+def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """A page as OpenAI lists: the cursor page, and ``"object": "list"``."""
+    return {"object": "list", **cursor_page(data, has_more)}
 
 
 def iter_results(batch_id: str, *, tenant: str | Tenant) -> Iterator[dict[str, Any]]:
@@ -312,12 +316,7 @@ def create_batch(
     its description and ``created`` (False: the idempotency key replayed a batch)."""
     if endpoint != CHAT_COMPLETIONS:
         raise ValidationFailed(f"endpoint must be {CHAT_COMPLETIONS!r}", field="endpoint")
-    try:
-        chosen = Priority(priority)
-    except ValueError as exc:
-        raise ValidationFailed(
-            "priority must be 'interactive' or 'bulk'", field="priority"
-        ) from exc
+    chosen = parse_priority(priority)
     with session_scope() as session:
         lines = list(files.input_lines(session, _tenant(session, tenant), input_file_id))
     options = SubmitOptions(
@@ -328,6 +327,92 @@ def create_batch(
         input_file_id=input_file_id,
     )
     return submit(tenant, lines, options)
+
+
+# --- Anthropic's Message Batches --------------------------------------------------
+
+ResultsUrl = Callable[[str], str]
+
+
+def _message_batch(session: Session, batch: Any, results_url: ResultsUrl | None) -> dict[str, Any]:
+    url = results_url(batch.id) if results_url is not None else None
+    return batches.describe_message_batch(session, batch, url)
+
+
+def create_message_batch(
+    requests: list[Any],
+    *,
+    tenant: str | Tenant,
+    idempotency_key: str | None = None,
+    priority: Priority | str = Priority.INTERACTIVE,
+    completion_window: str | float | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], bool]:
+    """A batch of Message Batch requests (``client.messages.batches.create``), stored
+    all or nothing like any other; returns Anthropic's ``MessageBatch`` and ``created``.
+    ``completion_window`` and ``metadata`` are ours (the SDK has neither)."""
+    if not isinstance(requests, list) or not requests:
+        raise ValidationFailed("requests must be a non-empty list", field="requests")
+    lines = [message_batches.to_chat_line(i, r) for i, r in enumerate(requests)]
+    chosen = parse_priority(priority)
+    options = SubmitOptions(
+        completion_window=completion_window,
+        metadata=metadata,
+        idempotency_key=idempotency_key,
+        priority=chosen,
+        endpoint=message_batches.MESSAGES,
+    )
+    described, created = submit(tenant, as_lines(lines), options)
+    with session_scope() as session:
+        batch = batches.get_readable_batch(session, _tenant(session, tenant), described["id"])
+        return _message_batch(session, batch, None), created
+
+
+def get_message_batch(
+    batch_id: str, *, tenant: str | Tenant, results_url: ResultsUrl | None = None
+) -> dict[str, Any]:
+    """One batch as Anthropic's ``MessageBatch`` (``results_url`` once it has ended, if
+    the caller says where results are served)."""
+    with session_scope() as session:
+        batch = batches.get_readable_batch(session, _tenant(session, tenant), batch_id)
+        return _message_batch(session, batch, results_url)
+
+
+def list_message_batches_page(
+    *,
+    tenant: str | Tenant,
+    limit: int = 20,
+    after_id: str | None = None,
+    before_id: str | None = None,
+    results_url: ResultsUrl | None = None,
+) -> dict[str, Any]:
+    """One page of the tenant's Message Batches, newest first, as the Anthropic SDK
+    pages them (``data``, ``has_more``, ``first_id``, ``last_id``)."""
+    with session_scope() as session:
+        owner = _tenant(session, tenant)
+        page, has_more = batches.list_page(
+            session,
+            owner,
+            limit=limit,
+            after=after_id,
+            before=before_id,
+            endpoint=message_batches.MESSAGES,
+            max_limit=1000,
+        )
+        data = [_message_batch(session, b, results_url) for b in page]
+    return cursor_page(data, has_more)
+
+
+def cancel_message_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
+    """Cancel one of the tenant's batches; Anthropic's ``MessageBatch`` after it."""
+    cancel_batch(batch_id, tenant=tenant)
+    return get_message_batch(batch_id, tenant=tenant)
+
+
+def iter_message_batch_results(batch_id: str, *, tenant: str | Tenant) -> Iterator[dict[str, Any]]:
+    """Finished requests as Anthropic's ``MessageBatchIndividualResponse``, in input order."""
+    for row in iter_results(batch_id, tenant=tenant):
+        yield message_batches.to_individual_response(row)
 
 
 def usage(
@@ -420,9 +505,4 @@ def list_models_page(
         has_more = end < len(specs)
     created = _registry_created()
     data = [_anthropic_model(spec, created) for spec in specs[start:end]]
-    return {
-        "data": data,
-        "has_more": has_more,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-    }
+    return cursor_page(data, has_more)

@@ -31,6 +31,19 @@ def jsonl(rows: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
+def message_request(custom_id: str, text: str = "hi", **params: Any) -> dict[str, Any]:
+    """One request of an Anthropic Message Batch (``{custom_id, params}``)."""
+    return {
+        "custom_id": custom_id,
+        "params": {
+            "model": "sim-claude",
+            "max_tokens": 20,
+            "messages": [{"role": "user", "content": text}],
+            **params,
+        },
+    }
+
+
 def make_tenant(name: str, **kw: Any) -> str:
     """Create a tenant; returns its API key."""
     with db.session_scope() as session:

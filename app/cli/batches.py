@@ -19,6 +19,7 @@ from typing import Any
 import typer
 
 from batchgen.cli.common import console, err, fail, handled, print_json, progress, services
+from batchgen.domain import message_batches
 from batchgen.domain.status import Priority
 
 TENANT = typer.Option(..., "--tenant", "-t", help="The tenant's name.")
@@ -92,7 +93,12 @@ def _finish(info: dict[str, Any], as_json: bool) -> None:
 
 def submit(
     file: Path = typer.Argument(
-        ..., exists=True, dir_okay=False, readable=True, help="JSONL in the OpenAI Batch format."
+        ...,
+        exists=True,
+        dir_okay=False,
+        readable=True,
+        help="An OpenAI Batch input file (JSONL) or an Anthropic Message Batch file (JSONL of "
+        '{custom_id, params}, or {"requests": [...]}); which one is detected.',
     ),
     tenant: str = TENANT,
     model: str | None = typer.Option(None, help="Use this model on every line (body.model)."),
@@ -119,16 +125,34 @@ def submit(
         except json.JSONDecodeError as exc:
             raise typer.BadParameter("not valid JSON", param_hint="--metadata") from exc
     with services(), handled():
-        with progress() as bar:
-            task = bar.add_task(f"reading {file.name}", total=file.stat().st_size)
-            batch = python_api.submit_batch(
-                _file_lines(file, model, lambda n: bar.advance(task, n)),
+        with open(file, "rb") as fh:
+            kind = message_batches.sniff_format(fh.read(64 * 1024))
+        if kind == message_batches.ANTHROPIC_FORMAT:
+            requests = message_batches.parse_requests(file.read_bytes())
+            if model:
+                for entry in requests:
+                    if isinstance(entry, dict) and isinstance(entry.get("params"), dict):
+                        entry["params"]["model"] = model
+            created, _ = python_api.create_message_batch(
+                requests,
                 tenant=tenant,
                 completion_window=completion_window,
                 metadata=meta,
                 idempotency_key=idempotency_key,
                 priority=priority,
             )
+            batch = python_api.get_batch(created["id"], tenant=tenant)
+        else:
+            with progress() as bar:
+                task = bar.add_task(f"reading {file.name}", total=file.stat().st_size)
+                batch = python_api.submit_batch(
+                    _file_lines(file, model, lambda n: bar.advance(task, n)),
+                    tenant=tenant,
+                    completion_window=completion_window,
+                    metadata=meta,
+                    idempotency_key=idempotency_key,
+                    priority=priority,
+                )
         if wait:
             (batch,) = _wait([batch["id"]], tenant, interval, timeout)
             _finish(batch, as_json)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from batchgen.errors import ValidationFailed
+
 
 class ItemStatus(StrEnum):
     PENDING = "pending"  # stored, waiting for the dispatcher
@@ -38,6 +40,16 @@ class Priority(StrEnum):
     def rank(self) -> int:
         """Sort key within a tenant: interactive work is released first."""
         return 0 if self is Priority.INTERACTIVE else 1
+
+
+def parse_priority(value: str | Priority) -> Priority:
+    """A priority from the caller; :class:`ValidationFailed` naming the field otherwise."""
+    try:
+        return Priority(value)
+    except ValueError as exc:
+        raise ValidationFailed(
+            "priority must be 'interactive' or 'bulk'", field="priority"
+        ) from exc
 
 
 TERMINAL = frozenset(

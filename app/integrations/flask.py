@@ -56,4 +56,12 @@ class BatchGen:
     list_batches = staticmethod(python_api.list_batches)
     iter_results = staticmethod(python_api.iter_results)
     cancel_batch = staticmethod(python_api.cancel_batch)
+    # The OpenAI Files flow and Anthropic's Message Batches, as the SDK routes serve them.
+    upload_file = staticmethod(python_api.upload_file)
+    create_batch = staticmethod(python_api.create_batch)
+    get_file = staticmethod(python_api.get_file)
+    iter_file_content = staticmethod(python_api.iter_file_content)
+    create_message_batch = staticmethod(python_api.create_message_batch)
+    get_message_batch = staticmethod(python_api.get_message_batch)
+    iter_message_batch_results = staticmethod(python_api.iter_message_batch_results)
     usage = staticmethod(python_api.usage)

@@ -63,6 +63,9 @@ class SubmitOptions:
     priority: Priority = Priority.INTERACTIVE
     # The upload the lines come from (POST /v1/batches with input_file_id).
     input_file_id: str | None = None
+    # The API the batch was submitted to: OpenAI's Batch API (the lines as they are),
+    # or Anthropic's Message Batches (MESSAGES: the lines translated from its requests).
+    endpoint: str = CHAT_COMPLETIONS
 
 
 # A finished batch's output file (its succeeded requests) and error file (the rest),
@@ -201,7 +204,7 @@ def store_batch(
     key = options.idempotency_key or None
     fingerprint = RequestFingerprint(
         {
-            "endpoint": CHAT_COMPLETIONS,
+            "endpoint": options.endpoint,
             "completion_window_s": window_s,
             "metadata": options.metadata,
             "priority": priority.value,
@@ -219,7 +222,7 @@ def store_batch(
         id=new_batch_id(),
         tenant_id=tenant.id,
         status=BatchStatus.IN_PROGRESS.value,
-        endpoint=CHAT_COMPLETIONS,
+        endpoint=options.endpoint,
         priority=priority.value,
         completion_window_s=int(window_s),
         deadline_at=now + dt.timedelta(seconds=window_s),
@@ -335,26 +338,79 @@ def describe(session: Session, batch: Batch) -> dict[str, Any]:
 
 
 def list_page(
-    session: Session, tenant: Tenant, *, limit: int = 20, after: str | None = None
+    session: Session,
+    tenant: Tenant,
+    *,
+    limit: int = 20,
+    after: str | None = None,
+    before: str | None = None,
+    endpoint: str | None = None,
+    max_limit: int = 100,
 ) -> tuple[list[Batch], bool]:
     """One page of the tenant's batches, newest first, and whether more follow.
 
-    ``after`` is the last id of the previous page. One row beyond the page is
-    read, so an exactly full last page says ``has_more = False``.
+    ``after`` is the last id of the previous page (older batches follow), ``before``
+    the first id of the next page (newer ones, the page just before it).
+    ``endpoint`` keeps one API's batches. One row beyond the page is read, so an
+    exactly full last page says ``has_more = False``.
     """
-    if not 1 <= limit <= 100:
-        raise ValidationFailed("limit must be between 1 and 100", field="limit")
+    if not 1 <= limit <= max_limit:
+        raise ValidationFailed(f"limit must be between 1 and {max_limit}", field="limit")
     query = select(Batch).where(Batch.tenant_id == tenant.id)
-    if after:
-        if not BATCH_ID.fullmatch(after):
-            raise ValidationFailed("after must be a batch id", field="after")
-        anchor = get_owned_batch(session, tenant, after)
-        query = query.where(
-            (Batch.created_at, Batch.id) < (anchor.created_at, anchor.id)  # type: ignore[operator]
-        )
+    if endpoint is not None:
+        query = query.where(Batch.endpoint == endpoint)
+    key = (Batch.created_at, Batch.id)
+    for cursor, field in ((after, "after"), (before, "before")):
+        if cursor is None:
+            continue
+        if not BATCH_ID.fullmatch(cursor):
+            raise ValidationFailed(f"{field} must be a batch id", field=field)
+        anchor = get_owned_batch(session, tenant, cursor)
+        mark = (anchor.created_at, anchor.id)
+        query = query.where(key < mark if field == "after" else key > mark)  # type: ignore[operator]
+    if before is not None and after is None:  # the newest-first page that ends before it
+        rows = list(session.scalars(query.order_by(*key).limit(limit + 1)))
+        return list(reversed(rows[:limit])), len(rows) > limit
     query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)
     rows = list(session.scalars(query))
     return rows[:limit], len(rows) > limit
+
+
+def _rfc3339(value: dt.datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value is not None else None
+
+
+def describe_message_batch(
+    session: Session, batch: Batch, results_url: str | None = None
+) -> dict[str, Any]:
+    """The batch as Anthropic's ``MessageBatch``. ``results_url`` (where the API serves
+    the results) is given once the batch has ended."""
+    counts = request_counts(session, batch.id)
+    status = BatchStatus(batch.status)
+    ended = batch.finished_at is not None and status in _FINISHED
+    processing = (
+        "ended"
+        if ended
+        else ("canceling" if batch.cancel_requested_at is not None else "in_progress")
+    )
+    return {
+        "id": batch.id,
+        "type": "message_batch",
+        "processing_status": processing,
+        "request_counts": {
+            "processing": sum(counts[s] for s in OPEN),
+            "succeeded": counts[ItemStatus.SUCCEEDED],
+            "errored": counts[ItemStatus.FAILED],
+            "canceled": counts[ItemStatus.CANCELLED],
+            "expired": counts[ItemStatus.EXPIRED],
+        },
+        "created_at": _rfc3339(batch.created_at),
+        "expires_at": _rfc3339(batch.deadline_at),
+        "ended_at": _rfc3339(batch.finished_at) if ended else None,
+        "cancel_initiated_at": _rfc3339(batch.cancel_requested_at),
+        "archived_at": None,
+        "results_url": results_url if ended else None,
+    }
 
 
 def list_batches(

@@ -199,6 +199,38 @@ def test_submit_wait_watch_results_cancel(stack, run, tenant, tmp_path):
         assert SECRET not in result.output
 
 
+def test_submit_detects_an_anthropic_batch_file(stack, run, tenant, tmp_path):
+    """A Message Batch file (JSONL of {custom_id, params}, or {"requests": [...]}) is
+    detected, translated and run; --model applies to it too."""
+    requests = [
+        {
+            "custom_id": f"a-{i}",
+            "params": {
+                "model": "sim-large",
+                "max_tokens": 30,
+                "messages": [{"role": "user", "content": f"{SECRET} {i}"}],
+            },
+        }
+        for i in range(4)
+    ]
+    for name, content in (
+        ("lines.jsonl", jsonl(requests)),
+        ("whole.json", json.dumps({"requests": requests}, indent=2).encode()),
+    ):
+        path = tmp_path / name
+        path.write_bytes(content)
+        done = run("submit", path, "--tenant", tenant, "--model", "sim-small", "--wait", "--json")
+        assert done.exit_code == 0, done.output
+        batch = json.loads(done.stdout)
+        assert batch["endpoint"] == "/v1/messages" and batch["request_counts"]["succeeded"] == 4
+        with db.session_scope() as s:
+            items = list(
+                s.execute(select(Item.custom_id, Item.model).where(Item.batch_id == batch["id"]))
+            )
+        assert sorted(items) == [(f"a-{i}", "sim-small") for i in range(4)]
+        assert SECRET not in done.output
+
+
 def test_batch_command_errors(services, run, tenant, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(jsonl([chat_line("a", text=SECRET)]) + b'{"custom_id": "b", ' + b"\n")

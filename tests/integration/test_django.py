@@ -38,7 +38,7 @@ from django.urls import include, path
 
 from batchgen.api import create_app
 from batchgen.integrations.django import services
-from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
+from tests.helpers import chat_line, jsonl, make_tenant, message_request, wait_batches
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,3 +180,58 @@ def test_example_project_checks():
     )
     assert done.returncode == 0, done.stderr
     assert "no issues" in done.stdout
+
+
+def test_django_mount_serves_the_sdk_routes(clean_db, client):
+    """Files, batches from a file and Message Batches answer under the include's prefix
+    (the results_url too), as the standalone API answers them."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    key = make_tenant("dj-sdk")
+    content = jsonl([chat_line(f"f-{i}") for i in range(3)])
+    res = client.post(
+        "/batchgen/v1/files",
+        {"file": SimpleUploadedFile("in.jsonl", content), "purpose": "batch"},
+        **_auth(key),
+    )
+    assert res.status_code == 200, res.content
+    upload = res.json()
+    assert (upload["bytes"], upload["purpose"]) == (len(content), "batch")
+    res = client.post(
+        "/batchgen/v1/batches",
+        data=json.dumps(
+            {
+                "input_file_id": upload["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            }
+        ),
+        content_type="application/json",
+        **_auth(key),
+    )
+    assert res.status_code == 200, res.content
+    assert res.json()["input_file_id"] == upload["id"]
+    assert res.json()["request_counts"]["total"] == 3
+    listed = client.get("/batchgen/v1/files", **_auth(key)).json()
+    assert [f["id"] for f in listed["data"]] == [upload["id"]]
+    content_res = client.get(f"/batchgen/v1/files/{upload['id']}/content", **_auth(key))
+    assert b"".join(content_res.streaming_content) == content
+    assert client.delete(f"/batchgen/v1/files/{upload['id']}", **_auth(key)).json()["deleted"]
+
+    request = message_request("m")
+    res = client.post(
+        "/batchgen/v1/messages/batches",
+        data=json.dumps({"requests": [request]}),
+        content_type="application/json",
+        HTTP_X_API_KEY=key,
+        HTTP_ANTHROPIC_VERSION="2023-06-01",
+    )
+    assert res.status_code == 200, res.content
+    batch = res.json()
+    assert batch["type"] == "message_batch" and batch["request_counts"]["processing"] == 1
+    client.post(f"/batchgen/v1/messages/batches/{batch['id']}/cancel", HTTP_X_API_KEY=key)
+    ended = client.get(f"/batchgen/v1/messages/batches/{batch['id']}", HTTP_X_API_KEY=key).json()
+    assert ended["processing_status"] == "ended"
+    assert ended["results_url"] == (
+        f"http://testserver/batchgen/v1/messages/batches/{batch['id']}/results"
+    )

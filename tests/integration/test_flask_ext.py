@@ -14,7 +14,7 @@ from flask import Flask
 
 from batchgen.api import create_app
 from batchgen.integrations.flask import BatchGen
-from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
+from tests.helpers import chat_line, jsonl, make_tenant, message_request, wait_batches
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,3 +115,38 @@ def test_init_app_default_prefix_and_example_app(clean_db, simulator, workers, r
     assert done.status_code == 200 and done.json["status"] == "completed"
     assert sorted(done.json["descriptions"]) == ["sku-0", "sku-1", "sku-2"]
     assert web.get("/batchgen/healthz").json == {"ok": True}
+
+
+def test_the_sdk_routes_under_the_host_prefix(clean_db):
+    """The files flow and Message Batches answer under the extension's prefix; the
+    results_url a Message Batch gives names the prefix; the extension offers the calls."""
+    import io
+
+    key = make_tenant("flask-sdk")
+    host = Flask("host-sdk")
+    host.config["BATCHGEN_URL_PREFIX"] = "/llm"
+    ext = BatchGen(host)
+    web = host.test_client()
+    content = jsonl([chat_line(f"f-{i}") for i in range(2)])
+    res = web.post(
+        "/llm/v1/files",
+        data={"file": (io.BytesIO(content), "in.jsonl"), "purpose": "batch"},
+        headers=_auth(key),
+    )
+    assert res.status_code == 200, res.json
+    made = web.post("/llm/v1/batches", json={"input_file_id": res.json["id"]}, headers=_auth(key))
+    assert made.status_code == 200 and made.json["input_file_id"] == res.json["id"]
+    assert ext.get_file(res.json["id"], tenant="flask-sdk")["bytes"] == len(content)
+
+    request = message_request("m")
+    batch = web.post(
+        "/llm/v1/messages/batches", json={"requests": [request]}, headers={"x-api-key": key}
+    )
+    assert batch.status_code == 200, batch.json
+    web.post(f"/llm/v1/messages/batches/{batch.json['id']}/cancel", headers={"x-api-key": key})
+    ended = web.get(f"/llm/v1/messages/batches/{batch.json['id']}", headers={"x-api-key": key})
+    assert ended.json["results_url"] == (
+        f"http://localhost/llm/v1/messages/batches/{batch.json['id']}/results"
+    )
+    rows = web.get(ended.json["results_url"], headers={"x-api-key": key})
+    assert [json.loads(x)["result"]["type"] for x in rows.data.splitlines()] == ["canceled"]

@@ -15,12 +15,13 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from anthropic.types import ModelInfo
+from anthropic.types import Message, ModelInfo
+from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse
 from openai.types import FileObject, Model
 from openai.types.chat import ChatCompletion
 
 from batchgen.registry import get_registry
-from tests.helpers import chat_line, make_tenant
+from tests.helpers import chat_line, make_tenant, message_request
 
 pytestmark = pytest.mark.integration
 
@@ -254,3 +255,98 @@ def test_openai_batch_cancel_and_file_errors(oai_run: openai.OpenAI):
     with pytest.raises(openai.NotFoundError):
         oai_run.files.retrieve(upload.id)
     assert oai_run.batches.retrieve(batch.id).input_file_id == upload.id  # the batch stays
+
+
+# -- Anthropic's Message Batches, as its SDK runs them -----------------------------------
+
+
+@pytest.fixture
+def claude_run(clean_db, simulator, api_server, workers) -> Iterator[anthropic.Anthropic]:
+    base_url = api_server()
+    key = make_tenant("sdk-claude")
+    workers(concurrency=8)
+    with anthropic.Anthropic(base_url=base_url, api_key=key, max_retries=0) as client:
+        yield client
+
+
+def _anthropic_strict(model: anthropic.BaseModel) -> dict[str, Any]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return model.model_dump()
+
+
+def _request(custom_id: str, text: str = "Describe a chair.", **params: Any) -> dict[str, Any]:
+    params = {"max_tokens": 60, "system": "You write product copy.", **params}
+    request = message_request(custom_id, text, **params)
+    request["params"]["messages"] = [{"role": "user", "content": [{"type": "text", "text": text}]}]
+    return request
+
+
+def _poll_ended(client: anthropic.Anthropic, batch_id: str, timeout_s: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        batch = client.messages.batches.retrieve(batch_id)
+        if batch.processing_status == "ended":
+            return batch
+        assert time.monotonic() < deadline, f"batch {batch_id} still {batch.processing_status}"
+        time.sleep(0.3)
+
+
+def test_anthropic_message_batches_flow(claude_run: anthropic.Anthropic):
+    """messages.batches.create → retrieve until ended → results → list → cancel, every
+    object the SDK's type, through the same dispatcher, budget and ledger."""
+    requests = [_request(f"m-{i}") for i in range(5)]
+    created = claude_run.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+    assert isinstance(created, MessageBatch) and _no_extra_fields(created)
+    _anthropic_strict(created)
+    assert created.processing_status == "in_progress" and created.results_url is None
+    assert created.request_counts.processing == 5
+
+    ended = _poll_ended(claude_run, created.id)
+    _anthropic_strict(ended)
+    assert ended.request_counts.succeeded == 5 and ended.ended_at is not None
+    assert ended.results_url and ended.results_url.endswith(f"/{created.id}/results")
+
+    results = list(claude_run.messages.batches.results(created.id))
+    assert [r.custom_id for r in results] == [f"m-{i}" for i in range(5)]
+    for r in results:
+        assert isinstance(r, MessageBatchIndividualResponse) and r.result.type == "succeeded"
+        message = r.result.message
+        assert isinstance(message, Message) and _no_extra_fields(message)
+        assert message.content[0].type == "text" and message.content[0].text
+        assert message.usage.input_tokens > 0 and message.stop_reason in ("end_turn", "max_tokens")
+
+    # A second batch, cancelled at once: its unrun requests come back canceled.
+    many = claude_run.messages.batches.create(
+        requests=[_request(f"c-{i}", max_tokens=400) for i in range(40)]  # type: ignore[misc]
+    )
+    cancelling = claude_run.messages.batches.cancel(many.id)
+    assert cancelling.processing_status in ("canceling", "ended")
+    assert cancelling.cancel_initiated_at is not None
+    stopped = _poll_ended(claude_run, many.id)
+    assert stopped.request_counts.canceled >= 1
+    kinds = {r.result.type for r in claude_run.messages.batches.results(many.id)}
+    assert "canceled" in kinds and kinds <= {"canceled", "succeeded"}
+
+    listed = [b.id for b in claude_run.messages.batches.list(limit=1)]  # the SDK follows after_id
+    assert listed == [many.id, created.id]
+
+
+def test_anthropic_message_batch_errors(claude_run: anthropic.Anthropic):
+    """A request the item format cannot carry is a BadRequestError naming it, nothing is
+    stored; another tenant's batch is a NotFoundError."""
+    bad = _request("img")
+    bad["params"]["messages"][0]["content"] = [{"type": "image", "source": {}}]
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        claude_run.messages.batches.create(requests=[_request("ok"), bad])  # type: ignore[list-item]
+    assert "requests[1].params.messages[0].content[0]" in raised.value.message
+    assert list(claude_run.messages.batches.list()) == []
+    with pytest.raises(anthropic.BadRequestError):
+        claude_run.messages.batches.create(requests=[_request("m", model="no-such-model")])  # type: ignore[list-item]
+
+    mine = claude_run.messages.batches.create(requests=[_request("one")])  # type: ignore[list-item]
+    stranger = claude_run.with_options(api_key=make_tenant("other-claude"))
+    with pytest.raises(anthropic.NotFoundError):
+        stranger.messages.batches.retrieve(mine.id)
+    with pytest.raises(anthropic.NotFoundError):
+        stranger.messages.batches.cancel(mine.id)

@@ -14,11 +14,40 @@ from __future__ import annotations
 
 from batchgen.python_api import (
     cancel_batch,
+    cancel_message_batch,
+    create_batch,
+    create_message_batch,
+    delete_file,
     get_batch,
+    get_file,
+    get_message_batch,
+    iter_file_content,
+    iter_message_batch_results,
     iter_results,
     list_batches,
+    list_files_page,
+    list_message_batches_page,
     submit_batch,
+    upload_file,
     usage,
 )
 
-__all__ = ["cancel_batch", "get_batch", "iter_results", "list_batches", "submit_batch", "usage"]
+__all__ = [
+    "cancel_batch",
+    "cancel_message_batch",
+    "create_batch",
+    "create_message_batch",
+    "delete_file",
+    "get_batch",
+    "get_file",
+    "get_message_batch",
+    "iter_file_content",
+    "iter_message_batch_results",
+    "iter_results",
+    "list_batches",
+    "list_files_page",
+    "list_message_batches_page",
+    "submit_batch",
+    "upload_file",
+    "usage",
+]

@@ -1,0 +1,150 @@
+"""Anthropic Message Batch requests into the item format and results back out (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchgen.domain.admission import CHAT_COMPLETIONS
+from batchgen.domain.message_batches import (
+    parse_requests,
+    sniff_format,
+    to_chat_line,
+    to_individual_response,
+    to_message,
+)
+from batchgen.errors import ValidationFailed
+
+
+def test_a_request_becomes_a_chat_line_with_its_system_prompt_first():
+    line = to_chat_line(
+        0,
+        {
+            "custom_id": "a",
+            "params": {
+                "model": "m",
+                "max_tokens": 10,
+                "system": "be brief",
+                "stop_sequences": ["END"],
+                "temperature": 0.2,
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": [{"type": "text", "text": "yes?"}]},
+                ],
+            },
+        },
+    )
+    assert line == {
+        "custom_id": "a",
+        "method": "POST",
+        "url": CHAT_COMPLETIONS,
+        "body": {
+            "model": "m",
+            "max_tokens": 10,
+            "temperature": 0.2,
+            "stop": ["END"],
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "text", "text": "yes?"}]},
+            ],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"messages": []}, "params.messages"),
+        ({"messages": [{"role": "system", "content": "x"}]}, "params.messages[0].role"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
+            "params.messages[0].content[0]",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{}]}, "params.tools"),
+        ({"messages": [{"role": "user", "content": "x"}], "system": 3}, "params.system"),
+    ],
+)
+def test_what_the_item_format_cannot_carry_is_refused_by_name(params, field):
+    with pytest.raises(ValidationFailed) as raised:
+        to_chat_line(2, {"custom_id": "x", "params": params})
+    assert (raised.value.field, raised.value.line) == (field, 3)
+    assert raised.value.message.startswith(f"requests[2].{field}")
+
+
+COMPLETION = {
+    "id": "chatcmpl-1",
+    "model": "sim-claude",
+    "choices": [
+        {"message": {"role": "assistant", "content": "A chair."}, "finish_reason": "length"}
+    ],
+    "usage": {"prompt_tokens": 12, "completion_tokens": 3},
+}
+
+
+def test_a_completion_becomes_a_message():
+    assert to_message(COMPLETION) == {
+        "id": "chatcmpl-1",
+        "type": "message",
+        "role": "assistant",
+        "model": "sim-claude",
+        "content": [{"type": "text", "text": "A chair."}],
+        "stop_reason": "max_tokens",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 12, "output_tokens": 3},
+    }
+
+
+@pytest.mark.parametrize(
+    ("error", "result"),
+    [
+        ({"code": "expired", "message": "late"}, {"type": "expired"}),
+        ({"code": "cancelled", "message": None}, {"type": "canceled"}),
+        (
+            {"code": "bad_request", "message": "no"},
+            {
+                "type": "errored",
+                "error": {
+                    "type": "error",
+                    "error": {"type": "invalid_request_error", "message": "no"},
+                },
+            },
+        ),
+    ],
+)
+def test_each_result_kind(error, result):
+    row = {"custom_id": "x", "response": None, "error": error}
+    assert to_individual_response(row) == {"custom_id": "x", "result": result}
+
+
+def test_a_succeeded_row_carries_its_message():
+    row = {"custom_id": "x", "response": {"status_code": 200, "body": COMPLETION}, "error": None}
+    assert to_individual_response(row)["result"] == {
+        "type": "succeeded",
+        "message": to_message(COMPLETION),
+    }
+
+
+@pytest.mark.parametrize(
+    ("head", "kind"),
+    [
+        (
+            b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n',
+            "openai",
+        ),
+        (b'{"custom_id": "a", "params": {"model": "m"}}\n{"custom_id": "b"', "anthropic"),
+        (b'\n{\n  "requests": [\n    {"custom_id": "a"', "anthropic"),
+        (b"not json at all", "openai"),  # refused later, by the OpenAI validator's line errors
+    ],
+)
+def test_a_batch_file_is_recognised_by_its_first_bytes(head, kind):
+    assert sniff_format(head) == kind
+
+
+def test_an_anthropic_file_reads_as_json_lines_or_one_document():
+    lines = b'{"custom_id": "a", "params": {}}\n\n{"custom_id": "b", "params": {}}\n'
+    assert [r["custom_id"] for r in parse_requests(lines)] == ["a", "b"]
+    whole = b'{"requests": [{"custom_id": "c", "params": {}}]}'
+    assert parse_requests(whole) == [{"custom_id": "c", "params": {}}]
+    with pytest.raises(ValidationFailed) as raised:
+        parse_requests(b'{"custom_id": "a", "params": {}}\n{"custom_id": \n')
+    assert raised.value.line == 2
