@@ -13,6 +13,8 @@ import hmac
 import json
 import logging
 import math
+import select
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,9 +36,14 @@ from werkzeug.exceptions import HTTPException
 
 from batchgen import python_api
 from batchgen.config import get_settings
+from batchgen.domain import calls as call_rules
+from batchgen.domain import message_batches
+from batchgen.domain.admission import CHAT_COMPLETIONS
+from batchgen.domain.message_batches import MESSAGES
 from batchgen.domain.status import Priority, parse_priority
 from batchgen.errors import (
     BatchgenError,
+    CallFailed,
     ClientError,
     Forbidden,
     Overloaded,
@@ -364,6 +371,79 @@ def message_batch_results(batch_id: str) -> Response:
     return Response(stream_with_context(lines()), mimetype="application/binary")
 
 
+# -- synchronous calls through the scheduler -----------------------------------------
+
+
+def _caller_connected() -> bool:
+    """Whether the caller's connection is still open, where the server says which
+    socket it is (werkzeug, gunicorn): a socket that reads as closed (EOF) is a caller
+    gone. Elsewhere the answer is always yes (the call then runs to its end)."""
+    sock = request.environ.get("werkzeug.socket") or request.environ.get("gunicorn.socket")
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return not readable or bool(sock.recv(1, socket.MSG_PEEK))
+    except (OSError, ValueError):
+        return False
+
+
+def _call_body() -> Any:
+    limit = get_settings().max_body_bytes
+    if request.content_length and request.content_length > limit:
+        raise PayloadTooLarge(f"body larger than {limit} bytes")
+    return request.get_json(silent=True)
+
+
+def _run_call(line: dict[str, Any], endpoint: str, body_timeout: Any) -> Any:
+    settings = get_settings()
+    deadline_s = call_rules.call_deadline_s(
+        body_timeout,
+        {name.lower(): value for name, value in request.headers.items()},
+        settings.call_default_timeout_s,
+        settings.call_max_timeout_s,
+    )
+    pending = python_api.start_call(
+        line, tenant=_caller(), endpoint=endpoint, deadline_s=deadline_s
+    )
+    return python_api.wait_call(pending, _caller_connected).response
+
+
+def _event_stream(chunks: Iterator[bytes]) -> Response:
+    response = Response(chunks, mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-cache"
+    return response
+
+
+@blueprint.post("/v1/chat/completions")
+def chat_completions() -> Response:
+    """A chat completion through the scheduler: queued, budgeted, recorded like an item;
+    answered when it ends (whole, or as the stream of chunks its answer makes)."""
+    body = _call_body()
+    line, stream, include_usage = call_rules.as_line(body)
+    completion = _run_call(line, CHAT_COMPLETIONS, body.get("timeout"))
+    if stream:
+        return _event_stream(call_rules.openai_stream(completion, include_usage))
+    return jsonify(completion)
+
+
+@blueprint.post("/v1/messages")
+def messages() -> Response:
+    """Anthropic's Messages API through the scheduler (plain or streamed)."""
+    body = _call_body()
+    if not isinstance(body, dict):
+        raise ValidationFailed("the body must be a JSON object", field="body")
+    stream = bool(body.get("stream"))
+    params = {k: v for k, v in body.items() if k not in ("stream", "timeout")}
+    line = message_batches.to_chat_line(
+        0, {"custom_id": call_rules.CALL_CUSTOM_ID, "params": params}
+    )
+    message = message_batches.to_message(_run_call(line, MESSAGES, body.get("timeout")))
+    if stream:
+        return _event_stream(call_rules.anthropic_stream(message))
+    return jsonify(message)
+
+
 def _anthropic_client() -> bool:
     """The Anthropic SDK sends ``anthropic-version`` on every request; OpenAI's does not."""
     return "anthropic-version" in request.headers
@@ -495,7 +575,7 @@ def _error_response(
 
 @blueprint.app_errorhandler(BatchgenError)
 def handle_error(exc: BatchgenError) -> tuple[Response, int]:
-    if isinstance(exc, ClientError | Overloaded | Unavailable):
+    if isinstance(exc, ClientError | Overloaded | Unavailable | CallFailed):
         return _error_response(exc.status_code, exc.to_dict(), getattr(exc, "retry_after_s", None))
     log.error("internal error: %s", type(exc).__name__)
     return _error_response(500, {"code": "internal", "message": "internal error"})

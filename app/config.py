@@ -79,6 +79,15 @@ class Settings(BaseSettings):
     # Retry-After of a 503 when PostgreSQL or Redis is unreachable.
     unavailable_retry_after_s: float = 5.0
 
+    # Synchronous calls (POST /v1/chat/completions, /v1/messages): how long a caller
+    # waits, queueing included, when it names no timeout (X-Request-Timeout, the body's
+    # timeout, or the SDKs' own x-stainless-read-timeout), and at most.
+    call_default_timeout_s: float = 600.0
+    call_max_timeout_s: float = 600.0
+    # A waiting call reads its item this often besides being woken at its end (NOTIFY),
+    # and checks that its caller is still connected.
+    call_poll_s: float = 0.5
+
     # Dispatch and leases.
     dispatch_interval_s: float = 1.0
     sweep_interval_s: float = 5.0

@@ -13,6 +13,7 @@
 │   └── ``OverQuota``          429 + Retry-After (the tenant's own limits)
 ├── ``Overloaded``             503 + Retry-After (model backlog full)
 ├── ``Unavailable``            503 + Retry-After (PostgreSQL or Redis unreachable)
+├── ``CallFailed``             a synchronous call ended without an answer (400/429/502/504…)
 └── ``ProviderError``          a provider call failed
     ├── ``TransientProviderError``   retry with backoff (408, 409, 5xx, reset, timeout)
     │   ├── ``RateLimited``          429, carries retry-after
@@ -135,6 +136,21 @@ class Unavailable(BatchgenError, RetryAdvice):
         self.code = code
         self.message = message
         self.retry_after_s = retry_after_s
+
+    def to_dict(self) -> dict[str, object]:
+        return {"code": self.code, "message": self.message}
+
+
+class CallFailed(BatchgenError):
+    """A synchronous call (``POST /v1/chat/completions``, ``/v1/messages``) ended without
+    an answer: its item failed, expired or was cancelled. ``status_code`` and ``code``
+    are :func:`batchgen.domain.calls.call_error`'s."""
+
+    def __init__(self, status_code: int, code: str, message: str):
+        super().__init__(message)
+        self.status_code = status_code
+        self.code = code
+        self.message = message
 
     def to_dict(self) -> dict[str, object]:
         return {"code": self.code, "message": self.message}

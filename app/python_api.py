@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +26,18 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from batchgen.config import get_settings
+from batchgen.domain import calls as call_rules
 from batchgen.domain import message_batches
 from batchgen.domain.admission import CHAT_COMPLETIONS
-from batchgen.domain.status import Priority, parse_priority
-from batchgen.errors import ClientError, NotFound, Overloaded, ValidationFailed
+from batchgen.domain.status import ItemStatus, Priority, parse_priority
+from batchgen.errors import CallFailed, ClientError, NotFound, Overloaded, ValidationFailed
 from batchgen.limits import counters
+from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.registry import ModelSpec, get_registry
-from batchgen.store import batches, files
+from batchgen.store import batches, calls, files
 from batchgen.store.batches import SubmitOptions
+from batchgen.store.calls import CallWaiter
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
 from batchgen.worker import publish
@@ -141,7 +147,7 @@ def submit_batch(
         completion_window=completion_window,
         metadata=metadata,
         idempotency_key=idempotency_key,
-        priority=Priority(priority),
+        priority=parse_priority(priority),
     )
     return submit(tenant, as_lines(requests), options)[0]
 
@@ -413,6 +419,110 @@ def iter_message_batch_results(batch_id: str, *, tenant: str | Tenant) -> Iterat
     """Finished requests as Anthropic's ``MessageBatchIndividualResponse``, in input order."""
     for row in iter_results(batch_id, tenant=tenant):
         yield message_batches.to_individual_response(row)
+
+
+# --- synchronous calls (POST /v1/chat/completions, /v1/messages) --------------------
+
+_waiters: dict[str, CallWaiter] = {}
+_waiters_lock = threading.Lock()
+
+
+def _call_waiter() -> CallWaiter:
+    """The process's listener for the ends of calls (one per database)."""
+    url = get_settings().sqlalchemy_url
+    with _waiters_lock:
+        if url not in _waiters:
+            _waiters[url] = CallWaiter(url.replace("postgresql+psycopg://", "postgresql://", 1))
+        return _waiters[url]
+
+
+def _cooldown_left_s(spec: ModelSpec) -> float:
+    """The provider's cooldown on the model's budget (0 when none, or Redis is down:
+    the gate will say so anyway)."""
+    try:
+        left_ms = get_redis().pttl(keys.cooldown(spec.budget_key))
+    except Exception:
+        return 0.0
+    return max(0.0, float(left_ms) / 1000.0) if isinstance(left_ms, int) else 0.0
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """A call stored and released; :func:`wait_call` waits for its end."""
+
+    stored: calls.StoredCall
+    tenant: str | Tenant
+    deadline_mono_s: float
+    woken: threading.Event
+
+
+def start_call(
+    line: dict[str, Any], *, tenant: str | Tenant, endpoint: str, deadline_s: float
+) -> PendingCall:
+    """Store a call (one item, priority ``call``) and send it to a worker, unless the
+    calls already waiting on its model cannot leave it time to start before
+    ``deadline_s``: then :class:`Overloaded` (503) with that wait as ``retry_after_s``."""
+    settings = get_settings()
+    body = line.get("body")
+    spec = get_registry().get(body.get("model", "")) if isinstance(body, dict) else None
+    if spec is not None:
+        with session_scope() as session:
+            ahead = calls.calls_ahead_tokens(session, spec.name)
+        wait_s = call_rules.expected_wait_s(ahead, spec.tokens_per_min, _cooldown_left_s(spec))
+        refuse = call_rules.refuse_after_s(wait_s, deadline_s)
+        if refuse is not None:
+            raise Overloaded(
+                f"model {spec.name} cannot start this call within its {deadline_s:g}s: "
+                f"the calls ahead of it need about {wait_s:.0f}s",
+                retry_after_s=refuse,
+            )
+    started = time.monotonic()
+    with session_scope() as session:
+        stored = calls.store_call(
+            session,
+            _tenant(session, tenant),
+            line,
+            deadline_s=deadline_s,
+            endpoint=endpoint,
+            registry=get_registry(),
+            settings=settings,
+        )
+    woken = _call_waiter().register(stored.item_id)
+    try:
+        ticket = stored.queue_ticket
+        publish.generate(stored.item_id, stored.model, ticket.to_message() if ticket else None)
+    except Exception:
+        _call_waiter().forget(stored.item_id)
+        cancel_batch(stored.batch_id, tenant=tenant)
+        raise
+    return PendingCall(stored, tenant, started + deadline_s, woken)
+
+
+def wait_call(
+    pending: PendingCall, still_there: Callable[[], bool] = lambda: True
+) -> calls.CallOutcome:
+    """Wait for a call's end; its answer, or :class:`CallFailed` (the deadline passed,
+    the item failed, or the caller went away: then the call is cancelled, and no
+    provider call starts after that; one under way stops at its next chunk)."""
+    settings = get_settings()
+    item_id, waiter = pending.stored.item_id, _call_waiter()
+    # The item's own deadline ends it (the sweep expires it); a little longer here.
+    until = pending.deadline_mono_s + settings.sweep_interval_s + 1.0
+    try:
+        for _ in CallWaiter.wait_ticks(pending.woken, until, settings.call_poll_s, first=True):
+            with session_scope() as session:
+                ended = calls.outcome(session, item_id)
+            if ended is not None:
+                if ended.status is ItemStatus.SUCCEEDED and ended.response is not None:
+                    return ended
+                raise call_rules.call_error(ended.error_code, ended.error_message)
+            if not still_there():
+                cancel_batch(pending.stored.batch_id, tenant=pending.tenant)
+                raise CallFailed(499, "client_closed", "the caller went away; call cancelled")
+        cancel_batch(pending.stored.batch_id, tenant=pending.tenant)
+        raise call_rules.call_error("expired", "the call's deadline passed")
+    finally:
+        waiter.forget(item_id)
 
 
 def usage(

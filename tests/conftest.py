@@ -106,8 +106,8 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
     with get_engine().begin() as conn:
         conn.execute(
             text(
-                "TRUNCATE tenant_daily_usage, usage_ledger, results, items, batches, tenants "
-                "RESTART IDENTITY CASCADE"
+                "TRUNCATE tenant_daily_usage, usage_ledger, results, items, batches, files, "
+                "tenants RESTART IDENTITY CASCADE"
             )
         )
     redis.Redis.from_url(services["REDIS_URL"]).flushdb()

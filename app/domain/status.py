@@ -35,21 +35,31 @@ class BatchStatus(StrEnum):
 class Priority(StrEnum):
     INTERACTIVE = "interactive"
     BULK = "bulk"
+    # A synchronous call (POST /v1/chat/completions, /v1/messages): a one-item batch
+    # someone is waiting on. Never a batch's choice: the API sets it.
+    CALL = "call"
 
     @property
     def rank(self) -> int:
-        """Sort key within a tenant: interactive work is released first."""
-        return 0 if self is Priority.INTERACTIVE else 1
+        """Sort key within a tenant: calls first, then interactive work, then bulk."""
+        return _RANKS[self]
+
+
+# The rank of a call's item (the trigger of migration 0006 notifies its end by it).
+CALL_RANK = -1
+_RANKS = {Priority.CALL: CALL_RANK, Priority.INTERACTIVE: 0, Priority.BULK: 1}
 
 
 def parse_priority(value: str | Priority) -> Priority:
-    """A priority from the caller; :class:`ValidationFailed` naming the field otherwise."""
+    """A batch's priority from the caller (``interactive`` or ``bulk``);
+    :class:`ValidationFailed` naming the field otherwise."""
     try:
-        return Priority(value)
-    except ValueError as exc:
-        raise ValidationFailed(
-            "priority must be 'interactive' or 'bulk'", field="priority"
-        ) from exc
+        priority = Priority(value)
+    except ValueError:
+        priority = Priority.CALL
+    if priority is Priority.CALL:
+        raise ValidationFailed("priority must be 'interactive' or 'bulk'", field="priority")
+    return priority
 
 
 TERMINAL = frozenset(

@@ -251,7 +251,8 @@ def store_batch(
     batch.total_items = total
     batch.request_sha256 = fingerprint.hexdigest()
     session.flush()
-    quotas.check_models(session, tokens_by_model, registry, settings)
+    if priority is not Priority.CALL:  # a call's bound is the fail-fast rule (store/calls.py)
+        quotas.check_models(session, tokens_by_model, registry, settings)
     quotas.check_tenant(session, tenant, registry, sorted(tokens_by_model))
     return batch, True
 
@@ -356,7 +357,8 @@ def list_page(
     """
     if not 1 <= limit <= max_limit:
         raise ValidationFailed(f"limit must be between 1 and {max_limit}", field="limit")
-    query = select(Batch).where(Batch.tenant_id == tenant.id)
+    # Synchronous calls are batches of one for the machinery, not in the tenant's list.
+    query = select(Batch).where(Batch.tenant_id == tenant.id, Batch.priority != Priority.CALL.value)
     if endpoint is not None:
         query = query.where(Batch.endpoint == endpoint)
     key = (Batch.created_at, Batch.id)

@@ -474,6 +474,23 @@ def release(session: Session, model: str, window: int, queued_lease_s: float) ->
     return sorted((_ticket(row) for row in rows), key=lambda t: rank[t.item_id])
 
 
+def release_call(session: Session, batch_id: str, queued_lease_s: float) -> Ticket | None:
+    """``pending → queued`` for the one item of a synchronous call, now: a call waits
+    for no window (someone is waiting on it; the slot and the budget still apply)."""
+    row = session.execute(
+        update(Item)
+        .where(Item.batch_id == batch_id, RELEASE.where(), Item.tenant_id == Tenant.id)
+        .values(
+            status=S.QUEUED.value,
+            queued_at=func.now(),
+            lease_expires_at=func.now() + dt.timedelta(seconds=queued_lease_s),
+        )
+        .returning(*_TICKET_COLUMNS)
+        .execution_options(synchronize_session=False)
+    ).one_or_none()
+    return None if row is None else _ticket(row)
+
+
 _TICKET_COLUMNS = (
     Item.id,
     Item.batch_id,

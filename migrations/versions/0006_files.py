@@ -7,6 +7,10 @@
 - batches.input_file_id names the file a batch was created from (``POST
   /v1/batches`` with ``input_file_id``); it stays when the file is deleted, as
   OpenAI's does.
+- A trigger tells the API a synchronous call ended: when an item of priority rank
+  -1 (a call, batchgen.domain.status.CALL_RANK) reaches a terminal status, its id
+  is sent on the channel ``batchgen_call_done`` (NOTIFY, delivered at commit, when
+  the result is visible). Every other item's update only evaluates the WHEN.
 
 Revision ID: 0006
 Revises: 0005
@@ -47,9 +51,30 @@ def upgrade() -> None:
     )
     op.create_index("ix_files_expires_at", "files", ["expires_at"], unique=False)
     op.add_column("batches", sa.Column("input_file_id", sa.String(length=40), nullable=True))
+    op.execute(
+        """
+        CREATE FUNCTION batchgen_call_done() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_notify('batchgen_call_done', NEW.id::text);
+            RETURN NULL;
+        END $$
+        """
+    )
+    op.execute(
+        """
+        CREATE TRIGGER items_call_done AFTER UPDATE OF status ON items
+        FOR EACH ROW
+        WHEN (NEW.priority_rank < 0
+              AND NEW.status IN ('succeeded', 'failed', 'expired', 'cancelled')
+              AND OLD.status IS DISTINCT FROM NEW.status)
+        EXECUTE FUNCTION batchgen_call_done()
+        """
+    )
 
 
 def downgrade() -> None:
+    op.execute("DROP TRIGGER items_call_done ON items")
+    op.execute("DROP FUNCTION batchgen_call_done()")
     op.drop_column("batches", "input_file_id")
     op.drop_index("ix_files_expires_at", table_name="files")
     op.drop_index("ix_files_tenant_id_created_at", table_name="files")

@@ -10,6 +10,7 @@ import json
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anthropic
@@ -19,9 +20,14 @@ from anthropic.types import Message, ModelInfo
 from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse
 from openai.types import FileObject, Model
 from openai.types.chat import ChatCompletion
+from sqlalchemy import func, select
 
+from batchgen.domain.status import CALL_RANK
 from batchgen.registry import get_registry
-from tests.helpers import chat_line, make_tenant, message_request
+from batchgen.store import db
+from batchgen.store.schema import Item, Result, Tenant, UsageLedger
+from tests.helpers import chat_line, make_tenant, message_request, sim_config
+from tests.invariants import cut_calls, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -350,3 +356,162 @@ def test_anthropic_message_batch_errors(claude_run: anthropic.Anthropic):
         stranger.messages.batches.retrieve(mine.id)
     with pytest.raises(anthropic.NotFoundError):
         stranger.messages.batches.cancel(mine.id)
+
+
+# -- synchronous calls through the scheduler ------------------------------------------
+
+
+def _call_rows(tenant: str) -> list[tuple[str, int, int]]:
+    """(item status, ledger rows, results) of the tenant's calls."""
+    with db.session_scope() as s:
+        rows = s.execute(
+            select(
+                Item.status,
+                select(func.count()).where(UsageLedger.item_id == Item.id).scalar_subquery(),
+                select(func.count()).where(Result.item_id == Item.id).scalar_subquery(),
+            )
+            .join(Tenant, Tenant.id == Item.tenant_id)
+            .where(Tenant.name == tenant, Item.priority_rank == CALL_RANK)
+        )
+        return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+def test_chat_completions_through_the_scheduler(oai_run: openai.OpenAI):
+    """chat.completions.create, plain and streamed: the answer is the SDK's type, and each
+    call is an item with its result and its one ledger row; calls stay out of the list
+    of batches."""
+    asked = [{"role": "user", "content": "Describe a red chair."}]
+    plain = oai_run.chat.completions.create(model="sim-small", messages=asked, max_tokens=40)  # type: ignore[arg-type]
+    assert isinstance(plain, ChatCompletion) and plain.choices[0].message.content
+    assert plain.usage is not None and plain.usage.prompt_tokens > 0
+    stream = oai_run.chat.completions.create(
+        model="sim-small",
+        messages=asked,  # type: ignore[arg-type]
+        max_tokens=40,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    assert sorted(_call_rows("sdk-files")) == [("succeeded", 1, 1), ("succeeded", 1, 1)]
+    assert list(oai_run.batches.list()) == []
+
+    with pytest.raises(openai.BadRequestError):  # validated as any line
+        oai_run.chat.completions.create(model="no-such-model", messages=asked)  # type: ignore[arg-type]
+
+
+def test_messages_create_through_the_scheduler(claude_run: anthropic.Anthropic):
+    message = claude_run.messages.create(
+        model="sim-claude",
+        max_tokens=40,
+        system="You write product copy.",
+        messages=[{"role": "user", "content": "Describe a lamp."}],
+    )
+    assert isinstance(message, Message) and _no_extra_fields(message)
+    assert message.content[0].type == "text" and message.content[0].text
+    with claude_run.messages.stream(
+        model="sim-claude", max_tokens=40, messages=[{"role": "user", "content": "A desk."}]
+    ) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed and final.content[0].text == streamed  # type: ignore[union-attr]
+    assert final.usage.output_tokens > 0
+    assert sorted(_call_rows("sdk-claude")) == [("succeeded", 1, 1), ("succeeded", 1, 1)]
+
+
+def test_a_call_that_cannot_start_in_time_is_refused_at_once(oai_run: openai.OpenAI, simulator):
+    """The fail-fast rule: with calls ahead of it that need longer than its deadline,
+    a call is a 503 with Retry-After at once, and nothing of it is stored."""
+    from batchgen.store.calls import calls_ahead_tokens
+
+    sim_config(simulator.base_url, latency_base_ms=3000)
+    try:
+        slow = oai_run.with_options(timeout=30.0)
+        with ThreadPoolExecutor(2) as pool:  # calls ahead of it, still running
+            ahead = [
+                pool.submit(
+                    slow.chat.completions.create,
+                    model="sim-small",
+                    messages=[{"role": "user", "content": "x"}],
+                    max_tokens=1000,
+                )
+                for _ in range(2)
+            ]
+            wait_until(lambda: _open_calls() == 2, 20, "two calls in flight")
+            with db.session_scope() as s:
+                tokens = calls_ahead_tokens(s, "sim-small")
+            tpm = get_registry()["sim-small"].tokens_per_min
+            needed_s = tokens / (tpm / 60)
+            started = time.monotonic()
+            with pytest.raises(openai.InternalServerError) as refused:
+                oai_run.chat.completions.create(
+                    model="sim-small",
+                    messages=[{"role": "user", "content": "y"}],
+                    max_tokens=1000,
+                    extra_headers={"X-Request-Timeout": f"{needed_s / 2:.3f}"},
+                )
+            assert time.monotonic() - started < 2.0  # at once, not at the deadline
+            assert refused.value.status_code == 503
+            assert int(refused.value.response.headers["Retry-After"]) >= 1
+            assert refused.value.code == "overloaded"
+            assert _open_calls() == 2  # nothing of the refused call was stored
+            for future in ahead:
+                future.result()
+    finally:
+        sim_config(simulator.base_url, latency_base_ms=50)
+
+
+def _open_calls() -> int:
+    with db.session_scope() as s:
+        return int(
+            s.scalar(
+                select(func.count())
+                .select_from(Item)
+                .where(
+                    Item.priority_rank == CALL_RANK,
+                    Item.status.in_(["pending", "queued", "running"]),
+                )
+            )
+            or 0
+        )
+
+
+def test_a_caller_that_goes_away_cancels_its_call(oai_run: openai.OpenAI, simulator):
+    """The caller closes its connection while the provider is still answering: the call
+    is cancelled (the item ends cancelled, the provider call is cut)."""
+    sim_config(simulator.base_url, latency_base_ms=200, latency_per_token_ms=20)
+    try:
+        with pytest.raises(openai.APITimeoutError):
+            oai_run.with_options(timeout=1.0).chat.completions.create(
+                model="sim-small",
+                messages=[{"role": "user", "content": "long"}],
+                max_tokens=400,
+                # The call's own deadline is far: the SDK gives up (and hangs up) first.
+                extra_headers={"X-Request-Timeout": "60"},
+            )
+        wait_until(lambda: _call_rows("sdk-files") == [("cancelled", 1, 0)], 20, "the cancel")
+        wait_until(lambda: cut_calls(simulator.base_url) >= 1, 20, "the provider call cut")
+    finally:
+        sim_config(simulator.base_url, latency_base_ms=50, latency_per_token_ms=0.5)
+
+
+def test_a_call_past_its_deadline_is_a_504(oai_run: openai.OpenAI, simulator):
+    """The deadline covers the whole call: a provider slower than it ends the call
+    expired, answered 504 deadline_exceeded at the deadline."""
+    sim_config(simulator.base_url, latency_base_ms=4000)
+    try:
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as late:
+            oai_run.chat.completions.create(
+                model="sim-small",
+                messages=[{"role": "user", "content": "slow"}],
+                max_tokens=20,
+                extra_headers={"X-Request-Timeout": "1.5"},
+            )
+        assert late.value.status_code == 504 and late.value.code == "deadline_exceeded"
+        assert time.monotonic() - started < 4.0  # at the deadline, not the provider's answer
+        assert [row[0] for row in _call_rows("sdk-files")] == ["expired"]
+    finally:
+        sim_config(simulator.base_url, latency_base_ms=50)

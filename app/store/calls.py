@@ -1,0 +1,174 @@
+"""Synchronous calls in PostgreSQL: stored as one-item batches of priority ``call``
+and released at once, and their end heard when it commits.
+
+A call's item skips the dispatcher's window (someone is waiting on it; the
+concurrency slot and the budget still hold it back), and the backlog bound of
+bulk work does not apply to it: the fail-fast rule does
+(:func:`batchgen.domain.calls.refuse_after_s`), against the calls already ahead.
+
+Its end is heard through ``LISTEN batchgen_call_done``: migration 0006's trigger
+sends the item id when a call's item reaches a terminal status, at commit, when
+the result is readable. One listening connection per process serves every
+waiting request (:class:`CallWaiter`); a waiter also reads the item once per
+``poll_s``, so a lost connection only slows the answer down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from batchgen.config import Settings
+from batchgen.domain.status import CALL_RANK, OPEN, TERMINAL, ItemStatus, Priority, values
+from batchgen.registry import Registry
+from batchgen.store import batches, items
+from batchgen.store.batches import SubmitOptions
+from batchgen.store.schema import Batch, Item, Result, Tenant
+
+log = logging.getLogger(__name__)
+CHANNEL = "batchgen_call_done"
+RECONNECT_S = 1.0
+
+
+@dataclass(frozen=True)
+class StoredCall:
+    batch_id: str
+    item_id: int
+    model: str
+    queue_ticket: items.Ticket | None
+
+
+def calls_ahead_tokens(session: Session, model: str) -> int:
+    """The estimated tokens of the calls still open on ``model`` (ahead of a new one)."""
+    query = select(func.coalesce(func.sum(Item.prompt_tokens_est + Item.max_tokens), 0)).where(
+        Item.model == model, Item.priority_rank == CALL_RANK, Item.status.in_(values(OPEN))
+    )
+    return int(session.scalar(query) or 0)
+
+
+def store_call(
+    session: Session,
+    tenant: Tenant,
+    line: dict[str, Any],
+    *,
+    deadline_s: float,
+    endpoint: str,
+    registry: Registry,
+    settings: Settings,
+) -> StoredCall:
+    """Validate and store a call's line as a batch of one, and release it (one
+    transaction, the caller's)."""
+    options = SubmitOptions(completion_window=deadline_s, priority=Priority.CALL, endpoint=endpoint)
+    raw = json.dumps(line, ensure_ascii=False).encode("utf-8")
+    batch, _ = batches.store_batch(session, tenant, iter([raw]), options, registry, settings)
+    ticket = items.release_call(session, batch.id, settings.queued_lease_s)
+    item_id, model = session.execute(
+        select(Item.id, Item.model).where(Item.batch_id == batch.id)
+    ).one()
+    return StoredCall(batch.id, item_id, model, ticket)
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    status: ItemStatus
+    response: dict[str, Any] | None
+    error_code: str | None
+    error_message: str | None
+
+
+def outcome(session: Session, item_id: int) -> CallOutcome | None:
+    """The call's end, once its item is terminal (None while it is open)."""
+    row = session.execute(
+        select(Item.status, Item.error_code, Item.last_error, Result.response)
+        .outerjoin(Result, Result.item_id == Item.id)
+        .where(Item.id == item_id)
+    ).one_or_none()
+    if row is None or ItemStatus(row.status) not in TERMINAL:
+        return None
+    return CallOutcome(ItemStatus(row.status), row.response, row.error_code, row.last_error)
+
+
+def batch_of(session: Session, item_id: int) -> Batch | None:
+    return session.scalar(
+        select(Batch).join(Item, Item.batch_id == Batch.id).where(Item.id == item_id)
+    )
+
+
+class CallWaiter:
+    """The process's one ``LISTEN`` connection, and the requests waiting on it."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._events: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._listening = threading.Event()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._listen, name="batchgen-call-listener", daemon=True
+                )
+                self._thread.start()
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self._listening.set()
+                    for note in conn.notifies():
+                        self._wake(note.payload)
+            except Exception as exc:  # the connection went away: waiters poll meanwhile
+                self._listening.clear()
+                log.warning("call listener: %s; listening again", type(exc).__name__)
+                threading.Event().wait(RECONNECT_S)
+
+    def _wake(self, payload: str) -> None:
+        try:
+            item_id = int(payload)
+        except ValueError:
+            return
+        with self._lock:
+            event = self._events.get(item_id)
+        if event is not None:
+            event.set()
+
+    def register(self, item_id: int, ready_timeout_s: float = 2.0) -> threading.Event:
+        """Start listening for ``item_id`` (before its end can commit)."""
+        self._start()
+        event = threading.Event()
+        with self._lock:
+            self._events[item_id] = event
+        self._listening.wait(ready_timeout_s)
+        return event
+
+    def forget(self, item_id: int) -> None:
+        with self._lock:
+            self._events.pop(item_id, None)
+
+    @staticmethod
+    def wait_ticks(
+        event: threading.Event, deadline_mono_s: float, poll_s: float, *, first: bool = False
+    ) -> Iterator[float]:
+        """Yield after each wake-up or ``poll_s`` (and at once, with ``first``), until
+        ``deadline_mono_s``; the value is the time left."""
+        if first:
+            yield deadline_mono_s - time.monotonic()
+        while True:
+            left = deadline_mono_s - time.monotonic()
+            if left <= 0:
+                return
+            event.wait(min(poll_s, left))
+            event.clear()
+            yield deadline_mono_s - time.monotonic()
