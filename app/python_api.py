@@ -12,6 +12,7 @@ tenant it found. All raise the project's typed exceptions (:mod:`batchgen.errors
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -34,6 +35,7 @@ from batchgen.errors import CallFailed, ClientError, NotFound, Overloaded, Valid
 from batchgen.limits import counters
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
+from batchgen.limits.gate import Gate
 from batchgen.registry import ModelSpec, get_registry
 from batchgen.store import batches, calls, files
 from batchgen.store.batches import SubmitOptions
@@ -41,7 +43,8 @@ from batchgen.store.calls import CallWaiter
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
 from batchgen.worker import publish
-from batchgen.worker.cancellation import announce
+from batchgen.worker.cancellation import CancelWatcher, announce
+from batchgen.worker.execution import run_item
 
 log = logging.getLogger(__name__)
 CANCEL_TRIES = 3
@@ -488,14 +491,51 @@ def start_call(
             settings=settings,
         )
     woken = _call_waiter().register(stored.item_id)
+    deadline_mono_s = started + deadline_s
+    runner = threading.Thread(
+        target=_run_here,
+        args=(stored, deadline_mono_s, woken),
+        name=f"batchgen-call-{stored.item_id}",
+        daemon=True,
+    )
+    runner.start()
+    return PendingCall(stored, tenant, deadline_mono_s, woken)
+
+
+@functools.cache
+def _call_runtime() -> tuple[Gate, CancelWatcher]:
+    return Gate(get_redis(), get_settings()), CancelWatcher(get_redis())
+
+
+def _run_here(stored: calls.StoredCall, deadline_mono_s: float, woken: threading.Event) -> None:
+    """Run a call's item in this process, as a worker runs one (the same gate, claim,
+    recording and ledger), with no broker in between; a wait for a slot or the
+    budget is slept here as a worker's retry would. If this process dies, the item's
+    lease runs out and a worker takes it."""
+    gate, watcher = _call_runtime()
+    registry, settings = get_registry(), get_settings()
     try:
-        ticket = stored.queue_ticket
-        publish.generate(stored.item_id, stored.model, ticket.to_message() if ticket else None)
-    except Exception:
-        _call_waiter().forget(stored.item_id)
-        cancel_batch(stored.batch_id, tenant=tenant)
-        raise
-    return PendingCall(stored, tenant, started + deadline_s, woken)
+        while True:
+            verdict = run_item(
+                stored.item_id,
+                registry,
+                settings,
+                gate,
+                watcher,
+                model=stored.model,
+                ticket=stored.queue_ticket,
+            )
+            left_s = deadline_mono_s - time.monotonic()
+            if verdict.countdown_s is None or left_s <= 0:
+                break
+            time.sleep(min(verdict.countdown_s, left_s))
+    except Exception as exc:
+        log.warning(
+            "call item %d: %s; its lease will hand it on", stored.item_id, type(exc).__name__
+        )
+    finally:
+        woken.set()
+        wake_dispatcher()  # the call held a place in its model's window
 
 
 def wait_call(

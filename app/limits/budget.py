@@ -203,6 +203,8 @@ class Budget:
         jitter_u: float = 0.0,
         count: bool = False,
         count_slot_denial: bool = False,
+        urgent: bool = False,
+        urgent_claim_s: float = 0.5,
         now_s: float | None = None,
     ) -> Grant:
         """One script: a slot (``slot_limit`` > 0) and ``prompt_tokens`` (scaled by the
@@ -210,7 +212,8 @@ class Budget:
         all or nothing. ``waiter_id`` names the caller across its retries (the item, not
         the attempt): when denied, it keeps its place in the budget's line. ``count``:
         add denials and waits (and, with ``count_slot_denial``, a slot denial) to the
-        model's counters."""
+        model's counters. ``urgent`` (a synchronous call): denied a slot, it claims the
+        next one for ``urgent_claim_s`` (renewed by each try)."""
         key = spec.budget_key
         reply = script(self.client, "budget_reserve")(
             keys=[
@@ -224,6 +227,7 @@ class Budget:
                 keys.budget_ratio(key),
                 keys.slots(spec.name),
                 keys.counters(spec.name),
+                keys.slot_callers(spec.name),
             ],
             args=[
                 reservation_id,
@@ -247,6 +251,8 @@ class Budget:
                 counters.SLOT_DENIALS,
                 counters.BUDGET_DENIALS,
                 counters.BUDGET_WAIT_S,
+                "1" if urgent else "0",
+                urgent_claim_s,
             ],
         )
         status, wait_ms, reason, tokens, part, countdown = reply[:6]

@@ -33,6 +33,9 @@ from batchgen.registry import ModelSpec
 
 SLOT_POLL_S = 0.05
 SLOT_RETRY_S = 0.5
+# How long a synchronous call's claim on the next free slot lasts without a new try
+# (it tries every SLOT_POLL_S): a caller that went away frees it by itself.
+URGENT_CLAIM_S = 10 * SLOT_POLL_S
 
 # Each counter a settlement names, as the field counters.incr() adds to.
 _SETTLE_COUNTERS = {
@@ -183,6 +186,8 @@ class Gate:
                     jitter_u=random.random(),
                     count=True,
                     count_slot_denial=last_try,
+                    urgent=getattr(item, "urgent", False),
+                    urgent_claim_s=URGENT_CLAIM_S,
                 )
             except BaseException:
                 # The reply may have been lost after the script ran: the slot is not

@@ -68,6 +68,12 @@ def slots(model: str) -> str:
     return f"{PREFIX}slots:{{{model}}}"
 
 
+def slot_callers(model: str) -> str:
+    """Zset of synchronous calls waiting for one of the model's slots (scored by when
+    their claim lapses): while one waits, no other work takes a slot that frees."""
+    return f"{PREFIX}slots:{{{model}}}:callers"
+
+
 def counters(model: str) -> str:
     """Hash of per-model event counters (denials, waits, cooldowns, 429s, errors)."""
     return f"{PREFIX}counters:{model}"

@@ -23,7 +23,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from batchgen.domain.deadlines import carried_forward
-from batchgen.domain.status import IN_FLIGHT, OPEN, ItemStatus, can_move, values
+from batchgen.domain.status import CALL_RANK, IN_FLIGHT, OPEN, ItemStatus, can_move, values
 from batchgen.store.db import ADVISORY_NAMESPACE
 from batchgen.store.schema import Item, Tenant
 from batchgen.store.sqlfiles import query
@@ -121,10 +121,12 @@ class Ticket:
     prompt_tokens_est: int
     max_tokens: int
     tenant_tokens_per_min: int | None
+    # A synchronous call's item: someone waits on it (it claims the next free slot).
+    urgent: bool = False
 
     def to_message(self) -> dict[str, Any]:
         """The message's ``ticket`` keyword (JSON; the item id is the task's argument)."""
-        return {
+        message: dict[str, Any] = {
             "batch": self.batch_id,
             "tenant": self.tenant_id,
             "attempt": self.attempt,
@@ -132,6 +134,9 @@ class Ticket:
             "max_tokens": self.max_tokens,
             "tenant_tokens_per_min": self.tenant_tokens_per_min,
         }
+        if self.urgent:
+            message["urgent"] = True
+        return message
 
     @classmethod
     def from_message(cls, item_id: int, data: dict[str, Any]) -> Ticket:
@@ -146,6 +151,7 @@ class Ticket:
                 prompt_tokens_est=int(data["prompt_tokens_est"]),
                 max_tokens=int(data["max_tokens"]),
                 tenant_tokens_per_min=None if tpm is None else int(tpm),
+                urgent=data.get("urgent") is True,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a ticket: {type(exc).__name__} {exc}") from None
@@ -499,6 +505,7 @@ _TICKET_COLUMNS = (
     Item.prompt_tokens_est,
     Item.max_tokens,
     Tenant.tokens_per_min,
+    Item.priority_rank,
 )
 
 
@@ -511,6 +518,7 @@ def _ticket(row: Any) -> Ticket:
         prompt_tokens_est=row.prompt_tokens_est,
         max_tokens=row.max_tokens,
         tenant_tokens_per_min=row.tokens_per_min,
+        urgent=row.priority_rank == CALL_RANK,
     )
 
 

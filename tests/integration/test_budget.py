@@ -745,3 +745,38 @@ def client_commands(action):  # type: ignore[no-untyped-def]
                 return result, sent
             if command["client_type"] != "lua":
                 sent.append(command["command"].split()[0].upper())
+
+
+def test_a_synchronous_call_takes_the_next_free_slot_before_other_work(clean_db):
+    """Every slot held: a call denied a slot claims the next one; when one frees, other
+    work is denied it while the claim lasts, and the call gets it. A claim lapses by
+    itself once its caller stops trying."""
+    from batchgen.limits.gate import URGENT_CLAIM_S, Gate, Pass, Wait
+
+    class Ticket:
+        tenant_id, tenant_tokens_per_min, prompt_tokens_est, max_tokens = 1, None, 10, 10
+
+        def __init__(self, item_id: int, urgent: bool = False) -> None:
+            self.item_id, self.attempt, self.urgent = item_id, 1, urgent
+
+    gate = Gate(get_redis(), Settings(slot_wait_s=0.0))
+    s = spec(tpm=1_000_000, rpm=1000, key="urgent")  # two slots
+    first, second = gate.enter(s, Ticket(1)), gate.enter(s, Ticket(2))
+    assert isinstance(first, Pass) and isinstance(second, Pass)
+    assert isinstance(gate.enter(s, Ticket(9, urgent=True)), Wait)  # denied: it claims
+    gate.settle(s, first, 1, 10)  # a slot frees...
+    assert isinstance(gate.enter(s, Ticket(3)), Wait)  # ...not for other work
+    call = gate.enter(s, Ticket(9, urgent=True))
+    assert isinstance(call, Pass)  # ...but for the call
+    gate.settle(s, second, 1, 10)
+    bulk = gate.enter(s, Ticket(3))
+    assert isinstance(bulk, Pass)  # the claim ended with the call's entry
+
+    gate.settle(s, call, 1, 10)
+    gate.settle(s, bulk, 1, 10)
+    held = [gate.enter(s, Ticket(4)), gate.enter(s, Ticket(5))]
+    assert isinstance(gate.enter(s, Ticket(8, urgent=True)), Wait)  # claims, then goes away
+    gate.settle(s, held[0], 1, 10)  # type: ignore[arg-type]
+    assert isinstance(gate.enter(s, Ticket(6)), Wait)
+    time.sleep(URGENT_CLAIM_S + 0.1)
+    assert isinstance(gate.enter(s, Ticket(6)), Pass)  # the claim lapsed

@@ -41,13 +41,15 @@
 -- KEYS[8] waiters (zset, score: last try)      KEYS[9] reservations' meta (hash)
 -- KEYS[10] bucket levels (hash)  KEYS[11] learned ratios (hash)
 -- KEYS[12] the model's concurrency slots (zset)  KEYS[13] the model's counters (hash)
+-- KEYS[14] synchronous calls waiting for a slot (zset, score: when the claim lapses)
 -- ARGV: 1 id (one per item and attempt), 2 prompt_est, 3 rest, 4 tokens_limit,
 --       5 requests_limit, 6 tenant_tokens_limit (0 = none), 7 window_s, 8 guard_s,
 --       9 now_s (empty = Redis TIME), 10 waiter id (empty = none), 11 claim_ttl_s,
 --       12 held_claims, 13 shape ('window' | 'bucket'), 14 model,
 --       15 slot_limit (0 = take no slot), 16 slot_lease_s, 17 jitter u in [0, 1),
 --       18 count (0: nothing, 1: budget denials and waits, 2: a slot denial too),
---       19..21 the counter fields: slot denials, budget denials, budget wait seconds
+--       19..21 the counter fields: slot denials, budget denials, budget wait seconds,
+--       22 urgent ('1': a synchronous call, someone waits on it), 23 its claim's ttl_s
 -- Returns {status, wait_ms, reason, tokens, prompt_part, countdown_s, held}: status 1
 -- granted (tokens reserved, of which prompt_part is the scaled prompt; held: 1 if the
 -- reservation was on the books before this call, plus 2 if its slot was), 0 denied
@@ -79,11 +81,28 @@ local cooldown_key, line, line_tokens, line_seen = KEYS[5], KEYS[6], KEYS[7], KE
 local meta, bucket, ratios, slots, counters = KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local token_rate, request_rate = tokens_limit / window_s, requests_limit / window_s
 
--- A slot first: without one the caller neither reserves nor joins the line.
+-- A slot first: without one the caller neither reserves nor joins the line. A
+-- synchronous call denied a slot claims the next one that frees: until it has it
+-- (or its claim lapses: it went away), other work sees that many slots fewer.
 local slot_now = slot_limit > 0 and clock() or 0
-if slot_limit > 0 and not slot_free(slots, id, slot_limit, slot_now) then
-    if count >= 2 then redis.call('HINCRBY', counters, ARGV[19], 1) end
-    return {2, 0, 'slot', 0, 0, ''}
+local urgent, callers = ARGV[22] == '1', KEYS[14]
+if slot_limit > 0 then
+    redis.call('ZREMRANGEBYSCORE', callers, '-inf', slot_now)
+    local claimed = 0
+    if urgent then
+        redis.call('ZREM', callers, id)
+    else
+        claimed = redis.call('ZCARD', callers)
+    end
+    if not slot_free(slots, id, slot_limit - claimed, slot_now) then
+        if urgent then
+            local ttl = tonumber(ARGV[23]) or 1
+            redis.call('ZADD', callers, slot_now + ttl, id)
+            redis.call('PEXPIRE', callers, math.ceil(ttl * 2000))
+        end
+        if count >= 2 then redis.call('HINCRBY', counters, ARGV[19], 1) end
+        return {2, 0, 'slot', 0, 0, ''}
+    end
 end
 -- Whether this id held its slot already (an earlier entry of the same attempt).
 local slot_held = slot_limit > 0 and redis.call('ZSCORE', slots, id) and 2 or 0
