@@ -117,7 +117,7 @@ def test_init_app_default_prefix_and_example_app(clean_db, simulator, workers, r
     assert web.get("/batchgen/healthz").json == {"ok": True}
 
 
-def test_the_sdk_routes_under_the_host_prefix(clean_db):
+def test_the_sdk_routes_under_the_host_prefix(clean_db, simulator):
     """The files flow and Message Batches answer under the extension's prefix; the
     results_url a Message Batch gives names the prefix; the extension offers the calls."""
     import io
@@ -150,3 +150,19 @@ def test_the_sdk_routes_under_the_host_prefix(clean_db):
     )
     rows = web.get(ended.json["results_url"], headers={"x-api-key": key})
     assert [json.loads(x)["result"]["type"] for x in rows.data.splitlines()] == ["canceled"]
+
+    # A synchronous call under the prefix runs in the host's process, no worker needed.
+    answer = web.post(
+        "/llm/v1/chat/completions",
+        json={
+            "model": "sim-small",
+            "max_tokens": 20,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        headers=_auth(key),
+    )
+    assert answer.status_code == 200, answer.json
+    assert (
+        answer.json["object"] == "chat.completion"
+        and answer.json["choices"][0]["message"]["content"]
+    )

@@ -515,3 +515,20 @@ def test_a_call_past_its_deadline_is_a_504(oai_run: openai.OpenAI, simulator):
         assert [row[0] for row in _call_rows("sdk-files")] == ["expired"]
     finally:
         sim_config(simulator.base_url, latency_base_ms=50)
+
+
+def test_a_tenant_over_its_quota_is_the_sdks_rate_limit_error(oai_run: openai.OpenAI):
+    """The tenant's own bounds apply to calls and to batches from files alike: a 429
+    with Retry-After, which the SDK raises as RateLimitError with our JSON error."""
+    capped = oai_run.with_options(api_key=make_tenant("capped", daily_token_quota=10))
+    with pytest.raises(openai.RateLimitError) as limited:
+        capped.chat.completions.create(
+            model="sim-small", messages=[{"role": "user", "content": "hello"}], max_tokens=50
+        )
+    assert limited.value.code == "tenant_over_quota"
+    assert int(limited.value.response.headers["Retry-After"]) >= 1
+    upload = capped.files.create(file=("q.jsonl", _jsonl([chat_line("q")])), purpose="batch")
+    with pytest.raises(openai.RateLimitError):
+        capped.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
