@@ -3,8 +3,11 @@
 It enforces tokens/requests per window per (API key, model) with real 429
 answers and ``retry-after`` / rate-limit headers (an exact sliding window, or a
 token bucket with the simulator's own token count: ``limiter="bucket"``), answers with deterministic
-text after a configurable latency, and injects faults on demand. It is the
-default provider of the demo and the peer of the integration tests.
+text after a configurable latency, and injects faults on demand. It also serves
+the providers' own batch APIs (OpenAI Files + Batches, Anthropic Message
+Batches: :mod:`batchgen.simulator.batch_jobs`) with a turnaround, row errors,
+expiry, job failure and an enqueued-token limit. It is the default provider of
+the demo and the peer of the integration tests.
 """
 
 from batchgen.simulator.config import SimulatorConfig

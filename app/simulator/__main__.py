@@ -46,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-window", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--models", default="", help="comma-separated model names for /v1/models")
+    p.add_argument(
+        "--batch-turnaround-s", type=float, default=2.0, help="how long a batch job takes"
+    )
+    p.add_argument("--batch-row-error-rate", type=float, default=0.0, help="share of rows failing")
+    p.add_argument("--batch-expire", action="store_true", help="batch jobs expire unanswered")
+    p.add_argument(
+        "--batch-enqueued-tokens", type=int, default=None, help="enqueued tokens per key and model"
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -67,6 +75,10 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         context_window=args.context_window,
         seed=args.seed,
         models=tuple(m for m in args.models.split(",") if m),
+        batch_turnaround_s=args.batch_turnaround_s,
+        batch_row_error_rate=args.batch_row_error_rate,
+        batch_expire=args.batch_expire,
+        batch_enqueued_tokens_limit=args.batch_enqueued_tokens,
     )
 
 

@@ -12,6 +12,7 @@ import time
 
 from aiohttp import web
 
+from batchgen.simulator.batch_jobs import JOBS
 from batchgen.simulator.state import STATE
 
 
@@ -55,6 +56,7 @@ async def _sim_log(request: web.Request) -> web.Response:
 
 async def _sim_reset(request: web.Request) -> web.Response:
     request.app[STATE].reset()
+    request.app[JOBS].reset()
     return web.json_response({"ok": True})
 
 

@@ -76,6 +76,11 @@ RUNTIME_FIELDS = frozenset(
         "hang_s",
         "context_window",
         "default_max_tokens",
+        "batch_turnaround_s",
+        "batch_row_error_rate",
+        "batch_expire",
+        "batch_fail",
+        "batch_enqueued_tokens_limit",
     }
 )
 
@@ -106,6 +111,14 @@ class SimulatorConfig:
     encoding: str = "cl100k_base"
     models: tuple[str, ...] = field(default_factory=tuple)
     log_size: int = 100_000
+    # The providers' batch APIs (app/simulator/batch_jobs.py): how long a job takes,
+    # the share of rows that fail, whether jobs expire instead of completing, whether
+    # every new job fails, and the enqueued tokens one key may hold per model.
+    batch_turnaround_s: float = 2.0
+    batch_row_error_rate: float = 0.0
+    batch_expire: bool = False
+    batch_fail: bool = False
+    batch_enqueued_tokens_limit: int | None = None
 
     def __post_init__(self) -> None:
         self.fault_kinds = tuple(self.fault_kinds)
@@ -136,6 +149,11 @@ class SimulatorConfig:
             raise ValueError("fault_rate > 0 needs at least one fault kind")
         if self.window_s <= 0:
             raise ValueError("window_s must be > 0")
+        if self.batch_turnaround_s < 0 or not 0.0 <= self.batch_row_error_rate <= 1.0:
+            raise ValueError("batch_turnaround_s must be >= 0, batch_row_error_rate in [0, 1]")
+        limit = self.batch_enqueued_tokens_limit
+        if limit is not None and (type(limit) is not int or limit < 1):
+            raise ValueError("batch_enqueued_tokens_limit must be a positive integer or None")
         if self.default_max_tokens < 1 or self.log_size < 1:
             raise ValueError("default_max_tokens and log_size must be >= 1")
 

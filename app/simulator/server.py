@@ -1,4 +1,5 @@
-"""The simulator's aiohttp application: OpenAI and Anthropic chat endpoints plus /_sim.
+"""The simulator's aiohttp application: OpenAI and Anthropic chat endpoints, their batch
+APIs (:mod:`batchgen.simulator.batch_jobs`), plus /_sim.
 
 Limits are enforced per (API key, model), by a sliding window (charge: tiktoken
 prompt tokens + max_tokens) or a token bucket (charge: ceil(body bytes / 4) +
@@ -23,6 +24,7 @@ from aiohttp import web
 from batchgen.domain.tokens import count_messages, count_text
 from batchgen.simulator import formats as fmt
 from batchgen.simulator.admin import add_admin_routes
+from batchgen.simulator.batch_jobs import add_batch_routes
 from batchgen.simulator.config import SimulatorConfig
 from batchgen.simulator.faults import status_fault_answer
 from batchgen.simulator.formats import BadRequest, ChatRequest
@@ -377,5 +379,6 @@ def create_app(config: SimulatorConfig | None = None) -> web.Application:
     app.router.add_post("/v1/chat/completions", _openai_chat)
     app.router.add_post("/v1/messages", _anthropic_messages)
     app.router.add_post("/openai/deployments/{deployment}/chat/completions", _azure_chat)
+    add_batch_routes(app)
     add_admin_routes(app)
     return app

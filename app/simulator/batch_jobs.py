@@ -1,0 +1,484 @@
+"""The providers' own batch APIs, simulated: OpenAI Files + Batches and Anthropic's
+Message Batches, with a turnaround, per-row errors, expiry, job failure and an
+enqueued-token limit (runtime settings ``batch_*`` of :class:`SimulatorConfig`).
+
+A job's state follows from the clock, read when it is asked for: it is
+``in_progress`` from its creation until ``batch_turnaround_s`` have passed, then
+ends ``completed`` (``expired`` with ``batch_expire``), every row answered as the
+chat endpoint would answer it (the same text, the same usage) except a seeded
+share ``batch_row_error_rate`` of rows, which fail (OpenAI: a 500 row in the
+error file; Anthropic: an ``errored`` result). An expired job answers no row: they
+are ``batch_expired`` / ``expired``. A cancelled job ends at once, its rows
+``batch_cancelled`` / ``canceled``. A job whose enqueued tokens (prompt + max_tokens
+of its rows, beside the other open jobs of the same key and model) exceed
+``batch_enqueued_tokens_limit`` fails at creation (OpenAI: ``failed`` with
+``token_limit_exceeded``; Anthropic: a 429). ``batch_fail`` fails every new job.
+
+Self-contained like the rest of the simulator: no batchgen code but the token
+counter. Nothing here logs a prompt or an answer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from batchgen.domain.tokens import count_messages
+from batchgen.simulator import formats as fmt
+from batchgen.simulator.state import STATE, SimState, key_id
+from batchgen.simulator.text import completion_text
+
+JOBS: web.AppKey[BatchJobs] = web.AppKey("batch_jobs")
+
+
+@dataclass
+class Job:
+    id: str
+    api: str  # "openai" or "anthropic"
+    key: str
+    created_s: float
+    rows: list[dict[str, Any]]  # {custom_id, model, messages, max_tokens}
+    metadata: dict[str, Any] | None = None
+    input_file_id: str | None = None
+    expire: bool = False
+    failed: str | None = None  # why it failed at creation
+    cancelled_s: float | None = None
+    row_errors: set[int] = field(default_factory=set)
+    enqueued_tokens: int = 0
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    turnaround_s: float = 0.0  # the setting when it was created
+
+
+class BatchJobs:
+    """Files and jobs of one simulator instance."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[str, str, bytes, float]] = {}  # id: (key, purpose, data, t)
+        self.jobs: dict[str, Job] = {}
+
+    def reset(self) -> None:
+        self.files.clear()
+        self.jobs.clear()
+
+    def ended_s(self, job: Job, state: SimState | None = None) -> float | None:
+        """When the job ended (None: still running)."""
+        if job.failed is not None:
+            return job.created_s
+        if job.cancelled_s is not None:
+            return job.cancelled_s
+        end = job.created_s + job.turnaround_s
+        return end if time.time() >= end else None
+
+    def status(self, job: Job, state: SimState) -> str:
+        if job.failed is not None:
+            return "failed"
+        if job.cancelled_s is not None:
+            return "cancelled"
+        if self.ended_s(job, state) is None:
+            return "in_progress"
+        return "expired" if job.expire else "completed"
+
+    def open_tokens(self, key: str, model: str, state: SimState) -> int:
+        return sum(
+            job.enqueued_tokens
+            for job in self.jobs.values()
+            if job.key == key
+            and self.ended_s(job, state) is None
+            and any(r["model"] == model for r in job.rows)
+        )
+
+
+def _rfc3339(epoch_s: float) -> str:
+    moment = dt.datetime.fromtimestamp(epoch_s, dt.UTC).replace(microsecond=0)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _jobs(request: web.Request) -> tuple[BatchJobs, SimState]:
+    return request.app[JOBS], request.app[STATE]
+
+
+def _key(request: web.Request) -> str:
+    auth = request.headers.get("authorization", "")
+    token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+    return key_id(token or request.headers.get("x-api-key"))
+
+
+def _tokens(row: dict[str, Any], state: SimState) -> int:
+    return count_messages(row["messages"], state.config.encoding) + row["max_tokens"]
+
+
+def _answer(row: dict[str, Any], state: SimState) -> tuple[str, int, int, str]:
+    text, completion, finish = completion_text(
+        row["messages"], row["max_tokens"], state.config.encoding
+    )
+    return text, count_messages(row["messages"], state.config.encoding), completion, finish
+
+
+def _new_job(
+    jobs: BatchJobs, state: SimState, api: str, key: str, rows: list[dict[str, Any]], **kw: Any
+) -> Job:
+    prefix = "batch_" if api == "openai" else "msgbatch_"
+    job = Job(prefix + uuid.uuid4().hex[:24], api, key, time.time(), rows, **kw)
+    config = state.config
+    job.expire = config.batch_expire
+    job.turnaround_s = config.batch_turnaround_s
+    rng = random.Random(f"{config.seed}:{job.id}")
+    job.row_errors = {i for i in range(len(rows)) if rng.random() < config.batch_row_error_rate}
+    job.enqueued_tokens = sum(_tokens(r, state) for r in rows)
+    limit = config.batch_enqueued_tokens_limit
+    models = {r["model"] for r in rows}
+    if config.batch_fail:
+        job.failed = "the job failed (simulated)"
+    elif limit and any(
+        jobs.open_tokens(key, m, state) + job.enqueued_tokens > limit for m in models
+    ):
+        job.failed = f"enqueued token limit of {limit} reached"
+    jobs.jobs[job.id] = job
+    return job
+
+
+def _find(request: web.Request, api: str) -> Job:
+    jobs, _ = _jobs(request)
+    job = jobs.jobs.get(request.match_info["job_id"])
+    if job is None or job.api != api or job.key != _key(request):
+        raise web.HTTPNotFound(
+            text=json.dumps(fmt.error_body(api, 404, "no such batch")),
+            content_type="application/json",
+        )
+    return job
+
+
+# --- OpenAI: Files and Batches ------------------------------------------------------
+
+
+async def _upload(request: web.Request) -> web.Response:
+    jobs, _ = _jobs(request)
+    form = await request.post()
+    upload = form.get("file")
+    if not isinstance(upload, web.FileField):
+        return web.json_response(fmt.error_body("openai", 400, "file is required"), status=400)
+    data = upload.file.read()
+    file_id = "file-" + uuid.uuid4().hex[:24]
+    purpose = str(form.get("purpose", "batch"))
+    jobs.files[file_id] = (_key(request), purpose, data, time.time())
+    return web.json_response(_file_object(file_id, purpose, data, upload.filename))
+
+
+def _file_object(file_id: str, purpose: str, data: bytes, name: str) -> dict[str, Any]:
+    return {
+        "id": file_id,
+        "object": "file",
+        "bytes": len(data),
+        "created_at": int(time.time()),
+        "filename": name,
+        "purpose": purpose,
+        "status": "processed",
+        "expires_at": None,
+        "status_details": None,
+    }
+
+
+async def _file_content(request: web.Request) -> web.Response:
+    jobs, state = _jobs(request)
+    file_id = request.match_info["file_id"]
+    stored = jobs.files.get(file_id)
+    if stored is None or stored[0] != _key(request):
+        return web.json_response(fmt.error_body("openai", 404, "no such file"), status=404)
+    return web.Response(body=stored[2], content_type="application/octet-stream")
+
+
+def _openai_rows(data: bytes) -> list[dict[str, Any]]:
+    rows = []
+    for raw in data.splitlines():
+        if not raw.strip():
+            continue
+        line = json.loads(raw)
+        body = line["body"]
+        rows.append(
+            {
+                "custom_id": line["custom_id"],
+                "model": body["model"],
+                "messages": body["messages"],
+                "max_tokens": int(
+                    body.get("max_tokens") or body.get("max_completion_tokens") or 256
+                ),
+            }
+        )
+    return rows
+
+
+async def _openai_create(request: web.Request) -> web.Response:
+    jobs, state = _jobs(request)
+    body = await request.json()
+    stored = jobs.files.get(str(body.get("input_file_id")))
+    if stored is None or stored[0] != _key(request):
+        return web.json_response(fmt.error_body("openai", 404, "no such file"), status=404)
+    try:
+        rows = _openai_rows(stored[2])
+    except (ValueError, KeyError, TypeError):
+        return web.json_response(fmt.error_body("openai", 400, "invalid input file"), status=400)
+    job = _new_job(
+        jobs,
+        state,
+        "openai",
+        _key(request),
+        rows,
+        metadata=body.get("metadata"),
+        input_file_id=body["input_file_id"],
+    )
+    return web.json_response(_openai_batch(jobs, state, job))
+
+
+def _openai_batch(jobs: BatchJobs, state: SimState, job: Job) -> dict[str, Any]:
+    status = jobs.status(job, state)
+    ended = jobs.ended_s(job, state)
+    if ended is not None and job.failed is None and job.output_file_id is None:
+        _write_openai_files(jobs, state, job)
+    done = status in ("completed", "cancelled", "expired")
+    answered = len(job.rows) - len(job.row_errors) if status == "completed" else 0
+    failed_rows = len(job.row_errors) if status == "completed" else 0
+    at = int(ended) if ended is not None else None
+    return {
+        "id": job.id,
+        "object": "batch",
+        "endpoint": "/v1/chat/completions",
+        "errors": (
+            {"object": "list", "data": [{"code": "token_limit_exceeded", "message": job.failed}]}
+            if job.failed
+            else None
+        ),
+        "input_file_id": job.input_file_id,
+        "completion_window": "24h",
+        "status": status,
+        "output_file_id": job.output_file_id if done else None,
+        "error_file_id": job.error_file_id if done else None,
+        "created_at": int(job.created_s),
+        "in_progress_at": int(job.created_s) if job.failed is None else None,
+        "expires_at": int(job.created_s + 86400),
+        "finalizing_at": at if status == "completed" else None,
+        "completed_at": at if status == "completed" else None,
+        "failed_at": at if status == "failed" else None,
+        "expired_at": at if status == "expired" else None,
+        "cancelling_at": int(job.cancelled_s) if job.cancelled_s else None,
+        "cancelled_at": at if status == "cancelled" else None,
+        "request_counts": {"total": len(job.rows), "completed": answered, "failed": failed_rows},
+        "metadata": job.metadata,
+    }
+
+
+def _write_openai_files(jobs: BatchJobs, state: SimState, job: Job) -> None:
+    status = jobs.status(job, state)
+    out, err = [], []
+    for i, row in enumerate(job.rows):
+        rid = fmt.new_id("openai")
+        base = {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": row["custom_id"]}
+        if status != "completed":
+            code = "batch_expired" if status == "expired" else "batch_cancelled"
+            err.append({**base, "response": None, "error": {"code": code, "message": code}})
+        elif i in job.row_errors:
+            body = fmt.error_body("openai", 500, "the server had an error processing the row")
+            err.append(
+                {
+                    **base,
+                    "response": {"status_code": 500, "request_id": rid, "body": body},
+                    "error": None,
+                }
+            )
+        else:
+            text, prompt, completion, finish = _answer(row, state)
+            completion_body = fmt.openai_completion(
+                rid, row["model"], text, finish, prompt, completion
+            )
+            out.append(
+                {
+                    **base,
+                    "response": {"status_code": 200, "request_id": rid, "body": completion_body},
+                    "error": None,
+                }
+            )
+    for rows, attr in ((out, "output_file_id"), (err, "error_file_id")):
+        if rows:
+            file_id = "file-" + uuid.uuid4().hex[:24]
+            data = b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+            jobs.files[file_id] = (job.key, "batch_output", data, time.time())
+            setattr(job, attr, file_id)
+
+
+async def _openai_get(request: web.Request) -> web.Response:
+    jobs, state = _jobs(request)
+    return web.json_response(_openai_batch(jobs, state, _find(request, "openai")))
+
+
+async def _openai_cancel(request: web.Request) -> web.Response:
+    jobs, state = _jobs(request)
+    job = _find(request, "openai")
+    if jobs.ended_s(job, state) is None:
+        job.cancelled_s = time.time()
+    return web.json_response(_openai_batch(jobs, state, job))
+
+
+def _page(request: web.Request, api: str, after_param: str) -> tuple[list[Job], bool]:
+    """One page of the caller's jobs of ``api``, newest first, after a cursor."""
+    jobs, _ = _jobs(request)
+    key = _key(request)
+    mine = sorted(
+        (j for j in jobs.jobs.values() if j.api == api and j.key == key),
+        key=lambda j: j.created_s,
+        reverse=True,
+    )
+    after = request.query.get(after_param)
+    if after:
+        ids = [j.id for j in mine]
+        mine = mine[ids.index(after) + 1 :] if after in ids else []
+    limit = int(request.query.get("limit", 20))
+    return mine[:limit], len(mine) > limit
+
+
+def _list_body(page: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    return {
+        "data": page,
+        "has_more": has_more,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+    }
+
+
+async def _openai_list(request: web.Request) -> web.Response:
+    jobs, state = _jobs(request)
+    page, more = _page(request, "openai", "after")
+    body = _list_body([_openai_batch(jobs, state, j) for j in page], more)
+    return web.json_response({"object": "list", **body})
+
+
+# --- Anthropic: Message Batches -----------------------------------------------------
+
+
+def _anthropic_rows(body: Any) -> list[dict[str, Any]]:
+    rows = []
+    for request in body["requests"]:
+        params = request["params"]
+        messages = list(params["messages"])
+        if params.get("system"):
+            messages = [{"role": "system", "content": params["system"]}, *messages]
+        rows.append(
+            {
+                "custom_id": request["custom_id"],
+                "model": params["model"],
+                "messages": messages,
+                "max_tokens": int(params["max_tokens"]),
+            }
+        )
+    return rows
+
+
+async def _anthropic_create(request: web.Request) -> web.Response:
+    jobs, state = _jobs(request)
+    try:
+        rows = _anthropic_rows(await request.json())
+    except (ValueError, KeyError, TypeError):
+        return web.json_response(fmt.error_body("anthropic", 400, "invalid requests"), status=400)
+    job = _new_job(jobs, state, "anthropic", _key(request), rows)
+    if job.failed:
+        del jobs.jobs[job.id]
+        return web.json_response(fmt.error_body("anthropic", 429, job.failed), status=429)
+    return web.json_response(_anthropic_batch(jobs, state, job, request))
+
+
+def _anthropic_batch(
+    jobs: BatchJobs, state: SimState, job: Job, request: web.Request
+) -> dict[str, Any]:
+    status = jobs.status(job, state)
+    ended = jobs.ended_s(job, state)
+    n = len(job.rows)
+    counts = {"processing": n, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
+    if ended is not None:
+        counts["processing"] = 0
+        if status == "completed":
+            counts["errored"] = len(job.row_errors)
+            counts["succeeded"] = n - len(job.row_errors)
+        else:
+            counts["expired" if status == "expired" else "canceled"] = n
+    url = str(request.url.with_path(f"/v1/messages/batches/{job.id}/results").with_query(None))
+    processing = (
+        "ended" if ended is not None else ("canceling" if job.cancelled_s else "in_progress")
+    )
+    return {
+        "id": job.id,
+        "type": "message_batch",
+        "processing_status": processing,
+        "request_counts": counts,
+        "created_at": _rfc3339(job.created_s),
+        "expires_at": _rfc3339(job.created_s + 86400),
+        "ended_at": _rfc3339(ended) if ended is not None else None,
+        "cancel_initiated_at": _rfc3339(job.cancelled_s) if job.cancelled_s else None,
+        "archived_at": None,
+        "results_url": url if ended is not None else None,
+    }
+
+
+async def _anthropic_get(request: web.Request) -> web.Response:
+    jobs, state = _jobs(request)
+    return web.json_response(_anthropic_batch(jobs, state, _find(request, "anthropic"), request))
+
+
+async def _anthropic_cancel(request: web.Request) -> web.Response:
+    jobs, state = _jobs(request)
+    job = _find(request, "anthropic")
+    if jobs.ended_s(job, state) is None:
+        job.cancelled_s = time.time()
+    return web.json_response(_anthropic_batch(jobs, state, job, request))
+
+
+async def _anthropic_results(request: web.Request) -> web.Response:
+    jobs, state = _jobs(request)
+    job = _find(request, "anthropic")
+    if jobs.ended_s(job, state) is None:
+        return web.json_response(
+            fmt.error_body("anthropic", 400, "the batch is still processing"), status=400
+        )
+    status = jobs.status(job, state)
+    lines = []
+    for i, row in enumerate(job.rows):
+        if status != "completed":
+            result: dict[str, Any] = {"type": "expired" if status == "expired" else "canceled"}
+        elif i in job.row_errors:
+            result = {"type": "errored", "error": fmt.error_body("anthropic", 500, "overloaded")}
+        else:
+            text, prompt, completion, finish = _answer(row, state)
+            message = fmt.anthropic_message(
+                fmt.new_id("anthropic"), row["model"], text, finish, prompt, completion
+            )
+            result = {"type": "succeeded", "message": message}
+        lines.append(json.dumps({"custom_id": row["custom_id"], "result": result}).encode())
+    return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/binary")
+
+
+async def _anthropic_list(request: web.Request) -> web.Response:
+    jobs, state = _jobs(request)
+    page, more = _page(request, "anthropic", "after_id")
+    return web.json_response(
+        _list_body([_anthropic_batch(jobs, state, j, request) for j in page], more)
+    )
+
+
+def add_batch_routes(app: web.Application) -> None:
+    app[JOBS] = BatchJobs()
+    app.router.add_post("/v1/files", _upload)
+    app.router.add_get("/v1/files/{file_id}/content", _file_content)
+    app.router.add_post("/v1/batches", _openai_create)
+    app.router.add_get("/v1/batches", _openai_list)
+    app.router.add_get("/v1/batches/{job_id}", _openai_get)
+    app.router.add_post("/v1/batches/{job_id}/cancel", _openai_cancel)
+    app.router.add_post("/v1/messages/batches", _anthropic_create)
+    app.router.add_get("/v1/messages/batches", _anthropic_list)
+    app.router.add_get("/v1/messages/batches/{job_id}", _anthropic_get)
+    app.router.add_post("/v1/messages/batches/{job_id}/cancel", _anthropic_cancel)
+    app.router.add_get("/v1/messages/batches/{job_id}/results", _anthropic_results)
