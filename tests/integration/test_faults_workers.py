@@ -420,3 +420,66 @@ def test_budget_waits_longer_than_the_visibility_timeout_run_once(sim, workers, 
     report = check_invariants(sim.base_url, get_redis())
     assert report.statuses == {"succeeded": 40}
     assert report.billed_calls == 40 and report.waste_rows == 0, report
+
+
+def test_api_process_killed_mid_call_a_worker_finishes_the_call(sim, workers, api_server):
+    """A synchronous call runs in the API process; SIGKILL that process while the
+    provider is answering: the caller gets no answer, but the call is not lost: its
+    lease runs out, the sweep hands it back, a worker runs it to one result, and the
+    call cut mid-flight is ledgered as waste."""
+    import threading
+
+    import httpx
+
+    from batchgen.domain.status import CALL_RANK
+
+    sim_config(sim.base_url, latency_base_ms=1500)
+    worker = workers(env=FAULT_ENV, name="worker")
+    base_url = api_server(env=FAULT_ENV)
+    key = make_tenant("caller")
+    failures: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            httpx.post(
+                f"{base_url}/v1/chat/completions",
+                json={
+                    "model": "sim-small",
+                    "max_tokens": 20,
+                    "messages": [{"role": "user", "content": "x"}],
+                },
+                headers={"Authorization": f"Bearer {key}", "X-Request-Timeout": "60"},
+                timeout=60,
+            )
+        except BaseException as exc:  # the server dies under it
+            failures.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    wait_until(lambda: sim_in_flight(sim.base_url) == 1, 30, "the call at the provider")
+    api_pid = _api_pid(base_url)
+    os.killpg(api_pid, signal.SIGKILL)
+    caller.join(30)
+    assert failures, "the caller got an answer from a killed server"
+
+    def ended() -> str | None:
+        with db.session_scope() as s:
+            status = s.scalar(select(Item.status).where(Item.priority_rank == CALL_RANK))
+        return status if status in ("succeeded", "failed", "expired", "cancelled") else None
+
+    assert wait_until(ended, 60, "the call to end") == "succeeded"
+    assert cut_calls(sim.base_url) >= 1, "no call was cut mid-flight"
+    worker.stop()
+    check_invariants(
+        sim.base_url, get_redis(), slot_grace_s=FAULT_RUNNING_LEASE_S, worker_killed=True
+    )
+
+
+def _api_pid(base_url: str) -> int:
+    """The process listening on the API's port (the leader of its process group)."""
+    port = int(base_url.rsplit(":", 1)[1])
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+            assert conn.pid is not None
+            return conn.pid
+    raise AssertionError(f"nothing listens on {port}")
