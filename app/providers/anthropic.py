@@ -62,7 +62,7 @@ _SDK_ERRORS = (anthropic.AnthropicError, httpx2.HTTPError, *_MALFORMED)
 
 
 @functools.cache
-def _client(base_url: str, api_key: str) -> anthropic.Anthropic:
+def sdk_client(base_url: str, api_key: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=base_url, api_key=api_key, max_retries=0)
 
 
@@ -133,7 +133,7 @@ def _params(request: ProviderRequest) -> dict[str, Any]:
     return chat_params(request, to_messages_request(request.body, _max_tokens(request)))
 
 
-def _finish(stop_reason: str | None) -> str | None:
+def finish_reason(stop_reason: str | None) -> str | None:
     return FINISH_REASONS.get(stop_reason or "", stop_reason)
 
 
@@ -161,7 +161,7 @@ def chat_completion(
     }
 
 
-def _input_tokens(usage: Any) -> int:
+def input_tokens(usage: Any) -> int:
     """All input tokens: uncached plus cache writes and reads (``None`` counts 0)."""
     return sum(
         getattr(usage, name, None) or 0
@@ -174,7 +174,7 @@ class AnthropicProvider:
 
     def complete(self, request: ProviderRequest) -> ProviderResponse:
         cancelled_before_call(request)
-        client = _client(request.spec.base_url, request.spec.api_key())
+        client = sdk_client(request.spec.base_url, request.spec.api_key())
         params = _params(request)
         try:
             if request.stream:
@@ -190,8 +190,8 @@ class AnthropicProvider:
         message = raw.parse()
         try:
             text = "".join(getattr(b, "text", "") for b in message.content)
-            prompt, done = _input_tokens(message.usage), message.usage.output_tokens
-            finish = _finish(message.stop_reason)
+            prompt, done = input_tokens(message.usage), message.usage.output_tokens
+            finish = finish_reason(message.stop_reason)
         except (AttributeError, TypeError) as exc:
             raise MalformedResponse(
                 f"answer without content or usage ({type(exc).__name__})",
@@ -223,14 +223,14 @@ class AnthropicProvider:
             for event in stream:
                 if event.type == "message_start":
                     message_id, model = event.message.id, event.message.model
-                    watch.prompt_tokens = _input_tokens(event.message.usage)
+                    watch.prompt_tokens = input_tokens(event.message.usage)
                 elif event.type == "content_block_delta" and event.delta.type == "text_delta":
                     watch.add(event.delta.text)
                 elif event.type == "message_delta":
                     stop_reason = event.delta.stop_reason or stop_reason
                     output_tokens = event.usage.output_tokens
                     if event.usage.input_tokens is not None:
-                        watch.prompt_tokens = _input_tokens(event.usage)
+                        watch.prompt_tokens = input_tokens(event.usage)
                 elif event.type == "message_stop":
                     stopped = True
                 watch.check()
@@ -240,7 +240,7 @@ class AnthropicProvider:
             stream.close()
         if message_id is None or output_tokens is None or not stopped:
             raise MalformedResponse("stream ended before message_stop", status=200, billed=True)
-        text, finish = watch.text, _finish(stop_reason)
+        text, finish = watch.text, finish_reason(stop_reason)
         prompt = watch.prompt_tokens or 0
         return ProviderResponse(
             text=text,

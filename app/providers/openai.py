@@ -48,7 +48,7 @@ _SDK_ERRORS = (openai.OpenAIError, httpx2.HTTPError, *_MALFORMED)
 
 
 @functools.cache
-def _client(base_url: str, api_key: str) -> openai.OpenAI:
+def sdk_client(base_url: str, api_key: str) -> openai.OpenAI:
     # One client (one connection pool) per endpoint and process; thread-safe.
     parts = urlsplit(base_url)
     query = dict(parse_qsl(parts.query))
@@ -129,7 +129,7 @@ class OpenAIProvider:
 
     def complete(self, request: ProviderRequest) -> ProviderResponse:
         cancelled_before_call(request)
-        client = _client(request.spec.base_url, request.spec.api_key())
+        client = sdk_client(request.spec.base_url, request.spec.api_key())
         try:
             if request.stream:
                 return self._stream(client, request)

@@ -1,0 +1,289 @@
+"""The providers' own batch APIs, through their official SDKs: create a job of
+requests, find it again after a crash, read its state, read its rows, cancel it.
+
+Each request of a job is named ``<tag>:<item id>`` (its ``custom_id``), where the tag
+names the job on our side: OpenAI's jobs also carry it in their metadata
+(``batchgen_job``), so :meth:`OfflineJobs.find` lists them to recognise a job whose
+creation answer was lost; Anthropic's have no metadata, so there a job is found by
+the custom ids of its rows once it has ended.
+
+Rows come back normalised: an answer as a :class:`ProviderResponse` in OpenAI
+``chat.completion`` form (Anthropic's translated, as the online adapter does),
+anything else as a row kind (``errored``, ``expired``, ``cancelled``) with a code
+and a message that never quotes the request. Nothing here writes to the database:
+the worker layer records what it reads.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+import anthropic
+import openai
+
+from batchgen.providers import anthropic as anthropic_adapter
+from batchgen.providers import openai as openai_adapter
+from batchgen.providers.base import ProviderResponse, safe_code
+from batchgen.registry import ModelSpec, ProviderKind
+
+TAG_KEY = "batchgen_job"
+# How many of the provider's most recent jobs :meth:`OfflineJobs.find` looks through.
+FIND_LIMIT = 100
+
+
+def custom_id(tag: str, item_id: int) -> str:
+    return f"{tag}:{item_id}"
+
+
+def item_of(custom: str, tag: str) -> int | None:
+    """The item id of a row of the job ``tag`` (None: the row is another job's)."""
+    prefix, _, item = custom.rpartition(":")
+    return int(item) if prefix == tag and item.isdigit() else None
+
+
+@dataclass(frozen=True)
+class OfflineRow:
+    """One request of a job: an item's chat body (OpenAI form) and its max_tokens."""
+
+    item_id: int
+    body: dict[str, Any]
+    max_tokens: int
+
+
+class JobStatus(StrEnum):
+    RUNNING = "running"  # accepted, rows not all answered yet
+    ENDED = "ended"  # every row has its outcome (answered, errored, expired, cancelled)
+    FAILED = "failed"  # refused as a whole (validation, limits): no row ran
+
+
+@dataclass(frozen=True)
+class JobState:
+    status: JobStatus
+    total: int
+    succeeded: int
+    failed: int
+    reason: str | None = None  # why the job failed, a code
+
+
+class RowKind(StrEnum):
+    SUCCEEDED = "succeeded"
+    ERRORED = "errored"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class RowResult:
+    item_id: int
+    kind: RowKind
+    response: ProviderResponse | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+class OfflineJobs(Protocol):
+    def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
+        """Create a job of ``rows`` (named by ``tag``); returns the provider's job id."""
+        ...
+
+    def find(self, spec: ModelSpec, tag: str) -> str | None:
+        """The provider's id of the job ``tag`` if it exists (after a lost answer)."""
+        ...
+
+    def state(self, spec: ModelSpec, job_id: str) -> JobState: ...
+
+    def results(self, spec: ModelSpec, job_id: str, tag: str) -> Iterator[RowResult]:
+        """The rows of an ended job (rows of another tag are skipped)."""
+        ...
+
+    def cancel(self, spec: ModelSpec, job_id: str) -> None: ...
+
+
+def jobs_for(spec: ModelSpec) -> OfflineJobs:
+    return AnthropicJobs() if spec.provider is ProviderKind.ANTHROPIC else OpenAIJobs()
+
+
+def _response(body: dict[str, Any], request_id: str | None) -> ProviderResponse:
+    """A ``chat.completion`` dict as the answer the recording path takes."""
+    choice = (body.get("choices") or [{}])[0]
+    usage = body.get("usage") or {}
+    return ProviderResponse(
+        text=(choice.get("message") or {}).get("content") or "",
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        finish_reason=choice.get("finish_reason"),
+        request_id=request_id or body.get("id"),
+        body=body,
+    )
+
+
+# --- OpenAI: files.create + batches.create -------------------------------------------
+
+_OPENAI_RUNNING = {"validating", "in_progress", "finalizing", "cancelling"}
+_OPENAI_ERROR_KINDS = {"batch_expired": RowKind.EXPIRED, "batch_cancelled": RowKind.CANCELLED}
+
+
+class OpenAIJobs:
+    def _client(self, spec: ModelSpec) -> openai.OpenAI:
+        return openai_adapter.sdk_client(spec.base_url, spec.api_key())
+
+    def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
+        lines = [
+            {
+                "custom_id": custom_id(tag, row.item_id),
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {**row.body, "model": spec.name, "max_tokens": row.max_tokens},
+            }
+            for row in rows
+        ]
+        data = b"".join(json.dumps(line, ensure_ascii=False).encode() + b"\n" for line in lines)
+        client = self._client(spec)
+        upload = client.files.create(file=(f"{tag}.jsonl", io.BytesIO(data)), purpose="batch")
+        job = client.batches.create(
+            input_file_id=upload.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            metadata={TAG_KEY: tag},
+        )
+        return job.id
+
+    def find(self, spec: ModelSpec, tag: str) -> str | None:
+        page = self._client(spec).batches.list(limit=FIND_LIMIT)
+        for job in page.data:
+            if (job.metadata or {}).get(TAG_KEY) == tag:
+                return job.id
+        return None
+
+    def state(self, spec: ModelSpec, job_id: str) -> JobState:
+        job = self._client(spec).batches.retrieve(job_id)
+        counts = job.request_counts
+        total, done, failed = (
+            (counts.total, counts.completed, counts.failed) if counts else (0, 0, 0)
+        )
+        if job.status == "failed":
+            errors = job.errors.data if job.errors and job.errors.data else []
+            reason = safe_code(errors[0].code) if errors else None
+            return JobState(JobStatus.FAILED, total, 0, 0, reason or "failed")
+        status = JobStatus.RUNNING if job.status in _OPENAI_RUNNING else JobStatus.ENDED
+        return JobState(status, total, done, failed)
+
+    def results(self, spec: ModelSpec, job_id: str, tag: str) -> Iterator[RowResult]:
+        client = self._client(spec)
+        job = client.batches.retrieve(job_id)
+        for file_id in (job.output_file_id, job.error_file_id):
+            if not file_id:
+                continue
+            for raw in client.files.content(file_id).text.splitlines():
+                if raw.strip():
+                    row = _openai_row(json.loads(raw), tag)
+                    if row is not None:
+                        yield row
+
+    def cancel(self, spec: ModelSpec, job_id: str) -> None:
+        self._client(spec).batches.cancel(job_id)
+
+
+def _openai_row(line: dict[str, Any], tag: str) -> RowResult | None:
+    item_id = item_of(str(line.get("custom_id", "")), tag)
+    if item_id is None:
+        return None
+    response = line.get("response") or {}
+    error = line.get("error")
+    if not error and response.get("status_code") == 200:
+        return RowResult(
+            item_id, RowKind.SUCCEEDED, _response(response["body"], response.get("request_id"))
+        )
+    if error:
+        code = safe_code(error.get("code")) or "batch_error"
+        kind = _OPENAI_ERROR_KINDS.get(code, RowKind.ERRORED)
+        return RowResult(
+            item_id, kind, error_code=code, error_message=f"the provider's job: {code}"
+        )
+    status = response.get("status_code")
+    return RowResult(
+        item_id,
+        RowKind.ERRORED,
+        error_code=f"http_{status}",
+        error_message=f"HTTP {status} in the job",
+    )
+
+
+# --- Anthropic: messages.batches ------------------------------------------------------
+
+
+class AnthropicJobs:
+    def _client(self, spec: ModelSpec) -> anthropic.Anthropic:
+        return anthropic_adapter.sdk_client(spec.base_url, spec.api_key())
+
+    def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
+        requests = []
+        for row in rows:
+            params = anthropic_adapter.to_messages_request(row.body, row.max_tokens)
+            extra = params.pop("extra_body", {})
+            requests.append(
+                {
+                    "custom_id": custom_id(tag, row.item_id),
+                    "params": {**params, **extra, "model": spec.name},
+                }
+            )
+        return self._client(spec).messages.batches.create(requests=requests).id  # type: ignore[arg-type]
+
+    def find(self, spec: ModelSpec, tag: str) -> str | None:
+        """Anthropic's jobs carry no metadata: an ended job is ours if its rows are."""
+        client = self._client(spec)
+        for job in client.messages.batches.list(limit=FIND_LIMIT).data:
+            if job.processing_status != "ended":
+                continue
+            for entry in client.messages.batches.results(job.id):
+                if item_of(entry.custom_id, tag) is not None:
+                    return job.id
+                break
+        return None
+
+    def state(self, spec: ModelSpec, job_id: str) -> JobState:
+        job = self._client(spec).messages.batches.retrieve(job_id)
+        c = job.request_counts
+        total = c.processing + c.succeeded + c.errored + c.canceled + c.expired
+        status = JobStatus.ENDED if job.processing_status == "ended" else JobStatus.RUNNING
+        return JobState(status, total, c.succeeded, c.errored + c.canceled + c.expired)
+
+    def results(self, spec: ModelSpec, job_id: str, tag: str) -> Iterator[RowResult]:
+        for entry in self._client(spec).messages.batches.results(job_id):
+            item_id = item_of(entry.custom_id, tag)
+            if item_id is None:
+                continue
+            result = entry.result
+            if result.type == "succeeded":
+                message = result.message
+                text = "".join(getattr(block, "text", "") for block in message.content)
+                finish = anthropic_adapter.finish_reason(message.stop_reason)
+                body = anthropic_adapter.chat_completion(
+                    message.id,
+                    spec.name,
+                    text,
+                    finish,
+                    anthropic_adapter.input_tokens(message.usage),
+                    message.usage.output_tokens,
+                )
+                yield RowResult(item_id, RowKind.SUCCEEDED, _response(body, message.id))
+            elif result.type == "errored":
+                code = safe_code(result.error.error.type) or "api_error"
+                yield RowResult(
+                    item_id,
+                    RowKind.ERRORED,
+                    error_code=code,
+                    error_message=f"the provider's job: {code}",
+                )
+            elif result.type == "expired":
+                yield RowResult(item_id, RowKind.EXPIRED, error_code="batch_expired")
+            else:
+                yield RowResult(item_id, RowKind.CANCELLED, error_code="batch_cancelled")
+
+    def cancel(self, spec: ModelSpec, job_id: str) -> None:
+        self._client(spec).messages.batches.cancel(job_id)

@@ -1,0 +1,120 @@
+"""The providers' batch APIs through batchgen's adapters (app/providers/offline.py),
+against the simulator's: a job is created, found again by its tag, read while it
+runs and once it ended, its rows normalised, and cancelled."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from batchgen.providers.offline import (
+    JobStatus,
+    OfflineRow,
+    RowKind,
+    custom_id,
+    item_of,
+    jobs_for,
+)
+from batchgen.registry import get_registry
+from tests.helpers import chat_line, sim_config
+
+pytestmark = pytest.mark.integration
+MODELS = ["sim-small", "sim-claude"]
+
+
+@pytest.fixture
+def sim(simulator) -> Iterator[Any]:
+    httpx_reset(simulator.base_url)
+    sim_config(simulator.base_url, batch_turnaround_s=0.5, batch_row_error_rate=0.0)
+    yield simulator
+    sim_config(
+        simulator.base_url, batch_turnaround_s=2.0, batch_row_error_rate=0.0, batch_expire=False
+    )
+
+
+def httpx_reset(base_url: str) -> None:
+    import httpx
+
+    httpx.post(f"{base_url}/_sim/reset", timeout=10).raise_for_status()
+
+
+def _spec(sim: Any, model: str) -> Any:
+    """The registry's model, pointed at this module's simulator (the registry may have
+    been read by an earlier test, with another simulator's address)."""
+    spec = get_registry()[model]
+    suffix = "/v1" if spec.base_url.endswith("/v1") else ""
+    return spec.model_copy(update={"base_url": f"{sim.base_url}{suffix}"})
+
+
+def _rows(n: int) -> list[OfflineRow]:
+    return [OfflineRow(100 + i, chat_line(f"r{i}")["body"], 30) for i in range(n)]
+
+
+def _ended(jobs: Any, spec: Any, job_id: str) -> Any:
+    deadline = time.monotonic() + 20
+    while (state := jobs.state(spec, job_id)).status is JobStatus.RUNNING:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return state
+
+
+def test_custom_ids_name_the_job_and_the_item():
+    assert item_of(custom_id("job-1", 42), "job-1") == 42
+    assert item_of(custom_id("job-1", 42), "job-2") is None
+    assert item_of("not-ours", "job-1") is None
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_job_is_created_found_and_read(sim, model):
+    spec = _spec(sim, model)
+    jobs = jobs_for(spec)
+    job_id = jobs.create(spec, _rows(4), "tag-a")
+    running = jobs.state(spec, job_id)
+    assert running.status is JobStatus.RUNNING and running.total == 4
+    ended = _ended(jobs, spec, job_id)
+    assert (ended.status, ended.succeeded) == (JobStatus.ENDED, 4)
+    assert jobs.find(spec, "tag-a") == job_id and jobs.find(spec, "tag-b") is None
+    rows = sorted(jobs.results(spec, job_id, "tag-a"), key=lambda r: r.item_id)
+    assert [r.item_id for r in rows] == [100, 101, 102, 103]
+    for row in rows:
+        assert row.kind is RowKind.SUCCEEDED and row.response is not None
+        assert row.response.text and row.response.prompt_tokens > 0
+        assert row.response.body["object"] == "chat.completion"
+    assert list(jobs.results(spec, job_id, "tag-other")) == []
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_errored_expired_and_cancelled_rows(sim, model):
+    spec = _spec(sim, model)
+    jobs = jobs_for(spec)
+    sim_config(sim.base_url, batch_row_error_rate=0.5)
+    mixed = jobs.create(spec, _rows(20), "tag-m")
+    _ended(jobs, spec, mixed)
+    kinds = [r.kind for r in jobs.results(spec, mixed, "tag-m")]
+    assert len(kinds) == 20 and 0 < kinds.count(RowKind.ERRORED) < 20
+    assert set(kinds) == {RowKind.SUCCEEDED, RowKind.ERRORED}
+
+    sim_config(sim.base_url, batch_row_error_rate=0.0, batch_expire=True)
+    expired = jobs.create(spec, _rows(3), "tag-e")
+    _ended(jobs, spec, expired)
+    assert {r.kind for r in jobs.results(spec, expired, "tag-e")} == {RowKind.EXPIRED}
+
+    sim_config(sim.base_url, batch_expire=False, batch_turnaround_s=30)
+    running = jobs.create(spec, _rows(3), "tag-c")
+    jobs.cancel(spec, running)
+    assert jobs.state(spec, running).status is JobStatus.ENDED
+    assert {r.kind for r in jobs.results(spec, running, "tag-c")} == {RowKind.CANCELLED}
+
+
+def test_an_openai_job_refused_as_a_whole(sim):
+    spec = _spec(sim, "sim-small")
+    jobs = jobs_for(spec)
+    sim_config(sim.base_url, batch_enqueued_tokens_limit=10)
+    try:
+        state = jobs.state(spec, jobs.create(spec, _rows(2), "tag-f"))
+    finally:
+        sim_config(sim.base_url, batch_enqueued_tokens_limit=None)
+    assert (state.status, state.reason) == (JobStatus.FAILED, "token_limit_exceeded")
