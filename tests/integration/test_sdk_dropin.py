@@ -532,3 +532,28 @@ def test_a_tenant_over_its_quota_is_the_sdks_rate_limit_error(oai_run: openai.Op
         capped.batches.create(
             input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
+
+
+def test_a_call_is_answered_when_the_listening_connection_is_lost(oai_run: openai.OpenAI):
+    """The API process hears a call's end through LISTEN; with that connection killed,
+    the call is still answered (its waiter reads the item), and the listener comes back."""
+    from sqlalchemy import text
+
+    asked = [{"role": "user", "content": "x"}]
+    oai_run.chat.completions.create(model="sim-small", messages=asked, max_tokens=5)  # type: ignore[arg-type]
+    listeners = text(
+        "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN batchgen_call_done' "
+        "AND datname = current_database()"
+    )
+    with db.session_scope() as s:
+        pids = list(s.scalars(listeners))
+        assert len(pids) == 1, pids
+        s.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pids[0]})
+    answer = oai_run.chat.completions.create(model="sim-small", messages=asked, max_tokens=5)  # type: ignore[arg-type]
+    assert answer.choices[0].message.content
+
+    def listening_again() -> bool:
+        with db.session_scope() as s:
+            return len(list(s.scalars(listeners))) == 1
+
+    wait_until(listening_again, 10, "the listener to reconnect")
