@@ -52,7 +52,6 @@ SLOW = frozenset(
         "test_sdk_dropin.py::test_a_call_past_its_deadline_is_a_504",
         "test_sdk_dropin.py::test_a_tenant_over_its_quota_is_the_sdks_rate_limit_error",
         "test_sdk_dropin.py::test_a_call_is_answered_when_the_listening_connection_is_lost",
-        "test_faults_workers.py::test_api_process_killed_mid_call_a_worker_finishes_the_call",
         "test_worker_faults.py::test_killed_worker_sent_calls_are_ledgered",
         "test_worker_faults.py::test_paid_answer_survives_database_outage",
     }
