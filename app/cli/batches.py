@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Any
 
 import typer
 
+from batchgen.atomic_files import replacing
 from batchgen.cli.common import console, err, fail, handled, print_json, progress, services
 from batchgen.domain import message_batches
 from batchgen.domain.status import Priority
@@ -124,7 +123,7 @@ def submit(
             meta = json.loads(metadata)
         except json.JSONDecodeError as exc:
             raise typer.BadParameter("not valid JSON", param_hint="--metadata") from exc
-    with services(), handled():
+    with services(), handled(as_json):
         with open(file, "rb") as fh:
             kind = message_batches.sniff_format(fh.read(64 * 1024))
         if kind == message_batches.ANTHROPIC_FORMAT:
@@ -154,6 +153,11 @@ def submit(
                     priority=priority,
                 )
         if wait:
+            # Said before the wait: interrupted, the batch runs on and its id is known.
+            err.print(
+                f"submitted: {batch['request_counts']['total']} requests as {batch['id']}; "
+                "waiting (Ctrl-C stops waiting, not the batch)"
+            )
             (batch,) = _wait([batch["id"]], tenant, interval, timeout)
             _finish(batch, as_json)
             return
@@ -172,7 +176,7 @@ def watch(
     as_json: bool = JSON,
 ) -> None:
     """Follow a batch until it ends (exit 1 if any item failed or expired)."""
-    with services(), handled():
+    with services(), handled(as_json):
         (info,) = _wait([batch_id], tenant, interval, timeout)
     _finish(info, as_json)
 
@@ -189,7 +193,7 @@ def results(
     to_stdout = str(output) == "-"
     if to_stdout and as_json:
         raise typer.BadParameter("--json needs a file, not '-'", param_hint="--output")
-    with services(), handled():
+    with services(), handled(as_json):
         counts = python_api.get_batch(batch_id, tenant=tenant)["request_counts"]
         rows = python_api.iter_results(batch_id, tenant=tenant)
         if to_stdout:
@@ -205,20 +209,13 @@ def results(
 
 def _write_jsonl(path: Path, rows: Iterator[dict[str, Any]], total: int) -> int:
     """Write through a temporary file, so a failure leaves no half-written file behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     written = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh, progress() as bar:
-            task = bar.add_task("writing results", total=total)
-            for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                written += 1
-                bar.advance(task)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(path) as fh, progress() as bar:
+        task = bar.add_task("writing results", total=total)
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            written += 1
+            bar.advance(task)
     return written
 
 
@@ -228,7 +225,7 @@ def cancel(
     """Cancel a batch: items not yet running end now; running calls are stopped."""
     from batchgen import python_api
 
-    with services(), handled():
+    with services(), handled(as_json):
         info = python_api.cancel_batch(batch_id, tenant=tenant)
     if as_json:
         print_json(info)
@@ -263,7 +260,7 @@ def nightly_run(
         day = dt.date.fromisoformat(date) if date else dt.datetime.now(dt.UTC).date()
     except ValueError as exc:
         raise typer.BadParameter("expected YYYY-MM-DD", param_hint="--date") from exc
-    with services() as settings, handled():
+    with services() as settings, handled(as_json):
         configured = settings.nightly_jobs_file
         if not wait and jobs_file and not _same_file(jobs_file, configured):
             # Workers write a run's output from their own BATCHGEN_NIGHTLY_JOBS_FILE

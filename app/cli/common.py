@@ -43,11 +43,17 @@ def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
 
 
 @contextlib.contextmanager
-def handled() -> Iterator[None]:
-    """Turn the project's errors into a message and exit code 1."""
+def handled(as_json: bool = False) -> Iterator[None]:
+    """Turn the project's errors into a message and exit code 1; with ``as_json``, the
+    error is also the JSON document on stdout (``{"error": {"code", "message", …}}``),
+    so a script reading stdout sees why."""
     try:
         yield
     except BatchgenError as exc:
+        if as_json:
+            to_dict = getattr(exc, "to_dict", None)
+            body = to_dict() if callable(to_dict) else {"code": "error", "message": str(exc)}
+            print_json({"error": body})
         fail(str(exc))
 
 

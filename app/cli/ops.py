@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import typer
 from rich.table import Table
 
@@ -10,17 +12,31 @@ from batchgen.cli.common import console, handled, print_json, services
 JSON = typer.Option(False, "--json", help="Print one JSON document for scripts.")
 
 
+def _iso_day(value: str | None) -> str | None:
+    """A ``YYYY-MM-DD`` option, checked before anything runs (wrong usage: exit 2)."""
+    if value is not None:
+        try:
+            dt.date.fromisoformat(value)
+        except ValueError as exc:
+            raise typer.BadParameter(f"{value!r} is not a date (YYYY-MM-DD)") from exc
+    return value
+
+
 def usage(
     tenant: str = typer.Option(None, help="One tenant; default: every tenant (admin view)."),
-    start: str = typer.Option(None, "--from", help="First day, YYYY-MM-DD (default: 30 days ago)."),
-    end: str = typer.Option(None, "--to", help="Last day, YYYY-MM-DD (default: today)."),
+    start: str = typer.Option(
+        None, "--from", callback=_iso_day, help="First day, YYYY-MM-DD (default: 30 days ago)."
+    ),
+    end: str = typer.Option(
+        None, "--to", callback=_iso_day, help="Last day, YYYY-MM-DD (default: today)."
+    ),
     group_by: str = typer.Option("model", help="model, day, or tenant (all tenants only)."),
     as_json: bool = JSON,
 ) -> None:
     """Requests, tokens, cost and waste from the usage ledger."""
     from batchgen import python_api
 
-    with services(), handled():
+    with services(), handled(as_json):
         rows = python_api.usage(tenant=tenant, start=start, end=end, group_by=group_by)
     if as_json:
         print_json(rows)
@@ -56,7 +72,7 @@ def status(as_json: bool = JSON) -> None:
     from batchgen.registry import get_registry
     from batchgen.store.db import session_scope
 
-    with services(), handled(), session_scope() as session:
+    with services(), handled(as_json), session_scope() as session:
         data = snapshot(session, get_redis(), get_registry(), get_settings())
     if as_json:
         print_json(data)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Column, Date, MetaData, String, Table, Text, create_engine
 
+from batchgen.atomic_files import replacing
 from batchgen.nightly.catalog import chunks
 from batchgen.nightly.jobs import Job, TableRef
 
@@ -30,25 +29,18 @@ def description(row: dict[str, Any]) -> str | None:
 
 def write_file(path: Path, rows: Iterable[dict[str, Any]]) -> int:
     """Write atomically (a temporary file renamed over the target): a rerun replaces it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     written = 0
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            if path.suffix.lower() == ".csv":
-                writer = csv.DictWriter(fh, fieldnames=["id", "locale", "description"])
-                writer.writeheader()
-                for row in rows:
-                    writer.writerow(row)
-                    written += 1
-            else:
-                for row in rows:
-                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    written += 1
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(path, newline="") as fh:
+        if path.suffix.lower() == ".csv":
+            writer = csv.DictWriter(fh, fieldnames=["id", "locale", "description"])
+            writer.writeheader()
+            for row in rows:
+                writer.writerow(row)
+                written += 1
+        else:
+            for row in rows:
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                written += 1
     return written
 
 
@@ -98,12 +90,5 @@ def write_table(ref: TableRef, job: Job, day: dt.date, rows: Iterable[dict[str, 
 
 def write_text(path: Path, text: str) -> None:
     """Replace ``path``'s content atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(path) as fh:
+        fh.write(text)

@@ -172,6 +172,7 @@ def test_submit_wait_watch_results_cancel(stack, run, tenant, tmp_path):
     done = run("submit", requests, "--tenant", tenant, "--model", "sim-small", "--wait", "--json")
     assert done.exit_code == 0, done.output
     batch = json.loads(done.stdout)
+    assert f"as {batch['id']}; waiting" in done.stderr  # said before the wait
     assert batch["status"] == "completed" and batch["request_counts"]["succeeded"] == 15
     with db.session_scope() as s:
         models = set(s.scalars(select(Item.model).where(Item.batch_id == batch["id"])))
@@ -249,6 +250,9 @@ def test_batch_command_errors(services, run, tenant, tmp_path):
         assert result.exit_code == 1 and "no batch 'batch_nope'" in result.stderr, args
     result = run("results", "batch_nope", "--tenant", tenant, "-o", tmp_path / "r.jsonl")
     assert result.exit_code == 1 and not (tmp_path / "r.jsonl").exists()
+    as_json = run("watch", "batch_nope", "--tenant", tenant, "--json")
+    assert as_json.exit_code == 1  # and the reason is the JSON document on stdout
+    assert json.loads(as_json.stdout)["error"]["code"] == "not_found"
 
 
 def test_nightly_run(stack, run, tenant, folder, tmp_path, restore_env):
@@ -359,7 +363,8 @@ def test_usage_and_status(stack, run, tenant, tmp_path):
     everyone = json.loads(run("usage", "--group-by", "tenant", "--json").stdout)
     assert tenant in {r["tenant"] for r in everyone}
     assert run("usage", "--tenant", "nobody-here").exit_code == 1
-    assert run("usage", "--from", "yesterday").exit_code == 1
+    assert run("usage", "--from", "yesterday").exit_code == 2  # wrong usage
+    assert run("usage", "--to", "2026-13-01").exit_code == 2
     status = json.loads(run("status", "--json").stdout)
     assert {m["model"] for m in status["models"]} >= {"sim-small", "sim-large"}
     assert "sim-small" in run("status").stdout

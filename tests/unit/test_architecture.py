@@ -21,7 +21,7 @@ FOLDERS["batchgen.migrations"] = ROOT / "migrations"
 # "edges" layer, the three groups are peers that do not import each other.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("batchgen", "batchgen.config", "batchgen.errors", "batchgen.registry")),
-    ("foundation", ("batchgen.logs",)),
+    ("foundation", ("batchgen.logs", "batchgen.atomic_files")),
     ("domain", ("batchgen.domain",)),
     ("edges", ("batchgen.store", "batchgen.migrations")),
     ("edges", ("batchgen.limits",)),
