@@ -42,9 +42,12 @@ worker_pool = "threads"  # provider calls are I/O-bound
 worker_concurrency = _settings.worker_concurrency
 worker_hijack_root_logger = False
 
-# Flower and events: task names are readable, arguments are ids only.
+# Flower and events: task names are readable, arguments are ids only. Workers send
+# the task events; publishers send none (a "sent" event cannot be turned off per
+# task, and the dispatch tick every second and the sweep would bury the items'
+# tasks under PENDING entries). The dispatch and sweep tasks send no events at all.
 worker_send_task_events = True
-task_send_sent_event = True
+task_send_sent_event = False
 
 task_queues = [Queue(CONTROL_QUEUE)] + [Queue(q) for q in _registry.queues]
 task_default_queue = CONTROL_QUEUE

@@ -14,6 +14,7 @@
 ├── ``Overloaded``             503 + Retry-After (model backlog full)
 ├── ``Unavailable``            503 + Retry-After (PostgreSQL or Redis unreachable)
 ├── ``CallFailed``             a synchronous call ended without an answer (400/429/502/504…)
+├── ``ItemFailed``             the worker task's end after its item failed for good (FAILURE)
 └── ``ProviderError``          a provider call failed
     ├── ``TransientProviderError``   retry with backoff (408, 409, 5xx, reset, timeout)
     │   ├── ``RateLimited``          429, carries retry-after
@@ -154,6 +155,12 @@ class CallFailed(BatchgenError):
 
     def to_dict(self) -> dict[str, object]:
         return {"code": self.code, "message": self.message}
+
+
+class ItemFailed(BatchgenError):
+    """Raised by the worker task once its item has failed for good (the item's state is
+    already recorded, exactly once, in PostgreSQL), so that the task ends ``FAILURE``
+    and Flower counts it. The message names the item and its error code, nothing else."""
 
 
 class ProviderError(BatchgenError):

@@ -14,6 +14,7 @@ def dispatch_now() -> int:
     return release_and_publish(get_registry(), get_settings())
 
 
-@celery_app.task(name=DISPATCH_TASK, ignore_result=True)
+# No task events: a tick every second would bury the items' tasks in Flower.
+@celery_app.task(name=DISPATCH_TASK, ignore_result=True, send_events=False)
 def dispatch() -> int:
     return dispatch_now()

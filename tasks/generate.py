@@ -11,9 +11,11 @@ from typing import Any
 from celery import Task
 
 from batchgen.config import get_settings
+from batchgen.errors import ItemFailed
 from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate
 from batchgen.registry import get_registry
+from batchgen.store import db, items
 from batchgen.store.items import Ticket
 from batchgen.tasks.celery_app import celery_app
 from batchgen.worker.cancellation import CancelWatcher
@@ -43,8 +45,11 @@ def _refiller() -> Refiller:
 
 
 # max_retries=None: a budget wait is not a failure and may repeat as often as
-# needed; failure attempts are counted on the item in PostgreSQL instead.
-@celery_app.task(name=GENERATE_TASK, bind=True, ignore_result=True, max_retries=None)
+# needed; failure attempts are counted on the item in PostgreSQL instead. An item that
+# failed for good ends its task FAILURE (ItemFailed: expected, logged without a trace).
+@celery_app.task(
+    name=GENERATE_TASK, bind=True, ignore_result=True, max_retries=None, throws=(ItemFailed,)
+)
 def generate(
     self: Task, item_id: int, model: str | None = None, ticket: dict[str, Any] | None = None
 ) -> str:
@@ -70,4 +75,8 @@ def generate(
     if verdict.frees_place and verdict.model is not None:
         # A place in the model's window freed: refill it soon, without waiting for the tick.
         _refiller().note(verdict.model)
+    if verdict.outcome == "failed":
+        with db.autocommit() as connection:
+            code = items.error_code_of(connection, item_id)
+        raise ItemFailed(f"item {item_id} failed: {code or 'failed'}")
     return verdict.outcome

@@ -11,7 +11,8 @@ from batchgen.worker.names import SWEEP_TASK
 from batchgen.worker.sweep import sweep as sweep_once
 
 
-@celery_app.task(name=SWEEP_TASK, ignore_result=True)
+# No task events: a sweep every few seconds would bury the items' tasks in Flower.
+@celery_app.task(name=SWEEP_TASK, ignore_result=True, send_events=False)
 def sweep() -> int:
     registry, settings = get_registry(), get_settings()
     with session_scope() as session:

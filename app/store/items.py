@@ -522,6 +522,11 @@ def _ticket(row: Any) -> Ticket:
     )
 
 
+def error_code_of(session: Session | Connection, item_id: int) -> str | None:
+    """The error code an item ended with (a code, never the provider's text)."""
+    return session.scalar(select(Item.error_code).where(Item.id == item_id))
+
+
 def ticket_of(session: Session | Connection, item_id: int) -> tuple[str, Ticket] | None:
     """The model and the ticket of a queued item (for a message that carries none)."""
     row = session.execute(

@@ -12,7 +12,7 @@ import pytest
 
 from batchgen import python_api as client
 from batchgen.embedded import free_port
-from tests.helpers import chat_line, make_tenant, wait_batches
+from tests.helpers import chat_line, make_tenant, sim_config, wait_batches
 
 pytestmark = pytest.mark.integration
 
@@ -86,3 +86,24 @@ def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator,
         f"{flower}/api/workers", auth=("ops", "s3cret"), params={"refresh": "true"}
     ).json()
     assert workers_seen
+    # The ticks are no tasks of the list: dispatch and sweep send no task events.
+    assert not [t for t in tasks.values() if t["name"] in ("batchgen.dispatch", "batchgen.sweep")]
+
+    # An item that fails for good ends its task FAILURE, with its code and no text.
+    sim_config(simulator.base_url, fault_rate=1.0, fault_kinds=["status:400"])
+    try:
+        doomed = client.submit_batch(
+            [chat_line(f"x{i}", text=f"{SECRET} #{i}") for i in range(2)], tenant="watched"
+        )
+        wait_batches([doomed["id"]])
+    finally:
+        sim_config(simulator.base_url, fault_rate=0.0)
+    failed: list = []
+    for _ in range(50):
+        res = httpx.get(f"{flower}/api/tasks", auth=("ops", "s3cret"), params={"state": "FAILURE"})
+        failed = [t for t in res.json().values() if t["name"] == "batchgen.generate"]
+        if len(failed) >= 2:
+            break
+        time.sleep(0.2)
+    assert len(failed) == 2 and SECRET not in res.text
+    assert all("failed: permanent" in (t["exception"] or "") for t in failed), failed
