@@ -121,10 +121,39 @@ def redact_access_logs() -> None:
             logger.addFilter(AccessLogRedactor())
 
 
+# Celery's own per-task lines ("received", "succeeded in") of the tasks that run every
+# second or so: an idle dispatcher would log two of them per tick.
+TICK_TASKS = ("batchgen.dispatch", "batchgen.sweep")
+CELERY_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+
+
+class TickLogFilter(logging.Filter):
+    """Drops Celery's INFO lines about the dispatch tick and the sweep (their failures,
+    at WARNING and above, still pass); every other task's lines are kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO:
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        return not any(message.startswith(f"Task {name}[") for name in TICK_TASKS)
+
+
+def quiet_ticks() -> None:
+    """Install :class:`TickLogFilter` on Celery's task loggers (idempotent)."""
+    for name in CELERY_TASK_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, TickLogFilter) for f in logger.filters):
+            logger.addFilter(TickLogFilter())
+
+
 def configure_logging(json_lines: bool | None = None, level: str | None = None) -> None:
     """Configure the root logger once per process (idempotent)."""
     global _configured
     redact_access_logs()
+    quiet_ticks()
     if _configured:
         return
     settings = get_settings()

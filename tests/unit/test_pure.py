@@ -138,3 +138,18 @@ def test_ticket_round_trips_through_a_message_and_refuses_anything_else():
     for broken in ({}, {**message, "attempt": "two"}, {**message, "tenant": None}):
         with pytest.raises(ValueError, match="not a ticket"):
             Ticket.from_message(7, broken)
+
+
+def test_the_tick_tasks_lines_are_dropped_and_every_other_tasks_kept():
+    import logging
+
+    from batchgen.logs import TickLogFilter
+
+    def record(message: str, *args: object, level: int = logging.INFO) -> logging.LogRecord:
+        return logging.LogRecord("celery.app.trace", level, __file__, 1, message, args, None)
+
+    keep = TickLogFilter().filter
+    assert not keep(record("Task %s[%s] received", "batchgen.dispatch", "abc"))
+    assert not keep(record("Task batchgen.sweep[abc] succeeded in 0.01s: None"))
+    assert keep(record("Task %s[%s] received", "batchgen.generate", "abc"))
+    assert keep(record("Task batchgen.dispatch[abc] raised: boom", level=logging.ERROR))
