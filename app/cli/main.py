@@ -50,15 +50,32 @@ def db_upgrade(revision: str = "head") -> None:
 @tenants_cli.command("create")
 def tenants_create(
     name: str,
-    weight: int = typer.Option(1, help="Share of capacity relative to other tenants."),
+    weight: int = typer.Option(1, min=1, help="Share of capacity relative to other tenants."),
+    max_pending_items: int | None = typer.Option(
+        None, min=1, help="At most this many open items (more: 429)."
+    ),
+    daily_token_quota: int | None = typer.Option(
+        None, min=1, help="At most this many tokens per UTC day (more: 429)."
+    ),
+    tokens_per_min: int | None = typer.Option(
+        None, min=1, help="The tenant's own token budget per minute, across models."
+    ),
     admin: bool = typer.Option(False, help="May read every tenant's batches and usage."),
     as_json: bool = JSON,
 ) -> None:
     """Create a tenant and print its API key (shown this once; only a hash is kept)."""
     from batchgen.store import db, tenants
 
-    with _services(), handled(), db.session_scope() as session:
-        tenant, key = tenants.create_tenant(session, name, weight=weight, is_admin=admin)
+    with _services(), handled(as_json), db.session_scope() as session:
+        tenant, key = tenants.create_tenant(
+            session,
+            name,
+            weight=weight,
+            max_pending_items=max_pending_items,
+            daily_token_quota=daily_token_quota,
+            tokens_per_min=tokens_per_min,
+            is_admin=admin,
+        )
         tenant_id = tenant.id
     if as_json:
         print_json({"id": tenant_id, "name": name, "api_key": key})
@@ -79,6 +96,9 @@ def tenants_list(as_json: bool = JSON) -> None:
                 "name": t.name,
                 "key_prefix": t.key_prefix,
                 "weight": t.weight,
+                "max_pending_items": t.max_pending_items,
+                "daily_token_quota": t.daily_token_quota,
+                "tokens_per_min": t.tokens_per_min,
                 "revoked": t.revoked_at is not None,
             }
             for t in tenants.list_tenants(session)
@@ -86,10 +106,16 @@ def tenants_list(as_json: bool = JSON) -> None:
     if as_json:
         print_json(rows)
         return
-    table = Table("id", "name", "key prefix", "weight", "revoked")
+    table = Table(
+        "id", "name", "key prefix", "weight", "open items", "tokens/day", "tokens/min", "revoked"
+    )
     for r in rows:
+        limits = [r[k] for k in ("max_pending_items", "daily_token_quota", "tokens_per_min")]
+        cells = ["" if v is None else str(v) for v in limits]
         revoked = "yes" if r["revoked"] else ""
-        table.add_row(str(r["id"]), str(r["name"]), str(r["key_prefix"]), str(r["weight"]), revoked)
+        table.add_row(
+            str(r["id"]), str(r["name"]), str(r["key_prefix"]), str(r["weight"]), *cells, revoked
+        )
     console.print(table)
 
 

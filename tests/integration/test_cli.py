@@ -133,15 +133,30 @@ def tenant(services, run) -> str:
 
 def test_tenants(services, run):
     name = "acme-" + uuid.uuid4().hex[:6]
-    created = run("tenants", "create", name, "--weight", "3", "--json")
+    limits = [
+        "--max-pending-items",
+        "500",
+        "--daily-token-quota",
+        "90000",
+        "--tokens-per-min",
+        "600",
+    ]
+    created = run("tenants", "create", name, "--weight", "3", *limits, "--json")
     assert created.exit_code == 0, created.output
     assert json.loads(created.stdout)["api_key"].startswith("bg_")
     duplicate = run("tenants", "create", name)
     assert duplicate.exit_code == 1 and "already exists" in duplicate.stderr
+    assert run("tenants", "create", "w0-" + name, "--weight", "0").exit_code == 2
     listed = json.loads(run("tenants", "list", "--json").stdout)
-    assert {"name": name, "weight": 3, "revoked": False}.items() <= next(
-        t for t in listed if t["name"] == name
-    ).items()
+    expected = {
+        "name": name,
+        "weight": 3,
+        "max_pending_items": 500,
+        "daily_token_quota": 90000,
+        "tokens_per_min": 600,
+        "revoked": False,
+    }
+    assert expected.items() <= next(t for t in listed if t["name"] == name).items()
     assert name in run("tenants", "list").stdout
     assert run("tenants", "revoke", name).exit_code == 0
     assert next(
