@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sqlalchemy import exc as sa_exc
 
 from batchgen.config import Settings, get_settings
 from batchgen.errors import BatchgenError
@@ -24,6 +25,8 @@ console = Console()
 err = Console(stderr=True)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+# PostgreSQL's SQLSTATE for a table that does not exist (the schema was never migrated).
+UNDEFINED_TABLE = "42P01"
 
 
 @contextlib.contextmanager
@@ -55,6 +58,16 @@ def handled(as_json: bool = False) -> Iterator[None]:
             body = to_dict() if callable(to_dict) else {"code": "error", "message": str(exc)}
             print_json({"error": body})
         fail(str(exc))
+    except sa_exc.ProgrammingError as exc:
+        if getattr(exc.orig, "sqlstate", None) != UNDEFINED_TABLE:
+            raise
+        message = (
+            "the database has no batchgen tables: run `batchgen db upgrade`, or set "
+            "DATABASE_URL to the database that has them"
+        )
+        if as_json:
+            print_json({"error": {"code": "not_migrated", "message": message}})
+        fail(message)
 
 
 def print_json(data: Any) -> None:

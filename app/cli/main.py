@@ -89,7 +89,7 @@ def tenants_list(as_json: bool = JSON) -> None:
     """List tenants (key prefixes only)."""
     from batchgen.store import db, tenants
 
-    with _services(), db.session_scope() as session:
+    with _services(), handled(as_json), db.session_scope() as session:
         rows = [
             {
                 "id": t.id,

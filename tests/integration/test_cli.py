@@ -404,3 +404,24 @@ def test_worker_prefork_pool_is_refused(services, folder):
         assert done.returncode == 2, (argv, done.stdout, done.stderr)
         assert "pool" in done.stderr and "threads" in done.stderr, (argv, done.stderr)
         assert "ready." not in done.stdout + done.stderr
+
+
+def test_a_database_never_migrated_is_named_with_the_fix(services, run, restore_env):
+    """With DATABASE_URL on a database without batchgen's tables, a command says to run
+    `batchgen db upgrade` (exit 1), instead of a traceback about a missing relation."""
+    from batchgen import embedded
+
+    name = f"batchgen_empty_{os.getpid()}"
+    embedded.drop_database(services["server_url"], name)
+    os.environ["DATABASE_URL"] = embedded.ensure_database(services["server_url"], name)
+    get_settings.cache_clear()
+    try:
+        for args in (["tenants", "list"], ["tenants", "list", "--json"]):
+            result = run(*args)
+            assert result.exit_code == 1, result.output
+            assert "batchgen db upgrade" in result.stderr and "Traceback" not in result.output
+        assert json.loads(result.stdout)["error"]["code"] == "not_migrated"
+    finally:
+        os.environ["DATABASE_URL"] = services["DATABASE_URL"]
+        get_settings.cache_clear()
+        embedded.drop_database(services["server_url"], name)  # WITH (FORCE): pooled ones too
