@@ -48,14 +48,14 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BATCHGEN_", extra="ignore")
 
     database_url: str | None = Field(
-        default=None, validation_alias=AliasChoices("DATABASE_URL", "BATCHGEN_DATABASE_URL")
+        default=None, validation_alias=AliasChoices("BATCHGEN_DATABASE_URL", "DATABASE_URL")
     )
     redis_url: str | None = Field(
-        default=None, validation_alias=AliasChoices("REDIS_URL", "BATCHGEN_REDIS_URL")
+        default=None, validation_alias=AliasChoices("BATCHGEN_REDIS_URL", "REDIS_URL")
     )
     celery_broker_url: str | None = Field(
         default=None,
-        validation_alias=AliasChoices("CELERY_BROKER_URL", "BATCHGEN_CELERY_BROKER_URL"),
+        validation_alias=AliasChoices("BATCHGEN_CELERY_BROKER_URL", "CELERY_BROKER_URL"),
     )
 
     data_dir: Path = Path(".batchgen")

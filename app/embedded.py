@@ -176,6 +176,11 @@ def _running_redis(directory: Path) -> str | None:
     return f"redis://127.0.0.1:{port}/0"
 
 
+def _given(name: str) -> str:
+    """The URL the settings will use: ``BATCHGEN_<name>`` first, then ``<name>``."""
+    return os.environ.get(f"BATCHGEN_{name}") or os.environ.get(name) or ""
+
+
 @contextlib.contextmanager
 def services(data_dir: Path) -> Iterator[dict[str, str]]:
     """Make sure ``DATABASE_URL`` and ``REDIS_URL`` point at running servers.
@@ -189,11 +194,11 @@ def services(data_dir: Path) -> Iterator[dict[str, str]]:
     env: dict[str, str] = {}
     data_dir = data_dir.resolve()
     postgres = None
-    if not os.environ.get("DATABASE_URL"):
+    if not _given("DATABASE_URL"):
         postgres = start_postgres(data_dir / "pg")
         env["DATABASE_URL"] = str(postgres.get_uri())
         log.info("started embedded PostgreSQL in %s", data_dir / "pg")
-    if not os.environ.get("REDIS_URL"):
+    if not _given("REDIS_URL"):
         reused = _running_redis(data_dir / "redis")
         if reused:
             env["REDIS_URL"] = reused
@@ -205,7 +210,7 @@ def services(data_dir: Path) -> Iterator[dict[str, str]]:
             log.info("started embedded Redis on port %d", server.port)
     os.environ.update(env)
     try:
-        yield {"DATABASE_URL": os.environ["DATABASE_URL"], "REDIS_URL": os.environ["REDIS_URL"]}
+        yield {"DATABASE_URL": _given("DATABASE_URL"), "REDIS_URL": _given("REDIS_URL")}
     finally:
         for server in started:
             server.stop()

@@ -21,12 +21,6 @@ log = logging.getLogger(__name__)
 PREFIX = "BATCHGEN_"
 # Keys the integrations read themselves; they are no settings of the service.
 LOCAL_KEYS = frozenset({"BATCHGEN_URL_PREFIX"})
-# Framework keys that pydantic-settings reads under their conventional names first.
-_SHADOWED_BY = {
-    "BATCHGEN_DATABASE_URL": "DATABASE_URL",
-    "BATCHGEN_REDIS_URL": "REDIS_URL",
-    "BATCHGEN_CELERY_BROKER_URL": "CELERY_BROKER_URL",
-}
 
 
 def _env_value(value: Any) -> str:
@@ -51,9 +45,8 @@ def apply_settings(config: Mapping[str, Any]) -> dict[str, str]:
         if key.startswith(PREFIX) and key not in LOCAL_KEYS and value is not None
     }
     for key, value in exported.items():
-        conventional = _SHADOWED_BY.get(key)
-        if conventional and os.environ.get(conventional, value) != value:
-            log.warning("%s is ignored while %s is set in the environment", key, conventional)
+        # BATCHGEN_DATABASE_URL (and _REDIS_URL, _CELERY_BROKER_URL) win over the
+        # conventional names, which a 12-factor host sets for its own database.
         os.environ[key] = value
     get_settings.cache_clear()
     return exported

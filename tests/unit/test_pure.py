@@ -153,3 +153,20 @@ def test_the_tick_tasks_lines_are_dropped_and_every_other_tasks_kept():
     assert not keep(record("Task batchgen.sweep[abc] succeeded in 0.01s: None"))
     assert keep(record("Task %s[%s] received", "batchgen.generate", "abc"))
     assert keep(record("Task batchgen.dispatch[abc] raised: boom", level=logging.ERROR))
+
+
+def test_the_batchgen_names_win_over_the_conventional_ones(monkeypatch):
+    """A 12-factor host sets DATABASE_URL for its own database: BATCHGEN_DATABASE_URL
+    (a Django setting exported to the environment) is the one batchgen uses."""
+    from batchgen.config import Settings
+
+    monkeypatch.setenv("DATABASE_URL", "postgresql://site/site")
+    monkeypatch.setenv("REDIS_URL", "redis://site:6379/0")
+    assert Settings().database_url == "postgresql://site/site"
+    monkeypatch.setenv("BATCHGEN_DATABASE_URL", "postgresql://ours/batchgen")
+    monkeypatch.setenv("BATCHGEN_REDIS_URL", "redis://ours:6379/1")
+    settings = Settings()
+    assert (settings.database_url, settings.redis_url) == (
+        "postgresql://ours/batchgen",
+        "redis://ours:6379/1",
+    )
