@@ -37,7 +37,7 @@ from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate
 from batchgen.registry import ModelSpec, get_registry
-from batchgen.store import batches, calls, files
+from batchgen.store import batches, calls, files, items
 from batchgen.store.batches import SubmitOptions
 from batchgen.store.calls import CallWaiter
 from batchgen.store.db import session_scope
@@ -509,26 +509,28 @@ def _call_runtime() -> tuple[Gate, CancelWatcher]:
 
 def _run_here(stored: calls.StoredCall, deadline_mono_s: float, woken: threading.Event) -> None:
     """Run a call's item in this process, as a worker runs one (the same gate, claim,
-    recording and ledger), with no broker in between; a wait for a slot or the
-    budget is slept here as a worker's retry would. If this process dies, the item's
-    lease runs out and a worker takes it."""
+    recording and ledger), with no broker in between. A wait for a slot or the budget
+    is slept here as a worker's retry would be; an attempt that failed and may be
+    retried is released here again once its backoff has passed (unless a dispatcher
+    took it first). If this process dies, the item's lease runs out and a worker
+    takes it."""
     gate, watcher = _call_runtime()
     registry, settings = get_registry(), get_settings()
+    ticket = stored.queue_ticket
     try:
-        while True:
+        while ticket is not None:
             verdict = run_item(
-                stored.item_id,
-                registry,
-                settings,
-                gate,
-                watcher,
-                model=stored.model,
-                ticket=stored.queue_ticket,
+                stored.item_id, registry, settings, gate, watcher, model=stored.model, ticket=ticket
             )
             left_s = deadline_mono_s - time.monotonic()
-            if verdict.countdown_s is None or left_s <= 0:
+            if left_s <= 0:
                 break
-            time.sleep(min(verdict.countdown_s, left_s))
+            if verdict.countdown_s is not None:
+                time.sleep(min(verdict.countdown_s, left_s))
+            elif verdict.outcome in ("retry", "deferred"):
+                ticket = _release_again(stored, deadline_mono_s, settings.queued_lease_s)
+            else:
+                break
     except Exception as exc:
         log.warning(
             "call item %d: %s; its lease will hand it on", stored.item_id, type(exc).__name__
@@ -536,6 +538,20 @@ def _run_here(stored: calls.StoredCall, deadline_mono_s: float, woken: threading
     finally:
         woken.set()
         wake_dispatcher()  # the call held a place in its model's window
+
+
+def _release_again(
+    stored: calls.StoredCall, deadline_mono_s: float, queued_lease_s: float
+) -> items.Ticket | None:
+    """After the item's backoff (its ``not_before``), release it again here; None when
+    it is no longer pending (a dispatcher released it, or it ended) or time is up."""
+    with session_scope() as session:
+        wait_s = calls.backoff_left_s(session, stored.item_id)
+    if wait_s is None or time.monotonic() + wait_s >= deadline_mono_s:
+        return None
+    time.sleep(wait_s)
+    with session_scope() as session:
+        return calls.release_again(session, stored.item_id, queued_lease_s)
 
 
 def wait_call(

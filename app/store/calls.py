@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -77,6 +78,25 @@ def store_call(
     return StoredCall(batch.id, item_id, model, ticket)
 
 
+def backoff_left_s(session: Session, item_id: int) -> float | None:
+    """Seconds until a pending call item may run again (0: now); None when it is not
+    pending (a dispatcher released it, or it ended)."""
+    row = session.execute(
+        select(
+            Item.status, func.greatest(0.0, func.extract("epoch", Item.not_before - func.now()))
+        ).where(Item.id == item_id)
+    ).one_or_none()
+    if row is None or row[0] != ItemStatus.PENDING.value:
+        return None
+    return float(row[1] or 0.0)
+
+
+def release_again(session: Session, item_id: int, queued_lease_s: float) -> items.Ticket | None:
+    """Release a call item that went back to pending (a retry) at once, here."""
+    batch_id = session.scalar(select(Item.batch_id).where(Item.id == item_id))
+    return items.release_call(session, batch_id, queued_lease_s) if batch_id else None
+
+
 @dataclass(frozen=True)
 class CallOutcome:
     status: ItemStatus
@@ -103,6 +123,11 @@ def batch_of(session: Session, item_id: int) -> Batch | None:
     )
 
 
+def listener_name(pid: int) -> str:
+    """The ``application_name`` of process ``pid``'s listening connection."""
+    return f"batchgen call listener {pid}"
+
+
 class CallWaiter:
     """The process's one ``LISTEN`` connection, and the requests waiting on it."""
 
@@ -124,7 +149,9 @@ class CallWaiter:
     def _listen(self) -> None:
         while True:
             try:
-                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                with psycopg.connect(
+                    self.dsn, autocommit=True, application_name=listener_name(os.getpid())
+                ) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._listening.set()
                     for note in conn.notifies():

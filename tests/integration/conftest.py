@@ -79,14 +79,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def simulator() -> Iterator[object]:
     """The provider simulator over real HTTP (latency 50 ms + 0.5 ms per output token)."""
     from batchgen.config import get_settings
+    from batchgen.registry import load_registry
     from batchgen.simulator import SimulatorConfig, SimulatorThread
 
     config = SimulatorConfig(latency_base_ms=50, latency_per_token_ms=0.5, seed=1)
     with SimulatorThread(config) as sim:
         os.environ["BATCHGEN_SIMULATOR_URL"] = sim.base_url
         get_settings.cache_clear()
+        load_registry.cache_clear()  # its base URLs expand BATCHGEN_SIMULATOR_URL
         yield sim
         os.environ.pop("BATCHGEN_SIMULATOR_URL", None)
+        load_registry.cache_clear()
 
 
 @pytest.fixture

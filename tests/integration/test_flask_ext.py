@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -166,3 +167,45 @@ def test_the_sdk_routes_under_the_host_prefix(clean_db, simulator):
         answer.json["object"] == "chat.completion"
         and answer.json["choices"][0]["message"]["content"]
     )
+
+
+def test_a_call_retried_after_a_provider_error_needs_no_worker(clean_db, simulator):
+    """A synchronous call's attempt that failed with a 5xx is retried where the call
+    runs (the host's process), after its backoff: no worker or dispatcher is needed."""
+    import threading
+
+    import httpx
+
+    from tests.helpers import sim_config
+
+    key = make_tenant("retried")
+    host = Flask("host-retry")
+    host.config["BATCHGEN_URL_PREFIX"] = "/llm"
+    BatchGen(host)
+    web = host.test_client()
+    httpx.post(f"{simulator.base_url}/_sim/reset", timeout=10)
+    sim_config(simulator.base_url, fault_rate=1.0, fault_kinds=["5xx"])
+    answers: list = []
+    body = {"model": "sim-small", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+
+    def call() -> None:
+        try:
+            headers = {**_auth(key), "X-Request-Timeout": "30"}
+            answers.append(web.post("/llm/v1/chat/completions", json=body, headers=headers))
+        except BaseException as exc:
+            answers.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not httpx.get(f"{simulator.base_url}/_sim/log", timeout=10).json():
+            assert time.monotonic() < deadline, f"no attempt reached the provider: {answers}"
+            time.sleep(0.05)
+    finally:
+        sim_config(simulator.base_url, fault_rate=0.0)
+    caller.join(30)
+    (answer,) = answers
+    assert answer.status_code == 200, answer.json
+    statuses = [e["status"] for e in httpx.get(f"{simulator.base_url}/_sim/log", timeout=10).json()]
+    assert statuses[0] >= 500 and statuses[-1] == 200

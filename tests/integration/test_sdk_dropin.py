@@ -15,6 +15,7 @@ from typing import Any
 
 import anthropic
 import openai
+import psutil
 import pytest
 from anthropic.types import Message, ModelInfo
 from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse
@@ -539,12 +540,20 @@ def test_a_call_is_answered_when_the_listening_connection_is_lost(oai_run: opena
     the call is still answered (its waiter reads the item), and the listener comes back."""
     from sqlalchemy import text
 
+    from batchgen.store.calls import listener_name
+
     asked = [{"role": "user", "content": "x"}]
     oai_run.chat.completions.create(model="sim-small", messages=asked, max_tokens=5)  # type: ignore[arg-type]
+    port = int(str(oai_run.base_url).rstrip("/").rsplit(":", 1)[1].split("/")[0])
+    (api_pid,) = {
+        c.pid
+        for c in psutil.net_connections(kind="tcp")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+    }
     listeners = text(
-        "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN batchgen_call_done' "
-        "AND datname = current_database()"
-    )
+        "SELECT pid FROM pg_stat_activity WHERE application_name = :name "
+        "AND query = 'LISTEN batchgen_call_done'"
+    ).bindparams(name=listener_name(api_pid))
     with db.session_scope() as s:
         pids = list(s.scalars(listeners))
         assert len(pids) == 1, pids
