@@ -133,3 +133,28 @@ def test_shape_workers_beat_flower(services):
     for name, service in services.items():
         for dependency in service.get("depends_on") or {}:
             assert dependency in services, f"{name} depends on unknown {dependency}"
+
+
+def test_the_file_follows_the_compose_specification(compose):
+    """Validated against the Compose Specification's own JSON schema (as vendored by
+    check-jsonschema), not a hand-written check."""
+    import json
+    from importlib import resources
+
+    import jsonschema
+
+    schema_file = resources.files("check_jsonschema") / "builtin_schemas/vendor/compose-spec.json"
+    schema = json.loads(schema_file.read_text())
+    jsonschema.validate(compose, schema)
+    broken = {**compose, "services": {"api": {"image": "x", "ports": "8000:8000"}}}
+    with pytest.raises(jsonschema.ValidationError):  # the schema is really applied
+        jsonschema.validate(broken, schema)
+
+
+def test_flower_needs_its_password_at_compose_time_and_the_api_a_healthcheck(services):
+    flower = next(s for s in services.values() if (s.get("command") or [])[1:2] == ["flower"])
+    password = flower["environment"]["BATCHGEN_FLOWER_PASSWORD"]
+    # ${VAR:?message}: Compose stops with the message when VAR is unset or empty.
+    assert re.fullmatch(r"\$\{BATCHGEN_FLOWER_PASSWORD:\?[^}]+\}", password), password
+    api = next(s for s in services.values() if "gunicorn" in (s.get("command") or []))
+    assert "/healthz" in " ".join(api["healthcheck"]["test"])
