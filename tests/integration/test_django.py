@@ -174,12 +174,30 @@ def test_management_command_and_errors(clean_db, tmp_path, capsys):
 
 
 def test_example_project_checks():
+    """The example project passes `manage.py check` once batchgen has its servers'
+    addresses (the checks connect to nothing), and fails naming them without."""
     project = ROOT / "examples" / "django_project"
+    names = ("BATCHGEN_DATABASE_URL", "DATABASE_URL", "BATCHGEN_REDIS_URL", "REDIS_URL")
+    bare = {k: v for k, v in os.environ.items() if k not in names}
+    configured = {**bare, "DATABASE_URL": "postgresql://db/x", "REDIS_URL": "redis://r:6379/0"}
     done = subprocess.run(
-        [sys.executable, "manage.py", "check"], cwd=project, capture_output=True, text=True
+        [sys.executable, "manage.py", "check"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=configured,
     )
     assert done.returncode == 0, done.stderr
     assert "no issues" in done.stdout
+    missing = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=bare,
+    )
+    assert missing.returncode == 1
+    assert "batchgen.E001" in missing.stderr and "BATCHGEN_DATABASE_URL" in missing.stderr
 
 
 def test_django_mount_serves_the_sdk_routes(clean_db, client):
@@ -235,3 +253,20 @@ def test_django_mount_serves_the_sdk_routes(clean_db, client):
     assert ended["results_url"] == (
         f"http://testserver/batchgen/v1/messages/batches/{batch['id']}/results"
     )
+
+
+def test_manage_py_check_names_missing_settings(monkeypatch):
+    """With no database or Redis address for batchgen, `manage.py check` fails and names
+    the setting to add; with them, it passes."""
+    from django.core.checks import run_checks
+
+    monkeypatch.setenv("BATCHGEN_DATABASE_URL", "postgresql://db/x")  # checks connect to nothing
+    monkeypatch.setenv("BATCHGEN_REDIS_URL", "redis://r:6379/0")
+    assert not [e for e in run_checks() if e.id.startswith("batchgen.")]
+    for name in ("BATCHGEN_DATABASE_URL", "DATABASE_URL", "BATCHGEN_REDIS_URL", "REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    found = {e.id: e for e in run_checks() if e.id.startswith("batchgen.")}
+    assert set(found) == {"batchgen.E001", "batchgen.E002"}
+    assert "BATCHGEN_DATABASE_URL" in (found["batchgen.E001"].hint or "")
+    with pytest.raises(CommandError):
+        call_command("check")

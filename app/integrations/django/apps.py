@@ -18,3 +18,4 @@ class BatchgenConfig(AppConfig):
 
         apply_settings({key: getattr(settings, key) for key in dir(settings) if key.isupper()})
         redact_access_logs()  # runserver's log line would carry ?metadata=…
+        from batchgen.integrations.django import checks  # noqa: F401  (registers them)
