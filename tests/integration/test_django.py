@@ -172,6 +172,25 @@ def test_management_command_and_errors(clean_db, tmp_path, capsys):
     with pytest.raises(CommandError, match="line 2"):
         call_command("batchgen_submit", str(requests), "--tenant", "acme")
 
+    # The other commands: cancel, results (stdout or a file), usage.
+    call_command("batchgen_cancel", batch["id"], "--tenant", "acme", "--json")
+    assert json.loads(capsys.readouterr().out)["status"] == "cancelled"
+    call_command("batchgen_results", batch["id"], "--tenant", "acme")
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["custom_id"] for r in rows] == ["cmd-0", "cmd-1", "cmd-2"]
+    assert {r["error"]["code"] for r in rows} == {"cancelled"}
+    out = tmp_path / "out" / "results.jsonl"
+    call_command("batchgen_results", batch["id"], "--tenant", "acme", "-o", str(out))
+    assert len(out.read_text().splitlines()) == 3
+    with pytest.raises(CommandError, match="no batch"):
+        call_command("batchgen_results", "batch_nope", "--tenant", "acme")
+    with pytest.raises(CommandError, match="no batch"):
+        call_command("batchgen_cancel", "batch_nope", "--tenant", "acme")
+    call_command("batchgen_usage", "--tenant", "acme")
+    assert json.loads(capsys.readouterr().out) == []  # nothing ran, nothing is billed
+    with pytest.raises(CommandError):
+        call_command("batchgen_usage", "--from", "yesterday")
+
 
 def test_example_project_checks():
     """The example project passes `manage.py check` once batchgen has its servers'

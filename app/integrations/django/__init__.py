@@ -14,5 +14,7 @@ The HTTP API answers under the include's prefix exactly as the standalone
 Flask API does (the same code serves it). The app has no models and no
 migrations: batchgen's schema belongs to its Alembic migrations
 (``batchgen db upgrade``). ``manage.py batchgen_submit FILE --tenant NAME``
-submits a JSONL file.
+submits a JSONL file; ``batchgen_results``, ``batchgen_cancel`` and
+``batchgen_usage`` read results, cancel and report usage; ``manage.py check``
+names the settings batchgen lacks (:mod:`batchgen.integrations.django.checks`).
 """
