@@ -158,3 +158,17 @@ def test_flower_needs_its_password_at_compose_time_and_the_api_a_healthcheck(ser
     assert re.fullmatch(r"\$\{BATCHGEN_FLOWER_PASSWORD:\?[^}]+\}", password), password
     api = next(s for s in services.values() if "gunicorn" in (s.get("command") or []))
     assert "/healthz" in " ".join(api["healthcheck"]["test"])
+
+
+def test_the_build_context_leaves_out_local_state():
+    """`.dockerignore` keeps the virtualenv, caches, embedded server data and git history
+    out of the image's build context, and keeps everything the Dockerfile copies."""
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv", ".batchgen", "**/__pycache__"} <= ignored
+    copied = re.findall(r"^COPY (.+) \S+$", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
+    sources = {name for line in copied for name in line.split()}
+    assert sources and not sources & ignored, sources & ignored
