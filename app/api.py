@@ -40,6 +40,7 @@ from batchgen.domain import calls as call_rules
 from batchgen.domain import message_batches
 from batchgen.domain.admission import CHAT_COMPLETIONS
 from batchgen.domain.message_batches import MESSAGES
+from batchgen.domain.offload import OffloadMode, parse_offload
 from batchgen.domain.status import Priority, parse_priority
 from batchgen.errors import (
     BatchgenError,
@@ -127,6 +128,7 @@ def _submit_options() -> SubmitOptions:
         metadata=metadata,
         idempotency_key=request.headers.get("Idempotency-Key"),
         priority=priority,
+        offload=parse_offload(args.get("offload")),
     )
 
 
@@ -149,7 +151,7 @@ def _file_batch_request() -> dict[str, Any] | None:
 
 
 def _create_from_file(tenant: Tenant, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    extra = {k: body[k] for k in ("priority",) if k in body}
+    extra = {k: body[k] for k in ("priority", "offload") if k in body}
     for key in ("input_file_id", "endpoint", "completion_window"):
         if key in body and not isinstance(body[key], str):
             raise ValidationFailed(f"{key} must be a string", field=key)
@@ -164,6 +166,7 @@ def _create_from_file(tenant: Tenant, body: dict[str, Any]) -> tuple[dict[str, A
         metadata=metadata,
         idempotency_key=request.headers.get("Idempotency-Key"),
         priority=extra.get("priority", request.args.get("priority", Priority.INTERACTIVE)),
+        offload=extra.get("offload", request.args.get("offload", OffloadMode.AUTO)),
     )
 
 
@@ -328,6 +331,7 @@ def create_message_batch() -> Response:
         tenant=tenant,
         idempotency_key=request.headers.get("Idempotency-Key"),
         priority=body.get("priority", Priority.INTERACTIVE),
+        offload=body.get("offload", OffloadMode.AUTO),
     )
     response = jsonify(described)
     if not created:

@@ -15,6 +15,7 @@ from batchgen.worker.names import (
     DISPATCH_TASK,
     GENERATE_TASK,
     NIGHTLY_TASK,
+    OFFLOAD_TASK,
     SWEEP_TASK,
 )
 
@@ -81,6 +82,13 @@ beat_schedule = {
         "task": SWEEP_TASK,
         "schedule": _settings.sweep_interval_s,
         "options": {"expires": 5 * _settings.sweep_interval_s},
+    },
+    # Provider jobs of the Batch APIs (app/worker/offload.py); a no-op while no model
+    # of the registry offloads.
+    "offload": {
+        "task": OFFLOAD_TASK,
+        "schedule": _settings.offload_interval_s,
+        "options": {"expires": 5 * _settings.offload_interval_s},
     },
 }
 

@@ -91,6 +91,13 @@ class Settings(BaseSettings):
     # Dispatch and leases.
     dispatch_interval_s: float = 1.0
     sweep_interval_s: float = 5.0
+    # Offload to the providers' Batch APIs (app/worker/offload.py): the tick's
+    # interval, a job's first poll after its creation and the most between polls
+    # (doubling), and how many waiting items one tick plans per model.
+    offload_interval_s: float = 5.0
+    offload_poll_first_s: float = 30.0
+    offload_poll_max_s: float = 300.0
+    offload_plan_limit: int = 100_000
     # One Celery beat sends the ticks: it holds a Redis lock with this lease (app/worker/beat.py).
     beat_lock_lease_s: float = 10.0
     # How far ahead of a model's concurrency cap the dispatcher releases work.

@@ -30,6 +30,7 @@ from batchgen.config import get_settings
 from batchgen.domain import calls as call_rules
 from batchgen.domain import message_batches
 from batchgen.domain.admission import CHAT_COMPLETIONS
+from batchgen.domain.offload import OffloadMode, parse_offload
 from batchgen.domain.status import ItemStatus, Priority, parse_priority
 from batchgen.errors import CallFailed, ClientError, NotFound, Overloaded, ValidationFailed
 from batchgen.limits import counters
@@ -136,6 +137,7 @@ def submit_batch(
     metadata: dict[str, Any] | None = None,
     idempotency_key: str | None = None,
     priority: Priority | str = Priority.INTERACTIVE,
+    offload: OffloadMode | str = OffloadMode.AUTO,
 ) -> dict[str, Any]:
     """Validate and store a batch (all or nothing), then wake the dispatcher.
 
@@ -145,12 +147,15 @@ def submit_batch(
     With an ``idempotency_key`` this tenant already used for the same request,
     the existing batch is returned and nothing new is stored; for another
     request, :class:`~batchgen.errors.IdempotencyKeyReused` (422) is raised.
+    ``offload``: may bulk items go to the provider's own Batch API (``auto``, the
+    default, when the model offloads and the deadline allows; ``never``; ``always``).
     """
     options = SubmitOptions(
         completion_window=completion_window,
         metadata=metadata,
         idempotency_key=idempotency_key,
         priority=parse_priority(priority),
+        offload=parse_offload(offload),
     )
     return submit(tenant, as_lines(requests), options)[0]
 
@@ -320,6 +325,7 @@ def create_batch(
     metadata: dict[str, Any] | None = None,
     idempotency_key: str | None = None,
     priority: Priority | str = Priority.INTERACTIVE,
+    offload: OffloadMode | str = OffloadMode.AUTO,
 ) -> tuple[dict[str, Any], bool]:
     """A batch of the requests of an uploaded file (``client.batches.create``); returns
     its description and ``created`` (False: the idempotency key replayed a batch)."""
@@ -334,6 +340,7 @@ def create_batch(
         idempotency_key=idempotency_key,
         priority=chosen,
         input_file_id=input_file_id,
+        offload=parse_offload(offload),
     )
     return submit(tenant, lines, options)
 
@@ -356,6 +363,7 @@ def create_message_batch(
     priority: Priority | str = Priority.INTERACTIVE,
     completion_window: str | float | None = None,
     metadata: dict[str, Any] | None = None,
+    offload: OffloadMode | str = OffloadMode.AUTO,
 ) -> tuple[dict[str, Any], bool]:
     """A batch of Message Batch requests (``client.messages.batches.create``), stored
     all or nothing like any other; returns Anthropic's ``MessageBatch`` and ``created``.
@@ -370,6 +378,7 @@ def create_message_batch(
         idempotency_key=idempotency_key,
         priority=chosen,
         endpoint=message_batches.MESSAGES,
+        offload=parse_offload(offload),
     )
     described, created = submit(tenant, as_lines(lines), options)
     with session_scope() as session:

@@ -44,6 +44,30 @@ class LimitShape(StrEnum):
     BUCKET = "bucket"
 
 
+class OfflineRoute(BaseModel):
+    """A model's offline route: the provider's own Batch API (``[models."<name>".offline]``).
+
+    Used only when the model says ``offload = true``; the rules that send an item
+    there are in :mod:`batchgen.domain.offload`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # How long the provider typically takes for a job (its window is 24 h).
+    turnaround_s: PositiveFloat = 3600.0
+    # Time always kept back before a deadline to run a late job's items online
+    # (beside their drain time at the model's tokens_per_min).
+    fallback_s: float = Field(default=600.0, ge=0)
+    # The provider's bounds of one job (OpenAI: 50 000 requests, 200 MB).
+    max_requests: PositiveInt = 50_000
+    max_bytes: PositiveInt = 200_000_000
+    # The provider's limit on tokens enqueued in open jobs for this model (None: none).
+    enqueued_tokens: PositiveInt | None = None
+    # Batch prices; default: half the online prices.
+    input_usd_per_1m: float | None = Field(default=None, ge=0)
+    output_usd_per_1m: float | None = Field(default=None, ge=0)
+
+
 class ModelSpec(BaseModel):
     """One model's provider, limits and prices."""
 
@@ -70,6 +94,28 @@ class ModelSpec(BaseModel):
     # Open work (estimated tokens) admitted at most; default: BATCHGEN_MAX_BACKLOG_MIN
     # minutes of tokens_per_min. Over it, submits get 503 + Retry-After.
     max_backlog_tokens: PositiveInt | None = None
+    # The provider's Batch API for bulk work whose deadline allows it (half price).
+    offload: bool = False
+    offline: OfflineRoute = OfflineRoute()
+
+    @property
+    def offline_route(self) -> OfflineRoute | None:
+        """The offline route when the model offloads (``offload = true``), else None."""
+        return self.offline if self.offload else None
+
+    def offline_prices(self) -> ModelSpec:
+        """This model priced at its batch prices (what an offline answer costs)."""
+        route = self.offline
+        return self.model_copy(
+            update={
+                "input_usd_per_1m": route.input_usd_per_1m
+                if route.input_usd_per_1m is not None
+                else self.input_usd_per_1m / 2,
+                "output_usd_per_1m": route.output_usd_per_1m
+                if route.output_usd_per_1m is not None
+                else self.output_usd_per_1m / 2,
+            }
+        )
 
     @property
     def queue(self) -> str:

@@ -121,8 +121,9 @@ def reset_state(sim_url: str) -> None:
             with get_engine().begin() as conn:
                 conn.execute(
                     text(
-                        "TRUNCATE tenant_daily_usage, usage_ledger, results, items, "
-                        "batches, tenants RESTART IDENTITY CASCADE"
+                        "TRUNCATE tenant_daily_usage, usage_ledger, results, "
+                        "provider_job_items, items, provider_jobs, batches, tenants "
+                        "RESTART IDENTITY CASCADE"
                     )
                 )
             break

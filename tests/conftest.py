@@ -106,7 +106,8 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
     with get_engine().begin() as conn:
         conn.execute(
             text(
-                "TRUNCATE tenant_daily_usage, usage_ledger, results, items, batches, files, "
+                "TRUNCATE tenant_daily_usage, usage_ledger, results, provider_job_items, items, "
+                "provider_jobs, batches, files, "
                 "tenants RESTART IDENTITY CASCADE"
             )
         )

@@ -19,6 +19,7 @@ import typer
 from batchgen.atomic_files import replacing
 from batchgen.cli.common import console, err, fail, handled, print_json, progress, services
 from batchgen.domain import message_batches
+from batchgen.domain.offload import OffloadMode
 from batchgen.domain.status import Priority
 
 TENANT = typer.Option(..., "--tenant", "-t", help="The tenant's name.")
@@ -105,6 +106,11 @@ def submit(
         None, help="Deadline of every item: 24h, 2h, 30m… (default: 24h, from settings)"
     ),
     priority: Priority = typer.Option(Priority.INTERACTIVE, help="interactive or bulk."),
+    offload: OffloadMode = typer.Option(
+        OffloadMode.AUTO,
+        help="auto: bulk items go to the provider's Batch API when the model offloads and "
+        "the deadline allows; never; always.",
+    ),
     metadata: str | None = typer.Option(None, help="A JSON object stored with the batch."),
     idempotency_key: str | None = typer.Option(None, help="Resubmitting returns the same batch."),
     wait: bool = typer.Option(
@@ -139,6 +145,7 @@ def submit(
                 metadata=meta,
                 idempotency_key=idempotency_key,
                 priority=priority,
+                offload=offload,
             )
             batch = python_api.get_batch(created["id"], tenant=tenant)
         else:
@@ -151,6 +158,7 @@ def submit(
                     metadata=meta,
                     idempotency_key=idempotency_key,
                     priority=priority,
+                    offload=offload,
                 )
         if wait:
             # Said before the wait: interrupted, the batch runs on and its id is known.

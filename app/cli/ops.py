@@ -49,6 +49,8 @@ def usage(
         "cost $",
         "wasted calls",
         "wasted $",
+        "offline calls",
+        "saved $",
         title="usage",
     )
     for r in rows:
@@ -60,6 +62,8 @@ def usage(
             r["cost_usd"],
             str(r["wasted_requests"]),
             r["wasted_cost_usd"],
+            str(r["offline_requests"]),
+            r["saved_usd"],
         )
     console.print(table)
 
@@ -82,6 +86,7 @@ def status(as_json: bool = JSON) -> None:
         "pending",
         "queued",
         "running",
+        "offloaded",
         "backlog tok",
         "done/min",
         "slots",
@@ -94,12 +99,25 @@ def status(as_json: bool = JSON) -> None:
             str(m["pending"]),
             str(m["queued"]),
             str(m["running"]),
+            str(m["offloaded"]),
             str(m["backlog_tokens"]),
             f"{m['finished_per_min']:.1f}",
             f"{m['inflight']}/{m['max_concurrency']}",
             f"{m['budget_tokens_used']}/{m['budget_tokens_limit']}",
         )
     console.print(models)
+    if data["provider_jobs"] or data["routes_today"]["offline"]["requests"]:
+        jobs = Table(
+            "model", "open jobs", "items", "oldest (s)", title="provider jobs (Batch APIs)"
+        )
+        for j in data["provider_jobs"]:
+            jobs.add_row(j["model"], str(j["open"]), str(j["items"]), f"{j['oldest_age_s']:.0f}")
+        console.print(jobs)
+        routes = Table("route", "requests", "tokens", "cost $", title="today by route")
+        for route, r in data["routes_today"].items():
+            routes.add_row(route, str(r["requests"]), str(r["tokens"]), r["cost_usd"])
+        console.print(routes)
+        console.print(f"saved today against the online price: ${data['saved_today_usd']}")
     batches = Table("tenant", "batch", "status", "done", "total", title="open batches")
     for b in data["open_batches"]:
         batches.add_row(b["tenant"], b["batch"], b["status"], str(b["done"]), str(b["total"]))

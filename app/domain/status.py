@@ -16,6 +16,8 @@ from batchgen.errors import ValidationFailed
 
 class ItemStatus(StrEnum):
     PENDING = "pending"  # stored, waiting for the dispatcher
+    # waiting for, or in, a job of the provider's own Batch API (batchgen.domain.offload)
+    OFFLOADED = "offloaded"
     QUEUED = "queued"  # released to the broker with a lease
     RUNNING = "running"  # claimed by a worker, provider call under way
     SUCCEEDED = "succeeded"
@@ -30,6 +32,23 @@ class BatchStatus(StrEnum):
     COMPLETED = "completed"  # every item terminal, not cancelled, not all expired
     EXPIRED = "expired"  # every item expired: none of it ran
     CANCELLED = "cancelled"
+
+
+class JobStatus(StrEnum):
+    """A provider job (``provider_jobs``): a batch of items sent to the provider's own
+    Batch API (batchgen.worker.offload)."""
+
+    CREATING = "creating"  # recorded with its items; the create call is under way
+    RUNNING = "running"  # the provider has it (its id recorded); polled until it ends
+    # The create call's answer was lost and the provider cannot list the job until it
+    # ends (Anthropic): looked for at every tick; its items went online at its cutoff.
+    UNCONFIRMED = "unconfirmed"
+    ENDED = "ended"  # every row read and recorded
+    FAILED = "failed"  # refused by the provider as a whole: no row ran
+    ABANDONED = "abandoned"  # its create never reached the provider: items re-planned
+
+
+OPEN_JOBS = frozenset({JobStatus.CREATING, JobStatus.RUNNING, JobStatus.UNCONFIRMED})
 
 
 class Priority(StrEnum):
@@ -83,6 +102,13 @@ TRANSITIONS: dict[ItemStatus, frozenset[ItemStatus]] = {
             ItemStatus.EXPIRED,  # deadline passed before it ran
             ItemStatus.CANCELLED,  # its batch was cancelled
             ItemStatus.SUCCEEDED,  # a late answer of an attempt the sweep took back
+        }
+    ),
+    ItemStatus.OFFLOADED: frozenset(
+        {
+            ItemStatus.SUCCEEDED,  # its row of the provider's job answered
+            ItemStatus.PENDING,  # back online: the job failed, expired, ran late or errored it
+            ItemStatus.CANCELLED,  # its batch was cancelled
         }
     ),
     ItemStatus.QUEUED: frozenset(

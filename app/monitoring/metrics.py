@@ -30,6 +30,7 @@ from batchgen.limits import counters
 from batchgen.limits.budget import Budget
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import Registry
+from batchgen.store import provider_jobs
 from batchgen.store.schema import Item, Result, Tenant, TenantDailyUsage
 
 # Seconds; a queue wait or an upstream call of an LLM lies between 10 ms and 10 min.
@@ -155,6 +156,57 @@ class StateCollector:
             cost.add_metric([name], float(usd))
         yield tokens
         yield cost
+        yield from self._routes(session)
+
+    def _routes(self, session: Session) -> Iterator[Metric]:
+        """Usage by route (online, or offline through the providers' Batch APIs), what
+        offloading saved, and the open provider jobs."""
+        d = TenantDailyUsage
+        row = session.execute(
+            select(
+                func.coalesce(func.sum(d.requests), 0),
+                func.coalesce(func.sum(d.prompt_tokens), 0),
+                func.coalesce(func.sum(d.completion_tokens), 0),
+                func.coalesce(func.sum(d.offline_requests), 0),
+                func.coalesce(func.sum(d.offline_prompt_tokens), 0),
+                func.coalesce(func.sum(d.offline_completion_tokens), 0),
+                func.coalesce(func.sum(d.saved_usd), 0),
+            )
+        ).one()
+        requests = CounterMetricFamily(
+            "batchgen_route_requests", "Billed calls by route", labels=["route"]
+        )
+        tokens = CounterMetricFamily(
+            "batchgen_route_tokens", "Billed tokens by route", labels=["route", "kind"]
+        )
+        requests.add_metric(["online"], float(row[0] - row[3]))
+        requests.add_metric(["offline"], float(row[3]))
+        tokens.add_metric(["online", "prompt"], float(row[1] - row[4]))
+        tokens.add_metric(["online", "completion"], float(row[2] - row[5]))
+        tokens.add_metric(["offline", "prompt"], float(row[4]))
+        tokens.add_metric(["offline", "completion"], float(row[5]))
+        yield requests
+        yield tokens
+        saved = CounterMetricFamily(
+            "batchgen_offline_saved_usd", "Saved by offloading, against the online prices"
+        )
+        saved.add_metric([], float(row[6]))
+        yield saved
+        jobs = GaugeMetricFamily(
+            "batchgen_provider_jobs_open",
+            "Open jobs at the providers' Batch APIs",
+            labels=["model"],
+        )
+        age = GaugeMetricFamily(
+            "batchgen_provider_job_oldest_age_seconds",
+            "Age of the oldest open provider job",
+            labels=["model"],
+        )
+        for summary in provider_jobs.summary(session):
+            jobs.add_metric([summary.model], summary.count)
+            age.add_metric([summary.model], summary.oldest_age_s)
+        yield jobs
+        yield age
 
     def _redis(self) -> Iterator[Metric]:
         budget = Budget(self.redis, self.settings)

@@ -10,7 +10,7 @@ import datetime as dt
 from typing import Any
 
 import redis
-from sqlalchemy import func, select
+from sqlalchemy import Date, func, select
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
@@ -18,7 +18,8 @@ from batchgen.domain.status import OPEN, TERMINAL, values
 from batchgen.limits.budget import Budget
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import Registry
-from batchgen.store.schema import Batch, Item, Tenant
+from batchgen.store import provider_jobs
+from batchgen.store.schema import Batch, Item, Tenant, TenantDailyUsage
 
 THROUGHPUT_WINDOW_MIN = 5
 OPEN_VALUES = values(OPEN)
@@ -61,6 +62,7 @@ def snapshot(
                 "pending": counts.get((spec.name, "pending"), 0),
                 "queued": counts.get((spec.name, "queued"), 0),
                 "running": counts.get((spec.name, "running"), 0),
+                "offloaded": counts.get((spec.name, "offloaded"), 0),
                 "backlog_tokens": int(backlog.get(spec.name) or 0),
                 "finished_per_min": recent.get(spec.name, 0) / THROUGHPUT_WINDOW_MIN,
                 "inflight": slots.held(spec.name),
@@ -83,4 +85,38 @@ def snapshot(
             .order_by(Tenant.name, Batch.created_at)
         )
     ]
-    return {"models": models, "open_batches": tenants}
+    return {
+        "models": models,
+        "open_batches": tenants,
+        **offload_view(session),
+    }
+
+
+def offload_view(session: Session) -> dict[str, Any]:
+    """Open provider jobs per model, and today's usage by route with what offloading saved."""
+    jobs = [
+        {"model": j.model, "open": j.count, "items": j.items, "oldest_age_s": j.oldest_age_s}
+        for j in provider_jobs.summary(session)
+    ]
+    d = TenantDailyUsage
+    today = func.cast(func.timezone("UTC", func.now()), Date)
+    row = session.execute(
+        select(
+            func.coalesce(func.sum(d.requests), 0),
+            func.coalesce(func.sum(d.prompt_tokens + d.completion_tokens), 0),
+            func.coalesce(func.sum(d.cost_usd), 0),
+            func.coalesce(func.sum(d.offline_requests), 0),
+            func.coalesce(func.sum(d.offline_prompt_tokens + d.offline_completion_tokens), 0),
+            func.coalesce(func.sum(d.offline_cost_usd), 0),
+            func.coalesce(func.sum(d.saved_usd), 0),
+        ).where(d.day == today)
+    ).one()
+    routes = {
+        "online": {
+            "requests": int(row[0] - row[3]),
+            "tokens": int(row[1] - row[4]),
+            "cost_usd": str(row[2] - row[5]),
+        },
+        "offline": {"requests": int(row[3]), "tokens": int(row[4]), "cost_usd": str(row[5])},
+    }
+    return {"provider_jobs": jobs, "routes_today": routes, "saved_today_usd": str(row[6])}

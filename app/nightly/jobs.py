@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from batchgen.config import get_settings
+from batchgen.domain.offload import OffloadMode
 from batchgen.errors import ConfigError, NotFound
 
 
@@ -52,6 +53,9 @@ class Job(BaseModel):
     locale: str = "en-US"
     max_tokens: PositiveInt = 300
     completion_window: str | None = None  # None: default_completion_window_s
+    # auto: to the provider's Batch API at the batch price when the model offloads and
+    # the window allows (batchgen.domain.offload); never; always.
+    offload: OffloadMode = OffloadMode.AUTO
     report: Path | None = None
     rejects: Path | None = None
 

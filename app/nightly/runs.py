@@ -69,6 +69,7 @@ def submit_job(job: Job, day: dt.date, settings: Settings | None = None) -> tupl
             metadata={"nightly_job": job.name, "run_date": day.isoformat(), "part": part},
             idempotency_key=f"{job.key_prefix(day)}{part}",
             priority=Priority.BULK,
+            offload=job.offload,
         )
         ids.append(batch["id"])
     rejects_file = job.rejects_path(day)

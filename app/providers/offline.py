@@ -87,6 +87,10 @@ class RowResult:
 
 
 class OfflineJobs(Protocol):
+    # Does :meth:`find` see a job as soon as it exists (OpenAI), or only once it has
+    # ended (Anthropic)? A job not found by the former was never created.
+    lists_running: bool
+
     def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
         """Create a job of ``rows`` (named by ``tag``); returns the provider's job id."""
         ...
@@ -129,6 +133,8 @@ _OPENAI_ERROR_KINDS = {"batch_expired": RowKind.EXPIRED, "batch_cancelled": RowK
 
 
 class OpenAIJobs:
+    lists_running = True
+
     def _client(self, spec: ModelSpec) -> openai.OpenAI:
         return openai_adapter.sdk_client(spec.base_url, spec.api_key())
 
@@ -218,6 +224,8 @@ def _openai_row(line: dict[str, Any], tag: str) -> RowResult | None:
 
 
 class AnthropicJobs:
+    lists_running = False
+
     def _client(self, spec: ModelSpec) -> anthropic.Anthropic:
         return anthropic_adapter.sdk_client(spec.base_url, spec.api_key())
 

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-row-error-rate", type=float, default=0.0, help="share of rows failing")
     p.add_argument("--batch-expire", action="store_true", help="batch jobs expire unanswered")
     p.add_argument(
+        "--batch-create-delay-s", type=float, default=0.0, help="answer a job's create this late"
+    )
+    p.add_argument(
         "--batch-enqueued-tokens", type=int, default=None, help="enqueued tokens per key and model"
     )
     p.add_argument("--log-level", default="INFO")
@@ -79,6 +82,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         batch_row_error_rate=args.batch_row_error_rate,
         batch_expire=args.batch_expire,
         batch_enqueued_tokens_limit=args.batch_enqueued_tokens,
+        batch_create_delay_s=args.batch_create_delay_s,
     )
 
 

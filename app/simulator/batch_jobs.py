@@ -8,11 +8,13 @@ ends ``completed`` (``expired`` with ``batch_expire``), every row answered as th
 chat endpoint would answer it (the same text, the same usage) except a seeded
 share ``batch_row_error_rate`` of rows, which fail (OpenAI: a 500 row in the
 error file; Anthropic: an ``errored`` result). An expired job answers no row: they
-are ``batch_expired`` / ``expired``. A cancelled job ends at once, its rows
-``batch_cancelled`` / ``canceled``. A job whose enqueued tokens (prompt + max_tokens
+are ``batch_expired`` / ``expired``. Rows finish one after another over the
+turnaround, so a cancelled job (it ends at once) keeps the rows it had finished;
+the rest are ``batch_cancelled`` / ``canceled``. A job whose enqueued tokens (prompt + max_tokens
 of its rows, beside the other open jobs of the same key and model) exceed
 ``batch_enqueued_tokens_limit`` fails at creation (OpenAI: ``failed`` with
 ``token_limit_exceeded``; Anthropic: a 429). ``batch_fail`` fails every new job.
+``batch_create_delay_s`` answers a create that long after the job exists.
 
 Self-contained like the rest of the simulator: no batchgen code but the token
 counter. Nothing here logs a prompt or an answer.
@@ -20,6 +22,7 @@ counter. Nothing here logs a prompt or an answer.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import random
@@ -49,6 +52,7 @@ class Job:
     input_file_id: str | None = None
     expire: bool = False
     failed: str | None = None  # why it failed at creation
+    failed_code: str = "token_limit_exceeded"
     cancelled_s: float | None = None
     row_errors: set[int] = field(default_factory=set)
     enqueued_tokens: int = 0
@@ -85,6 +89,28 @@ class BatchJobs:
         if self.ended_s(job, state) is None:
             return "in_progress"
         return "expired" if job.expire else "completed"
+
+    def outcome(self, job: Job, i: int, state: SimState) -> str:
+        """Row ``i`` of an ended job: ``succeeded``, ``errored``, ``expired`` or
+        ``cancelled``. Rows finish one after another over the turnaround (row ``i`` at
+        ``(i + 1) / n`` of it), so a job cancelled midway keeps the rows it finished."""
+        status = self.status(job, state)
+        if status == "cancelled":
+            done_s = job.created_s + job.turnaround_s * (i + 1) / len(job.rows)
+            assert job.cancelled_s is not None
+            if done_s > job.cancelled_s:
+                return "cancelled"
+        elif status != "completed":
+            return "expired"
+        return "errored" if i in job.row_errors else "succeeded"
+
+    def counts(self, job: Job, state: SimState) -> dict[str, int]:
+        """How many rows of an ended job end each way (nothing while it runs)."""
+        counts = dict.fromkeys(("succeeded", "errored", "expired", "cancelled"), 0)
+        if self.ended_s(job, state) is not None and job.failed is None:
+            for i in range(len(job.rows)):
+                counts[self.outcome(job, i, state)] += 1
+        return counts
 
     def open_tokens(self, key: str, model: str, state: SimState) -> int:
         return sum(
@@ -136,7 +162,7 @@ def _new_job(
     limit = config.batch_enqueued_tokens_limit
     models = {r["model"] for r in rows}
     if config.batch_fail:
-        job.failed = "the job failed (simulated)"
+        job.failed, job.failed_code = "the job failed (simulated)", "batch_failed"
     elif limit and any(
         jobs.open_tokens(key, m, state) + job.enqueued_tokens > limit for m in models
     ):
@@ -234,6 +260,7 @@ async def _openai_create(request: web.Request) -> web.Response:
         metadata=body.get("metadata"),
         input_file_id=body["input_file_id"],
     )
+    await asyncio.sleep(state.config.batch_create_delay_s)
     return web.json_response(_openai_batch(jobs, state, job))
 
 
@@ -243,15 +270,15 @@ def _openai_batch(jobs: BatchJobs, state: SimState, job: Job) -> dict[str, Any]:
     if ended is not None and job.failed is None and job.output_file_id is None:
         _write_openai_files(jobs, state, job)
     done = status in ("completed", "cancelled", "expired")
-    answered = len(job.rows) - len(job.row_errors) if status == "completed" else 0
-    failed_rows = len(job.row_errors) if status == "completed" else 0
+    counts = jobs.counts(job, state)
+    answered, failed_rows = counts["succeeded"], counts["errored"]
     at = int(ended) if ended is not None else None
     return {
         "id": job.id,
         "object": "batch",
         "endpoint": "/v1/chat/completions",
         "errors": (
-            {"object": "list", "data": [{"code": "token_limit_exceeded", "message": job.failed}]}
+            {"object": "list", "data": [{"code": job.failed_code, "message": job.failed}]}
             if job.failed
             else None
         ),
@@ -275,15 +302,15 @@ def _openai_batch(jobs: BatchJobs, state: SimState, job: Job) -> dict[str, Any]:
 
 
 def _write_openai_files(jobs: BatchJobs, state: SimState, job: Job) -> None:
-    status = jobs.status(job, state)
     out, err = [], []
     for i, row in enumerate(job.rows):
         rid = fmt.new_id("openai")
         base = {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": row["custom_id"]}
-        if status != "completed":
-            code = "batch_expired" if status == "expired" else "batch_cancelled"
+        outcome = jobs.outcome(job, i, state)
+        if outcome in ("expired", "cancelled"):
+            code = "batch_expired" if outcome == "expired" else "batch_cancelled"
             err.append({**base, "response": None, "error": {"code": code, "message": code}})
-        elif i in job.row_errors:
+        elif outcome == "errored":
             body = fmt.error_body("openai", 500, "the server had an error processing the row")
             err.append(
                 {
@@ -389,23 +416,20 @@ async def _anthropic_create(request: web.Request) -> web.Response:
     if job.failed:
         del jobs.jobs[job.id]
         return web.json_response(fmt.error_body("anthropic", 429, job.failed), status=429)
+    await asyncio.sleep(state.config.batch_create_delay_s)
     return web.json_response(_anthropic_batch(jobs, state, job, request))
 
 
 def _anthropic_batch(
     jobs: BatchJobs, state: SimState, job: Job, request: web.Request
 ) -> dict[str, Any]:
-    status = jobs.status(job, state)
     ended = jobs.ended_s(job, state)
     n = len(job.rows)
     counts = {"processing": n, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
     if ended is not None:
-        counts["processing"] = 0
-        if status == "completed":
-            counts["errored"] = len(job.row_errors)
-            counts["succeeded"] = n - len(job.row_errors)
-        else:
-            counts["expired" if status == "expired" else "canceled"] = n
+        ours = jobs.counts(job, state)
+        counts.update(ours, processing=0, canceled=ours["cancelled"])
+        del counts["cancelled"]
     url = str(request.url.with_path(f"/v1/messages/batches/{job.id}/results").with_query(None))
     processing = (
         "ended" if ended is not None else ("canceling" if job.cancelled_s else "in_progress")
@@ -444,12 +468,12 @@ async def _anthropic_results(request: web.Request) -> web.Response:
         return web.json_response(
             fmt.error_body("anthropic", 400, "the batch is still processing"), status=400
         )
-    status = jobs.status(job, state)
     lines = []
     for i, row in enumerate(job.rows):
-        if status != "completed":
-            result: dict[str, Any] = {"type": "expired" if status == "expired" else "canceled"}
-        elif i in job.row_errors:
+        outcome = jobs.outcome(job, i, state)
+        if outcome in ("expired", "cancelled"):
+            result: dict[str, Any] = {"type": "expired" if outcome == "expired" else "canceled"}
+        elif outcome == "errored":
             result = {"type": "errored", "error": fmt.error_body("anthropic", 500, "overloaded")}
         else:
             text, prompt, completion, finish = _answer(row, state)

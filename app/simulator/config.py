@@ -81,6 +81,7 @@ RUNTIME_FIELDS = frozenset(
         "batch_expire",
         "batch_fail",
         "batch_enqueued_tokens_limit",
+        "batch_create_delay_s",
     }
 )
 
@@ -119,6 +120,8 @@ class SimulatorConfig:
     batch_expire: bool = False
     batch_fail: bool = False
     batch_enqueued_tokens_limit: int | None = None
+    # A create is answered this long after the job exists (an answer a crash can lose).
+    batch_create_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.fault_kinds = tuple(self.fault_kinds)
@@ -149,6 +152,8 @@ class SimulatorConfig:
             raise ValueError("fault_rate > 0 needs at least one fault kind")
         if self.window_s <= 0:
             raise ValueError("window_s must be > 0")
+        if self.batch_create_delay_s < 0:
+            raise ValueError("batch_create_delay_s must be >= 0")
         if self.batch_turnaround_s < 0 or not 0.0 <= self.batch_row_error_rate <= 1.0:
             raise ValueError("batch_turnaround_s must be >= 0, batch_row_error_rate in [0, 1]")
         limit = self.batch_enqueued_tokens_limit

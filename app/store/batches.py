@@ -32,6 +32,7 @@ from batchgen.domain.admission import (
     unstorable_path,
 )
 from batchgen.domain.deadlines import format_duration, parse_duration_s
+from batchgen.domain.offload import OfflineWindow, OffloadMode, parse_offload, wants_offline
 from batchgen.domain.status import (
     OPEN,
     TERMINAL,
@@ -42,7 +43,7 @@ from batchgen.domain.status import (
     values,
 )
 from batchgen.errors import IdempotencyKeyReused, NotFound, ValidationFailed
-from batchgen.registry import Registry
+from batchgen.registry import ModelSpec, Registry
 from batchgen.store import items, quotas
 from batchgen.store.schema import Batch, Item, Result, Tenant
 from batchgen.store.sqlfiles import query
@@ -66,6 +67,8 @@ class SubmitOptions:
     # The API the batch was submitted to: OpenAI's Batch API (the lines as they are),
     # or Anthropic's Message Batches (MESSAGES: the lines translated from its requests).
     endpoint: str = CHAT_COMPLETIONS
+    # May its bulk items go to the provider's own Batch API (batchgen.domain.offload)?
+    offload: OffloadMode | str = OffloadMode.AUTO
 
 
 # A finished batch's output file (its succeeded requests) and error file (the rest),
@@ -111,17 +114,42 @@ def _find_idempotent(session: Session, tenant_id: int, key: str) -> Batch | None
     )
 
 
+def _window(spec: ModelSpec) -> OfflineWindow | None:
+    route = spec.offline_route
+    return None if route is None else OfflineWindow(route.turnaround_s, route.fallback_s)
+
+
 def _item_rows(
-    drafts: Iterable[ItemDraft], batch: Batch, tenant_id: int, tokens_by_model: dict[str, int]
+    drafts: Iterable[ItemDraft],
+    batch: Batch,
+    tenant_id: int,
+    tokens_by_model: dict[str, int],
+    registry: Registry,
 ) -> Iterator[dict[str, Any]]:
-    """Rows to insert; adds up each model's estimated tokens on the way."""
+    """Rows to insert, each ``pending`` or ``offloaded`` (its route, by
+    :func:`batchgen.domain.offload.wants_offline`); adds up each model's estimated
+    tokens of online work on the way (offloaded items are not the online backlog)."""
+    mode, priority = OffloadMode(batch.offload), Priority(batch.priority)
     for d in drafts:
-        tokens_by_model[d.model] = (
-            tokens_by_model.get(d.model, 0) + d.prompt_tokens_est + d.max_tokens
-        )
         deadline = batch.deadline_at
         if d.timeout_s is not None:
             deadline = min(deadline, batch.created_at + dt.timedelta(seconds=d.timeout_s))
+        window = _window(registry[d.model])
+        if mode is OffloadMode.ALWAYS and window is None:
+            raise ValidationFailed(
+                f"line {d.line_no}: offload 'always' but model {d.model!r} has no offline "
+                "route (offload = true in the registry)",
+                field="offload",
+            )
+        offline = wants_offline(
+            mode=mode,
+            priority=priority,
+            window=window,
+            deadline_left_s=(deadline - batch.created_at).total_seconds(),
+        )
+        tokens_by_model.setdefault(d.model, 0)
+        if not offline:
+            tokens_by_model[d.model] += d.prompt_tokens_est + d.max_tokens
         yield {
             "batch_id": batch.id,
             "tenant_id": tenant_id,
@@ -132,7 +160,7 @@ def _item_rows(
             "body": d.body,
             "prompt_tokens_est": d.prompt_tokens_est,
             "max_tokens": d.max_tokens,
-            "status": ItemStatus.PENDING.value,
+            "status": (ItemStatus.OFFLOADED if offline else ItemStatus.PENDING).value,
             "deadline_at": deadline,
         }
 
@@ -201,6 +229,7 @@ def store_batch(
     """
     window_s = _check_options(options, settings.default_completion_window_s)
     priority = Priority(options.priority)
+    offload = parse_offload(options.offload)
     key = options.idempotency_key or None
     fingerprint = RequestFingerprint(
         {
@@ -208,6 +237,7 @@ def store_batch(
             "completion_window_s": window_s,
             "metadata": options.metadata,
             "priority": priority.value,
+            **({"offload": offload.value} if offload is not OffloadMode.AUTO else {}),
             **({"input_file_id": options.input_file_id} if options.input_file_id else {}),
         }
     )
@@ -229,6 +259,7 @@ def store_batch(
         metadata_=options.metadata,
         idempotency_key=key,
         input_file_id=options.input_file_id,
+        offload=offload.value,
         total_items=0,
         created_at=now,
     )
@@ -243,7 +274,7 @@ def store_batch(
         return _replay(existing, drafts, fingerprint), False
 
     tokens_by_model: dict[str, int] = {}
-    rows = _item_rows(drafts, batch, tenant.id, tokens_by_model)
+    rows = _item_rows(drafts, batch, tenant.id, tokens_by_model, registry)
     total = 0
     while chunk := list(islice(rows, INSERT_CHUNK)):
         session.execute(insert(Item), chunk)
@@ -333,6 +364,7 @@ def describe(session: Session, batch: Batch) -> dict[str, Any]:
         "model": None,
         "usage": None,
         "priority": batch.priority,
+        "offload": batch.offload,
         "cancel_requested_at": _ts(batch.cancel_requested_at),
         "finished_at": finished,
     }
@@ -466,7 +498,8 @@ class Progress(StrEnum):
 _PROGRESS = text(
     """
     SELECT EXISTS (SELECT 1 FROM items
-                   WHERE batch_id = :batch_id AND status IN ('pending', 'queued')) AS waiting,
+                   WHERE batch_id = :batch_id
+                     AND status IN ('pending', 'offloaded', 'queued')) AS waiting,
            EXISTS (SELECT 1 FROM items
                    WHERE batch_id = :batch_id AND status = 'running') AS running
     """

@@ -78,7 +78,12 @@ FINISH = _declare("finish", {S.RUNNING}, {S.FAILED, S.EXPIRED, S.CANCELLED})
 SUCCEED = _declare("succeed", set(OPEN), {S.SUCCEEDED})
 # The hot path's one-statement record of an answer: only this very attempt, running.
 SUCCEED_ANSWERED = _declare("succeed_answered", {S.RUNNING}, {S.SUCCEEDED})
-CANCEL_BATCH = _declare("cancel_batch", {S.PENDING, S.QUEUED, S.RUNNING}, {S.CANCELLED})
+CANCEL_BATCH = _declare(
+    "cancel_batch", {S.PENDING, S.OFFLOADED, S.QUEUED, S.RUNNING}, {S.CANCELLED}
+)
+# An offloaded item leaves its provider job unanswered (the job failed, expired, ran
+# past its cutoff, errored the row): online, or cancelled with its batch.
+OFFLOAD_RETURN = _declare("offload_return", {S.OFFLOADED}, {S.PENDING, S.CANCELLED})
 # The sweep's statements (sql/sweep_*.sql).
 SWEEP_CANCEL_ORPHANS = _declare("sweep_cancel_orphans", {S.PENDING, S.QUEUED}, {S.CANCELLED})
 SWEEP_EXPIRE = _declare("sweep_expire", {S.PENDING, S.QUEUED}, {S.EXPIRED})
@@ -392,9 +397,11 @@ def cancel_unsent(session: Session, batch_id: str, now: dt.datetime) -> int:
         update(Item)
         .where(
             Item.batch_id == batch_id,
-            Item.status.in_(values(CANCEL_BATCH.sources - {S.RUNNING}))
+            Item.status.in_(values(CANCEL_BATCH.sources - {S.RUNNING, S.OFFLOADED}))
             # running but the request not yet sent: see claim_sent
-            | ((Item.status == S.RUNNING.value) & Item.sent_at.is_(None)),
+            | ((Item.status == S.RUNNING.value) & Item.sent_at.is_(None))
+            # offloaded but in no provider job yet (a job's items end with the job)
+            | ((Item.status == S.OFFLOADED.value) & Item.job_id.is_(None)),
         )
         .values(
             status=S.CANCELLED.value,
@@ -407,6 +414,121 @@ def cancel_unsent(session: Session, batch_id: str, now: dt.datetime) -> int:
         .execution_options(synchronize_session=False)
     )
     return len(result.all())
+
+
+# --- offloaded items (batchgen.worker.offload) ----------------------------------
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """An offloaded item not yet in a provider job, as the planner sees it."""
+
+    item_id: int
+    batch_id: str
+    body: dict[str, Any]
+    prompt_tokens_est: int
+    max_tokens: int
+    deadline_at: dt.datetime
+    offload: str  # its batch's mode
+
+
+def offload_waiting(session: Session, model: str, limit: int) -> list[Waiting]:
+    """The model's offloaded items in no job yet, by batch then id (oldest first)."""
+    rows = session.execute(
+        text(
+            """
+            SELECT i.id, i.batch_id, i.body, i.prompt_tokens_est, i.max_tokens,
+                   i.deadline_at, b.offload
+            FROM items AS i JOIN batches AS b ON b.id = i.batch_id
+            WHERE i.model = :model AND i.status = 'offloaded' AND i.job_id IS NULL
+            ORDER BY i.batch_id, i.id
+            LIMIT :limit
+            """
+        ),
+        {"model": model, "limit": limit},
+    )
+    return [
+        Waiting(
+            item_id=r.id,
+            batch_id=r.batch_id,
+            body=r.body,
+            prompt_tokens_est=r.prompt_tokens_est,
+            max_tokens=r.max_tokens,
+            deadline_at=r.deadline_at,
+            offload=r.offload,
+        )
+        for r in rows
+    ]
+
+
+def assign_job(session: Session, job_id: int, item_ids: list[int]) -> dict[int, int]:
+    """Put waiting offloaded items into the job ``job_id``, each its next attempt (the
+    attempt its row will be ledgered as); returns ``{item id: attempt}`` of those
+    still waiting (an item cancelled meanwhile is not taken)."""
+    rows = session.execute(
+        update(Item)
+        .where(Item.id.in_(item_ids), Item.status == S.OFFLOADED.value, Item.job_id.is_(None))
+        .values(job_id=job_id, attempts=Item.attempts + 1)
+        .returning(Item.id, Item.attempts)
+        .execution_options(synchronize_session=False)
+    )
+    return {r.id: r.attempts for r in rows}
+
+
+def unassign_job(session: Session, job_id: int) -> int:
+    """The job's offloaded items wait for another job (its create never reached the
+    provider, or the provider had no room for it)."""
+    result = session.execute(
+        update(Item)
+        .where(Item.job_id == job_id, Item.status == S.OFFLOADED.value)
+        .values(job_id=None)
+        .returning(Item.id)
+        .execution_options(synchronize_session=False)
+    )
+    return len(result.all())
+
+
+_OFFLOAD_RETURN = text(
+    """
+    UPDATE items
+    SET status = CASE WHEN b.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+        not_before = NULL,
+        finished_at = CASE WHEN b.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+        error_code = CASE WHEN b.cancel_requested_at IS NULL THEN :code ELSE 'cancelled' END,
+        last_error = CASE WHEN b.cancel_requested_at IS NULL THEN :message
+                          ELSE 'batch cancelled' END
+    FROM batches AS b
+    WHERE b.id = items.batch_id
+      AND items.status = ANY(:sources)
+      AND (CAST(:job_id AS bigint) IS NULL OR items.job_id = :job_id)
+      AND (CAST(:item_ids AS bigint[]) IS NULL OR items.id = ANY(:item_ids))
+    RETURNING items.id, items.batch_id, items.status
+    """
+)
+
+
+def return_online(
+    session: Session,
+    code: str,
+    message: str,
+    *,
+    job_id: int | None = None,
+    item_ids: list[int] | None = None,
+) -> list[tuple[int, str, ItemStatus]]:
+    """``offloaded → pending`` (back online, its code saying why) for the job's items
+    still offloaded, or the given ones; ``→ cancelled`` for those of a cancelled
+    batch. Returns ``(item id, batch id, new status)`` of each."""
+    if job_id is None and item_ids is None:
+        raise ValueError("return_online needs a job or items")
+    params = {
+        "sources": values(OFFLOAD_RETURN.sources),
+        "code": code,
+        "message": message,
+        "job_id": job_id,
+        "item_ids": item_ids,
+    }
+    rows = session.execute(_OFFLOAD_RETURN, params)
+    return [(r.id, r.batch_id, ItemStatus(r.status)) for r in rows]
 
 
 # --- the dispatcher's release -------------------------------------------------

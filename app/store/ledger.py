@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from batchgen.domain.cost import cost_usd
+from batchgen.domain.offload import Route
 from batchgen.domain.status import TERMINAL, ItemStatus
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store import items
@@ -58,6 +59,25 @@ def _shard(item_id: int) -> int:
     return item_id % DAILY_USAGE_SHARDS
 
 
+@dataclass(frozen=True)
+class Priced:
+    """What a call costs, and by which route it was made (an offline row is priced at
+    the batch prices; ``online_cost`` is what it would have cost online)."""
+
+    cost: Decimal
+    route: Route = Route.ONLINE
+    online_cost: Decimal | None = None
+
+
+def price(outcome: CallOutcome, spec: ModelSpec, route: Route = Route.ONLINE) -> Priced:
+    """The price of ``outcome``'s usage by ``route``."""
+    online = cost_usd(outcome.prompt_tokens, outcome.completion_tokens, spec)
+    if route is Route.ONLINE:
+        return Priced(online)
+    batch = cost_usd(outcome.prompt_tokens, outcome.completion_tokens, spec.offline_prices())
+    return Priced(batch, Route.OFFLINE, online)
+
+
 def _params(item: LockedItem, outcome: CallOutcome, cost: Decimal, waste: str | None) -> dict:
     return {
         "item_id": item.id,
@@ -74,12 +94,17 @@ def _params(item: LockedItem, outcome: CallOutcome, cost: Decimal, waste: str | 
 
 
 def _ledger(
-    session: Session, item: LockedItem, outcome: CallOutcome, cost: Decimal, waste: str | None
+    session: Session,
+    item: LockedItem,
+    outcome: CallOutcome,
+    cost: Decimal | Priced,
+    waste: str | None,
 ) -> bool:
     """Insert the ledger row for (item, attempt) once; daily totals follow it (one statement)."""
-    inserted = session.execute(
-        query("ledger_insert"), _params(item, outcome, cost, waste)
-    ).scalar_one_or_none()
+    priced = cost if isinstance(cost, Priced) else Priced(cost)
+    params = _params(item, outcome, priced.cost, waste)
+    params.update(route=priced.route.value, online_cost_usd=priced.online_cost)
+    inserted = session.execute(query("ledger_insert"), params).scalar_one_or_none()
     return inserted is not None
 
 
@@ -146,12 +171,17 @@ def record_answer(
             "provider_request_id": outcome.provider_request_id,
             "upstream_latency_ms": outcome.upstream_latency_ms,
             "queue_wait_ms": outcome.queue_wait_ms,
+            "route": Route.ONLINE.value,
+            "online_cost_usd": None,
         },
     )
 
 
-def record_success(session: Session, outcome: CallOutcome, spec: ModelSpec) -> bool:
-    """Record a successful call exactly once, in the caller's transaction.
+def record_success(
+    session: Session, outcome: CallOutcome, spec: ModelSpec, route: Route = Route.ONLINE
+) -> bool:
+    """Record a successful call exactly once, in the caller's transaction (``route``
+    offline: a row of a provider job, priced at the batch prices).
 
     The item row is locked first, so a duplicate run of the same item waits
     and then sees the first one's verdict. Returns True when this call's
@@ -161,17 +191,18 @@ def record_success(session: Session, outcome: CallOutcome, spec: ModelSpec) -> b
     """
     item = items.lock(session, outcome.item_id)
     assert item is not None
-    cost = cost_usd(outcome.prompt_tokens, outcome.completion_tokens, spec)
+    priced = price(outcome, spec, route)
+    cost = priced.cost
     if item.status in TERMINAL:
         waste = f"item_already_{item.status.value}"
-        if not _ledger(session, item, outcome, cost, waste):
+        if not _ledger(session, item, outcome, priced, waste):
             _replace_estimate(session, item, outcome, cost, waste)
         return False
     # Not terminal: even if our lease ran out and the item went back to the
     # queue, the answer is good; it becomes the result and the newer attempt
     # will find the item finished when it claims it. If the sweep ledgered this
     # call as lost meanwhile, that row becomes the result's row.
-    recorded = _ledger(session, item, outcome, cost, None) or _replace_estimate(
+    recorded = _ledger(session, item, outcome, priced, None) or _replace_estimate(
         session, item, outcome, cost, None
     )
     if not recorded:
@@ -197,9 +228,14 @@ def record_success(session: Session, outcome: CallOutcome, spec: ModelSpec) -> b
     return True
 
 
-def record_waste(session: Session, outcome: CallOutcome, spec: ModelSpec, reason: str) -> None:
+def record_waste(
+    session: Session,
+    outcome: CallOutcome,
+    spec: ModelSpec,
+    reason: str,
+    route: Route = Route.ONLINE,
+) -> None:
     """Ledger a billed call that produced no result (cancelled mid-call, malformed...)."""
     item = items.lock(session, outcome.item_id, for_update=False)
     assert item is not None
-    cost = cost_usd(outcome.prompt_tokens, outcome.completion_tokens, spec)
-    _ledger(session, item, outcome, cost, reason)
+    _ledger(session, item, outcome, price(outcome, spec, route), reason)

@@ -20,13 +20,16 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain.status import OPEN, values
+from batchgen.domain.status import OPEN, ItemStatus, values
 from batchgen.errors import Overloaded, OverQuota, PayloadTooLarge
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store.db import ADVISORY_NAMESPACE
 from batchgen.store.schema import Item, Tenant, TenantDailyUsage
 
 OPEN_VALUES = values(OPEN)
+# A model's online backlog: what its workers still have to run (offloaded items wait
+# for the provider's Batch API, on a quota of their own).
+ONLINE_OPEN_VALUES = values(OPEN - {ItemStatus.OFFLOADED})
 MIN_RETRY_AFTER_S = 1.0
 
 
@@ -45,9 +48,9 @@ def seconds_until_utc_midnight(now: dt.datetime) -> float:
     return max(MIN_RETRY_AFTER_S, (midnight - now).total_seconds())
 
 
-def _open_tokens(session: Session, **where: object) -> int:
+def _open_tokens(session: Session, statuses: list[str] = OPEN_VALUES, **where: object) -> int:
     query = select(func.coalesce(func.sum(Item.prompt_tokens_est + Item.max_tokens), 0)).where(
-        Item.status.in_(OPEN_VALUES), *[getattr(Item, k) == v for k, v in where.items()]
+        Item.status.in_(statuses), *[getattr(Item, k) == v for k, v in where.items()]
     )
     return int(session.scalar(query) or 0)
 
@@ -55,8 +58,10 @@ def _open_tokens(session: Session, **where: object) -> int:
 def check_models(
     session: Session, new_tokens: dict[str, int], registry: Registry, settings: Settings
 ) -> None:
-    """503 when a model's backlog (this batch included) is over its bound."""
+    """503 when a model's online backlog (this batch included) is over its bound."""
     for model in sorted(new_tokens):  # a fixed order: no deadlock between submits
+        if not new_tokens[model]:
+            continue  # all of it offloaded: not the online backlog
         spec = registry[model]
         bound = backlog_bound_tokens(spec, settings)
         if new_tokens[model] > bound:
@@ -69,7 +74,7 @@ def check_models(
             text("SELECT pg_advisory_xact_lock(:ns, hashtext(:key))"),
             {"ns": ADVISORY_NAMESPACE + 1, "key": model},
         )
-        backlog = _open_tokens(session, model=model)
+        backlog = _open_tokens(session, ONLINE_OPEN_VALUES, model=model)
         if backlog > bound:
             raise Overloaded(
                 f"model {model} is overloaded: {backlog - new_tokens[model]} tokens are "

@@ -29,7 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from batchgen.domain.status import BatchStatus, ItemStatus
+from batchgen.domain.status import BatchStatus, ItemStatus, JobStatus
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -48,7 +48,7 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
-def one_of(column: str, statuses: type[ItemStatus] | type[BatchStatus]) -> str:
+def one_of(column: str, statuses: type[ItemStatus] | type[BatchStatus] | type[JobStatus]) -> str:
     """A CHECK expression allowing exactly the enum's values (migration 0004)."""
     listed = ", ".join(f"'{s.value}'" for s in sorted(statuses, key=lambda s: s.value))
     return f"{column} IN ({listed})"
@@ -86,6 +86,9 @@ class Batch(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     # The uploaded file the batch was created from (POST /v1/batches with input_file_id).
     input_file_id: Mapped[str | None] = mapped_column(String(40))
+    # auto | never | always: may its items go to the provider's Batch API
+    # (batchgen.domain.offload.OffloadMode)?
+    offload: Mapped[str] = mapped_column(String(10), server_default="auto")
     # SHA-256 of the request that used the key (batchgen.domain.admission.RequestFingerprint):
     # the key replays this request only.
     request_sha256: Mapped[str | None] = mapped_column(String(64))
@@ -150,9 +153,20 @@ class Item(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(TZ)
     error_code: Mapped[str | None] = mapped_column(String(64))
     last_error: Mapped[str | None] = mapped_column(Text)
+    # The provider job an offloaded item is in (None: waiting for one). It stays set
+    # when the item goes back online, so that it is never offloaded twice.
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("provider_jobs.id"))
 
     __table_args__ = (
         CheckConstraint(one_of("status", ItemStatus), name="status_known"),
+        # The offload planner's scan: offloaded items not yet in a job.
+        Index(
+            "ix_items_offload_waiting",
+            "model",
+            "batch_id",
+            "id",
+            postgresql_where=text("status = 'offloaded' AND job_id IS NULL"),
+        ),
         UniqueConstraint("batch_id", "custom_id"),
         Index("ix_items_batch_id_status", "batch_id", "status"),
         # The dispatcher's scan: pending work per model, oldest first.
@@ -172,6 +186,59 @@ class Item(Base):
         ),
         Index("ix_items_model_status", "model", "status"),
     )
+
+
+class ProviderJob(Base):
+    """A job of the provider's own Batch API holding some offloaded items of one batch
+    (batchgen.worker.offload). Recorded with its items *before* the call that creates
+    it; ``tag`` names it at the provider (its requests' ``custom_id`` prefix, and
+    OpenAI's metadata), so a job whose creation answer was lost is found again."""
+
+    __tablename__ = "provider_jobs"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    tag: Mapped[str] = mapped_column(String(64), unique=True)
+    model: Mapped[str] = mapped_column(String(200))
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"))
+    status: Mapped[str] = mapped_column(String(20))
+    provider_job_id: Mapped[str | None] = mapped_column(String(200), unique=True)
+    item_count: Mapped[int] = mapped_column(Integer)
+    # What the provider's enqueued-token limit counts of it (prompt + max_tokens).
+    enqueued_tokens: Mapped[int] = mapped_column(BigInteger)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    # Still running at the provider then: cancelled there, its items run online.
+    cutoff_at: Mapped[dt.datetime] = mapped_column(TZ)
+    created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+    submitted_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    next_poll_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    polls: Mapped[int] = mapped_column(Integer, server_default="0")
+    cancel_sent_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    # Why it was cancelled at the provider: cutoff (ran late) or batch_cancelled.
+    cancel_reason: Mapped[str | None] = mapped_column(String(32))
+    finished_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+
+    __table_args__ = (
+        CheckConstraint(one_of("status", JobStatus), name="status_known"),
+        Index("ix_provider_jobs_batch_id", "batch_id"),
+        Index(
+            "ix_provider_jobs_open",
+            "model",
+            postgresql_where=text("status IN ('creating', 'running', 'unconfirmed')"),
+        ),
+    )
+
+
+class ProviderJobItem(Base):
+    """Which items a provider job holds, and the attempt its row is for each of them
+    (its ledger row's attempt): an item may move on (back online, or to another job)
+    before the job's rows come back."""
+
+    __tablename__ = "provider_job_items"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("provider_jobs.id"), primary_key=True)
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer)
 
 
 class Result(Base):
@@ -207,6 +274,10 @@ class UsageLedger(Base):
     cost_usd: Mapped[Decimal] = mapped_column(USD)
     # Set when the call produced no result of record (a duplicate run, a lost race).
     waste_reason: Mapped[str | None] = mapped_column(String(64))
+    # online, or offline (a row of a provider job, at the batch price)
+    route: Mapped[str] = mapped_column(String(10), server_default="online")
+    # An offline row's price at the online prices (what offloading saved is the difference).
+    online_cost_usd: Mapped[Decimal | None] = mapped_column(USD)
     created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
 
     __table_args__ = (
@@ -232,3 +303,10 @@ class TenantDailyUsage(Base):
     prompt_tokens: Mapped[int] = mapped_column(BigInteger)
     completion_tokens: Mapped[int] = mapped_column(BigInteger)
     cost_usd: Mapped[Decimal] = mapped_column(USD)
+    # The part of it bought through the providers' Batch APIs, and what that saved
+    # against the online prices (migration 0007).
+    offline_requests: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    offline_prompt_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    offline_completion_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    offline_cost_usd: Mapped[Decimal] = mapped_column(USD, server_default="0")
+    saved_usd: Mapped[Decimal] = mapped_column(USD, server_default="0")

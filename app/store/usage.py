@@ -1,7 +1,8 @@
 """Per-tenant usage and cost, from the ledger of billed provider calls.
 
 Totals come from ``tenant_daily_usage`` (kept in the same transaction as each
-ledger row, so they equal the ledger to the token); the part of it that was
+ledger row, so they equal the ledger to the token), the offline part of them (rows
+of the providers' Batch APIs) and what it saved beside them; the part of it that was
 waste (duplicate runs, calls cut by a cancel) is read from the ledger rows
 marked with a ``waste_reason``.
 """
@@ -58,6 +59,11 @@ def report(
             func.sum(d.prompt_tokens),
             func.sum(d.completion_tokens),
             func.sum(d.cost_usd),
+            func.sum(d.offline_requests),
+            func.sum(d.offline_prompt_tokens),
+            func.sum(d.offline_completion_tokens),
+            func.sum(d.offline_cost_usd),
+            func.sum(d.saved_usd),
         )
         .join(Tenant, Tenant.id == d.tenant_id)
         .where(d.day >= first, d.day <= last)
@@ -75,6 +81,13 @@ def report(
             "cost_usd": str(r[4]),
             "wasted_requests": 0,
             "wasted_cost_usd": "0",
+            # The part bought through the providers' Batch APIs (route offline) and what
+            # it saved against the online prices.
+            "offline_requests": int(r[5]),
+            "offline_prompt_tokens": int(r[6]),
+            "offline_completion_tokens": int(r[7]),
+            "offline_cost_usd": str(r[8]),
+            "saved_usd": str(r[9]),
         }
         for r in session.execute(query)
     }

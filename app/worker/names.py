@@ -7,5 +7,6 @@ CONTROL_QUEUE = "batchgen.control"  # the dispatcher, the sweep, nightly jobs
 GENERATE_TASK = "batchgen.generate"
 DISPATCH_TASK = "batchgen.dispatch"
 SWEEP_TASK = "batchgen.sweep"
+OFFLOAD_TASK = "batchgen.offload"
 NIGHTLY_TASK = "batchgen.nightly"
 COLLECT_TASK = "batchgen.nightly_collect"

@@ -24,6 +24,7 @@ celery_app = Celery(
         "batchgen.tasks.dispatch",
         "batchgen.tasks.sweep",
         "batchgen.tasks.nightly",
+        "batchgen.tasks.offload",
     ],
 )
 celery_app.config_from_object("batchgen.celeryconfig")

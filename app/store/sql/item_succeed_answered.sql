@@ -40,6 +40,6 @@ WITH locked AS (
 -- The batch as of this statement's snapshot, in which this item is still running.
 SELECT EXISTS (SELECT 1 FROM succeeded) AS recorded,
        EXISTS (SELECT 1 FROM items
-               WHERE batch_id = :batch_id AND status IN ('pending', 'queued')) AS waiting,
+               WHERE batch_id = :batch_id AND status IN ('pending', 'offloaded', 'queued')) AS waiting,
        EXISTS (SELECT 1 FROM items
                WHERE batch_id = :batch_id AND status = 'running' AND id <> :item_id) AS running

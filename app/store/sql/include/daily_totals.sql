@@ -1,14 +1,26 @@
 daily AS (
     -- The tenant's daily totals follow each new ledger row (CTE ledgered: created_at),
-    -- in its UTC day and the item's shard of tenant_daily_usage.
+    -- in its UTC day and the item's shard of tenant_daily_usage; a row of a provider
+    -- job (:route 'offline') also counts in the offline totals, with what it saved
+    -- against the online price (:online_cost_usd).
     INSERT INTO tenant_daily_usage AS d
-        (tenant_id, day, model, shard, requests, prompt_tokens, completion_tokens, cost_usd)
+        (tenant_id, day, model, shard, requests, prompt_tokens, completion_tokens, cost_usd,
+         offline_requests, offline_prompt_tokens, offline_completion_tokens,
+         offline_cost_usd, saved_usd)
     SELECT :tenant_id, CAST(timezone('UTC', ledgered.created_at) AS date), :model, :shard, 1,
-           :prompt_tokens, :completion_tokens, :cost_usd
-    FROM ledgered
+           :prompt_tokens, :completion_tokens, :cost_usd,
+           o.requests, o.requests * :prompt_tokens, o.requests * :completion_tokens,
+           o.requests * :cost_usd, o.requests * (COALESCE(:online_cost_usd, :cost_usd) - :cost_usd)
+    FROM ledgered, (SELECT CASE WHEN :route = 'offline' THEN 1 ELSE 0 END AS requests) AS o
     ON CONFLICT (tenant_id, day, model, shard) DO UPDATE
     SET requests = d.requests + EXCLUDED.requests,
         prompt_tokens = d.prompt_tokens + EXCLUDED.prompt_tokens,
         completion_tokens = d.completion_tokens + EXCLUDED.completion_tokens,
-        cost_usd = d.cost_usd + EXCLUDED.cost_usd
+        cost_usd = d.cost_usd + EXCLUDED.cost_usd,
+        offline_requests = d.offline_requests + EXCLUDED.offline_requests,
+        offline_prompt_tokens = d.offline_prompt_tokens + EXCLUDED.offline_prompt_tokens,
+        offline_completion_tokens = d.offline_completion_tokens
+                                    + EXCLUDED.offline_completion_tokens,
+        offline_cost_usd = d.offline_cost_usd + EXCLUDED.offline_cost_usd,
+        saved_usd = d.saved_usd + EXCLUDED.saved_usd
 )

@@ -1,0 +1,24 @@
+"""The offload tick: provider jobs of the providers' Batch APIs (app/worker/offload.py)."""
+
+from __future__ import annotations
+
+from batchgen.config import get_settings
+from batchgen.registry import get_registry
+from batchgen.tasks.celery_app import celery_app
+from batchgen.worker.dispatch import dispatch
+from batchgen.worker.names import OFFLOAD_TASK
+from batchgen.worker.offload import tick
+
+
+# No task events, like the other ticks.
+@celery_app.task(name=OFFLOAD_TASK, ignore_result=True, send_events=False)
+def offload() -> int:
+    """One tick; items it sent back online are released at once. Returns how many
+    results it recorded."""
+    registry, settings = get_registry(), get_settings()
+    if not any(spec.offline_route for spec in registry):
+        return 0
+    report = tick(registry, settings)
+    if report.returned:
+        dispatch(registry, settings)
+    return report.recorded

@@ -1,0 +1,475 @@
+"""Offloading bulk work to the providers' own Batch APIs (app/worker/offload.py), on
+real PostgreSQL and the simulator's OpenAI and Anthropic batch APIs over HTTP.
+
+Ticks run in the test's process (one after another, as the beat would send them),
+online fallbacks on a real worker; the crash test SIGKILLs a real dispatcher whose
+beat runs the tick, while the provider holds the create's answer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from sqlalchemy import func, select
+
+from batchgen import python_api as client
+from batchgen.config import DEFAULT_MODELS_FILE, get_settings
+from batchgen.registry import get_registry, load_registry
+from batchgen.store import db
+from batchgen.store.schema import Item, ProviderJob, Result, UsageLedger
+from batchgen.worker.offload import TickReport, tick
+from tests.helpers import (
+    assert_daily_usage_matches_ledger,
+    assert_ledger_is_results_plus_waste,
+    chat_line,
+    make_tenant,
+    sim_config,
+    wait_batches,
+)
+
+MODELS = ["sim-small", "sim-claude"]
+# The registry's offline route in these tests: a job is expected within a minute, and
+# 10 s are kept back to run a late job online.
+OFFLINE = """
+[models."{model}".offline]
+turnaround_s = 60
+fallback_s = 10
+max_requests = {max_requests}
+{extra}
+"""
+OFFLOAD_ENV = {
+    # The test's own ticks run the jobs; a worker's beat sends none (but the crash test's).
+    "BATCHGEN_OFFLOAD_INTERVAL_S": "3600",
+    "BATCHGEN_OFFLOAD_POLL_FIRST_S": "0.2",
+    "BATCHGEN_OFFLOAD_POLL_MAX_S": "0.5",
+}
+
+
+def offload_models(path: Path, max_requests: int = 1000, extra: str = "") -> Path:
+    """The shipped registry with ``sim-small`` and ``sim-claude`` offloading."""
+    text = DEFAULT_MODELS_FILE.read_text()
+    for model in MODELS:
+        header = f'[models."{model}"]\n'
+        text = text.replace(header, header + "offload = true\n")
+        text += OFFLINE.format(model=model, max_requests=max_requests, extra=extra)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def offloading(simulator, clean_db, tmp_path: Path) -> Iterator[Callable[..., dict[str, str]]]:
+    """Point this process at a registry whose two models offload; returns the environment
+    a worker needs for the same (call again to change the route's bounds)."""
+    saved = dict(os.environ)
+    sim_config(simulator.base_url, batch_turnaround_s=1.0)
+
+    def use(max_requests: int = 1000, extra: str = "") -> dict[str, str]:
+        models = offload_models(tmp_path / "models.toml", max_requests, extra)
+        env = {"BATCHGEN_MODELS_FILE": str(models), **OFFLOAD_ENV}
+        os.environ.update(env)
+        get_settings.cache_clear()
+        load_registry.cache_clear()
+        return env
+
+    yield use
+    os.environ.clear()
+    os.environ.update(saved)
+    get_settings.cache_clear()
+    load_registry.cache_clear()
+    sim_config(
+        simulator.base_url,
+        batch_turnaround_s=2.0,
+        batch_row_error_rate=0.0,
+        batch_expire=False,
+        batch_fail=False,
+        batch_enqueued_tokens_limit=None,
+        batch_create_delay_s=0.0,
+    )
+
+
+def ticks_until(done: Callable[[], bool], timeout_s: float = 30.0) -> list[TickReport]:
+    """Run offload ticks until ``done()``; returns their reports."""
+    reports = []
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "the offloaded work did not finish"
+        reports.append(tick(get_registry(), get_settings()))
+        time.sleep(0.2)
+    return reports
+
+
+def statuses(batch_id: str) -> dict[str, int]:
+    with db.session_scope() as session:
+        rows = session.execute(
+            select(Item.status, func.count()).where(Item.batch_id == batch_id).group_by(Item.status)
+        )
+        return {status: n for status, n in rows}
+
+
+def finished(batch_id: str) -> bool:
+    return client.get_batch(batch_id, tenant="admin-offload")["status"] in (
+        "completed",
+        "cancelled",
+        "expired",
+    )
+
+
+def ledger_by_route(batch_id: str) -> dict[tuple[str, bool], int]:
+    """Ledger rows of the batch by (route, waste)."""
+    with db.session_scope() as session:
+        rows = session.execute(
+            select(UsageLedger.route, UsageLedger.waste_reason.is_not(None), func.count())
+            .where(UsageLedger.batch_id == batch_id)
+            .group_by(UsageLedger.route, UsageLedger.waste_reason.is_not(None))
+        )
+        return {(route, waste): n for route, waste, n in rows}
+
+
+def late_items(batch_id: str) -> int:
+    """Items of the batch that finished after their deadline."""
+    with db.session_scope() as session:
+        return int(
+            session.scalar(
+                select(func.count())
+                .select_from(Item)
+                .where(Item.batch_id == batch_id, Item.finished_at > Item.deadline_at)
+            )
+            or 0
+        )
+
+
+def jobs_of(batch_id: str) -> list[ProviderJob]:
+    with db.session_scope() as session:
+        jobs = list(
+            session.scalars(
+                select(ProviderJob).where(ProviderJob.batch_id == batch_id).order_by(ProviderJob.id)
+            )
+        )
+        session.expunge_all()
+        return jobs
+
+
+def provider_jobs_at_simulator(simulator: Any, model: str) -> list[Any]:
+    """Every job the simulator holds for ``model``'s API, through the official SDK."""
+    spec = get_registry()[model]
+    if spec.provider == "anthropic":
+        sdk = anthropic.Anthropic(base_url=simulator.base_url, api_key=spec.api_key())
+        return list(sdk.messages.batches.list(limit=100).data)
+    sdk_openai = openai.OpenAI(base_url=f"{simulator.base_url}/v1", api_key=spec.api_key())
+    return list(sdk_openai.batches.list(limit=100).data)
+
+
+def submit(tenant: str, n: int, model: str, **kw: Any) -> str:
+    lines = kw.pop("lines", None) or [chat_line(f"{tenant}-{i}", model=model) for i in range(n)]
+    kw.setdefault("priority", "bulk")
+    kw.setdefault("completion_window", "1h")
+    return str(client.submit_batch(lines, tenant=tenant, **kw)["id"])
+
+
+@pytest.fixture(autouse=True)
+def _admin(clean_db) -> None:
+    make_tenant("admin-offload", is_admin=True)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_bulk_batch_is_offloaded_and_recorded_at_the_batch_price(offloading, simulator, model):
+    offloading()
+    tenant = f"offload-all-{model}"
+    make_tenant(tenant)
+    batch_id = submit(tenant, 6, model)
+    assert statuses(batch_id) == {"offloaded": 6}
+    ticks_until(lambda: finished(batch_id))
+
+    assert statuses(batch_id) == {"succeeded": 6}
+    assert ledger_by_route(batch_id) == {("offline", False): 6}
+    (job,) = jobs_of(batch_id)
+    assert (job.status, job.item_count, job.provider_job_id is not None) == ("ended", 6, True)
+    assert len(provider_jobs_at_simulator(simulator, model)) >= 1
+    spec = get_registry()[model]
+    batch_prices = spec.offline_prices()
+    with db.session_scope() as session:
+        rows = session.execute(
+            select(
+                UsageLedger.prompt_tokens,
+                UsageLedger.completion_tokens,
+                UsageLedger.cost_usd,
+                UsageLedger.online_cost_usd,
+            ).where(UsageLedger.batch_id == batch_id)
+        ).all()
+        result_cost = session.scalar(
+            select(func.sum(Result.cost_usd)).where(Result.batch_id == batch_id)
+        )
+    million = Decimal(1_000_000)
+    for prompt, completion, cost, online_cost in rows:
+        assert prompt > 0 and completion > 0
+        expected = (
+            prompt * Decimal(str(batch_prices.input_usd_per_1m))
+            + completion * Decimal(str(batch_prices.output_usd_per_1m))
+        ) / million
+        assert cost == expected
+        assert online_cost == 2 * cost  # the shipped route: half the online prices
+    assert result_cost == sum(r[2] for r in rows)
+    assert_ledger_is_results_plus_waste()
+    assert_daily_usage_matches_ledger()
+    # The results read as any batch's, in the OpenAI output format.
+    results = list(client.iter_results(batch_id, tenant=tenant))
+    assert [r["response"]["status_code"] for r in results] == [200] * 6
+
+
+def test_near_deadlines_run_online_and_the_rest_offline(offloading, simulator, workers):
+    env = offloading()
+    tenant = "offload-mixed"
+    make_tenant(tenant)
+    lines = [chat_line(f"far-{i}") for i in range(4)]
+    # A per-item deadline of 30 s leaves no room for a job expected within 60 s.
+    lines += [{**chat_line(f"near-{i}"), "timeout": "30s"} for i in range(3)]
+    batch_id = submit(tenant, 0, "sim-small", lines=lines)
+    assert statuses(batch_id) == {"offloaded": 4, "pending": 3}
+    # An interactive batch and one that says never stay online whatever their window.
+    interactive = submit(tenant, 2, "sim-small", priority="interactive")
+    never = submit(tenant, 2, "sim-small", offload="never")
+    assert statuses(interactive) == {"pending": 2} and statuses(never) == {"pending": 2}
+    workers(env=env, beat=True)
+    wait_batches([interactive, never], timeout_s=60)
+    ticks_until(lambda: finished(batch_id))
+
+    assert statuses(batch_id) == {"succeeded": 7}
+    assert ledger_by_route(batch_id) == {("offline", False): 4, ("online", False): 3}
+    with db.session_scope() as session:
+        offline_ids = set(
+            session.scalars(
+                select(Item.custom_id).where(Item.batch_id == batch_id, Item.job_id.is_not(None))
+            )
+        )
+    assert offline_ids == {f"far-{i}" for i in range(4)}
+    assert ledger_by_route(interactive) == {("online", False): 2}
+    assert_ledger_is_results_plus_waste()
+
+
+def test_always_needs_a_model_that_offloads(offloading):
+    offloading()
+    tenant = "offload-always-bad"
+    make_tenant(tenant)
+    from batchgen.errors import ValidationFailed
+
+    with pytest.raises(ValidationFailed, match="'sim-large' has no offline route"):
+        submit(tenant, 2, "sim-large", offload="always")
+    with pytest.raises(ValidationFailed, match="offload must be one of"):
+        submit(tenant, 2, "sim-small", offload="sometimes")
+    with db.session_scope() as session:
+        assert not session.scalar(
+            select(func.count()).select_from(Item).where(Item.custom_id.like(f"{tenant}-%"))
+        )
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_an_expired_job_falls_back_online_within_the_deadline(
+    offloading, simulator, workers, model
+):
+    env = offloading()
+    sim_config(simulator.base_url, batch_expire=True, batch_turnaround_s=0.5)
+    tenant = f"offload-expired-{model}"
+    make_tenant(tenant)
+    batch_id = submit(tenant, 5, model)
+    workers(env=env)
+    ticks_until(lambda: finished(batch_id), timeout_s=60)
+
+    assert statuses(batch_id) == {"succeeded": 5}
+    assert ledger_by_route(batch_id) == {("online", False): 5}
+    (job,) = jobs_of(batch_id)
+    assert job.status == "ended"
+    assert late_items(batch_id) == 0
+    assert_ledger_is_results_plus_waste()
+
+
+def test_a_partly_failed_job_runs_its_errored_rows_online(offloading, simulator, workers):
+    env = offloading()
+    sim_config(simulator.base_url, batch_row_error_rate=0.4)
+    tenant = "offload-partial"
+    make_tenant(tenant)
+    batch_id = submit(tenant, 10, "sim-small")
+    workers(env=env)
+    ticks_until(lambda: finished(batch_id), timeout_s=60)
+
+    assert statuses(batch_id) == {"succeeded": 10}
+    by_route = ledger_by_route(batch_id)
+    offline, online = by_route.get(("offline", False), 0), by_route.get(("online", False), 0)
+    assert offline + online == 10 and online > 0 and offline > 0
+    with db.session_scope() as session:
+        codes = set(
+            session.scalars(
+                select(Item.error_code).where(Item.batch_id == batch_id, Item.attempts > 1)
+            )
+        )
+    assert codes <= {None}  # succeeded items carry no error code
+    assert_ledger_is_results_plus_waste()
+    assert_daily_usage_matches_ledger()
+
+
+def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(offloading, simulator, workers):
+    env = offloading()
+    sim_config(simulator.base_url, batch_turnaround_s=600)  # far later than the deadline
+    tenant = "offload-late"
+    make_tenant(tenant)
+    # always: offloaded whenever more than fallback_s (10 s) is left; cut off 10 s
+    # (plus the drain time) before the 25 s deadline.
+    batch_id = submit(tenant, 4, "sim-small", offload="always", completion_window="25s")
+    assert statuses(batch_id) == {"offloaded": 4}
+    workers(env=env)
+    reports = ticks_until(lambda: finished(batch_id), timeout_s=40)
+
+    assert statuses(batch_id) == {"succeeded": 4}
+    assert sum(r.cut_off for r in reports) == 1
+    (job,) = jobs_of(batch_id)
+    assert job.cancel_reason == "cutoff"
+    at_provider = [j for j in provider_jobs_at_simulator(simulator, "sim-small")]
+    assert any(j.id == job.provider_job_id and j.status == "cancelled" for j in at_provider)
+    assert ledger_by_route(batch_id) == {("online", False): 4}
+    assert late_items(batch_id) == 0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_cancel_mid_job_cancels_it_at_the_provider_and_keeps_its_finished_rows(
+    offloading, simulator, model
+):
+    offloading()
+    # Rows finish one per second: cancelled after about 2.5 s, two or three are done.
+    sim_config(simulator.base_url, batch_turnaround_s=5.0)
+    tenant = f"offload-cancel-{model}"
+    make_tenant(tenant)
+    batch_id = submit(tenant, 5, model)
+    report = tick(get_registry(), get_settings())
+    assert report.created == 1
+    time.sleep(2.5)
+    client.cancel_batch(batch_id, tenant=tenant)
+    ticks_until(lambda: finished(batch_id))
+
+    counts = statuses(batch_id)
+    assert counts.get("succeeded", 0) >= 1 and counts.get("cancelled", 0) >= 1
+    assert counts.get("succeeded", 0) + counts.get("cancelled", 0) == 5
+    assert client.get_batch(batch_id, tenant=tenant)["status"] == "cancelled"
+    (job,) = jobs_of(batch_id)
+    assert job.cancel_reason == "batch_cancelled" and job.status == "ended"
+    assert ledger_by_route(batch_id) == {("offline", False): counts["succeeded"]}
+    assert_ledger_is_results_plus_waste()
+
+
+def test_the_enqueued_token_limit_is_respected(offloading, simulator):
+    # Three items per job; the provider (and our registry) allow one job's tokens at a time.
+    env = offloading(max_requests=3)
+    tenant = "offload-enqueued"
+    make_tenant(tenant)
+    batch_id = submit(tenant, 9, "sim-small")
+    with db.session_scope() as session:
+        per_item = session.scalar(
+            select(func.max(Item.prompt_tokens_est + Item.max_tokens)).where(
+                Item.batch_id == batch_id
+            )
+        )
+    limit = int(per_item * 3.5)  # room for one job of three at a time
+    sim_config(simulator.base_url, batch_enqueued_tokens_limit=limit, batch_turnaround_s=0.5)
+    offloading(max_requests=3, extra=f"enqueued_tokens = {limit}")
+    del env
+    reports = ticks_until(lambda: finished(batch_id))
+
+    assert statuses(batch_id) == {"succeeded": 9}
+    jobs = jobs_of(batch_id)
+    assert [j.status for j in jobs] == ["ended"] * 3
+    assert max(r.created for r in reports) == 1  # never two jobs in one tick
+    assert all(j.enqueued_tokens <= limit for j in jobs)
+    # The provider refused none: never more than the limit enqueued at once.
+    at_provider = provider_jobs_at_simulator(simulator, "sim-small")
+    ours = [j for j in at_provider if j.id in {job.provider_job_id for job in jobs}]
+    assert len(ours) == 3 and all(j.status == "completed" for j in ours)
+    spans = sorted((j.created_at, j.completed_at) for j in ours)
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_dispatcher_killed_while_the_provider_creates_a_job_leaves_one_job(
+    offloading, simulator, workers, model
+):
+    env = offloading()
+    env = {**env, "BATCHGEN_OFFLOAD_INTERVAL_S": "0.3"}
+    sim_config(simulator.base_url, batch_create_delay_s=3.0, batch_turnaround_s=1.0)
+    tenant = f"offload-crash-{model}"
+    make_tenant(tenant)
+    before = {j.id for j in provider_jobs_at_simulator(simulator, model)}
+    batch_id = submit(tenant, 6, model)
+    dispatcher = workers(queues=["batchgen.control"], env=env, beat=True, name="dispatcher-a")
+    deadline = time.monotonic() + 30
+    while not [j for j in provider_jobs_at_simulator(simulator, model) if j.id not in before]:
+        assert time.monotonic() < deadline, "the provider never got the job"
+        time.sleep(0.05)
+    dispatcher.kill()  # the provider has the job; its answer is still on the way
+    (recorded,) = jobs_of(batch_id)
+    assert recorded.status == "creating" and recorded.provider_job_id is None
+    sim_config(simulator.base_url, batch_create_delay_s=0.0)
+    workers(env=env, beat=True, name="dispatcher-b")
+    wait_batches([batch_id], timeout_s=90)
+
+    new = [j for j in provider_jobs_at_simulator(simulator, model) if j.id not in before]
+    assert len(new) == 1  # exactly one job at the provider
+    (job,) = jobs_of(batch_id)
+    assert job.provider_job_id == new[0].id
+    assert statuses(batch_id) == {"succeeded": 6}
+    with db.session_scope() as session:
+        results = session.scalar(
+            select(func.count()).select_from(Result).where(Result.batch_id == batch_id)
+        )
+    assert results == 6
+    assert ledger_by_route(batch_id) == {("offline", False): 6}
+    assert_ledger_is_results_plus_waste()
+
+
+def test_status_metrics_and_usage_show_routes_jobs_and_savings(offloading, simulator):
+    from batchgen.limits.backend import get_redis
+    from batchgen.monitoring.metrics import StateCollector, render
+    from batchgen.monitoring.snapshot import snapshot
+
+    offloading()
+    sim_config(simulator.base_url, batch_turnaround_s=1.5)
+    tenant = "offload-visible"
+    make_tenant(tenant)
+    batch_id = submit(tenant, 4, "sim-small")
+    tick(get_registry(), get_settings())
+    with db.session_scope() as session:
+        during = snapshot(session, get_redis(), get_registry(), get_settings())
+    (small,) = [m for m in during["models"] if m["model"] == "sim-small"]
+    assert small["offloaded"] == 4 and small["pending"] == 0
+    assert [(j["model"], j["open"], j["items"]) for j in during["provider_jobs"]] == [
+        ("sim-small", 1, 4)
+    ]
+    assert during["provider_jobs"][0]["oldest_age_s"] >= 0
+    collector = StateCollector(db.session_scope, get_redis(), get_registry(), get_settings())
+    text = render(collector).decode()
+    assert 'batchgen_provider_jobs_open{model="sim-small"} 1.0' in text
+    assert 'batchgen_items{model="sim-small",status="offloaded"} 4.0' in text
+    ticks_until(lambda: finished(batch_id))
+
+    with db.session_scope() as session:
+        after = snapshot(session, get_redis(), get_registry(), get_settings())
+        online_cost, cost = session.execute(
+            select(func.sum(UsageLedger.online_cost_usd), func.sum(UsageLedger.cost_usd)).where(
+                UsageLedger.batch_id == batch_id
+            )
+        ).one()
+    assert after["provider_jobs"] == []
+    assert after["routes_today"]["offline"]["requests"] == 4
+    assert after["routes_today"]["online"]["requests"] == 0
+    assert Decimal(after["saved_today_usd"]) == online_cost - cost > 0
+    (row,) = client.usage(tenant=tenant)
+    assert (row["requests"], row["offline_requests"]) == (4, 4)
+    assert Decimal(row["saved_usd"]) == online_cost - cost
+    assert Decimal(row["offline_cost_usd"]) == Decimal(row["cost_usd"]) == cost
+    text = render(collector).decode()
+    assert 'batchgen_route_requests_total{route="offline"} 4.0' in text
+    assert f"batchgen_offline_saved_usd_total {float(online_cost - cost)}" in text
