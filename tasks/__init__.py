@@ -1,4 +1,5 @@
-"""Celery tasks only: dispatch, generate, sweep, nightly. The logic lives in batchgen (app/).
+"""Celery tasks only: dispatch, generate, sweep, offload, nightly. The logic lives in
+batchgen (app/).
 
 ``celery -A batchgen.tasks worker`` finds the Celery application here as ``app``.
 """

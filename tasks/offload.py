@@ -16,8 +16,6 @@ def offload() -> int:
     """One tick; items it sent back online are released at once. Returns how many
     results it recorded."""
     registry, settings = get_registry(), get_settings()
-    if not any(spec.offline_route for spec in registry):
-        return 0
     report = tick(registry, settings)
     if report.returned:
         dispatch(registry, settings)

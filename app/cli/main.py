@@ -313,11 +313,16 @@ def simulator(
 def demo(
     items: int = typer.Option(300, min=1, help="Requests to submit across 3 tenants and 2 models."),
     anthropic: bool = typer.Option(False, "--anthropic", help="Use the Anthropic-mode model."),
+    offload: bool = typer.Option(
+        False,
+        "--offload",
+        help="Bulk batches through the simulated providers' Batch APIs, at half the price.",
+    ),
 ) -> None:
     """End to end on embedded servers: simulator, worker, dispatcher, 3 tenants, a table."""
     from batchgen.cli.demo import run_demo
 
-    code = run_demo(items=items, anthropic=anthropic, console=console)
+    code = run_demo(items=items, anthropic=anthropic, offload=offload, console=console)
     raise typer.Exit(code)
 
 

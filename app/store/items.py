@@ -461,6 +461,17 @@ def offload_waiting(session: Session, model: str, limit: int) -> list[Waiting]:
     ]
 
 
+def offload_waiting_models(session: Session) -> set[str]:
+    """The models with offloaded items waiting for a provider job."""
+    return set(
+        session.scalars(
+            select(Item.model)
+            .where(Item.status == S.OFFLOADED.value, Item.job_id.is_(None))
+            .distinct()
+        )
+    )
+
+
 def assign_job(session: Session, job_id: int, item_ids: list[int]) -> dict[int, int]:
     """Put waiting offloaded items into the job ``job_id``, each its next attempt (the
     attempt its row will be ledgered as); returns ``{item id: attempt}`` of those

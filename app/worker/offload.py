@@ -74,12 +74,13 @@ LINE_OVERHEAD_BYTES = 120
 Adapters = Callable[[ModelSpec], OfflineJobs]
 
 # Codes an item carries back online (never the provider's text).
-LATE, FAILED, MISSING, WINDOW, TOO_LARGE = (
+LATE, FAILED, MISSING, WINDOW, TOO_LARGE, OFF = (
     "offline_late",
     "offline_job_failed",
     "offline_no_row",
     "offline_window_passed",
     "offline_too_large",
+    "offload_turned_off",
 )
 
 
@@ -125,7 +126,9 @@ def tick(
         report = TickReport(held=held)
         if not held:
             return report
-        specs = {s.name: s for s in registry if s.offline_route is not None}
+        # Jobs are followed for every model (one may have stopped offloading since);
+        # new ones are planned only for the models that offload now.
+        specs = {s.name: s for s in registry}
         with session_scope() as session:
             creating = provider_jobs.unsettled(session)
         for job in creating:
@@ -140,14 +143,30 @@ def tick(
             _cancel(job, specs, adapters, "cutoff", report)
         with session_scope() as session:
             due = provider_jobs.due(session)
+            waiting_models = items.offload_waiting_models(session)
         for job in due:
             _poll(job, specs, adapters, settings, report)
-        for spec in specs.values():
-            _plan(spec, adapters(spec), settings, report)
+        for model in sorted(waiting_models):
+            spec = specs.get(model)
+            if spec is not None and spec.offline_route is not None:
+                _plan(spec, adapters(spec), settings, report)
+            else:
+                _turned_off(model, settings, report)
         for batch_id in report.batches:
             with session_scope() as session:
                 batches.finish_if_done(session, batch_id)
         return report
+
+
+def _turned_off(model: str, settings: Settings, report: TickReport) -> None:
+    """Items waiting for a job of a model that no longer offloads run online."""
+    with session_scope() as session:
+        ids = [
+            w.item_id for w in items.offload_waiting(session, model, settings.offload_plan_limit)
+        ]
+        returned = items.return_online(session, OFF, "its model no longer offloads", item_ids=ids)
+    report.returned += len(returned)
+    report.batches.update(batch_id for _, batch_id, _ in returned)
 
 
 # --- provider errors -------------------------------------------------------------
@@ -398,14 +417,14 @@ def _plan(spec: ModelSpec, adapter: OfflineJobs, settings: Settings, report: Tic
             report.returned += len(too_large)
         bounds = JobBounds(route.max_requests, route.max_bytes, free)
         for job_rows in plan_jobs(rows, bounds):
-            created = _create(
+            tokens = _create(
                 spec, adapter, batch_id, job_rows, cutoff_at(deadline, online_s), group, settings
             )
-            if created is None:
+            if tokens is None:
                 return  # the provider is unreachable or full: the next tick tries again
-            report.created += 1
+            report.created += bool(tokens)
             if free is not None:
-                free -= created
+                free -= tokens
         if free is not None and free <= 0:
             return
 

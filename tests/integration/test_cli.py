@@ -359,6 +359,12 @@ def test_demo(services, run, restore_env):
     assert "per-tenant usage" in result.stdout
 
 
+def test_demo_offload(services, run, restore_env):
+    result = run("demo", "--items", "9", "--offload")
+    assert result.exit_code == 0, result.output
+    assert "saved against online prices" in result.stdout
+
+
 def test_usage_and_status(stack, run, tenant, tmp_path):
     requests = tmp_path / "usage.jsonl"
     requests.write_bytes(jsonl([chat_line(f"u-{i}", model="sim-small") for i in range(6)]))

@@ -473,3 +473,104 @@ def test_status_metrics_and_usage_show_routes_jobs_and_savings(offloading, simul
     text = render(collector).decode()
     assert 'batchgen_route_requests_total{route="offline"} 4.0' in text
     assert f"batchgen_offline_saved_usd_total {float(online_cost - cost)}" in text
+
+
+def test_a_nightly_job_offloads_by_default(offloading, tmp_path):
+    import datetime as dt
+
+    from batchgen.nightly.jobs import Job
+    from batchgen.nightly.runs import submit_job
+
+    offloading()
+    make_tenant("shop")
+    catalog = tmp_path / "catalog.csv"
+    catalog.write_text("id,name\n" + "".join(f"p{i},Product {i}\n" for i in range(5)))
+
+    def run(**kw: Any) -> str:
+        name = f"descriptions-{len(kw)}"
+        job = Job(
+            name=name,
+            tenant="shop",
+            model="sim-small",
+            catalog=catalog,
+            output=tmp_path / f"{name}.jsonl",
+            **kw,
+        )
+        assert job.offload.value == kw.get("offload", "auto")
+        (batch_id,), _ = submit_job(job, dt.date(2026, 12, 1))
+        return batch_id
+
+    assert statuses(run()) == {"offloaded": 5}  # bulk, a 24 h window: offloaded
+    assert statuses(run(offload="never")) == {"pending": 5}
+
+
+def test_the_http_api_takes_offload_and_offloaded_work_is_not_the_online_backlog(offloading):
+    from batchgen.api import create_app
+    from tests.helpers import jsonl
+
+    offloading()
+    # A backlog bound of ~200 tokens for sim-small: six items are over it online.
+    os.environ["BATCHGEN_MAX_BACKLOG_MIN"] = "0.0001"
+    get_settings.cache_clear()
+    key = make_tenant("offload-http")
+    api = create_app().test_client()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/jsonl"}
+    body = jsonl([chat_line(f"h-{i}") for i in range(6)])
+
+    online = api.post("/v1/batches?priority=bulk&offload=never", data=body, headers=headers)
+    assert online.status_code == 413, online.get_json()
+    offline = api.post("/v1/batches?priority=bulk", data=body, headers=headers)
+    assert offline.status_code == 200, offline.get_json()
+    described = offline.get_json()
+    assert described["offload"] == "auto" and described["request_counts"]["offloaded"] == 6
+    bad = api.post("/v1/batches?priority=bulk&offload=half", data=body, headers=headers)
+    assert bad.status_code == 400 and "offload must be one of" in bad.get_json()["error"]["message"]
+    anthropic_body = {
+        "requests": [
+            {
+                "custom_id": "m-1",
+                "params": {
+                    "model": "sim-claude",
+                    "max_tokens": 20,
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            }
+        ],
+        "priority": "bulk",
+        "offload": "never",
+    }
+    created = api.post(
+        "/v1/messages/batches", json=anthropic_body, headers={"Authorization": f"Bearer {key}"}
+    )
+    assert created.status_code == 200, created.get_json()
+    assert statuses(client.get_batch(created.get_json()["id"], tenant="offload-http")["id"]) == {
+        "pending": 1
+    }
+
+
+def test_offloaded_items_count_toward_the_tenants_open_items(offloading):
+    from batchgen.errors import OverQuota
+
+    offloading()
+    make_tenant("offload-quota", max_pending_items=4)
+    submit("offload-quota", 3, "sim-small")
+    with pytest.raises(OverQuota, match="would have 6 open items"):
+        submit("offload-quota", 3, "sim-small")
+
+
+def test_items_waiting_on_a_model_that_stops_offloading_go_online(offloading):
+    offloading()
+    make_tenant("offload-off")
+    batch_id = submit("offload-off", 3, "sim-small")
+    assert statuses(batch_id) == {"offloaded": 3}
+    os.environ.pop("BATCHGEN_MODELS_FILE")  # the shipped registry: nothing offloads
+    get_settings.cache_clear()
+    load_registry.cache_clear()
+    report = tick(get_registry(), get_settings())
+
+    assert report.returned == 3 and report.created == 0
+    assert statuses(batch_id) == {"pending": 3}
+    with db.session_scope() as session:
+        codes = set(session.scalars(select(Item.error_code).where(Item.batch_id == batch_id)))
+    assert codes == {"offload_turned_off"}
+    assert jobs_of(batch_id) == []

@@ -21,6 +21,7 @@ DEFAULTS = {
     "batch_expire": False,
     "batch_fail": False,
     "batch_enqueued_tokens_limit": None,
+    "batch_create_delay_s": 0.0,
 }
 
 
@@ -159,3 +160,47 @@ def test_an_anthropic_job_and_its_cancel(sim):
     assert ended.processing_status == "ended" and ended.request_counts.canceled == 4
     assert {r.result.type for r in claude.messages.batches.results(slow.id)} == {"canceled"}
     assert [b.id for b in claude.messages.batches.list(limit=1)][:2] == [slow.id, job.id]
+
+
+def test_a_job_cancelled_midway_keeps_the_rows_it_finished(sim):
+    # Four rows over 4 s: one finishes every second.
+    sim_config(sim.base_url, batch_turnaround_s=4.0)
+    client = _oai(sim)
+    job = _job(client, 4)
+    time.sleep(2.3)
+    client.batches.cancel(job.id)
+    ended = _ended(client, job.id)
+    assert ended.status == "cancelled"
+    assert ended.request_counts is not None and ended.request_counts.completed == 2
+    done = sorted(r["custom_id"] for r in _rows(client, ended.output_file_id))
+    assert done == ["r-0", "r-1"]
+    left = _rows(client, ended.error_file_id)
+    assert sorted(r["error"]["code"] for r in left) == ["batch_cancelled"] * 2
+
+    claude = anthropic.Anthropic(base_url=sim.base_url, api_key="sim-batches", max_retries=0)
+    request = {
+        "params": {
+            "model": "sim-claude",
+            "max_tokens": 20,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    }
+    created = claude.messages.batches.create(
+        requests=[{"custom_id": f"m-{i}", **request} for i in range(4)]  # type: ignore[misc]
+    )
+    time.sleep(2.3)
+    cancelled = claude.messages.batches.cancel(created.id)
+    assert cancelled.processing_status == "ended"
+    assert (cancelled.request_counts.succeeded, cancelled.request_counts.canceled) == (2, 2)
+    kinds = {e.custom_id: e.result.type for e in claude.messages.batches.results(created.id)}
+    assert kinds == {"m-0": "succeeded", "m-1": "succeeded", "m-2": "canceled", "m-3": "canceled"}
+
+
+def test_a_create_can_be_answered_after_the_job_exists(sim):
+    sim_config(sim.base_url, batch_create_delay_s=1.0)
+    client = _oai(sim)
+    before = {b.id for b in client.batches.list(limit=100).data}
+    started = time.monotonic()
+    job = _job(client, 1)
+    assert time.monotonic() - started >= 1.0
+    assert job.id not in before and job.id in {b.id for b in client.batches.list(limit=100).data}
