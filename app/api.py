@@ -129,6 +129,9 @@ def _submit_options() -> SubmitOptions:
         idempotency_key=request.headers.get("Idempotency-Key"),
         priority=priority,
         offload=parse_offload(args.get("offload")),
+        on_finished=args.get("on_finished"),
+        on_finished_queue=args.get("on_finished_queue"),
+        webhook_url=args.get("webhook_url"),
     )
 
 
@@ -152,6 +155,7 @@ def _file_batch_request() -> dict[str, Any] | None:
 
 def _create_from_file(tenant: Tenant, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     extra = {k: body[k] for k in ("priority", "offload") if k in body}
+    told = {k: body.get(k, request.args.get(k)) for k in python_api.TOLD}
     for key in ("input_file_id", "endpoint", "completion_window"):
         if key in body and not isinstance(body[key], str):
             raise ValidationFailed(f"{key} must be a string", field=key)
@@ -167,6 +171,7 @@ def _create_from_file(tenant: Tenant, body: dict[str, Any]) -> tuple[dict[str, A
         idempotency_key=request.headers.get("Idempotency-Key"),
         priority=extra.get("priority", request.args.get("priority", Priority.INTERACTIVE)),
         offload=extra.get("offload", request.args.get("offload", OffloadMode.AUTO)),
+        **told,
     )
 
 
@@ -214,6 +219,13 @@ def list_batches() -> Response:
 @blueprint.get("/v1/batches/<batch_id>")
 def get_batch(batch_id: str) -> Response:
     return jsonify(python_api.get_batch(batch_id, tenant=_caller()))
+
+
+@blueprint.get("/v1/batches/<batch_id>/notifications")
+def batch_notifications(batch_id: str) -> Response:
+    """How the batch's end was announced: each channel, its attempts and status."""
+    data = python_api.batch_notifications(batch_id, tenant=_caller())
+    return jsonify(python_api.list_object(data, False))
 
 
 @blueprint.get("/v1/batches/<batch_id>/results")
@@ -332,6 +344,7 @@ def create_message_batch() -> Response:
         idempotency_key=request.headers.get("Idempotency-Key"),
         priority=body.get("priority", Priority.INTERACTIVE),
         offload=body.get("offload", OffloadMode.AUTO),
+        **{k: body.get(k) for k in python_api.TOLD},
     )
     response = jsonify(described)
     if not created:

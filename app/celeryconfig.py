@@ -15,6 +15,7 @@ from batchgen.worker.names import (
     DISPATCH_TASK,
     GENERATE_TASK,
     NIGHTLY_TASK,
+    NOTIFY_TASK,
     OFFLOAD_TASK,
     SWEEP_TASK,
 )
@@ -89,6 +90,12 @@ beat_schedule = {
         "task": OFFLOAD_TASK,
         "schedule": _settings.offload_interval_s,
         "options": {"expires": 5 * _settings.offload_interval_s},
+    },
+    # Batch-finished notifications: host Celery tasks and webhooks (app/worker/notify.py).
+    "notify": {
+        "task": NOTIFY_TASK,
+        "schedule": _settings.notify_interval_s,
+        "options": {"expires": 5 * _settings.notify_interval_s},
     },
 }
 

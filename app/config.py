@@ -98,6 +98,13 @@ class Settings(BaseSettings):
     offload_poll_first_s: float = 30.0
     offload_poll_max_s: float = 300.0
     offload_plan_limit: int = 100_000
+    # Batch-finished notifications (app/worker/notify.py): the delivery tick, a
+    # webhook's time-out, and how long notifications are kept.
+    notify_interval_s: float = 2.0
+    webhook_timeout_s: float = 10.0
+    # The first retry of a failed delivery (doubling, at most an hour, for a day).
+    notify_retry_first_s: float = 10.0
+    notification_retention_s: float = 7 * 86400.0
     # One Celery beat sends the ticks: it holds a Redis lock with this lease (app/worker/beat.py).
     beat_lock_lease_s: float = 10.0
     # How far ahead of a model's concurrency cap the dispatcher releases work.

@@ -30,6 +30,7 @@ from batchgen.config import get_settings
 from batchgen.domain import calls as call_rules
 from batchgen.domain import message_batches
 from batchgen.domain.admission import CHAT_COMPLETIONS
+from batchgen.domain.notifications import Channel, retry_delay_s
 from batchgen.domain.offload import OffloadMode, parse_offload
 from batchgen.domain.status import ItemStatus, Priority, parse_priority
 from batchgen.errors import CallFailed, ClientError, NotFound, Overloaded, ValidationFailed
@@ -38,7 +39,7 @@ from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate
 from batchgen.registry import ModelSpec, get_registry
-from batchgen.store import batches, calls, files, items
+from batchgen.store import batches, calls, files, items, notifications
 from batchgen.store.batches import SubmitOptions
 from batchgen.store.calls import CallWaiter
 from batchgen.store.db import session_scope
@@ -138,6 +139,9 @@ def submit_batch(
     idempotency_key: str | None = None,
     priority: Priority | str = Priority.INTERACTIVE,
     offload: OffloadMode | str = OffloadMode.AUTO,
+    on_finished: str | None = None,
+    on_finished_queue: str | None = None,
+    webhook_url: str | None = None,
 ) -> dict[str, Any]:
     """Validate and store a batch (all or nothing), then wake the dispatcher.
 
@@ -149,6 +153,10 @@ def submit_batch(
     request, :class:`~batchgen.errors.IdempotencyKeyReused` (422) is raised.
     ``offload``: may bulk items go to the provider's own Batch API (``auto``, the
     default, when the model offloads and the deadline allows; ``never``; ``always``).
+    When the batch ends, ``on_finished`` (a Celery task name of the host's, sent to
+    ``on_finished_queue``, default ``celery``) is called with the batch id, its status
+    and counts, and ``webhook_url`` (else the tenant's) gets a signed POST; a host
+    process that polls (:func:`deliver_signals`) fires its signal. At least once each.
     """
     options = SubmitOptions(
         completion_window=completion_window,
@@ -156,6 +164,9 @@ def submit_batch(
         idempotency_key=idempotency_key,
         priority=parse_priority(priority),
         offload=parse_offload(offload),
+        on_finished=on_finished,
+        on_finished_queue=on_finished_queue,
+        webhook_url=webhook_url,
     )
     return submit(tenant, as_lines(requests), options)[0]
 
@@ -165,6 +176,40 @@ def get_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
     with session_scope() as session:
         batch = batches.get_readable_batch(session, _tenant(session, tenant), batch_id)
         return batches.describe(session, batch)
+
+
+def batch_notifications(batch_id: str, *, tenant: str | Tenant) -> list[dict[str, Any]]:
+    """The batch's end announcements and their delivery so far (channel, attempts,
+    status, last error code)."""
+    with session_scope() as session:
+        batch = batches.get_readable_batch(session, _tenant(session, tenant), batch_id)
+        return notifications.of_batch(session, batch.id)
+
+
+def deliver_signals(handler: Callable[[dict[str, Any]], None], limit: int = 100) -> int:
+    """Call ``handler`` with each finished batch's announcement not yet handled by a host
+    process (``{"type": "batch.finished", "batch_id", "status", "request_counts",
+    "finished_at"}``); returns how many were handled.
+
+    At least once: each is claimed in a transaction and recorded delivered only when
+    ``handler`` returned; one that raises is tried again later (the error's class is
+    kept, never its text). The Django and Flask integrations call this from a thread
+    and fire their ``batch_finished`` signal with it.
+    """
+    handled = 0
+    for _ in range(limit):
+        with session_scope() as session, notifications.claim(session, [Channel.SIGNAL]) as due:
+            if due is None:
+                break
+            try:
+                handler(due.payload)
+            except Exception as exc:
+                delay_s = retry_delay_s(due.attempts + 1, get_settings().notify_retry_first_s)
+                notifications.failed(session, due, f"handler:{type(exc).__name__}", delay_s)
+                continue
+            notifications.delivered(session, due)
+            handled += 1
+    return handled
 
 
 def list_batches(
@@ -316,6 +361,17 @@ def delete_file(file_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
         return files.delete_file(session, _tenant(session, tenant), file_id)
 
 
+TOLD = ("on_finished", "on_finished_queue", "webhook_url")
+
+
+def _told(told: dict[str, str | None]) -> dict[str, str | None]:
+    """Who is told when the batch ends (:func:`submit_batch`'s keywords of that name)."""
+    unknown = sorted(set(told) - set(TOLD))
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments: {', '.join(unknown)}")
+    return told
+
+
 def create_batch(
     *,
     tenant: str | Tenant,
@@ -326,6 +382,7 @@ def create_batch(
     idempotency_key: str | None = None,
     priority: Priority | str = Priority.INTERACTIVE,
     offload: OffloadMode | str = OffloadMode.AUTO,
+    **told: str | None,
 ) -> tuple[dict[str, Any], bool]:
     """A batch of the requests of an uploaded file (``client.batches.create``); returns
     its description and ``created`` (False: the idempotency key replayed a batch)."""
@@ -341,6 +398,9 @@ def create_batch(
         priority=chosen,
         input_file_id=input_file_id,
         offload=parse_offload(offload),
+        on_finished=_told(told).get("on_finished"),
+        on_finished_queue=told.get("on_finished_queue"),
+        webhook_url=told.get("webhook_url"),
     )
     return submit(tenant, lines, options)
 
@@ -364,6 +424,7 @@ def create_message_batch(
     completion_window: str | float | None = None,
     metadata: dict[str, Any] | None = None,
     offload: OffloadMode | str = OffloadMode.AUTO,
+    **told: str | None,
 ) -> tuple[dict[str, Any], bool]:
     """A batch of Message Batch requests (``client.messages.batches.create``), stored
     all or nothing like any other; returns Anthropic's ``MessageBatch`` and ``created``.
@@ -379,6 +440,9 @@ def create_message_batch(
         priority=chosen,
         endpoint=message_batches.MESSAGES,
         offload=parse_offload(offload),
+        on_finished=_told(told).get("on_finished"),
+        on_finished_queue=told.get("on_finished_queue"),
+        webhook_url=told.get("webhook_url"),
     )
     described, created = submit(tenant, as_lines(lines), options)
     with session_scope() as session:

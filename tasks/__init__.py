@@ -1,4 +1,4 @@
-"""Celery tasks only: dispatch, generate, sweep, offload, nightly. The logic lives in
+"""Celery tasks only: dispatch, generate, sweep, offload, notify, nightly. The logic lives in
 batchgen (app/).
 
 ``celery -A batchgen.tasks worker`` finds the Celery application here as ``app``.

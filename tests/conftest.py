@@ -107,6 +107,7 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
         conn.execute(
             text(
                 "TRUNCATE tenant_daily_usage, usage_ledger, results, provider_job_items, items, "
+                "batch_notifications, "
                 "provider_jobs, batches, files, "
                 "tenants RESTART IDENTITY CASCADE"
             )

@@ -61,6 +61,9 @@ def tenants_create(
         None, min=1, help="The tenant's own token budget per minute, across models."
     ),
     admin: bool = typer.Option(False, help="May read every tenant's batches and usage."),
+    webhook_url: str | None = typer.Option(
+        None, help="Where its batches' ends are POSTed, signed (unless a batch names its own)."
+    ),
     as_json: bool = JSON,
 ) -> None:
     """Create a tenant and print its API key (shown this once; only a hash is kept)."""
@@ -75,13 +78,33 @@ def tenants_create(
             daily_token_quota=daily_token_quota,
             tokens_per_min=tokens_per_min,
             is_admin=admin,
+            webhook_url=webhook_url,
         )
-        tenant_id = tenant.id
+        tenant_id, secret = tenant.id, tenant.webhook_secret
     if as_json:
-        print_json({"id": tenant_id, "name": name, "api_key": key})
+        print_json({"id": tenant_id, "name": name, "api_key": key, "webhook_secret": secret})
     else:
-        err.print(f"tenant {name} (id {tenant_id}) created. API key, shown once:")
+        err.print(f"tenant {name} (id {tenant_id}) created; webhook secret {secret}")
+        err.print("API key, shown once:")
         print(key)
+
+
+@tenants_cli.command("webhook")
+def tenants_webhook(
+    name: str,
+    url: str | None = typer.Option(None, help="Set the tenant's webhook URL."),
+    rotate: bool = typer.Option(False, "--rotate", help="Give it a new signing secret."),
+    as_json: bool = JSON,
+) -> None:
+    """Show (or set) a tenant's webhook URL and the secret its deliveries are signed with."""
+    from batchgen.store import db, tenants
+
+    with _services(), handled(as_json), db.session_scope() as session:
+        current, secret = tenants.set_webhook(session, name, url, rotate=rotate)
+    if as_json:
+        print_json({"name": name, "webhook_url": current, "webhook_secret": secret})
+    else:
+        print(f"webhook_url {current or '-'}\nwebhook_secret {secret}")
 
 
 @tenants_cli.command("list")

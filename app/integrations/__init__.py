@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from pathlib import PurePath
 from typing import Any
 
@@ -20,7 +22,8 @@ log = logging.getLogger(__name__)
 
 PREFIX = "BATCHGEN_"
 # Keys the integrations read themselves; they are no settings of the service.
-LOCAL_KEYS = frozenset({"BATCHGEN_URL_PREFIX"})
+SIGNAL_POLL_KEY = "BATCHGEN_SIGNAL_POLL_S"
+LOCAL_KEYS = frozenset({"BATCHGEN_URL_PREFIX", SIGNAL_POLL_KEY})
 
 
 def _env_value(value: Any) -> str:
@@ -50,3 +53,25 @@ def apply_settings(config: Mapping[str, Any]) -> dict[str, str]:
         os.environ[key] = value
     get_settings.cache_clear()
     return exported
+
+
+def start_signal_poller(
+    fire: Callable[[dict[str, Any]], None], poll_s: float, name: str
+) -> threading.Thread:
+    """A daemon thread firing the host's ``batch_finished`` signal for every finished
+    batch not yet announced to a host process (:func:`batchgen.python_api.deliver_signals`),
+    every ``poll_s`` seconds (``BATCHGEN_SIGNAL_POLL_S`` in the host's settings). Several
+    host processes may poll: each announcement is claimed by one of them at a time."""
+    from batchgen import python_api
+
+    def run() -> None:
+        while True:
+            try:
+                python_api.deliver_signals(fire)
+            except Exception as exc:  # the database is away: try again at the next poll
+                log.warning("batchgen signals: %s; polling on", type(exc).__name__)
+            time.sleep(poll_s)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread

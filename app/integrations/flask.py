@@ -11,6 +11,9 @@
     def describe(shop):
         batch = batchgen.submit_batch(rows, tenant=shop)   # or current_app.extensions["batchgen"]
 
+    @batch_finished.connect_via(app)          # app.config["BATCHGEN_SIGNAL_POLL_S"] = 2
+    def on_batch_finished(sender, batch_id, status, request_counts, **extra): ...
+
 The API's routes answer under the prefix exactly as the standalone API does
 (``POST <prefix>/v1/batches`` …), every error below the prefix included (404,
 405, 500, 503 as JSON; the host's pages elsewhere are left alone); a
@@ -21,13 +24,23 @@ strings (they may carry a batch's ``metadata``).
 
 from __future__ import annotations
 
+from typing import Any
+
+from blinker import Namespace
 from flask import Flask
 
 from batchgen import python_api
-from batchgen.integrations import apply_settings
+from batchgen.integrations import SIGNAL_POLL_KEY, apply_settings, start_signal_poller
 
 DEFAULT_URL_PREFIX = "/batchgen"
 EXTENSION_KEY = "batchgen"
+
+_signals = Namespace()
+#: Sent (sender: the app) when a batch ended, with keyword arguments ``batch_id``,
+#: ``status``, ``request_counts``, ``finished_at`` (and ``type``), at least once per
+#: batch across the host's processes, from the thread ``BATCHGEN_SIGNAL_POLL_S`` starts
+#: or from :meth:`BatchGen.deliver_signals`.
+batch_finished = _signals.signal("batchgen.batch-finished")
 
 
 class BatchGen:
@@ -49,6 +62,21 @@ class BatchGen:
         install_error_handlers(app, mount)
         redact_access_logs()
         app.extensions[EXTENSION_KEY] = self
+        poll_s = app.config.get(SIGNAL_POLL_KEY)
+        if poll_s:
+            start_signal_poller(self._firing(app), float(poll_s), "batchgen-flask-signals")
+
+    @staticmethod
+    def _firing(app: Flask) -> Any:
+        def fire(payload: dict[str, Any]) -> None:
+            batch_finished.send(app, **payload)
+
+        return fire
+
+    def deliver_signals(self, app: Flask, limit: int = 100) -> int:
+        """Send :data:`batch_finished` for the batches that ended since (a cron job or a
+        CLI command of the host's may call this instead of the polling thread)."""
+        return python_api.deliver_signals(self._firing(app), limit)
 
     # The Python API (batchgen.python_api), for the host app's own views and jobs.
     submit_batch = staticmethod(python_api.submit_batch)

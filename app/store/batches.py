@@ -32,6 +32,7 @@ from batchgen.domain.admission import (
     unstorable_path,
 )
 from batchgen.domain.deadlines import format_duration, parse_duration_s
+from batchgen.domain.notifications import check_task_name, check_webhook_url
 from batchgen.domain.offload import OfflineWindow, OffloadMode, parse_offload, wants_offline
 from batchgen.domain.status import (
     OPEN,
@@ -44,7 +45,7 @@ from batchgen.domain.status import (
 )
 from batchgen.errors import IdempotencyKeyReused, NotFound, ValidationFailed
 from batchgen.registry import ModelSpec, Registry
-from batchgen.store import items, quotas
+from batchgen.store import items, notifications, quotas
 from batchgen.store.schema import Batch, Item, Result, Tenant
 from batchgen.store.sqlfiles import query
 
@@ -69,6 +70,11 @@ class SubmitOptions:
     endpoint: str = CHAT_COMPLETIONS
     # May its bulk items go to the provider's own Batch API (batchgen.domain.offload)?
     offload: OffloadMode | str = OffloadMode.AUTO
+    # Told when it ends (batchgen.domain.notifications): a Celery task of the host's by
+    # name (sent to on_finished_queue, default Celery's "celery"), and a webhook.
+    on_finished: str | None = None
+    on_finished_queue: str | None = None
+    webhook_url: str | None = None
 
 
 # A finished batch's output file (its succeeded requests) and error file (the rest),
@@ -230,6 +236,10 @@ def store_batch(
     window_s = _check_options(options, settings.default_completion_window_s)
     priority = Priority(options.priority)
     offload = parse_offload(options.offload)
+    on_finished = check_task_name(options.on_finished)
+    queue = check_task_name(options.on_finished_queue, "on_finished_queue")
+    webhook_url = check_webhook_url(options.webhook_url)
+    told = {"on_finished": on_finished, "on_finished_queue": queue, "webhook_url": webhook_url}
     key = options.idempotency_key or None
     fingerprint = RequestFingerprint(
         {
@@ -238,6 +248,7 @@ def store_batch(
             "metadata": options.metadata,
             "priority": priority.value,
             **({"offload": offload.value} if offload is not OffloadMode.AUTO else {}),
+            **{k: v for k, v in told.items() if v is not None},
             **({"input_file_id": options.input_file_id} if options.input_file_id else {}),
         }
     )
@@ -260,6 +271,9 @@ def store_batch(
         idempotency_key=key,
         input_file_id=options.input_file_id,
         offload=offload.value,
+        on_finished=on_finished,
+        on_finished_queue=queue,
+        webhook_url=webhook_url,
         total_items=0,
         created_at=now,
     )
@@ -470,6 +484,10 @@ def refresh_status(session: Session, batch_id: str) -> str:
     batch.status = status.value
     if not any(n for s, n in counts.items() if s in OPEN):
         batch.finished_at = session.scalar(select(func.now()))
+        if batch.priority != Priority.CALL.value:  # a call's caller is waiting on it
+            announced = {s.value: counts.get(s, 0) for s in ItemStatus}
+            announced["total"] = sum(counts.values())
+            notifications.announce(session, batch, announced)
     return batch.status
 
 

@@ -66,6 +66,10 @@ class Tenant(Base):
     daily_token_quota: Mapped[int | None] = mapped_column(BigInteger)
     tokens_per_min: Mapped[int | None] = mapped_column(Integer)
     is_admin: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    # Where the tenant's finished batches are announced, unless a batch names its own,
+    # and the secret its webhook deliveries are signed with (migration 0008).
+    webhook_url: Mapped[str | None] = mapped_column(String(2000))
+    webhook_secret: Mapped[str | None] = mapped_column(String(128))
     created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
     revoked_at: Mapped[dt.datetime | None] = mapped_column(TZ)
 
@@ -89,6 +93,11 @@ class Batch(Base):
     # auto | never | always: may its items go to the provider's Batch API
     # (batchgen.domain.offload.OffloadMode)?
     offload: Mapped[str] = mapped_column(String(10), server_default="auto")
+    # Told when the batch ends: a Celery task of the host's (sent by name to its
+    # queue), and a webhook (else the tenant's).
+    on_finished: Mapped[str | None] = mapped_column(String(200))
+    on_finished_queue: Mapped[str | None] = mapped_column(String(200))
+    webhook_url: Mapped[str | None] = mapped_column(String(2000))
     # SHA-256 of the request that used the key (batchgen.domain.admission.RequestFingerprint):
     # the key replays this request only.
     request_sha256: Mapped[str | None] = mapped_column(String(64))
@@ -239,6 +248,38 @@ class ProviderJobItem(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("provider_jobs.id"), primary_key=True)
     item_id: Mapped[int] = mapped_column(ForeignKey("items.id"), primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer)
+
+
+class BatchNotification(Base):
+    """One announcement of a finished batch on one channel (batchgen.domain.notifications),
+    written in the transaction that finishes the batch and delivered at least once."""
+
+    __tablename__ = "batch_notifications"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"))
+    channel: Mapped[str] = mapped_column(String(20))
+    # The task name, the URL (the signal channel has none).
+    target: Mapped[str | None] = mapped_column(String(2000))
+    # What is announced (batchgen.domain.notifications.payload): ids, status, counts.
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    status: Mapped[str] = mapped_column(String(20), server_default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+    # Why the last attempt failed: a code (http_500, timeout, ...), never a body.
+    last_error: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+    delivered_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+
+    __table_args__ = (
+        UniqueConstraint("batch_id", "channel"),
+        Index(
+            "ix_batch_notifications_due",
+            "channel",
+            "next_attempt_at",
+            postgresql_where=text("status = 'pending'"),
+        ),
+    )
 
 
 class Result(Base):

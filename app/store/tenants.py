@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from batchgen.domain.notifications import check_webhook_url
 from batchgen.errors import Conflict, NotFound, Unauthorized, ValidationFailed
 from batchgen.store.schema import Tenant
 
@@ -25,6 +26,25 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
+def new_webhook_secret() -> str:
+    return "whsec_" + secrets.token_hex(32)
+
+
+def set_webhook(
+    session: Session, name: str, url: str | None = None, *, rotate: bool = False
+) -> tuple[str | None, str]:
+    """Set a tenant's webhook URL (None: leave it), give it a secret if it has none (or
+    a new one with ``rotate``); returns ``(url, secret)``."""
+    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+    if tenant is None:
+        raise NotFound(f"no tenant named {name!r}")
+    if url is not None:
+        tenant.webhook_url = check_webhook_url(url)
+    if rotate or not tenant.webhook_secret:
+        tenant.webhook_secret = new_webhook_secret()
+    return tenant.webhook_url, tenant.webhook_secret
+
+
 def create_tenant(
     session: Session,
     name: str,
@@ -34,8 +54,11 @@ def create_tenant(
     daily_token_quota: int | None = None,
     tokens_per_min: int | None = None,
     is_admin: bool = False,
+    webhook_url: str | None = None,
 ) -> tuple[Tenant, str]:
-    """Create a tenant; returns it and its API key (the only time the key is visible)."""
+    """Create a tenant; returns it and its API key (the only time the key is visible).
+    Its webhook secret (``tenant.webhook_secret``) signs every webhook delivery of its
+    batches' ends (``webhook_url``: where they go unless a batch names its own)."""
     name = name.strip()
     if not name:
         raise ValidationFailed("tenant name must not be empty", field="name")
@@ -51,6 +74,8 @@ def create_tenant(
         daily_token_quota=daily_token_quota,
         tokens_per_min=tokens_per_min,
         is_admin=is_admin,
+        webhook_url=check_webhook_url(webhook_url),
+        webhook_secret=new_webhook_secret(),
     )
     session.add(tenant)
     try:

@@ -25,6 +25,7 @@ celery_app = Celery(
         "batchgen.tasks.sweep",
         "batchgen.tasks.nightly",
         "batchgen.tasks.offload",
+        "batchgen.tasks.notify",
     ],
 )
 celery_app.config_from_object("batchgen.celeryconfig")

@@ -18,7 +18,7 @@ from batchgen.config import Settings
 from batchgen.domain.decisions import attempt_cap
 from batchgen.domain.status import ItemStatus
 from batchgen.registry import Registry, get_registry
-from batchgen.store import batches, files, items
+from batchgen.store import batches, files, items, notifications
 from batchgen.store.ledger import record_lost_call
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
         if attempt.was_sent:
             record_lost_call(session, attempt.item_id, attempt.attempts, registry)
     files_deleted = files.delete_expired(session)
+    notifications.delete_old(session, settings.notification_retention_s)
     finished = 0
     for batch_id in batches.unfinished_batch_ids(session):
         batches.refresh_status(session, batch_id)

@@ -131,6 +131,23 @@ def tenant(services, run) -> str:
     return name
 
 
+def test_tenant_webhooks(services, run):
+    name = "hooks-" + uuid.uuid4().hex[:6]
+    url = "https://hooks.example.com/batchgen"
+    created = run("tenants", "create", name, "--webhook-url", url, "--json")
+    assert created.exit_code == 0, created.output
+    secret = json.loads(created.stdout)["webhook_secret"]
+    assert secret.startswith("whsec_")
+    shown = json.loads(run("tenants", "webhook", name, "--json").stdout)
+    assert shown == {"name": name, "webhook_url": url, "webhook_secret": secret}
+    rotated = json.loads(run("tenants", "webhook", name, "--rotate", "--json").stdout)
+    assert rotated["webhook_secret"] != secret and rotated["webhook_url"] == url
+    bad = run("tenants", "webhook", name, "--url", "ftp://nope")
+    assert bad.exit_code == 1 and "webhook_url must be an http" in bad.stderr
+    assert run("tenants", "create", "bad-" + name, "--webhook-url", "nope").exit_code == 1
+    assert run("tenants", "webhook", "nobody-" + name).exit_code == 1
+
+
 def test_tenants(services, run):
     name = "acme-" + uuid.uuid4().hex[:6]
     limits = [

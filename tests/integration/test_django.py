@@ -289,3 +289,27 @@ def test_manage_py_check_names_missing_settings(monkeypatch):
     assert "BATCHGEN_DATABASE_URL" in (found["batchgen.E001"].hint or "")
     with pytest.raises(CommandError):
         call_command("check")
+
+
+def test_the_batch_finished_signal_reaches_a_django_receiver_once(clean_db, capsys):
+    from django.dispatch import receiver
+
+    from batchgen.integrations.django.signals import batch_finished
+
+    got: list[dict] = []
+
+    @receiver(batch_finished)
+    def on_finished(sender, **payload):  # type: ignore[no-untyped-def]
+        got.append(payload)
+
+    make_tenant("acme")
+    batch = services.submit_batch([chat_line("sig")], tenant="acme")
+    services.cancel_batch(batch["id"], tenant="acme")  # finished at once
+    call_command("batchgen_signals", "--once")
+    call_command("batchgen_signals", "--once")
+    batch_finished.disconnect(on_finished)
+
+    assert "1 batch_finished signals sent" in capsys.readouterr().out
+    assert [(p["batch_id"], p["status"], p["request_counts"]["cancelled"]) for p in got] == [
+        (batch["id"], "cancelled", 1)
+    ]

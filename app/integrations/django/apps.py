@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 
+from batchgen.integrations import SIGNAL_POLL_KEY, start_signal_poller
+
 
 class BatchgenConfig(AppConfig):
     name = "batchgen.integrations.django"
@@ -19,3 +21,9 @@ class BatchgenConfig(AppConfig):
         apply_settings({key: getattr(settings, key) for key in dir(settings) if key.isupper()})
         redact_access_logs()  # runserver's log line would carry ?metadata=…
         from batchgen.integrations.django import checks  # noqa: F401  (registers them)
+
+        poll_s = getattr(settings, SIGNAL_POLL_KEY, None)
+        if poll_s:
+            from batchgen.integrations.django.signals import fire
+
+            start_signal_poller(fire, float(poll_s), "batchgen-django-signals")

@@ -13,6 +13,7 @@ Errors are :class:`batchgen.errors.BatchgenError`; a ``ClientError`` carries the
 from __future__ import annotations
 
 from batchgen.python_api import (
+    batch_notifications,
     cancel_batch,
     cancel_message_batch,
     create_batch,
@@ -33,6 +34,7 @@ from batchgen.python_api import (
 )
 
 __all__ = [
+    "batch_notifications",
     "cancel_batch",
     "cancel_message_batch",
     "create_batch",
