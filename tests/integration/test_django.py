@@ -313,3 +313,77 @@ def test_the_batch_finished_signal_reaches_a_django_receiver_once(clean_db, caps
     assert [(p["batch_id"], p["status"], p["request_counts"]["cancelled"]) for p in got] == [
         (batch["id"], "cancelled", 1)
     ]
+
+
+ADMIN_SCRIPT = """
+import json, os
+import django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
+django.setup()
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+from batchgen.integrations.django import services
+from batchgen.integrations.django.signals import batch_finished, deliver_signals
+from batchgen.store import db, tenants
+
+call_command("migrate", verbosity=0)  # the shop's own tables (sqlite)
+with db.session_scope() as session:
+    tenants.create_tenant(session, "shop-a")
+got = []
+batch_finished.connect(lambda sender, **payload: got.append(payload), weak=False)
+line = {"custom_id": "p1", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "sim-small", "messages": [{"role": "user", "content": "Describe p1"}]}}
+done = services.submit_batch([line], tenant="shop-a")
+services.cancel_batch(done["id"], tenant="shop-a")
+other = services.submit_batch([line, {**line, "custom_id": "p2"}], tenant="shop-a")
+sent = deliver_signals()
+User.objects.create_superuser("admin", "admin@example.com", "pw")
+client = Client()
+client.force_login(User.objects.get(username="admin"))
+listing = client.get("/admin/batchgen/batch/?status__exact=cancelled")
+detail = client.get(f"/admin/batchgen/batch/{done['id']}/change/")
+items = client.get(f"/admin/batchgen/item/?batch__id__exact={done['id']}")
+action = client.post(
+    "/admin/batchgen/batch/",
+    {"action": "cancel", "_selected_action": [other["id"]]},
+    follow=True,
+)
+print(json.dumps({
+    "signals": [[p["batch_id"], p["status"]] for p in got], "sent": sent,
+    "done": done["id"], "other": other["id"],
+    "listing": [listing.status_code, done["id"] in listing.content.decode(),
+                other["id"] in listing.content.decode()],
+    "detail": [detail.status_code, "batch__id__exact=" + done["id"] in detail.content.decode()],
+    "items": [items.status_code, "p1" in items.content.decode(),
+              "Describe p1" in items.content.decode()],
+    "action": [action.status_code, "1 batches cancelled" in action.content.decode()],
+    "other_after": services.get_batch(other["id"], tenant="shop-a")["status"],
+}))
+"""
+
+
+def test_example_project_admin_shows_batches_and_receives_the_signal(clean_db, tmp_path):
+    """A copy of the example project in a temporary folder, with the admin: it receives
+    batch_finished, lists the batch, links it to its items, and cancels from an action."""
+    import shutil
+
+    project = tmp_path / "django_project"
+    shutil.copytree(ROOT / "examples" / "django_project", project)
+    (project / "admin_check.py").write_text(ADMIN_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, "admin_check.py"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(project)},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["signals"] == [[seen["done"], "cancelled"]] and seen["sent"] == 1
+    assert seen["listing"] == [200, True, False]  # filtered by status
+    assert seen["detail"] == [200, True]  # the link to its items
+    assert seen["items"] == [200, True, False]  # custom ids, never the prompt
+    assert seen["action"] == [200, True]
+    assert seen["other_after"] in ("cancelled", "cancelling")
