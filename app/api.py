@@ -512,11 +512,13 @@ def status() -> Response:
     if not _caller().is_admin:
         raise Forbidden("the status view needs an admin key")
     from batchgen.limits.backend import get_redis
+    from batchgen.monitoring.queues import queue_view
     from batchgen.monitoring.snapshot import snapshot
     from batchgen.registry import get_registry
 
     with session_scope() as session:
-        return jsonify(snapshot(session, get_redis(), get_registry(), get_settings()))
+        data = snapshot(session, get_redis(), get_registry(), get_settings())
+    return jsonify({**data, **queue_view(get_registry(), get_settings())})
 
 
 def _check_metrics_access() -> None:

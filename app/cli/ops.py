@@ -7,7 +7,7 @@ import datetime as dt
 import typer
 from rich.table import Table
 
-from batchgen.cli.common import console, handled, print_json, services
+from batchgen.cli.common import console, err, handled, print_json, services
 
 JSON = typer.Option(False, "--json", help="Print one JSON document for scripts.")
 
@@ -72,12 +72,14 @@ def status(as_json: bool = JSON) -> None:
     """Per-model backlog, throughput and budget use, and per-tenant progress."""
     from batchgen.config import get_settings
     from batchgen.limits.backend import get_redis
+    from batchgen.monitoring.queues import queue_view
     from batchgen.monitoring.snapshot import snapshot
     from batchgen.registry import get_registry
     from batchgen.store.db import session_scope
 
     with services(), handled(as_json), session_scope() as session:
         data = snapshot(session, get_redis(), get_registry(), get_settings())
+        data.update(queue_view(get_registry(), get_settings()))
     if as_json:
         print_json(data)
         return
@@ -118,6 +120,13 @@ def status(as_json: bool = JSON) -> None:
             routes.add_row(route, str(r["requests"]), str(r["tokens"]), r["cost_usd"])
         console.print(routes)
         console.print(f"saved today against the online price: ${data['saved_today_usd']}")
+    queues = Table("queue", "messages", "workers", title="queues")
+    for q in data["queues"]:
+        messages = "?" if q["messages"] is None else str(q["messages"])
+        queues.add_row(q["queue"], messages, ", ".join(q["workers"]) or "-")
+    console.print(queues)
+    for warning in data["warnings"]:
+        err.print(f"[bold yellow]warning:[/bold yellow] {warning}")
     batches = Table("tenant", "batch", "status", "done", "total", title="open batches")
     for b in data["open_batches"]:
         batches.add_row(b["tenant"], b["batch"], b["status"], str(b["done"]), str(b["total"]))

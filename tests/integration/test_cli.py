@@ -406,6 +406,25 @@ def test_usage_and_status(stack, run, tenant, tmp_path):
     status = json.loads(run("status", "--json").stdout)
     assert {m["model"] for m in status["models"]} >= {"sim-small", "sim-large"}
     assert "sim-small" in run("status").stdout
+    served = {q["queue"]: q["workers"] for q in status["queues"]}
+    assert served["llm.sim"] and served["batchgen.control"]  # which workers serve them
+    assert served["llm.sim-large"] == [] and status["warnings"] == []
+
+    # Work for a group no worker consumes: released to its queue, and status says so.
+    from batchgen import python_api
+
+    stuck = python_api.submit_batch([chat_line("nobody", model="sim-large")], tenant=tenant)
+    deadline = time.monotonic() + 30
+    while not (waiting := json.loads(run("status", "--json").stdout))["warnings"]:
+        assert time.monotonic() < deadline, "the item was never released"
+        time.sleep(0.3)
+    assert waiting["warnings"] == [
+        "queue llm.sim-large has 1 messages and no worker consuming it: "
+        "start `batchgen worker --group sim-large`"
+    ]
+    shown = run("status")
+    assert "no worker consuming it" in shown.stderr
+    python_api.cancel_batch(stuck["id"], tenant=tenant)
 
 
 def test_worker_prefork_pool_is_refused(services, folder):
