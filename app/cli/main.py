@@ -24,7 +24,7 @@ db_cli = typer.Typer(no_args_is_help=True, help="Database schema (Alembic).")
 cli.add_typer(tenants_cli, name="tenants")
 cli.add_typer(db_cli, name="db")
 register_batch_commands(cli)  # submit, watch, results, cancel, nightly run
-register_ops_commands(cli)  # usage, status
+register_ops_commands(cli)  # usage, status, doctor
 JSON = typer.Option(False, "--json", help="Print one JSON document for scripts.")
 
 

@@ -133,6 +133,27 @@ def status(as_json: bool = JSON) -> None:
     console.print(batches)
 
 
+def doctor(as_json: bool = JSON) -> None:
+    """Check the configuration, database (migrated?), Redis, broker, a worker on every
+    queue and every provider endpoint; say what to do about each problem (exit 1)."""
+    from batchgen.config import get_settings
+    from batchgen.monitoring.doctor import run_checks
+    from batchgen.registry import load_registry
+
+    with services(), handled(as_json):
+        settings = get_settings()
+        checks = run_checks(settings, lambda: load_registry(settings.models_file))
+    if as_json:
+        print_json([c.as_dict() for c in checks])
+    else:
+        table = Table("check", "", "found", "what to do", title="batchgen doctor")
+        for c in checks:
+            table.add_row(c.name, "ok" if c.ok else "[red]FAIL[/red]", c.found, c.fix or "")
+        console.print(table)
+    if not all(c.ok for c in checks):
+        raise typer.Exit(1)
+
+
 def register(cli: typer.Typer) -> None:
-    for command in (usage, status):
+    for command in (usage, status, doctor):
         cli.command()(command)

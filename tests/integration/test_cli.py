@@ -427,6 +427,47 @@ def test_usage_and_status(stack, run, tenant, tmp_path):
     python_api.cancel_batch(stuck["id"], tenant=tenant)
 
 
+def test_doctor(stack, run, tmp_path):
+    """With the module's worker (group sim) and dispatcher: everything answers, and the
+    group without a worker is named with the command to start."""
+    result = run("doctor", "--json")
+    assert result.exit_code == 1, result.output
+    checks = {c["name"]: c for c in json.loads(result.stdout)}
+    for name in ("configuration", "registry", "database", "redis", "broker"):
+        assert checks[name]["ok"], checks[name]
+    assert not checks["workers"]["ok"]
+    assert "llm.sim-large" in checks["workers"]["found"]
+    assert "batchgen worker --group sim-large" in checks["workers"]["fix"]
+    assert "llm.sim," not in checks["workers"]["found"] + ","
+    providers = [c for name, c in checks.items() if name.startswith("provider ")]
+    assert providers and all(c["ok"] for c in providers)
+    table = run("doctor")
+    assert table.exit_code == 1 and "batchgen worker --group sim-large" in table.stdout
+
+    # A database behind on its migrations: the fix is named.
+    from batchgen.store import db
+
+    behind = os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/doctor_" + uuid.uuid4().hex[:6]
+    from batchgen import embedded
+
+    url = embedded.ensure_database(os.environ["DATABASE_URL"], behind.rsplit("/", 1)[1])
+    try:
+        db.upgrade(url, "0006")
+        saved = os.environ["DATABASE_URL"]
+        os.environ["DATABASE_URL"] = url
+        try:
+            stale = {c["name"]: c for c in json.loads(run("doctor", "--json").stdout)}
+        finally:
+            os.environ["DATABASE_URL"] = saved
+        assert (
+            not stale["database"]["ok"] and stale["database"]["fix"] == "run `batchgen db upgrade`"
+        )
+        assert "0006" in stale["database"]["found"]
+    finally:
+        db.get_engine(url).dispose()
+        embedded.drop_database(os.environ["DATABASE_URL"], url.rsplit("/", 1)[1])
+
+
 def test_worker_prefork_pool_is_refused(services, folder):
     """The worker runs the thread pool only; asking for another pool is a usage error,
     never silently replaced (Celery itself swaps an explicit ``-P prefork`` for the

@@ -1,0 +1,167 @@
+"""``batchgen doctor``: is this deployment able to run, and if not, what to do.
+
+Each check is independent and says what it found and, when something is wrong,
+the one thing to do next: the configuration and the model registry load, the
+database answers and is migrated to the head revision, Redis and the broker answer,
+every queue has a worker, and every provider endpoint of the registry answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+from batchgen.config import Settings
+from batchgen.registry import ProviderKind, Registry
+
+PROVIDER_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    found: str
+    fix: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _guard(name: str, run: Callable[[], Check], fix: str) -> Check:
+    """A check that raised is failed, its error's class and first line as the finding."""
+    try:
+        return run()
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return Check(name, False, f"{type(exc).__name__}: {first}", fix)
+
+
+def check_database(settings: Settings) -> Check:
+    def run() -> Check:
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
+        from batchgen.store import db
+
+        head = ScriptDirectory.from_config(db.alembic_config()).get_current_head()
+        with db.get_engine().connect() as connection:
+            current = MigrationContext.configure(connection).get_current_revision()
+        if current != head:
+            return Check(
+                "database",
+                False,
+                f"schema at revision {current or 'none'}, the code needs {head}",
+                "run `batchgen db upgrade`",
+            )
+        return Check("database", True, f"answers, schema at the head revision {head}")
+
+    return _guard("database", run, "check DATABASE_URL (or BATCHGEN_DATABASE_URL) and the server")
+
+
+def check_redis(settings: Settings) -> Check:
+    def run() -> Check:
+        from batchgen.limits.backend import get_redis
+
+        get_redis().ping()
+        return Check("redis", True, "answers")
+
+    return _guard("redis", run, "check REDIS_URL (or BATCHGEN_REDIS_URL) and the server")
+
+
+def check_broker(settings: Settings) -> Check:
+    def run() -> Check:
+        from kombu import Connection
+
+        with Connection(settings.broker_url, connect_timeout=PROVIDER_TIMEOUT_S) as connection:
+            connection.ensure_connection(max_retries=1)
+        return Check("broker", True, f"answers ({connection.transport_cls})")
+
+    return _guard("broker", run, "check CELERY_BROKER_URL and the broker")
+
+
+def check_workers(registry: Registry, settings: Settings) -> Check:
+    def run() -> Check:
+        from batchgen.monitoring.queues import consumers
+        from batchgen.worker.names import CONTROL_QUEUE
+
+        served = consumers()
+        groups = {spec.queue: spec.group for spec in registry}
+        missing = [q for q in [*registry.queues, CONTROL_QUEUE] if not served.get(q)]
+        if not missing:
+            return Check("workers", True, f"every queue has a worker ({len(served)} queues)")
+        starts = [
+            f"`batchgen worker --group {groups[q]}`" if q in groups else "`batchgen dispatcher`"
+            for q in missing
+        ]
+        return Check(
+            "workers",
+            False,
+            f"no worker consumes {', '.join(missing)}",
+            "start " + ", ".join(starts),
+        )
+
+    return _guard("workers", run, "check CELERY_BROKER_URL and that workers run")
+
+
+def check_providers(registry: Registry) -> list[Check]:
+    """Every distinct endpoint of the registry answers its models listing (any HTTP
+    answer is reachable; 401 or 403 says the key is refused)."""
+    checks = []
+    endpoints: dict[tuple[str, ProviderKind], list[str]] = {}
+    for spec in registry:
+        endpoints.setdefault((spec.base_url, spec.provider), []).append(spec.name)
+    for (base_url, kind), models in sorted(endpoints.items()):
+        spec = next(s for s in registry if s.name == models[0])
+        name = f"provider {base_url}"
+        if kind is ProviderKind.ANTHROPIC:
+            url = base_url.rstrip("/") + "/v1/models"
+            headers = {"x-api-key": spec.api_key(), "anthropic-version": "2023-06-01"}
+        else:
+            url = base_url.rstrip("/") + "/models"
+            headers = {"Authorization": f"Bearer {spec.api_key()}"}
+        try:
+            status = httpx.get(url, headers=headers, timeout=PROVIDER_TIMEOUT_S).status_code
+        except httpx.HTTPError as exc:
+            checks.append(
+                Check(
+                    name,
+                    False,
+                    f"unreachable ({type(exc).__name__})",
+                    "check base_url in the registry",
+                )
+            )
+            continue
+        if status in (401, 403):
+            checks.append(
+                Check(name, False, f"refuses the key (HTTP {status})", f"check {spec.api_key_env}")
+            )
+        else:
+            checks.append(Check(name, True, f"answers (HTTP {status}) for {', '.join(models)}"))
+    return checks
+
+
+def run_checks(settings: Settings, registry_loader: Callable[[], Registry]) -> list[Check]:
+    """Every check, in order; the registry is loaded once (a broken one is a check too)."""
+    checks = [Check("configuration", True, f"models file {settings.models_file}")]
+    registry: Registry | None = None
+    with contextlib.suppress(Exception):
+        registry = registry_loader()
+    if registry is None:
+        loaded = _guard(
+            "registry",
+            lambda: Check("registry", True, str(registry_loader())),
+            "fix the models file",
+        )
+        checks.append(loaded)
+    else:
+        checks.append(Check("registry", True, f"{len(registry.models)} models"))
+    checks += [check_database(settings), check_redis(settings), check_broker(settings)]
+    if registry is not None:
+        checks.append(check_workers(registry, settings))
+        checks += check_providers(registry)
+    return checks
