@@ -128,6 +128,9 @@ class Ticket:
     tenant_tokens_per_min: int | None
     # A synchronous call's item: someone waits on it (it claims the next free slot).
     urgent: bool = False
+    # The tenant's name, for an operator finding a tenant's tasks in Flower (an
+    # identifier, never request text).
+    tenant_name: str | None = None
 
     def to_message(self) -> dict[str, Any]:
         """The message's ``ticket`` keyword (JSON; the item id is the task's argument)."""
@@ -141,6 +144,8 @@ class Ticket:
         }
         if self.urgent:
             message["urgent"] = True
+        if self.tenant_name is not None:
+            message["tenant_name"] = self.tenant_name
         return message
 
     @classmethod
@@ -157,6 +162,7 @@ class Ticket:
                 max_tokens=int(data["max_tokens"]),
                 tenant_tokens_per_min=None if tpm is None else int(tpm),
                 urgent=data.get("urgent") is True,
+                tenant_name=None if data.get("tenant_name") is None else str(data["tenant_name"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a ticket: {type(exc).__name__} {exc}") from None
@@ -639,6 +645,7 @@ _TICKET_COLUMNS = (
     Item.max_tokens,
     Tenant.tokens_per_min,
     Item.priority_rank,
+    Tenant.name,
 )
 
 
@@ -652,6 +659,7 @@ def _ticket(row: Any) -> Ticket:
         max_tokens=row.max_tokens,
         tenant_tokens_per_min=row.tokens_per_min,
         urgent=row.priority_rank == CALL_RANK,
+        tenant_name=row.name,
     )
 
 

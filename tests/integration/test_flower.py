@@ -82,6 +82,8 @@ def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator,
     for t in generate:
         assert t["args"].strip("[]()").isdigit()  # the item id, nothing else
         assert "model" in t["kwargs"]
+        # An operator finds a batch's or a tenant's tasks: ids and names, no text.
+        assert batch["id"] in t["kwargs"] and "'tenant_name': 'watched'" in t["kwargs"]
     workers_seen = httpx.get(
         f"{flower}/api/workers", auth=("ops", "s3cret"), params={"refresh": "true"}
     ).json()

@@ -133,8 +133,9 @@ def test_ticket_round_trips_through_a_message_and_refuses_anything_else():
     assert Ticket.from_message(7, message) == ticket
     assert "item_id" not in message  # the id is the task's argument
     assert "urgent" not in message  # only a call's message says so
-    call = dataclasses.replace(ticket, urgent=True)
+    call = dataclasses.replace(ticket, urgent=True, tenant_name="acme")
     assert Ticket.from_message(7, json.loads(json.dumps(call.to_message()))) == call
+    assert call.to_message()["tenant_name"] == "acme"
     for broken in ({}, {**message, "attempt": "two"}, {**message, "tenant": None}):
         with pytest.raises(ValueError, match="not a ticket"):
             Ticket.from_message(7, broken)
