@@ -156,6 +156,23 @@ def test_the_file_follows_the_compose_specification(compose):
         jsonschema.validate(broken, schema)
 
 
+def test_compose_refuses_to_start_without_the_flower_password(compose):
+    """Interpolated by a real Compose implementation (podman-compose's, as `config` and
+    `up` do before anything starts): no password, no deployment."""
+    from podman_compose import rec_subs
+
+    shell = {"HOME": "/root"}  # the shell running compose, without the password
+    with pytest.raises(ValueError, match="required variable BATCHGEN_FLOWER_PASSWORD"):
+        rec_subs(compose, shell)
+    resolved = rec_subs(compose, {**shell, "BATCHGEN_FLOWER_PASSWORD": "s3cret"})
+    flower = next(s for s in resolved["services"].values() if "flower" in (s.get("command") or []))
+    assert flower["environment"]["BATCHGEN_FLOWER_PASSWORD"] == "s3cret"
+    api = resolved["services"]["api"]["environment"]
+    assert api["BATCHGEN_MODELS_FILE"] == "/srv/app/models.toml" and api["OPENAI_API_KEY"] == ""
+    keyed = rec_subs(compose, {**shell, "BATCHGEN_FLOWER_PASSWORD": "x", "OPENAI_API_KEY": "sk-1"})
+    assert keyed["services"]["api"]["environment"]["OPENAI_API_KEY"] == "sk-1"
+
+
 def test_flower_needs_its_password_at_compose_time_and_the_api_a_healthcheck(services):
     flower = next(s for s in services.values() if (s.get("command") or [])[1:2] == ["flower"])
     password = flower["environment"]["BATCHGEN_FLOWER_PASSWORD"]
