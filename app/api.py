@@ -691,7 +691,10 @@ def create_app() -> Flask:
     from batchgen.logs import configure_logging
 
     configure_logging()
+    from batchgen.dashboard import dashboard
+
     app = Flask("batchgen")
     app.register_blueprint(blueprint)
+    app.register_blueprint(dashboard)
     install_error_handlers(app)
     return app

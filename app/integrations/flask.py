@@ -53,12 +53,14 @@ class BatchGen:
     def init_app(self, app: Flask) -> None:
         """Export the app's ``BATCHGEN_*`` config, mount the API, register the extension."""
         from batchgen.api import blueprint, install_error_handlers
+        from batchgen.dashboard import dashboard
         from batchgen.logs import redact_access_logs
 
         apply_settings(app.config)
         prefix = app.config.setdefault("BATCHGEN_URL_PREFIX", DEFAULT_URL_PREFIX)
         mount = (prefix or "").rstrip("/")
         app.register_blueprint(blueprint, url_prefix=mount or None)
+        app.register_blueprint(dashboard, url_prefix=mount or None)
         install_error_handlers(app, mount)
         redact_access_logs()
         app.extensions[EXTENSION_KEY] = self

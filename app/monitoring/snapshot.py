@@ -115,8 +115,8 @@ def offload_view(session: Session) -> dict[str, Any]:
         "online": {
             "requests": int(row[0] - row[3]),
             "tokens": int(row[1] - row[4]),
-            "cost_usd": str(row[2] - row[5]),
+            "cost_usd": f"{row[2] - row[5]:f}",
         },
-        "offline": {"requests": int(row[3]), "tokens": int(row[4]), "cost_usd": str(row[5])},
+        "offline": {"requests": int(row[3]), "tokens": int(row[4]), "cost_usd": f"{row[5]:f}"},
     }
-    return {"provider_jobs": jobs, "routes_today": routes, "saved_today_usd": str(row[6])}
+    return {"provider_jobs": jobs, "routes_today": routes, "saved_today_usd": f"{row[6]:f}"}

@@ -86,8 +86,8 @@ def report(
             "offline_requests": int(r[5]),
             "offline_prompt_tokens": int(r[6]),
             "offline_completion_tokens": int(r[7]),
-            "offline_cost_usd": str(r[8]),
-            "saved_usd": str(r[9]),
+            "offline_cost_usd": f"{r[8]:f}",
+            "saved_usd": f"{r[9]:f}",
         }
         for r in session.execute(query)
     }

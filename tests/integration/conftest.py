@@ -32,6 +32,7 @@ SLOW = frozenset(
         "test_embedded_isolation.py",
         "test_beat.py::test_dispatcher_kill_9_takes_its_beat_along",
         "test_beat.py::test_two_dispatchers_one_schedule",
+        "test_dashboard.py",
         "test_deadlines_cancel.py::test_cancel_holds_across_a_worker_restart",
         "test_faults.py::test_flushed_redis_loses_no_item",
         "test_faults.py::test_sigkill_worker_mid_call_loses_nothing",

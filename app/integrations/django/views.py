@@ -27,9 +27,11 @@ HOP_BY_HOP = frozenset(
 def wsgi_app() -> Flask:
     """The API as a WSGI app of its own (the host's logging is left alone)."""
     from batchgen.api import blueprint, install_error_handlers
+    from batchgen.dashboard import dashboard
 
     api_app = Flask("batchgen.django")
     api_app.register_blueprint(blueprint)
+    api_app.register_blueprint(dashboard)
     install_error_handlers(api_app)  # every answer below the mount is JSON, errors too
     return api_app
 
