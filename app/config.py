@@ -88,6 +88,10 @@ class Settings(BaseSettings):
     # and checks that its caller is still connected.
     call_poll_s: float = 0.5
 
+    # Test mode for a host project's tests (a Django TestCase): a submit validates and
+    # describes the batch as usual, then keeps nothing: nothing runs, nothing is billed.
+    dry_run: bool = False
+
     # Dispatch and leases.
     dispatch_interval_s: float = 1.0
     sweep_interval_s: float = 5.0

@@ -98,14 +98,19 @@ def submit(
     nothing turns the answer into an error.
     """
     name: str | None = None
+    settings = get_settings()
     try:
         with session_scope() as session:
             owner = _tenant(session, tenant)
             name = owner.name
             batch, created = batches.store_batch(
-                session, owner, lines, options, get_registry(), get_settings()
+                session, owner, lines, options, get_registry(), settings
             )
             described = batches.describe(session, batch)
+            if settings.dry_run:
+                raise _DryRun(described)  # rolls the transaction back
+    except _DryRun as dry:
+        return {**dry.described, "dry_run": True}, False
     except (ClientError, Overloaded) as exc:
         if name is not None:
             _count_rejection(name, exc.code)
@@ -113,6 +118,14 @@ def submit(
     if created:
         wake_dispatcher()
     return described, created
+
+
+class _DryRun(Exception):
+    """``BATCHGEN_DRY_RUN``: the batch was validated and described, and is not kept."""
+
+    def __init__(self, described: dict[str, Any]) -> None:
+        super().__init__("dry run")
+        self.described = described
 
 
 def wake_dispatcher() -> None:

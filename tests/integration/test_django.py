@@ -387,3 +387,29 @@ def test_example_project_admin_shows_batches_and_receives_the_signal(clean_db, t
     assert seen["items"] == [200, True, False]  # custom ids, never the prompt
     assert seen["action"] == [200, True]
     assert seen["other_after"] in ("cancelled", "cancelling")
+
+
+def test_dry_run_is_the_test_mode_of_a_site(clean_db, monkeypatch):
+    """BATCHGEN_DRY_RUN in the site's test settings: a submit is validated and described
+    as usual, then nothing is kept, so nothing runs and nothing is billed."""
+    from sqlalchemy import func, select
+
+    from batchgen.config import get_settings
+    from batchgen.errors import ValidationFailed
+    from batchgen.integrations import apply_settings
+    from batchgen.store import db
+    from batchgen.store.schema import Batch, Item
+
+    make_tenant("acme")
+    monkeypatch.setenv("BATCHGEN_DRY_RUN", "false")  # restored after the test
+    apply_settings({"BATCHGEN_DRY_RUN": True})
+    try:
+        batch = services.submit_batch([chat_line(f"t-{i}") for i in range(3)], tenant="acme")
+        assert batch["dry_run"] is True and batch["request_counts"]["total"] == 3
+        with pytest.raises(ValidationFailed, match="line 2"):
+            services.submit_batch([chat_line("ok"), {"custom_id": "bad"}], tenant="acme")
+    finally:
+        get_settings.cache_clear()
+    with db.session_scope() as session:
+        assert session.scalar(select(func.count()).select_from(Batch)) == 0
+        assert session.scalar(select(func.count()).select_from(Item)) == 0
