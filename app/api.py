@@ -96,14 +96,29 @@ def _reload(session: Session, tenant: Tenant) -> Tenant:
     return session.merge(tenant, load=False)
 
 
+BODY_CHUNK_BYTES = 256 * 1024
+
+
 def _body_lines() -> Iterator[bytes]:
-    """The request body, line by line, without reading it whole into memory."""
-    stream = request.stream
+    """The request body, line by line, read in chunks of ``BODY_CHUNK_BYTES``
+    (Werkzeug's request stream is unbuffered: its ``readline`` reads a byte at a time),
+    never whole: memory holds one chunk and the line that spans it."""
+    return split_lines(request.stream, BODY_CHUNK_BYTES)
+
+
+def split_lines(stream: Any, chunk_bytes: int) -> Iterator[bytes]:
+    """``stream``'s lines (each with its newline, the last one as it ends)."""
+    rest = b""
     while True:
-        line = stream.readline()
-        if not line:
-            return
-        yield line
+        data = stream.read(chunk_bytes)
+        if not data:
+            break
+        lines = (rest + data).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line + b"\n"
+    if rest:
+        yield rest
 
 
 def _limit(default: int) -> int:
