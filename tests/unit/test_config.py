@@ -91,3 +91,21 @@ def test_without_the_embedded_extra_a_missing_address_is_named(monkeypatch, tmp_
         embedded.start_postgres(tmp_path / "pg")
     with pytest.raises(ConfigError, match=r"no Redis address \(REDIS_URL"):
         embedded.redis_server_binary()
+
+
+def test_a_django_database_entry_from_batchgens_url():
+    from batchgen.integrations.django.routers import database_from_url
+
+    assert database_from_url("postgresql://u:p%40ss@db.example:6432/bg?sslmode=require") == {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "bg",
+        "USER": "u",
+        "PASSWORD": "p@ss",
+        "HOST": "db.example",
+        "PORT": "6432",
+        "OPTIONS": {"sslmode": "require"},
+    }
+    socket = database_from_url("postgresql://postgres:@/batchgen?host=/tmp/pg-x&port=5433")
+    assert (socket["HOST"], socket["PORT"], socket["NAME"]) == ("/tmp/pg-x", "5433", "batchgen")
+    with pytest.raises(ValueError, match="postgresql://"):
+        database_from_url("mysql://x/y")

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 APP_LABEL = "batchgen"
 DEFAULT_ALIAS = "batchgen"
@@ -22,17 +22,21 @@ def alias() -> str:
 
 
 def database_from_url(url: str) -> dict[str, Any]:
-    """A ``DATABASES`` entry for batchgen's PostgreSQL URL (``postgresql://u:p@h:5432/db``)."""
+    """A ``DATABASES`` entry for batchgen's PostgreSQL URL (``postgresql://u:p@h:5432/db``;
+    libpq's query parameters too: ``?host=/run/postgresql`` for a socket folder,
+    ``sslmode=…`` and the others go to ``OPTIONS``)."""
     parts = urlsplit(url)
     if parts.scheme.split("+")[0] not in ("postgresql", "postgres"):
         raise ValueError("batchgen's database is PostgreSQL: a postgresql:// URL")
+    query = dict(parse_qsl(parts.query))
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": unquote(parts.path.lstrip("/")),
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),
-        "HOST": parts.hostname or "",
-        "PORT": str(parts.port or ""),
+        "HOST": query.pop("host", None) or parts.hostname or "",
+        "PORT": query.pop("port", None) or str(parts.port or ""),
+        "OPTIONS": query,
     }
 
 
