@@ -27,7 +27,7 @@ from batchgen import python_api
 from batchgen.config import get_settings
 from batchgen.domain.status import ItemStatus
 from batchgen.errors import BatchgenError, Unauthorized
-from batchgen.store import tenants
+from batchgen.store import batches, tenants
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
 
@@ -71,20 +71,13 @@ def _progress(counts: dict[str, int]) -> dict[str, Any]:
     return {"done": done, "total": total, "pct": int(100 * done / total) if total else 100}
 
 
-def _errors(batch_id: str, tenant: Tenant) -> dict[str, int]:
-    """Error codes of the batch's unsuccessful items, counted (codes, never text)."""
-    found: dict[str, int] = {}
-    for row in python_api.iter_results(batch_id, tenant=tenant):
-        if row["error"] is not None:
-            code = str(row["error"]["code"])
-            found[code] = found.get(code, 0) + 1
-    return found
-
-
 def _view(tenant: Tenant) -> dict[str, Any]:
     """Everything the page shows for this key."""
     rows = []
-    for batch in python_api.list_batches(tenant=tenant, limit=LIST_LIMIT):
+    listed = python_api.list_batches(tenant=tenant, limit=LIST_LIMIT)
+    with session_scope() as session:
+        errors = batches.error_codes(session, [b["id"] for b in listed])
+    for batch in listed:
         counts = batch["request_counts"]
         rows.append(
             {
@@ -96,7 +89,7 @@ def _view(tenant: Tenant) -> dict[str, Any]:
                 ),
                 "counts": {s.value: counts[s.value] for s in ItemStatus if counts.get(s.value)},
                 "progress": _progress(counts),
-                "errors": _errors(batch["id"], tenant) if batch["finished_at"] else {},
+                "errors": errors.get(batch["id"], {}),
                 "finished": batch["finished_at"] is not None,
             }
         )

@@ -571,6 +571,20 @@ def cancel(session: Session, tenant: Tenant, batch_id: str) -> Batch:
     return batch
 
 
+def error_codes(session: Session, batch_ids: list[str]) -> dict[str, dict[str, int]]:
+    """Per batch, how many of its unsuccessful items ended with each error code (one
+    grouped query; codes, never text)."""
+    rows = session.execute(
+        select(Item.batch_id, func.coalesce(Item.error_code, Item.status), func.count())
+        .where(Item.batch_id.in_(batch_ids), Item.status.in_([s.value for s in _ERROR_ROWS]))
+        .group_by(Item.batch_id, func.coalesce(Item.error_code, Item.status))
+    )
+    found: dict[str, dict[str, int]] = {}
+    for batch_id, code, n in rows:
+        found.setdefault(batch_id, {})[code] = n
+    return found
+
+
 def iter_results(session: Session, batch: Batch) -> Iterator[dict[str, Any]]:
     """Finished items in input order, in the OpenAI Batch output format."""
     query = (
