@@ -17,6 +17,7 @@ from batchgen.worker.names import (
     NIGHTLY_TASK,
     NOTIFY_TASK,
     OFFLOAD_TASK,
+    RETENTION_TASK,
     SWEEP_TASK,
 )
 
@@ -96,6 +97,12 @@ beat_schedule = {
         "task": NOTIFY_TASK,
         "schedule": _settings.notify_interval_s,
         "options": {"expires": 5 * _settings.notify_interval_s},
+    },
+    # Finished batches past BATCHGEN_RETENTION_DAYS (a no-op while it is unset).
+    "retention": {
+        "task": RETENTION_TASK,
+        "schedule": _settings.retention_interval_s,
+        "options": {"expires": _settings.retention_interval_s},
     },
 }
 

@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     # The first retry of a failed delivery (doubling, at most an hour, for a day).
     notify_retry_first_s: float = 10.0
     notification_retention_s: float = 7 * 86400.0
+    # Retention (app/worker/retention.py): finished batches older than this many days
+    # are removed with their items, results and ledger rows; the daily usage totals
+    # stay. None (the default): everything is kept.
+    retention_days: float | None = Field(default=None, gt=0)
+    retention_interval_s: float = 3600.0
     # One Celery beat sends the ticks: it holds a Redis lock with this lease (app/worker/beat.py).
     beat_lock_lease_s: float = 10.0
     # How far ahead of a model's concurrency cap the dispatcher releases work.

@@ -123,7 +123,13 @@ def redact_access_logs() -> None:
 
 # Celery's own per-task lines ("received", "succeeded in") of the tasks that run every
 # second or so: an idle dispatcher would log two of them per tick.
-TICK_TASKS = ("batchgen.dispatch", "batchgen.sweep", "batchgen.offload", "batchgen.notify")
+TICK_TASKS = (
+    "batchgen.dispatch",
+    "batchgen.sweep",
+    "batchgen.offload",
+    "batchgen.notify",
+    "batchgen.retention",
+)
 CELERY_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 
 

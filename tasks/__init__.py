@@ -1,5 +1,5 @@
-"""Celery tasks only: dispatch, generate, sweep, offload, notify, nightly. The logic lives in
-batchgen (app/).
+"""Celery tasks only: dispatch, generate, sweep, offload, notify, retention, nightly. The
+logic lives in batchgen (app/).
 
 ``celery -A batchgen.tasks worker`` finds the Celery application here as ``app``.
 """

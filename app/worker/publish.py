@@ -26,6 +26,7 @@ celery_app = Celery(
         "batchgen.tasks.nightly",
         "batchgen.tasks.offload",
         "batchgen.tasks.notify",
+        "batchgen.tasks.retention",
     ],
 )
 celery_app.config_from_object("batchgen.celeryconfig")

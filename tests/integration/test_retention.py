@@ -1,0 +1,77 @@
+"""Retention (app/worker/retention.py): finished batches past BATCHGEN_RETENTION_DAYS
+go with their items, results and ledger rows, a few rows per transaction; the daily
+usage totals stay, and nothing newer is touched."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select, text
+
+from batchgen import python_api as client
+from batchgen.config import get_settings
+from batchgen.errors import NotFound
+from batchgen.store import db, retention
+from batchgen.store.schema import BatchNotification, Item, Result, TenantDailyUsage, UsageLedger
+from batchgen.worker.retention import purge
+from tests.helpers import chat_line, make_tenant, wait_batches
+
+
+def _count(table, *where) -> int:  # type: ignore[no-untyped-def]
+    with db.session_scope() as session:
+        return int(session.scalar(select(func.count()).select_from(table).where(*where)) or 0)
+
+
+def _daily() -> tuple:
+    with db.session_scope() as session:
+        return tuple(
+            session.execute(
+                select(
+                    func.sum(TenantDailyUsage.requests),
+                    func.sum(TenantDailyUsage.prompt_tokens),
+                    func.sum(TenantDailyUsage.cost_usd),
+                )
+            ).one()
+        )
+
+
+def test_old_batches_go_and_their_usage_history_stays(clean_db, simulator, workers, monkeypatch):
+    make_tenant("kept")
+    old = client.submit_batch([chat_line(f"o-{i}") for i in range(5)], tenant="kept")
+    new = client.submit_batch([chat_line(f"n-{i}") for i in range(3)], tenant="kept")
+    workers()
+    wait_batches([old["id"], new["id"]], timeout_s=60)
+    with db.session_scope() as session:
+        session.execute(
+            text("UPDATE batches SET finished_at = now() - interval '10 days' WHERE id = :id"),
+            {"id": old["id"]},
+        )
+    daily = _daily()
+    assert _count(Result, Result.batch_id == old["id"]) == 5
+
+    assert purge(get_settings()).batches == 0  # no retention set: everything is kept
+    monkeypatch.setenv("BATCHGEN_RETENTION_DAYS", "7")
+    get_settings.cache_clear()
+    monkeypatch.setattr(retention, "ITEMS_PER_TRANSACTION", 2)  # three transactions of items
+    purged = purge(get_settings())
+
+    assert (purged.batches, purged.items) == (1, 5)
+    with pytest.raises(NotFound):
+        client.get_batch(old["id"], tenant="kept")
+    for table in (Item, Result, UsageLedger, BatchNotification):
+        assert _count(table, table.batch_id == old["id"]) == 0, table
+    assert client.get_batch(new["id"], tenant="kept")["request_counts"]["succeeded"] == 3
+    assert _count(Result, Result.batch_id == new["id"]) == 3
+    assert _daily() == daily  # usage and cost history survive
+    assert client.usage(tenant="kept")[0]["requests"] == 8
+    assert purge(get_settings()).batches == 0
+    get_settings.cache_clear()
+
+
+def test_a_bad_retention_setting_is_refused(monkeypatch):
+    from pydantic import ValidationError
+
+    from batchgen.config import Settings
+
+    monkeypatch.setenv("BATCHGEN_RETENTION_DAYS", "0")
+    with pytest.raises(ValidationError, match="retention_days"):
+        Settings()
