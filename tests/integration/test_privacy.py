@@ -38,10 +38,12 @@ def test_broker_messages_carry_ids_only(clean_db):
         assert SECRET.encode() not in body
         args, kwargs, _ = json.loads(body)
         assert len(args) == 1 and isinstance(args[0], int)
-        # The model (routing) and the ticket: the batch id, then numbers only.
+        # The model (routing) and the ticket: the batch id and the tenant's name, then
+        # numbers only.
         assert set(kwargs) == {"model", "ticket"} and kwargs["model"] == "sim-small"
         ticket = kwargs["ticket"]
         assert ticket.pop("batch").startswith("batch_")
+        assert ticket.pop("tenant_name") == "private"
         assert ticket.pop("tenant_tokens_per_min") is None
         assert set(ticket) == {"tenant", "attempt", "prompt_tokens_est", "max_tokens"}
         assert all(isinstance(v, int) for v in ticket.values())
