@@ -201,10 +201,8 @@ def test_submit_watch_and_cancel_in_a_browser(
         shots.take("2-progress")
 
         _cancel(browser, batch_id)
-        assert (
-            f"cancelled {batch_id}"
-            in _wait(lambda: browser.find_elements(By.ID, "message"), what="the message")[0].text
-        )
+        # The post reloads the page: wait for the new page's message, not the old one's.
+        assert batch_id in _message(browser, f"cancelled {batch_id}")
         ended = _wait(
             lambda: (r := _row(browser, batch_id)) and r["status"] == "cancelled" and r,
             what="the cancelled batch",
