@@ -143,6 +143,10 @@ class Registry:
         return iter(self.models.values())
 
     @property
+    def names(self) -> list[str]:
+        return sorted(self.models)
+
+    @property
     def groups(self) -> list[str]:
         return sorted({m.group for m in self.models.values()})
 

@@ -122,10 +122,12 @@ def reset_state(sim_url: str) -> None:
                 conn.execute(
                     text(
                         "TRUNCATE tenant_daily_usage, usage_ledger, results, "
-                        "provider_job_items, items, provider_jobs, batches, tenants "
+                        "provider_job_items, items, provider_jobs, batches, admitted_totals, "
+                        "finished_totals, batch_totals, latency_totals, tenants "
                         "RESTART IDENTITY CASCADE"
                     )
                 )
+                conn.execute(text("UPDATE totals_watermark SET rolled_up_before = NULL"))
             break
         except OperationalError:
             if attempt == 9:

@@ -10,7 +10,8 @@ server, as `batchgen api` runs it). One JSONL file of ``--lines`` chat requests 
   (c) the rows (b) stored, copied with ``COPY items (...) FROM STDIN`` into a fresh
       batch: the floor of any way of storing them.
 
-Each prints its wall time and lines/s; the ratios are COPY's time over each.
+Each prints its wall time and lines/s; the ratios are COPY's time over each. The API
+process's peak RSS before and after its POST shows whether memory stays flat.
 
     .venv/bin/python bench/submission.py [--lines 50000]
 """
@@ -57,6 +58,14 @@ def _api(env: dict[str, str], log_path: Path) -> tuple[subprocess.Popen[bytes], 
         except httpx.HTTPError:
             time.sleep(0.1)
     raise RuntimeError("the API did not start")
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set (VmHWM) so far, in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def _copy(batch_id: str) -> float:
@@ -116,6 +125,7 @@ def main() -> None:
                 fh.write(json.dumps(row).encode() + b"\n")
         proc, url = _api(env, workdir / "api.log")
         try:
+            rss_before_mb = _peak_rss_mb(proc.pid)
             started = time.perf_counter()
             with path.open("rb") as fh:
                 answer = httpx.post(
@@ -126,6 +136,7 @@ def main() -> None:
                 )
             http_s = time.perf_counter() - started
             assert answer.status_code == 200, answer.text[:500]
+            rss_after_mb = _peak_rss_mb(proc.pid)
         finally:
             proc.terminate()
             proc.wait(10)
@@ -136,6 +147,10 @@ def main() -> None:
         copy_s = _copy(batch["id"])
 
     print(f"{args.lines} lines ({path.stat().st_size / 1e6:.1f} MB) stored as one batch")
+    print(
+        f"API process peak RSS: {rss_before_mb:.0f} MB before the POST, "
+        f"{rss_after_mb:.0f} MB after it"
+    )
     print(f"{'':22}{'seconds':>10}{'lines/s':>12}{'COPY / it':>12}")
     for label, seconds in (
         ("HTTP POST /v1/batches", http_s),

@@ -1,9 +1,11 @@
-"""The sweep task: deadlines, expired leases, batches left open."""
+"""The sweep task: deadlines, expired leases, batches left open; then the totals' roll-up
+(batchgen.store.totals)."""
 
 from __future__ import annotations
 
 from batchgen.config import get_settings
 from batchgen.registry import get_registry
+from batchgen.store import totals
 from batchgen.store.db import session_scope
 from batchgen.tasks.celery_app import celery_app
 from batchgen.worker.dispatch import dispatch
@@ -17,6 +19,8 @@ def sweep() -> int:
     registry, settings = get_registry(), get_settings()
     with session_scope() as session:
         report = sweep_once(session, settings, registry)
+    with session_scope() as session:  # apart: the roll-up's lock is not held meanwhile
+        totals.roll_up(session)
     if report.requeued:
         dispatch(registry, settings)
     return report.requeued

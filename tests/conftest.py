@@ -108,10 +108,12 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
             text(
                 "TRUNCATE tenant_daily_usage, usage_ledger, results, provider_job_items, items, "
                 "batch_notifications, "
-                "provider_jobs, batches, files, "
+                "provider_jobs, batches, files, admitted_totals, finished_totals, "
+                "batch_totals, latency_totals, "
                 "tenants RESTART IDENTITY CASCADE"
             )
         )
+        conn.execute(text("UPDATE totals_watermark SET rolled_up_before = NULL"))
     redis.Redis.from_url(services["REDIS_URL"]).flushdb()
     return services
 

@@ -152,6 +152,91 @@ def _check_results_and_ledger(
     return ledger
 
 
+def _direct_counts() -> dict[tuple[str, int, str], tuple[int, int]]:
+    """Items and estimated tokens per (model, tenant, status), counted one by one."""
+    with db.session_scope() as s:
+        rows = s.execute(
+            select(
+                Item.model,
+                Item.tenant_id,
+                Item.status,
+                func.count(),
+                func.sum(Item.prompt_tokens_est + Item.max_tokens),
+            ).group_by(Item.model, Item.tenant_id, Item.status)
+        )
+        return {(m, t, st): (int(n), int(tok)) for m, t, st, n, tok in rows}
+
+
+def _direct_batches_and_latencies() -> tuple[dict[str, dict[str, int]], dict[Any, list[Any]]]:
+    """Finished items per batch and status, and the latency buckets, counted directly."""
+    from batchgen.domain.status import TERMINAL as ENDED
+    from batchgen.store import totals
+
+    with db.session_scope() as s:
+        per_batch: dict[str, dict[str, int]] = defaultdict(dict)
+        for batch_id, status, n in s.execute(
+            select(Item.batch_id, Item.status, func.count())
+            .where(Item.status.in_([st.value for st in ENDED]))
+            .group_by(Item.batch_id, Item.status)
+        ):
+            per_batch[batch_id][status] = n
+        buckets: dict[Any, Counter[int]] = defaultdict(Counter)
+        sums: dict[Any, int] = defaultdict(int)
+        for model, wait_ms, upstream_ms in s.execute(
+            select(Item.model, Result.queue_wait_ms, Result.upstream_latency_ms).join(
+                Item, Item.id == Result.item_id
+            )
+        ):
+            for metric, ms in (("queue_wait", wait_ms), ("upstream", upstream_ms)):
+                le = next((b for b in totals.LATENCY_BOUNDS_MS if b >= ms), totals.LE_INF_MS)
+                buckets[(model, metric)][le] += 1
+                sums[(model, metric)] += ms
+    latencies = {k: sorted(v.items()) + [("sum", sums[k])] for k, v in buckets.items()}
+    return dict(per_batch), latencies
+
+
+def _maintained() -> tuple[dict[Any, tuple[int, int]], dict[str, dict[str, int]], dict[Any, Any]]:
+    from batchgen.store import totals
+
+    with db.session_scope() as s:
+        s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        counts = {**totals.finished(s), **totals.open_counts(s, get_registry().names)}
+        batch_ids = list(s.scalars(select(Item.batch_id).distinct()))
+        per_batch = totals.batches_finished(s, batch_ids)
+        latencies = {
+            k: [(le, n) for le, n, _ in rows] + [("sum", sum(ms for _, _, ms in rows))]
+            for k, rows in totals.latency_buckets(s).items()
+        }
+    found = {k: (c.items, c.tokens_est) for k, c in counts.items() if c.items or c.tokens_est}
+    return found, per_batch, latencies
+
+
+def check_totals(findings: Findings | None = None) -> None:
+    """The maintained totals (store.totals) equal a count of the items one by one, before
+    and after a roll-up of everything that finished (nothing may be counted twice)."""
+    from batchgen.store import totals
+
+    own = findings or Findings()
+    direct = _direct_counts()
+    direct_batches, direct_latencies = _direct_batches_and_latencies()
+    for when in ("before the roll-up", "after the roll-up"):
+        maintained, batches, latencies = _maintained()
+        problems = [
+            f"{key}: maintained {maintained.get(key)}, counted {direct.get(key)}"
+            for key in sorted(set(direct) | set(maintained), key=str)
+            if maintained.get(key) != direct.get(key)
+        ]
+        if batches != direct_batches:
+            problems.append(f"per batch: maintained {batches}, counted {direct_batches}")
+        if latencies != direct_latencies:
+            problems.append(f"latencies: maintained {latencies}, counted {direct_latencies}")
+        own.add(f"totals {when}", problems)
+        with db.session_scope() as s:
+            totals.roll_up(s, wait=True, lag_s=0)
+    if findings is None:
+        own.raise_if_any()
+
+
 def _check_daily_usage(findings: Findings) -> None:
     """``tenant_daily_usage`` holds exactly the ledger's totals per tenant, UTC day, model."""
     u = UsageLedger
@@ -342,6 +427,7 @@ def check_invariants(
     _check_terminal(items, findings)
     ledger = _check_results_and_ledger(items, findings)
     _check_daily_usage(findings)
+    check_totals(findings)
     log = simulator_log(simulator_url)
     billed, cut = _check_provider_log(log, items, ledger, worker_killed, findings)
     _check_slots(redis_client, slot_grace_s, findings)

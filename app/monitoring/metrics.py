@@ -30,36 +30,47 @@ from batchgen.limits import counters
 from batchgen.limits.budget import Budget
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import Registry
-from batchgen.store import provider_jobs
-from batchgen.store.schema import Item, Result, Tenant, TenantDailyUsage
+from batchgen.store import provider_jobs, totals
+from batchgen.store.schema import AdmittedTotals, Tenant, TenantDailyUsage
 
-# Seconds; a queue wait or an upstream call of an LLM lies between 10 ms and 10 min.
-BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 TERMINAL_COUNTS = ("succeeded", "failed", "expired", "cancelled")
+METRIC_OF = {
+    "queue_wait": "batchgen_queue_wait_seconds",
+    "upstream": "batchgen_upstream_latency_seconds",
+}
+HISTOGRAMS = (
+    ("queue_wait", "Admission to start of the call that produced the result"),
+    ("upstream", "Duration of the provider call that produced the result"),
+)
 
 
-def _histogram(session: Session, column: Any, name: str, doc: str) -> HistogramMetricFamily:
-    """A cumulative histogram per model of a millisecond column of ``results``."""
-    family = HistogramMetricFamily(name, doc, labels=["model"])
-    bucket_cols = [
-        func.count().filter(column <= int(b * 1000)).label(f"le{i}")
-        for i, b in enumerate(BUCKETS_S)
-    ]
-    query = (
-        select(Item.model, *bucket_cols, func.count(), func.coalesce(func.sum(column), 0))
-        .join(Item, Item.id == Result.item_id)
-        .group_by(Item.model)
-    )
-    for row in session.execute(query):
-        model, *counts, total, sum_ms = row
-        buckets = [(str(b), c) for b, c in zip(BUCKETS_S, counts, strict=True)]
-        buckets.append(("+Inf", total))
-        family.add_metric([model], buckets, float(sum_ms) / 1000.0)
-    return family
+def _histograms(session: Session) -> Iterator[HistogramMetricFamily]:
+    """Cumulative histograms per model of the results' queue waits and upstream
+    latencies, from the maintained bucket counts (store.totals)."""
+    buckets = totals.latency_buckets(session)
+    for metric, doc in HISTOGRAMS:
+        family = HistogramMetricFamily(METRIC_OF[metric], doc, labels=["model"])
+        for (model, kind), rows in sorted(buckets.items()):
+            if kind != metric:
+                continue
+            by_bound = {le_ms: n for le_ms, n, _ in rows}
+            cumulative, running = [], 0
+            for bound_s, bound_ms in zip(
+                totals.LATENCY_BUCKETS_S, totals.LATENCY_BOUNDS_MS, strict=True
+            ):
+                running += by_bound.get(bound_ms, 0)
+                cumulative.append((str(bound_s), running))
+            count = sum(n for _, n, _ in rows)
+            cumulative.append(("+Inf", count))
+            family.add_metric([model], cumulative, sum(ms for _, _, ms in rows) / 1000.0)
+        yield family
 
 
 class StateCollector:
-    """A prometheus_client collector reading PostgreSQL and Redis on every scrape."""
+    """A prometheus_client collector reading PostgreSQL and Redis on every scrape.
+
+    The PostgreSQL part reads maintained totals (store.totals) in one snapshot, so a
+    scrape costs the same with a million items in the history as with ten."""
 
     def __init__(
         self,
@@ -80,60 +91,52 @@ class StateCollector:
 
     def collect(self) -> Iterator[Metric]:
         with self.session_factory() as session:
-            yield from self._models(session)
-            yield from self._tenants(session)
-            yield _histogram(
-                session,
-                Result.queue_wait_ms,
-                "batchgen_queue_wait_seconds",
-                "Admission to start of the call that produced the result",
-            )
-            yield _histogram(
-                session,
-                Result.upstream_latency_ms,
-                "batchgen_upstream_latency_seconds",
-                "Duration of the provider call that produced the result",
-            )
+            # One snapshot for every query of the scrape: the totals and their tail agree.
+            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            finished = totals.finished(session)
+            yield from self._models(session, finished)
+            yield from self._tenants(session, finished)
+            yield from _histograms(session)
         yield from self._redis()
 
-    def _models(self, session: Session) -> Iterator[Metric]:
+    def _models(self, session: Session, finished: totals.Counts) -> Iterator[Metric]:
         items = GaugeMetricFamily(
-            "batchgen_items", "Items by model and status", labels=["model", "status"]
+            "batchgen_items",
+            "Items by model and status (terminal ones: every item that ever ended so, "
+            "those removed by retention included)",
+            labels=["model", "status"],
         )
-        counts = {
-            (m, s): n
-            for m, s, n in session.execute(
-                select(Item.model, Item.status, func.count()).group_by(Item.model, Item.status)
-            )
-        }
+        counts = totals.by(finished, 0)
+        counts.update(totals.by(totals.open_counts(session, self.registry.names), 0))
         for spec in self.registry:
             for status in ItemStatus:
-                items.add_metric([spec.name, status.value], counts.get((spec.name, status), 0))
+                count = counts.get((spec.name, status.value), totals.Count())
+                items.add_metric([spec.name, status.value], count.items)
         yield items
 
-    def _tenants(self, session: Session) -> Iterator[Metric]:
+    def _tenants(self, session: Session, finished: totals.Counts) -> Iterator[Metric]:
         accepted = CounterMetricFamily(
             "batchgen_tenant_items_accepted", "Items admitted per tenant", labels=["tenant"]
         )
-        finished = CounterMetricFamily(
+        finished_family = CounterMetricFamily(
             "batchgen_tenant_items_finished",
             "Items that reached a terminal state",
             labels=["tenant", "status"],
         )
-        per_status = session.execute(
-            select(Tenant.name, Item.status, func.count())
-            .join(Item, Item.tenant_id == Tenant.id)
-            .group_by(Tenant.name, Item.status)
+        names: dict[int, str] = {i: n for i, n in session.execute(select(Tenant.id, Tenant.name))}
+        admitted = session.execute(
+            select(AdmittedTotals.tenant_id, func.sum(AdmittedTotals.items)).group_by(
+                AdmittedTotals.tenant_id
+            )
         ).all()
-        totals: dict[str, int] = {}
-        for name, status, n in per_status:
-            totals[name] = totals.get(name, 0) + n
+        for tenant_id, n in sorted(admitted, key=lambda r: names.get(r[0], "")):
+            accepted.add_metric([names.get(tenant_id, str(tenant_id))], int(n))
+        for (tenant, status), count in sorted(totals.by(finished, 1).items(), key=str):
             if status in TERMINAL_COUNTS:
-                finished.add_metric([name, status], n)
-        for name, n in totals.items():
-            accepted.add_metric([name], n)
+                name = names.get(int(tenant), str(tenant))
+                finished_family.add_metric([name, status], count.items)
         yield accepted
-        yield finished
+        yield finished_family
 
         tokens = CounterMetricFamily(
             "batchgen_tenant_tokens", "Billed tokens per tenant", labels=["tenant", "kind"]

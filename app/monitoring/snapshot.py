@@ -14,40 +14,33 @@ from sqlalchemy import Date, func, select
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain.status import OPEN, TERMINAL, values
 from batchgen.limits.budget import Budget
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import Registry
-from batchgen.store import provider_jobs
+from batchgen.store import provider_jobs, totals
 from batchgen.store.schema import Batch, Item, Tenant, TenantDailyUsage
 
 THROUGHPUT_WINDOW_MIN = 5
-OPEN_VALUES = values(OPEN)
 
 
 def snapshot(
     session: Session, client: redis.Redis, registry: Registry, settings: Settings
 ) -> dict[str, Any]:
-    """Per-model and per-tenant state, as plain JSON-ready data."""
-    counts = {
-        (m, s): n
-        for m, s, n in session.execute(
-            select(Item.model, Item.status, func.count())
-            .where(Item.status.in_(OPEN_VALUES))
-            .group_by(Item.model, Item.status)
-        )
-    }
-    backlog = dict(
-        session.execute(
-            select(Item.model, func.sum(Item.prompt_tokens_est + Item.max_tokens))
-            .where(Item.status.in_(OPEN_VALUES))
-            .group_by(Item.model)
-        ).all()
-    )
+    """Per-model and per-tenant state, as plain JSON-ready data, from maintained totals
+    (store.totals) in one snapshot: the same cost however long the history."""
+    session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+    open_now = totals.by(totals.open_counts(session, registry.names), 0)
+    counts = {k: c.items for k, c in open_now.items()}
+    backlog: dict[str, int] = {}
+    for (model, _status), c in open_now.items():
+        backlog[str(model)] = backlog.get(str(model), 0) + c.tokens_est
     recent = dict(
         session.execute(
             select(Item.model, func.count())
-            .where(Item.finished_at >= func.now() - dt.timedelta(minutes=THROUGHPUT_WINDOW_MIN))
+            .where(
+                Item.finished_at.is_not(None),
+                Item.finished_at >= func.now() - dt.timedelta(minutes=THROUGHPUT_WINDOW_MIN),
+            )
             .group_by(Item.model)
         ).all()
     )
@@ -73,17 +66,22 @@ def snapshot(
                 "budget_requests_limit": spec.requests_per_min,
             }
         )
-    done = func.count().filter(Item.status.in_([s.value for s in TERMINAL]))
+    open_batches = session.execute(
+        select(Tenant.name, Batch.id, Batch.status, Batch.total_items)
+        .join(Batch, Batch.tenant_id == Tenant.id)
+        .where(Batch.finished_at.is_(None))
+        .order_by(Tenant.name, Batch.created_at)
+    ).all()
+    done = totals.batches_finished(session, [b.id for b in open_batches])
     tenants = [
-        {"tenant": name, "batch": batch_id, "status": status, "total": total, "done": finished}
-        for name, batch_id, status, total, finished in session.execute(
-            select(Tenant.name, Batch.id, Batch.status, Batch.total_items, done)
-            .join(Batch, Batch.tenant_id == Tenant.id)
-            .join(Item, Item.batch_id == Batch.id)
-            .where(Batch.finished_at.is_(None))
-            .group_by(Tenant.name, Batch.id, Batch.status, Batch.total_items)
-            .order_by(Tenant.name, Batch.created_at)
-        )
+        {
+            "tenant": name,
+            "batch": batch_id,
+            "status": status,
+            "total": total,
+            "done": sum(done.get(batch_id, {}).values()),
+        }
+        for name, batch_id, status, total in open_batches
     ]
     return {
         "models": models,

@@ -9,15 +9,15 @@ may read every tenant's batches (:func:`get_readable_batch`); changing a batch
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from itertools import islice
 from typing import Any
 
-from sqlalchemy import exists, func, insert, select, text
+from sqlalchemy import exists, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -45,11 +45,10 @@ from batchgen.domain.status import (
 )
 from batchgen.errors import IdempotencyKeyReused, NotFound, ValidationFailed
 from batchgen.registry import ModelSpec, Registry
-from batchgen.store import items, notifications, quotas
+from batchgen.store import items, notifications, quotas, totals
 from batchgen.store.schema import Batch, Item, Result, Tenant
 from batchgen.store.sqlfiles import query
 
-INSERT_CHUNK = 1000
 OPEN_VALUES = values(OPEN)
 MAX_IDEMPOTENCY_KEY_CHARS = 200
 # What a batch id can look like (``batch_`` + hex); anything else is no batch.
@@ -130,11 +129,13 @@ def _item_rows(
     batch: Batch,
     tenant_id: int,
     tokens_by_model: dict[str, int],
+    admitted: dict[str, list[int]],
     registry: Registry,
 ) -> Iterator[dict[str, Any]]:
     """Rows to insert, each ``pending`` or ``offloaded`` (its route, by
     :func:`batchgen.domain.offload.wants_offline`); adds up each model's estimated
-    tokens of online work on the way (offloaded items are not the online backlog)."""
+    tokens of online work on the way (offloaded items are not the online backlog), and
+    each model's items and tokens in all (``admitted``: ``[items, tokens]``)."""
     mode, priority = OffloadMode(batch.offload), Priority(batch.priority)
     for d in drafts:
         deadline = batch.deadline_at
@@ -153,9 +154,13 @@ def _item_rows(
             window=window,
             deadline_left_s=(deadline - batch.created_at).total_seconds(),
         )
+        tokens = d.prompt_tokens_est + d.max_tokens
         tokens_by_model.setdefault(d.model, 0)
         if not offline:
-            tokens_by_model[d.model] += d.prompt_tokens_est + d.max_tokens
+            tokens_by_model[d.model] += tokens
+        counted = admitted.setdefault(d.model, [0, 0])
+        counted[0] += 1
+        counted[1] += tokens
         yield {
             "batch_id": batch.id,
             "tenant_id": tenant_id,
@@ -169,6 +174,39 @@ def _item_rows(
             "status": (ItemStatus.OFFLOADED if offline else ItemStatus.PENDING).value,
             "deadline_at": deadline,
         }
+
+
+# The item columns a submit writes, in the order of _item_rows' values.
+COPY_COLUMNS = (
+    "batch_id",
+    "tenant_id",
+    "line_no",
+    "custom_id",
+    "model",
+    "priority_rank",
+    "body",
+    "prompt_tokens_est",
+    "max_tokens",
+    "status",
+    "deadline_at",
+)
+
+
+def _copy_items(session: Session, rows: Iterable[dict[str, Any]]) -> int:
+    """Stream the rows into ``items`` with one ``COPY … FROM STDIN`` in the session's
+    transaction, as they are validated (memory stays flat); returns how many. A bad
+    line raises out of the COPY: it is aborted and the transaction rolls back."""
+    connection = session.connection().connection.driver_connection
+    assert connection is not None
+    total = 0
+    dumps = json.dumps
+    sql = f"COPY items ({', '.join(COPY_COLUMNS)}) FROM STDIN"
+    with connection.cursor() as cursor, cursor.copy(sql) as copy:
+        for row in rows:
+            row["body"] = dumps(row["body"], separators=(",", ":"))
+            copy.write_row([row[c] for c in COPY_COLUMNS])
+            total += 1
+    return total
 
 
 def _check_options(options: SubmitOptions, default_window_s: int) -> float:
@@ -229,8 +267,8 @@ def store_batch(
     Returns ``(batch, created)``; ``created`` is False when the idempotency key
     named an existing batch for the same request (another request under a used
     key raises :class:`IdempotencyKeyReused`). Any error leaves the transaction
-    to be rolled back, so nothing of a bad batch is stored. Items are inserted
-    in chunks while the body is read, so a large file is neither held whole
+    to be rolled back, so nothing of a bad batch is stored. Items are streamed
+    into one COPY while the body is read, so a large file is neither held whole
     nor sent row by row.
     """
     window_s = _check_options(options, settings.default_completion_window_s)
@@ -288,14 +326,13 @@ def store_batch(
         return _replay(existing, drafts, fingerprint), False
 
     tokens_by_model: dict[str, int] = {}
-    rows = _item_rows(drafts, batch, tenant.id, tokens_by_model, registry)
-    total = 0
-    while chunk := list(islice(rows, INSERT_CHUNK)):
-        session.execute(insert(Item), chunk)
-        total += len(chunk)
+    admitted: dict[str, list[int]] = {}
+    rows = _item_rows(drafts, batch, tenant.id, tokens_by_model, admitted, registry)
+    total = _copy_items(session, rows)
     batch.total_items = total
     batch.request_sha256 = fingerprint.hexdigest()
     session.flush()
+    totals.admit(session, tenant.id, {m: totals.Count(*c) for m, c in admitted.items()})
     if priority is not Priority.CALL:  # a call's bound is the fail-fast rule (store/calls.py)
         quotas.check_models(session, tokens_by_model, registry, settings)
     quotas.check_tenant(session, tenant, registry, sorted(tokens_by_model))

@@ -586,6 +586,7 @@ def release(session: Session, model: str, window: int, queued_lease_s: float) ->
     free = window - in_flight(session, model)
     if free <= 0:
         return []
+    ready_due(session, model, limit=max(free, READY_DUE_PER_ROUND))
     candidates = list(
         session.scalars(query("dispatch_candidates"), {"model": model, "limit": free})
     )
@@ -617,6 +618,16 @@ def release(session: Session, model: str, window: int, queued_lease_s: float) ->
     # every round (waiting for a slot while counted in its share).
     rank = {item_id: n for n, item_id in enumerate(candidates)}
     return sorted((_ticket(row) for row in rows), key=lambda t: rank[t.item_id])
+
+
+# Deferred items made ready per dispatch round and model, at least.
+READY_DUE_PER_ROUND = 1000
+
+
+def ready_due(session: Session, model: str, limit: int) -> int:
+    """Deferred pending items whose ``not_before`` has passed become ready for the
+    dispatcher (up to ``limit``, the earliest first); returns how many."""
+    return len(session.execute(query("item_ready_due"), {"model": model, "limit": limit}).all())
 
 
 def release_call(session: Session, batch_id: str, queued_lease_s: float) -> Ticket | None:

@@ -23,10 +23,10 @@ from batchgen.config import Settings
 from batchgen.domain.status import OPEN, ItemStatus, values
 from batchgen.errors import Overloaded, OverQuota, PayloadTooLarge
 from batchgen.registry import ModelSpec, Registry
+from batchgen.store import totals
 from batchgen.store.db import ADVISORY_NAMESPACE
-from batchgen.store.schema import Item, Tenant, TenantDailyUsage
+from batchgen.store.schema import Tenant, TenantDailyUsage
 
-OPEN_VALUES = values(OPEN)
 # A model's online backlog: what its workers still have to run (offloaded items wait
 # for the provider's Batch API, on a quota of their own).
 ONLINE_OPEN_VALUES = values(OPEN - {ItemStatus.OFFLOADED})
@@ -48,11 +48,12 @@ def seconds_until_utc_midnight(now: dt.datetime) -> float:
     return max(MIN_RETRY_AFTER_S, (midnight - now).total_seconds())
 
 
-def _open_tokens(session: Session, statuses: list[str] = OPEN_VALUES, **where: object) -> int:
-    query = select(func.coalesce(func.sum(Item.prompt_tokens_est + Item.max_tokens), 0)).where(
-        Item.status.in_(statuses), *[getattr(Item, k) == v for k, v in where.items()]
-    )
-    return int(session.scalar(query) or 0)
+def _open(
+    session: Session, registry: Registry, model: str | None = None, tenant_id: int | None = None
+) -> totals.Counts:
+    """Open items of one model or tenant, from the maintained totals (store.totals): the
+    same cost at a million open items as at ten."""
+    return totals.open_counts(session, registry.names, model=model, tenant_id=tenant_id)
 
 
 def check_models(
@@ -74,12 +75,13 @@ def check_models(
             text("SELECT pg_advisory_xact_lock(:ns, hashtext(:key))"),
             {"ns": ADVISORY_NAMESPACE + 1, "key": model},
         )
-        backlog = _open_tokens(session, ONLINE_OPEN_VALUES, model=model)
-        if backlog > bound:
+        backlog = totals.total(_open(session, registry, model=model), ONLINE_OPEN_VALUES)
+        backlog_tokens = backlog.tokens_est
+        if backlog_tokens > bound:
             raise Overloaded(
-                f"model {model} is overloaded: {backlog - new_tokens[model]} tokens are "
-                f"waiting (bound {bound}); retry later",
-                retry_after_s=drain_time_s(backlog - bound, spec.tokens_per_min),
+                f"model {model} is overloaded: {backlog_tokens - new_tokens[model]} tokens "
+                f"are waiting (bound {bound}); retry later",
+                retry_after_s=drain_time_s(backlog_tokens - bound, spec.tokens_per_min),
             )
 
 
@@ -92,15 +94,9 @@ def check_tenant(session: Session, tenant: Tenant, registry: Registry, models: l
         text("SELECT pg_advisory_xact_lock(:ns, :tenant)"),
         {"ns": ADVISORY_NAMESPACE + 2, "tenant": tenant.id},
     )
+    open_now = totals.total(_open(session, registry, tenant_id=tenant.id))
     if tenant.max_pending_items is not None:
-        open_items = (
-            session.scalar(
-                select(func.count())
-                .select_from(Item)
-                .where(Item.tenant_id == tenant.id, Item.status.in_(OPEN_VALUES))
-            )
-            or 0
-        )
+        open_items = open_now.items
         if open_items > tenant.max_pending_items:
             rpm = max(registry[m].requests_per_min for m in models)
             excess = open_items - tenant.max_pending_items
@@ -128,7 +124,7 @@ def check_tenant(session: Session, tenant: Tenant, registry: Registry, models: l
             )
             or 0
         )
-        committed = int(used) + _open_tokens(session, tenant_id=tenant.id)
+        committed = int(used) + open_now.tokens_est
         if committed > tenant.daily_token_quota:
             raise OverQuota(
                 f"tenant {tenant.name} would use {committed} tokens today; its daily quota is "

@@ -110,6 +110,13 @@ class Batch(Base):
         CheckConstraint(one_of("status", BatchStatus), name="status_known"),
         UniqueConstraint("tenant_id", "idempotency_key"),
         Index("ix_batches_tenant_id_created_at", "tenant_id", "created_at"),
+        # The open batches (the sweep's closing scan, the status view): a synchronous
+        # call is a batch of its own, so batches grow with the history too.
+        Index(
+            "ix_batches_unfinished",
+            "created_at",
+            postgresql_where=text("finished_at IS NULL"),
+        ),
     )
 
 
@@ -178,14 +185,34 @@ class Item(Base):
         ),
         UniqueConstraint("batch_id", "custom_id"),
         Index("ix_items_batch_id_status", "batch_id", "status"),
-        # The dispatcher's scan: pending work per model, oldest first.
+        # The dispatcher's scan: pending work ready to run, per model, oldest first.
+        # Deferred items (not_before set) are apart: the dispatcher makes the due ones
+        # ready (store.items.ready_due), so a million deferred items cost it nothing.
         Index(
             "ix_items_pending_by_model",
             "model",
             "tenant_id",
             "priority_rank",
             "id",
-            postgresql_where=text("status = 'pending'"),
+            postgresql_where=text("status = 'pending' AND not_before IS NULL"),
+        ),
+        Index(
+            "ix_items_deferred",
+            "model",
+            "not_before",
+            postgresql_where=text("status = 'pending' AND not_before IS NOT NULL"),
+        ),
+        # The sweep's expiry scan: open unstarted items by deadline.
+        Index(
+            "ix_items_unstarted_deadline",
+            "deadline_at",
+            postgresql_where=text("status IN ('pending', 'queued')"),
+        ),
+        # The totals' tail (store.totals): items finished since the last roll-up.
+        Index(
+            "ix_items_finished_at",
+            "finished_at",
+            postgresql_where=text("finished_at IS NOT NULL"),
         ),
         # The sweep's scan: leases that may have run out.
         Index(
@@ -324,6 +351,12 @@ class UsageLedger(Base):
     __table_args__ = (
         UniqueConstraint("item_id", "attempt"),
         Index("ix_usage_ledger_tenant_id_created_at", "tenant_id", "created_at"),
+        # The usage report's waste: the few rows with a reason, by day.
+        Index(
+            "ix_usage_ledger_waste",
+            "created_at",
+            postgresql_where=text("waste_reason IS NOT NULL"),
+        ),
     )
 
 
@@ -351,3 +384,65 @@ class TenantDailyUsage(Base):
     offline_completion_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
     offline_cost_usd: Mapped[Decimal] = mapped_column(USD, server_default="0")
     saved_usd: Mapped[Decimal] = mapped_column(USD, server_default="0")
+
+
+class AdmittedTotals(Base):
+    """Items and estimated tokens ever admitted, per model and tenant: added in the
+    submit's transaction (store.batches.store_batch). What is open is this less what
+    has finished (store.totals), so admission never sums the backlog item by item."""
+
+    __tablename__ = "admitted_totals"
+
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    items: Mapped[int] = mapped_column(BigInteger)
+    tokens_est: Mapped[int] = mapped_column(BigInteger)
+
+
+class FinishedTotals(Base):
+    """Finished items per model, tenant and status, rolled up off the hot path from
+    ``items.finished_at`` up to ``totals_watermark`` (store.totals)."""
+
+    __tablename__ = "finished_totals"
+
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    status: Mapped[str] = mapped_column(String(20), primary_key=True)
+    items: Mapped[int] = mapped_column(BigInteger)
+    tokens_est: Mapped[int] = mapped_column(BigInteger)
+
+
+class BatchTotals(Base):
+    """A batch's finished items per status, rolled up with :class:`FinishedTotals`."""
+
+    __tablename__ = "batch_totals"
+
+    batch_id: Mapped[str] = mapped_column(
+        ForeignKey("batches.id", ondelete="CASCADE"), primary_key=True
+    )
+    status: Mapped[str] = mapped_column(String(20), primary_key=True)
+    items: Mapped[int] = mapped_column(BigInteger)
+
+
+class LatencyTotals(Base):
+    """The results' queue waits and upstream latencies per model, counted per histogram
+    bucket (``le_ms``: the bucket's upper bound, ``LE_INF_MS`` for +Inf), rolled up
+    with :class:`FinishedTotals`."""
+
+    __tablename__ = "latency_totals"
+
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    metric: Mapped[str] = mapped_column(String(20), primary_key=True)
+    le_ms: Mapped[int] = mapped_column(Integer, primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger)
+    sum_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class TotalsWatermark(Base):
+    """One row: items finished before ``rolled_up_before`` are in the rolled-up totals
+    (None: nothing yet)."""
+
+    __tablename__ = "totals_watermark"
+
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    rolled_up_before: Mapped[dt.datetime | None] = mapped_column(TZ)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from batchgen.config import Settings
-from batchgen.store import retention
+from batchgen.store import retention, totals
 from batchgen.store.db import session_scope
 
 log = logging.getLogger(__name__)
@@ -20,6 +20,8 @@ def purge(settings: Settings) -> retention.Purged:
     purged = retention.Purged()
     if settings.retention_days is None:
         return purged
+    with session_scope() as session:  # what goes is counted in the totals first
+        totals.roll_up(session, wait=True)
     with session_scope() as session:
         batch_ids = retention.expired_batches(session, settings.retention_days, BATCHES_PER_PASS)
     for batch_id in batch_ids:

@@ -28,7 +28,7 @@ CROSS JOIN LATERAL (
     WHERE i.tenant_id = t.id
       AND i.model = :model
       AND i.status = 'pending'
-      AND (i.not_before IS NULL OR i.not_before <= now())
+      AND i.not_before IS NULL  -- deferred items join once due (store.items.ready_due)
       AND NOT EXISTS (
           SELECT 1 FROM batches AS b
           WHERE b.id = i.batch_id AND b.cancel_requested_at IS NOT NULL
