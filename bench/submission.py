@@ -113,6 +113,7 @@ def main() -> None:
             "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL", get_settings().broker_url),
             "BATCHGEN_MAX_BATCH_LINES": str(args.lines),
             "BATCHGEN_MAX_BODY_BYTES": str(1 << 30),
+            "BATCHGEN_MAX_TOKENIZE_BYTES": str(1 << 30),
             "BATCHGEN_MAX_BACKLOG_MIN": "100000",
         }
         os.environ.update(env)

@@ -33,7 +33,7 @@ CHAT_COMPLETIONS = "/v1/chat/completions"
 MAX_CUSTOM_ID_CHARS = 512
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ItemDraft:
     """One validated request line, ready to store."""
 
@@ -44,6 +44,9 @@ class ItemDraft:
     prompt_tokens_est: int
     max_tokens: int
     timeout_s: float | None = None  # optional per-item deadline, from admission
+    # The body as canonical JSON, once RequestFingerprint.track has spelled it (what
+    # the store writes: the body is serialized once).
+    body_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +114,12 @@ def unstorable_path(value: Any, path: str = "") -> str | None:
 UNSTORABLE = "contains a NUL character (\\u0000) or an unpaired surrogate, which cannot be stored"
 
 
+def _canonical_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _canonical_text(value).encode()
 
 
 @dataclass
@@ -133,7 +140,10 @@ class RequestFingerprint:
     def track(self, drafts: Iterable[ItemDraft]) -> Iterator[ItemDraft]:
         """Pass ``drafts`` through, adding each to the fingerprint."""
         for d in drafts:
-            self._hash.update(_canonical([d.custom_id, d.body, d.timeout_s]) + b"\n")
+            # The canonical spelling of [custom_id, body, timeout_s], the body's part kept.
+            d.body_json = _canonical_text(d.body)
+            line = f"[{_canonical_text(d.custom_id)},{d.body_json},{_canonical_text(d.timeout_s)}]"
+            self._hash.update(line.encode() + b"\n")
             yield d
 
     def hexdigest(self) -> str:

@@ -128,12 +128,27 @@ def _chunks(text: str) -> Iterable[str]:
     yield text[start:]
 
 
+# Texts up to this many characters (roles, names, short prompts) are counted once per
+# process and encoding, then remembered.
+SHORT_TEXT_CHARS = 32
+
+
+@functools.lru_cache(maxsize=4096)
+def _count_short(text: str, encoding_name: str) -> int:
+    enc = get_encoding(encoding_name)
+    if enc is None:
+        return math.ceil(len(text.encode("utf-8")) / ESTIMATE_BYTES_PER_TOKEN)
+    return len(enc.encode(text, disallowed_special=()))
+
+
 def count_text(text: str, encoding_name: str, limit: int | None = None) -> int:
     """Tokens in ``text`` under ``encoding_name`` (exact, or the documented estimate).
 
     With ``limit``, counting may stop once the count passes it: the answer is
     then some number above ``limit``.
     """
+    if len(text) <= SHORT_TEXT_CHARS:
+        return _count_short(text, encoding_name)
     enc = get_encoding(encoding_name)
     if enc is None:
         return math.ceil(len(text.encode("utf-8")) / ESTIMATE_BYTES_PER_TOKEN)

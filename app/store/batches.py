@@ -168,7 +168,7 @@ def _item_rows(
             "custom_id": d.custom_id,
             "model": d.model,
             "priority_rank": Priority(batch.priority).rank,
-            "body": d.body,
+            "body": d.body_json if d.body_json is not None else json.dumps(d.body),
             "prompt_tokens_est": d.prompt_tokens_est,
             "max_tokens": d.max_tokens,
             "status": (ItemStatus.OFFLOADED if offline else ItemStatus.PENDING).value,
@@ -193,17 +193,16 @@ COPY_COLUMNS = (
 
 
 def _copy_items(session: Session, rows: Iterable[dict[str, Any]]) -> int:
-    """Stream the rows into ``items`` with one ``COPY … FROM STDIN`` in the session's
-    transaction, as they are validated (memory stays flat); returns how many. A bad
-    line raises out of the COPY: it is aborted and the transaction rolls back."""
+    """Stream the rows (``body`` as JSON text) into ``items`` with one ``COPY … FROM
+    STDIN`` in the session's transaction, as they are validated (memory stays flat);
+    returns how many. A bad line raises out of the COPY: it is aborted and the
+    transaction rolls back."""
     connection = session.connection().connection.driver_connection
     assert connection is not None
     total = 0
-    dumps = json.dumps
     sql = f"COPY items ({', '.join(COPY_COLUMNS)}) FROM STDIN"
     with connection.cursor() as cursor, cursor.copy(sql) as copy:
         for row in rows:
-            row["body"] = dumps(row["body"], separators=(",", ":"))
             copy.write_row([row[c] for c in COPY_COLUMNS])
             total += 1
     return total
