@@ -58,6 +58,30 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("BATCHGEN_CELERY_BROKER_URL", "CELERY_BROKER_URL"),
     )
 
+    # PostgreSQL connections (README "Connections"). DATABASE_URL may be a
+    # transaction pooler (PgBouncer, pool_mode = transaction); what needs one server
+    # session for longer than a transaction goes to database_direct_url instead: the
+    # LISTEN of synchronous calls, the offload tick's session advisory lock, and
+    # migrations. Unset: DATABASE_URL.
+    database_direct_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("BATCHGEN_DATABASE_DIRECT_URL")
+    )
+    # Each process keeps one pool to DATABASE_URL: at most db_pool_size connections
+    # kept open plus db_max_overflow more opened under load (closed when returned).
+    # A thread holds one only for a statement or a transaction, never during a
+    # provider call, so a pool smaller than the thread count serves them all; a
+    # thread that finds every connection busy waits up to db_pool_timeout_s (then
+    # the attempt counts as a database outage and is retried). Unset db_pool_size:
+    # worker_concurrency / 4, rounded up, at least 2 (see db_pool_bound).
+    db_pool_size: int | None = Field(default=None, ge=1)
+    db_max_overflow: int = Field(default=0, ge=0)
+    db_pool_timeout_s: float = Field(default=30.0, gt=0)
+    # psycopg's server-side prepared statements (a statement run this many times is
+    # prepared on its connection). None, the default: never, which a transaction
+    # pooler needs (PgBouncer before 1.21 has no max_prepared_statements; Debian 12
+    # ships 1.18). A number suits a direct connection only.
+    db_prepare_threshold: int | None = Field(default=None, ge=0)
+
     data_dir: Path = Path(".batchgen")
     models_file: Path = DEFAULT_MODELS_FILE
     log_json: bool = False
@@ -213,11 +237,34 @@ class Settings(BaseSettings):
         """``DATABASE_URL`` with the psycopg 3 driver named, as SQLAlchemy wants it."""
         if not self.database_url:
             raise RuntimeError("DATABASE_URL is not set")
-        url = self.database_url
-        for prefix in ("postgresql://", "postgres://"):
-            if url.startswith(prefix):
-                return "postgresql+psycopg://" + url[len(prefix) :]
-        return url
+        return _psycopg_url(self.database_url)
+
+    @property
+    def direct_sqlalchemy_url(self) -> str:
+        """``BATCHGEN_DATABASE_DIRECT_URL`` (else ``DATABASE_URL``), in SQLAlchemy's form:
+        a connection to PostgreSQL itself, never through a transaction pooler."""
+        if self.database_direct_url:
+            return _psycopg_url(self.database_direct_url)
+        return self.sqlalchemy_url
+
+    @property
+    def db_pool_size_or_default(self) -> int:
+        """``db_pool_size``, or its default: a quarter of ``worker_concurrency``, at least 2."""
+        if self.db_pool_size is not None:
+            return self.db_pool_size
+        return max(2, -(-self.worker_concurrency // 4))
+
+    @property
+    def db_pool_bound(self) -> int:
+        """The most connections a process's pool to ``DATABASE_URL`` opens at once."""
+        return self.db_pool_size_or_default + self.db_max_overflow
+
+
+def _psycopg_url(url: str) -> str:
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
 
 
 @functools.cache

@@ -517,8 +517,9 @@ _waiters_lock = threading.Lock()
 
 
 def _call_waiter() -> CallWaiter:
-    """The process's listener for the ends of calls (one per database)."""
-    url = get_settings().sqlalchemy_url
+    """The process's listener for the ends of calls (one per database), on a direct
+    connection (BATCHGEN_DATABASE_DIRECT_URL): LISTEN needs a session of its own."""
+    url = get_settings().direct_sqlalchemy_url
     with _waiters_lock:
         if url not in _waiters:
             _waiters[url] = CallWaiter(url.replace("postgresql+psycopg://", "postgresql://", 1))

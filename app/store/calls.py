@@ -10,7 +10,10 @@ Its end is heard through ``LISTEN batchgen_call_done``: migration 0006's trigger
 sends the item id when a call's item reaches a terminal status, at commit, when
 the result is readable. One listening connection per process serves every
 waiting request (:class:`CallWaiter`); a waiter also reads the item once per
-``poll_s``, so a lost connection only slows the answer down.
+``poll_s``, so a lost connection only slows the answer down. That connection
+goes straight to PostgreSQL (``BATCHGEN_DATABASE_DIRECT_URL``, else
+``DATABASE_URL``): behind a transaction pooler a ``LISTEN`` would stay on a server
+connection others then use, and hear nothing on its own.
 """
 
 from __future__ import annotations

@@ -1,4 +1,18 @@
-"""Engine and session factory (one pool per process), and running migrations."""
+"""Engine and session factory (one pool per process), and running migrations.
+
+The connection budget of a process (README "Connections"): its pool to
+``DATABASE_URL`` opens at most ``Settings.db_pool_bound`` connections
+(``BATCHGEN_DB_POOL_SIZE`` + ``BATCHGEN_DB_MAX_OVERFLOW``), whatever its thread
+count; besides, straight to PostgreSQL (``BATCHGEN_DATABASE_DIRECT_URL``, else
+``DATABASE_URL``), a process running the offload tick holds up to
+:data:`DIRECT_POOL_BOUND` for its session advisory lock, and a process answering
+synchronous calls one ``LISTEN`` connection (:mod:`batchgen.store.calls`).
+
+Everything that goes through ``DATABASE_URL`` works behind a transaction pooler
+(PgBouncer, ``pool_mode = transaction``): no server-side prepared statements
+(``BATCHGEN_DB_PREPARE_THRESHOLD`` unset), no session state (no ``SET``, no temporary
+tables; the advisory locks taken there are transaction-level ones).
+"""
 
 from __future__ import annotations
 
@@ -70,14 +84,21 @@ def _ping_if_idle(engine: Engine) -> None:
 
 @functools.cache
 def _engine_for(url: str) -> Engine:
+    settings = get_settings()
     engine = create_engine(
         url,
-        pool_size=10,
-        max_overflow=20,
+        pool_size=settings.db_pool_size_or_default,
+        max_overflow=settings.db_max_overflow,
+        pool_timeout=settings.db_pool_timeout_s,
         # Bound parameters hold prompts: never put them in error messages or logs.
         hide_parameters=True,
         pool_recycle=1800,
-        connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
+        connect_args={
+            "connect_timeout": CONNECT_TIMEOUT_S,
+            # None: psycopg prepares nothing on the server (a transaction pooler
+            # would run the next EXECUTE on a server connection that lacks it).
+            "prepare_threshold": settings.db_prepare_threshold,
+        },
     )
     _ping_if_idle(engine)
     return engine
@@ -86,6 +107,38 @@ def _engine_for(url: str) -> Engine:
 def get_engine(url: str | None = None) -> Engine:
     """The process's engine for ``url`` (default: the settings' database)."""
     return _engine_for(url or get_settings().sqlalchemy_url)
+
+
+# The direct pool (BATCHGEN_DATABASE_DIRECT_URL) serves session advisory locks: the
+# offload tick holds one connection for the whole tick; a second tick of the same
+# process meanwhile takes a second one, finds the lock taken and returns.
+DIRECT_POOL_SIZE = 1
+DIRECT_MAX_OVERFLOW = 1
+DIRECT_POOL_BOUND = DIRECT_POOL_SIZE + DIRECT_MAX_OVERFLOW
+
+
+@functools.cache
+def _direct_engine_for(url: str) -> Engine:
+    engine = create_engine(
+        url,
+        pool_size=DIRECT_POOL_SIZE,
+        max_overflow=DIRECT_MAX_OVERFLOW,
+        isolation_level="AUTOCOMMIT",
+        hide_parameters=True,
+        pool_recycle=1800,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "prepare_threshold": None},
+    )
+    _ping_if_idle(engine)
+    return engine
+
+
+@contextmanager
+def direct_autocommit() -> Iterator[Connection]:
+    """An autocommit connection straight to PostgreSQL (``BATCHGEN_DATABASE_DIRECT_URL``,
+    else ``DATABASE_URL``), its own small pool: for session state, which a transaction
+    pooler in ``DATABASE_URL`` would not keep (a session advisory lock)."""
+    with _direct_engine_for(get_settings().direct_sqlalchemy_url).connect() as connection:
+        yield connection
 
 
 @functools.cache
@@ -120,17 +173,19 @@ def autocommit(url: str | None = None) -> Iterator[Connection]:
 
 
 def alembic_config(url: str | None = None):  # type: ignore[no-untyped-def]
-    """An Alembic config pointing at migrations/ and the given database."""
+    """An Alembic config pointing at migrations/ and the given database (default: the
+    direct one, ``BATCHGEN_DATABASE_DIRECT_URL``, else ``DATABASE_URL``)."""
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", MIGRATIONS_DIR)
-    cfg.set_main_option("sqlalchemy.url", (url or get_settings().sqlalchemy_url).replace("%", "%%"))
+    target = url or get_settings().direct_sqlalchemy_url
+    cfg.set_main_option("sqlalchemy.url", target.replace("%", "%%"))
     return cfg
 
 
 def upgrade(url: str | None = None, revision: str = "head") -> None:
-    """Apply migrations up to ``revision``."""
+    """Apply migrations up to ``revision`` (default database: the direct one)."""
     from alembic import command
 
     command.upgrade(alembic_config(url), revision)

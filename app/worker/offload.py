@@ -61,7 +61,7 @@ from batchgen.providers.offline import JobStatus as ProviderState
 from batchgen.providers.offline import OfflineJobs, OfflineRow, RowKind, RowResult
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store import batches, items, provider_jobs
-from batchgen.store.db import ADVISORY_NAMESPACE, autocommit, session_scope
+from batchgen.store.db import ADVISORY_NAMESPACE, direct_autocommit, session_scope
 from batchgen.store.ledger import CallOutcome, record_success
 from batchgen.store.provider_jobs import JobRecord
 
@@ -100,8 +100,9 @@ class TickReport:
 
 @contextlib.contextmanager
 def single_flight() -> Iterator[bool]:
-    """The tick's lock across hosts: True when this process holds it."""
-    with autocommit() as connection:
+    """The tick's lock across hosts: True when this process holds it. A session lock,
+    so on a direct connection (a transaction pooler would unlock another session)."""
+    with direct_autocommit() as connection:
         held = bool(
             connection.scalar(
                 text("SELECT pg_try_advisory_lock(:ns, :key)"),
