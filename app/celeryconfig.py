@@ -5,7 +5,9 @@ Queues: one per model group (``llm.<group>``, from the registry) and
 only; results live in PostgreSQL, so Celery keeps none.
 """
 
-from kombu import Queue
+import math
+
+from kombu import Exchange, Queue
 
 from batchgen.config import get_settings
 from batchgen.registry import get_registry
@@ -24,12 +26,55 @@ from batchgen.worker.names import (
 _settings = get_settings()
 _registry = get_registry()
 
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+
+def is_amqp(url: str) -> bool:
+    """Whether ``url`` names a RabbitMQ (AMQP 0-9-1) broker; every other broker
+    batchgen runs on is Redis."""
+    return url.partition("://")[0].lower() in AMQP_SCHEMES
+
+
+def broker_queue(name: str, url: str) -> Queue:
+    """The queue ``name`` as the broker of ``url`` wants it. Redis: a plain queue (a
+    list). RabbitMQ: a durable quorum queue behind a topic exchange of its own name,
+    so that Celery's native delayed delivery can route countdowns back to it (it
+    does not work through direct exchanges)."""
+    if not is_amqp(url):
+        return Queue(name)
+    return Queue(
+        name,
+        Exchange(name, type="topic"),
+        routing_key=name,
+        queue_arguments={"x-queue-type": "quorum"},
+    )
+
+
+def countdown_for_broker(countdown_s: float, url: str) -> float:
+    """The countdown to publish a retry with. Redis: as asked. RabbitMQ with quorum
+    queues: rounded up to whole seconds (at least 1): native delayed delivery counts
+    whole seconds and refuses (Celery 5.7 raises ValueError, the retry is lost) a
+    delay under one second; rounding up also means the message is due when it arrives
+    and is not held unacknowledged in the worker for the rest."""
+    if not is_amqp(url) or countdown_s <= 0:
+        return countdown_s
+    return float(max(1, math.ceil(countdown_s)))
+
+
 broker_url = _settings.broker_url
 broker_connection_retry_on_startup = True
-broker_transport_options = {
-    # Unacked messages return after this; every countdown we use is far shorter.
-    "visibility_timeout": _settings.visibility_timeout_s,
-}
+broker_transport_options: dict[str, object]
+if is_amqp(broker_url):
+    # RabbitMQ: a publish returns once the broker has taken the message (a refused or
+    # lost one raises in the publisher, and its item waits for the sweep). Unacked
+    # messages come back when their consumer's connection closes; there is no
+    # visibility timeout.
+    broker_transport_options = {"confirm_publish": True}
+else:
+    broker_transport_options = {
+        # Unacked messages return after this; every countdown we use is far shorter.
+        "visibility_timeout": _settings.visibility_timeout_s,
+    }
 
 task_serializer = "json"
 result_serializer = "json"
@@ -52,8 +97,17 @@ worker_hijack_root_logger = False
 worker_send_task_events = True
 task_send_sent_event = False
 
-task_queues = [Queue(CONTROL_QUEUE)] + [Queue(q) for q in _registry.queues]
+task_queues = [broker_queue(q, broker_url) for q in [CONTROL_QUEUE, *_registry.queues]]
 task_default_queue = CONTROL_QUEUE
+if is_amqp(broker_url):
+    # Quorum queues (replicated, and what RabbitMQ 4 recommends). Their countdown and
+    # ETA messages wait in the broker (Celery's native delayed delivery: topic
+    # exchanges, whole seconds, see countdown_for_broker) rather than unacknowledged in
+    # a worker, and the prefetch is per consumer (quorum queues have no global QoS).
+    task_default_queue_type = "quorum"
+    task_default_exchange_type = "topic"
+    worker_detect_quorum_queues = True
+    broker_native_delayed_delivery_queue_type = "quorum"
 
 
 def route_task(name, args, kwargs, options, task=None, **kw):  # type: ignore[no-untyped-def]

@@ -1,6 +1,7 @@
 """The Celery application (:mod:`batchgen.worker.publish`) and the worker's signals;
 ``celery -A batchgen.tasks worker`` starts a worker."""
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ from typing import Any
 
 from celery import signals
 
+from batchgen.config import get_settings
 from batchgen.logs import configure_logging
 from batchgen.providers import get_provider
 from batchgen.registry import get_registry
@@ -32,6 +34,36 @@ def _refuse_other_pools(**_: Any) -> None:
     if message:
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
+
+
+@signals.worker_init.connect
+def _pool_follows_threads(sender: Any = None, **_: Any) -> None:
+    # The default database pool is a quarter of the worker's threads (README
+    # "Connections"): of the threads this worker really runs (-c, --concurrency), not
+    # only of BATCHGEN_WORKER_CONCURRENCY. No connection is open yet at this point.
+    threads = getattr(sender, "concurrency", None)
+    if isinstance(threads, int) and threads > 0 and threads != get_settings().worker_concurrency:
+        os.environ["BATCHGEN_WORKER_CONCURRENCY"] = str(threads)
+        get_settings.cache_clear()
+
+
+@signals.worker_init.connect
+def _declare_every_queue(**_: Any) -> None:
+    # RabbitMQ: Celery's native delayed delivery binds every queue of the app to its
+    # delay exchanges when a worker starts, also the queues this worker does not
+    # consume; on a fresh vhost those do not exist yet and the binding fails with
+    # NOT_FOUND. Declaring them all first (idempotent) avoids that. Best effort: a
+    # broker that is down now is retried by the worker itself.
+    from batchgen.celeryconfig import is_amqp
+
+    if not is_amqp(str(celery_app.conf.broker_url)):
+        return
+    with contextlib.suppress(Exception), celery_app.connection_for_write() as connection:
+        connection.ensure_connection(max_retries=1)
+        channel = connection.channel()
+        for queue in celery_app.amqp.queues.values():
+            queue.bind(channel).declare()
+        channel.close()
 
 
 @signals.beat_embedded_init.connect

@@ -47,8 +47,14 @@ def _refiller() -> Refiller:
 # max_retries=None: a budget wait is not a failure and may repeat as often as
 # needed; failure attempts are counted on the item in PostgreSQL instead. An item that
 # failed for good ends its task FAILURE (ItemFailed: expected, logged without a trace).
+# Request: a retry's ETA is on Redis's clock, read in this host's frame (worker/clock.py).
 @celery_app.task(
-    name=GENERATE_TASK, bind=True, ignore_result=True, max_retries=None, throws=(ItemFailed,)
+    name=GENERATE_TASK,
+    bind=True,
+    ignore_result=True,
+    max_retries=None,
+    throws=(ItemFailed,),
+    Request="batchgen.worker.clock:RedisClockRequest",
 )
 def generate(
     self: Task, item_id: int, model: str | None = None, ticket: dict[str, Any] | None = None

@@ -2,8 +2,9 @@
 
 Each check is independent and says what it found and, when something is wrong,
 the one thing to do next: the configuration and the model registry load, the
-database answers and is migrated to the head revision, Redis and the broker answer,
-every queue has a worker, and every provider endpoint of the registry answers.
+database answers and is migrated to the head revision, Redis and the broker answer
+(on RabbitMQ: its queues are quorum queues), every queue has a worker, and every
+provider endpoint of the registry answers.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from batchgen.config import Settings
 from batchgen.registry import ProviderKind, Registry
 
 PROVIDER_TIMEOUT_S = 3.0
+AMQP_NOT_FOUND = 404  # the reply code of a passive declare of a missing queue
 
 
 @dataclass(frozen=True)
@@ -73,15 +75,74 @@ def check_redis(settings: Settings) -> Check:
     return _guard("redis", run, "check REDIS_URL (or BATCHGEN_REDIS_URL) and the server")
 
 
-def check_broker(settings: Settings) -> Check:
+def check_broker(settings: Settings, registry: Registry | None = None) -> Check:
+    """The broker answers; on RabbitMQ, also every queue of ``registry`` that the broker
+    already has takes the quorum queue's arguments (a classic queue of the same name
+    makes every worker fail at its start with PRECONDITION_FAILED)."""
+
     def run() -> Check:
         from kombu import Connection
 
+        from batchgen.celeryconfig import is_amqp
+
         with Connection(settings.broker_url, connect_timeout=PROVIDER_TIMEOUT_S) as connection:
             connection.ensure_connection(max_retries=1)
+            if is_amqp(settings.broker_url) and registry is not None:
+                return _check_amqp_queues(connection, settings.broker_url, registry)
         return Check("broker", True, f"answers ({connection.transport_cls})")
 
     return _guard("broker", run, "check CELERY_BROKER_URL and the broker")
+
+
+def _check_amqp_queues(connection: Any, url: str, registry: Registry) -> Check:
+    """A passive declare per queue (a missing one is fine: the workers declare it),
+    then, for one that exists, a declare with the arguments the workers use: the
+    broker refuses it (406) when the existing queue differs. Nothing is created."""
+    from batchgen.celeryconfig import broker_queue
+    from batchgen.worker.names import CONTROL_QUEUE
+
+    names = [CONTROL_QUEUE, *registry.queues]
+    present, different = [], []
+    channel: Any = None
+    for name in names:
+        queue = broker_queue(name, url)
+        refused, channel = _declare(connection, channel, queue, passive=True)
+        if refused == AMQP_NOT_FOUND:
+            continue
+        if refused is not None:
+            raise RuntimeError(f"the broker refused a passive declare of {name} ({refused})")
+        present.append(name)
+        refused, channel = _declare(connection, channel, queue, passive=False)
+        if refused is not None:
+            different.append(name)
+    if channel is not None:
+        with contextlib.suppress(Exception):
+            channel.close()
+    if different:
+        return Check(
+            "broker",
+            False,
+            f"queue {', '.join(different)} exists with other arguments than a quorum queue",
+            "stop the workers, let the queue drain, delete it (rabbitmqctl delete_queue) "
+            "and start the workers again: they declare it as a quorum queue",
+        )
+    return Check(
+        "broker",
+        True,
+        f"answers (amqp, publisher confirms); {len(present)} of {len(names)} queues "
+        "present, all quorum queues (the workers declare the others)",
+    )
+
+
+def _declare(connection: Any, channel: Any, queue: Any, passive: bool) -> tuple[int | None, Any]:
+    """Declare ``queue``: the reply code of the broker's refusal (None: accepted) and
+    the channel to go on with (a refusal closes the channel)."""
+    channel = channel or connection.channel()
+    try:
+        queue.bind(channel).queue_declare(passive=passive)
+    except connection.channel_errors as exc:
+        return int(getattr(exc, "reply_code", 0) or 0), None
+    return None, channel
 
 
 def check_workers(registry: Registry, settings: Settings) -> Check:
@@ -160,7 +221,7 @@ def run_checks(settings: Settings, registry_loader: Callable[[], Registry]) -> l
         checks.append(loaded)
     else:
         checks.append(Check("registry", True, f"{len(registry.models)} models"))
-    checks += [check_database(settings), check_redis(settings), check_broker(settings)]
+    checks += [check_database(settings), check_redis(settings), check_broker(settings, registry)]
     if registry is not None:
         checks.append(check_workers(registry, settings))
         checks += check_providers(registry)

@@ -3,7 +3,10 @@ workers consuming it, and a warning for a queue that has messages but no worker.
 
 Consumers are asked of the workers themselves (Celery's remote control,
 ``inspect().active_queues()``, as Flower does); queue lengths are read from the
-broker (Redis: the list's length; AMQP: a passive declare's message count).
+broker: Redis, the list's length; RabbitMQ, a passive declare's message count. Both
+count the messages ready for delivery: not those delivered and unacknowledged, and
+on RabbitMQ not the countdowns waiting in its delay queues (``celery_delayed_*``).
+A queue the broker does not have (yet) holds no messages.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from batchgen.worker.names import CONTROL_QUEUE
 from batchgen.worker.publish import celery_app
 
 INSPECT_TIMEOUT_S = 1.0
+CONNECT_TIMEOUT_S = 3.0
+NOT_FOUND = 404  # AMQP reply code of a passive declare of a missing queue
 
 
 def consumers(timeout_s: float = INSPECT_TIMEOUT_S) -> dict[str, list[str]]:
@@ -41,12 +46,30 @@ def lengths(broker_url: str, queues: list[str]) -> dict[str, int | None]:
             for queue in queues:
                 found[queue] = int(client.llen(queue))
         return found
-    with contextlib.suppress(Exception), Connection(broker_url) as connection:
-        channel = connection.channel()
-        for queue in queues:
-            with contextlib.suppress(Exception):
-                found[queue] = int(channel.queue_declare(queue, passive=True).message_count)
+    with contextlib.suppress(Exception):
+        _amqp_lengths(broker_url, queues, found)
     return found
+
+
+def _amqp_lengths(broker_url: str, queues: list[str], found: dict[str, int | None]) -> None:
+    """``queue_declare(passive=True)`` per queue. A queue the broker does not have is
+    a 404 that also closes the channel: the next queue gets a new one."""
+    with Connection(broker_url, connect_timeout=CONNECT_TIMEOUT_S) as connection:
+        connection.ensure_connection(max_retries=1)
+        channel: Any = None
+        try:
+            for queue in queues:
+                channel = channel or connection.channel()
+                try:
+                    found[queue] = int(channel.queue_declare(queue, passive=True).message_count)
+                except connection.channel_errors as exc:
+                    channel = None  # the broker closed it
+                    if getattr(exc, "reply_code", None) == NOT_FOUND:
+                        found[queue] = 0
+        finally:
+            if channel is not None:
+                with contextlib.suppress(Exception):
+                    channel.close()
 
 
 def queue_view(

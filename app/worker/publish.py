@@ -17,7 +17,40 @@ from celery import Celery
 
 from batchgen.worker.names import COLLECT_TASK, DISPATCH_TASK, GENERATE_TASK
 
-celery_app = Celery(
+
+class BatchgenCelery(Celery):
+    """Celery, with every countdown fitted to the broker on its way out (retries
+    included: ``Task.retry`` publishes through :meth:`send_task` too).
+
+    * RabbitMQ: a countdown under one second would make Celery's native delayed
+      delivery raise (see :func:`batchgen.celeryconfig.countdown_for_broker`); it is
+      rounded up. The broker holds the message for a relative delay, so no host's
+      clock matters.
+    * Redis: the message carries an absolute ETA, which Celery would take from this
+      host's wall clock; it is taken from Redis's clock (the one the budget keeps)
+      instead, and read back in the receiving host's frame
+      (:mod:`batchgen.worker.clock`), so no host's clock running ahead or behind holds
+      a retry back or runs it early. If Redis cannot say, this host's clock it is.
+    """
+
+    def send_task(self, name: str, *args: Any, **options: Any) -> Any:
+        from batchgen.celeryconfig import countdown_for_broker, is_amqp
+        from batchgen.worker.clock import eta_on_redis_clock
+
+        url = str(self.conf.broker_url)
+        if len(args) == 3:  # (args, kwargs, countdown), positional
+            options["countdown"], args = args[2], args[:2]
+        countdown = options.get("countdown")
+        if countdown is not None and is_amqp(url):
+            options["countdown"] = countdown_for_broker(float(countdown), url)
+        elif countdown is not None and options.get("eta") is None:
+            eta = eta_on_redis_clock(float(countdown))
+            if eta is not None:
+                options["eta"], options["countdown"] = eta, None
+        return super().send_task(name, *args, **options)
+
+
+celery_app = BatchgenCelery(
     "batchgen",
     include=[
         "batchgen.tasks.generate",
