@@ -29,8 +29,10 @@ class TcpProxy:
         port: int = 0,
         *,
         upstream_unix: str | None = None,
+        listen_host: str = "127.0.0.1",
     ) -> None:
         self.upstream = (upstream_host, upstream_port)
+        self.listen_host = listen_host  # the address clients connect to
         self.upstream_unix = upstream_unix  # a Unix socket path instead of host and port
         self.port = port
         self._lock = threading.Lock()
@@ -47,7 +49,7 @@ class TcpProxy:
     def start(self) -> TcpProxy:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        listener.bind((self.listen_host, self.port))
         listener.listen(128)
         self.port = listener.getsockname()[1]
         self._listener = listener
@@ -181,11 +183,12 @@ def wait_port(host: str, port: int, timeout_s: float = 10.0) -> None:
             time.sleep(0.05)
 
 
-def proxy_for_postgres(url: str) -> tuple[TcpProxy, str]:
+def proxy_for_postgres(url: str, listen_host: str = "127.0.0.1") -> tuple[TcpProxy, str]:
     """A started proxy in front of the PostgreSQL of ``url`` and the URL through it.
 
     The server may listen on TCP or, as the embedded one does, only on a Unix
-    socket (``?host=/socket/dir``); clients reach the proxy over TCP either way.
+    socket (``?host=/socket/dir``); clients reach the proxy over TCP either way,
+    on ``listen_host`` (another address than loopback: e.g. for network namespaces).
     """
     from sqlalchemy.engine import make_url
 
@@ -195,10 +198,10 @@ def proxy_for_postgres(url: str) -> tuple[TcpProxy, str]:
         socket_dir = socket_dir[0]
     if socket_dir:
         (path,) = [p for p in Path(socket_dir).glob(".s.PGSQL.*") if p.suffix != ".lock"]
-        proxy = TcpProxy("", 0, upstream_unix=str(path))
+        proxy = TcpProxy("", 0, upstream_unix=str(path), listen_host=listen_host)
     else:
-        proxy = TcpProxy(parsed.host or "127.0.0.1", parsed.port or 5432)
+        proxy = TcpProxy(parsed.host or "127.0.0.1", parsed.port or 5432, listen_host=listen_host)
     proxy.start()
     query = {k: v for k, v in parsed.query.items() if k != "host"}
-    through = parsed.set(host="127.0.0.1", port=proxy.port, query=query)
+    through = parsed.set(host=listen_host, port=proxy.port, query=query)
     return proxy, through.render_as_string(hide_password=False)
