@@ -42,6 +42,10 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
+# psycopg's default: a statement run this many times on a connection is prepared there.
+PREPARE_AFTER_RUNS = 5
+
+
 class Settings(BaseSettings):
     """Typed settings from the environment (prefix ``BATCHGEN_``)."""
 
@@ -76,11 +80,13 @@ class Settings(BaseSettings):
     db_pool_size: int | None = Field(default=None, ge=1)
     db_max_overflow: int = Field(default=0, ge=0)
     db_pool_timeout_s: float = Field(default=30.0, gt=0)
-    # psycopg's server-side prepared statements (a statement run this many times is
-    # prepared on its connection). None, the default: never, which a transaction
-    # pooler needs (PgBouncer before 1.21 has no max_prepared_statements; Debian 12
-    # ships 1.18). A number suits a direct connection only.
-    db_prepare_threshold: int | None = Field(default=None, ge=0)
+    # psycopg's server-side prepared statements (a statement run PREPARE_AFTER_RUNS
+    # times is prepared on its connection: the hot path's statements are then parsed
+    # and planned once). None, the default: on when DATABASE_URL is PostgreSQL itself,
+    # off when BATCHGEN_DATABASE_DIRECT_URL is set, since DATABASE_URL is then a
+    # transaction pooler (PgBouncer before 1.21 has no max_prepared_statements;
+    # Debian 12 ships 1.18). True or False decides it either way.
+    db_prepared_statements: bool | None = None
 
     data_dir: Path = Path(".batchgen")
     models_file: Path = DEFAULT_MODELS_FILE
@@ -253,6 +259,15 @@ class Settings(BaseSettings):
         if self.db_pool_size is not None:
             return self.db_pool_size
         return max(2, -(-self.worker_concurrency // 4))
+
+    @property
+    def db_prepare_threshold(self) -> int | None:
+        """psycopg's ``prepare_threshold`` for the pool to ``DATABASE_URL``: None never
+        prepares (see ``db_prepared_statements``)."""
+        on = self.db_prepared_statements
+        if on is None:
+            on = self.database_direct_url is None
+        return PREPARE_AFTER_RUNS if on else None
 
     @property
     def db_pool_bound(self) -> int:

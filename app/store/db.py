@@ -10,8 +10,9 @@ synchronous calls one ``LISTEN`` connection (:mod:`batchgen.store.calls`).
 
 Everything that goes through ``DATABASE_URL`` works behind a transaction pooler
 (PgBouncer, ``pool_mode = transaction``): no server-side prepared statements
-(``BATCHGEN_DB_PREPARE_THRESHOLD`` unset), no session state (no ``SET``, no temporary
-tables; the advisory locks taken there are transaction-level ones).
+(``BATCHGEN_DB_PREPARED_STATEMENTS`` off, as it is when a direct URL is set), no
+session state (no ``SET``, no temporary tables; the advisory locks taken there are
+transaction-level ones).
 """
 
 from __future__ import annotations
