@@ -663,7 +663,7 @@ def test_a_host_with_a_skewed_clock_breaks_no_budget_lease_or_deadline(run: Clus
     offset = faketime_offset_s(run)
     assert abs(offset - SKEW_S) < 30, f"the skewed host's clock is {offset:.0f} s off"
     run.ensure([1, 3], skewed=3)
-    n = 200
+    n = 120
     everyone = run.workers(1) + run.workers(3)
     marks = log_marks(everyone)
     started = time.monotonic()
