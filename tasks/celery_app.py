@@ -14,6 +14,7 @@ from batchgen.logs import configure_logging
 from batchgen.providers import get_provider
 from batchgen.registry import get_registry
 from batchgen.worker.beat import die_with_parent
+from batchgen.worker.clock import redis_offset_s
 from batchgen.worker.procs import pool_error, requested_pool
 from batchgen.worker.publish import celery_app
 
@@ -79,6 +80,7 @@ def _warm_up(**_: Any) -> None:
     # admitted by the budget must reach the provider promptly.
     for spec in get_registry():
         get_provider(spec)
+    redis_offset_s()  # this host's offset from Redis's clock, measured in the background
     # Tells a supervisor (batchgen.worker.procs, tests, benchmarks) that we consume now.
     ready_file = os.environ.get("BATCHGEN_READY_FILE")
     if ready_file:

@@ -22,7 +22,9 @@ from celery.worker.request import Request
 OFFSET_TTL_S = 60.0
 
 _lock = threading.Lock()
-_measured: tuple[float, float] | None = None  # (monotonic time of the reading, offset_s)
+_offset_s = 0.0
+_measured_at: float | None = None  # monotonic time of the last reading
+_measuring = False
 
 
 def offset_from(local_before_s: float, redis_s: float, local_after_s: float) -> float:
@@ -32,23 +34,36 @@ def offset_from(local_before_s: float, redis_s: float, local_after_s: float) -> 
 
 
 def redis_offset_s() -> float:
-    """This host's offset from Redis's clock (0 when Redis cannot say)."""
-    global _measured
-    now = time.monotonic()
+    """This host's offset from Redis's clock, as last measured (0 before the first
+    reading). Never waits for Redis: it runs in Celery's consumer thread, which must
+    keep noticing a lost broker; a reading older than ``OFFSET_TTL_S`` is renewed in
+    a thread of its own."""
+    global _measuring
     with _lock:
-        if _measured is not None and now - _measured[0] < OFFSET_TTL_S:
-            return _measured[1]
+        stale = _measured_at is None or time.monotonic() - _measured_at >= OFFSET_TTL_S
+        start = stale and not _measuring
+        if start:
+            _measuring = True
+        offset = _offset_s
+    if start:
+        threading.Thread(target=_measure, name="redis-clock", daemon=True).start()
+    return offset
+
+
+def _measure() -> None:
+    global _offset_s, _measured_at, _measuring
     from batchgen.limits.backend import get_redis
 
     try:
         before = time.time()
         seconds, micros = get_redis().time()
         offset = offset_from(before, seconds + micros / 1e6, time.time())
-    except Exception:  # Redis unreachable: this host's clock as it is, asked again later
-        return 0.0
+    except Exception:  # Redis unreachable: the last offset stays, asked again later
+        with _lock:
+            _measuring = False
+        return
     with _lock:
-        _measured = (now, offset)
-    return offset
+        _offset_s, _measured_at, _measuring = offset, time.monotonic(), False
 
 
 def eta_on_redis_clock(countdown_s: float) -> dt.datetime | None:

@@ -31,3 +31,27 @@ def test_an_eta_is_read_in_the_hosts_frame(monkeypatch):
     monkeypatch.setattr(clock, "_broker_is_amqp", lambda app: True)
     request._eta = due
     assert request.eta == due
+
+
+def test_the_offset_is_read_without_waiting_for_redis(monkeypatch):
+    """Celery's consumer thread reads it: a Redis that hangs must not hold it up."""
+    import threading
+
+    release = threading.Event()
+
+    class Hanging:
+        def time(self):  # type: ignore[no-untyped-def]
+            release.wait(5)
+            return (1000, 0)
+
+    monkeypatch.setattr("batchgen.limits.backend.get_redis", lambda: Hanging())
+    monkeypatch.setattr(clock, "_measured_at", None)
+    monkeypatch.setattr(clock, "_measuring", False)
+    monkeypatch.setattr(clock, "_offset_s", 0.0)
+    assert clock.redis_offset_s() == 0.0  # at once, the reading goes on in a thread
+    release.set()
+    for _ in range(100):
+        if clock._measured_at is not None:
+            break
+        threading.Event().wait(0.02)
+    assert clock.redis_offset_s() > 0  # this host's clock is far past Redis's 1000 s
