@@ -161,6 +161,9 @@ class Settings(BaseSettings):
 
     # Provider calls. Streaming lets a cancel stop a call mid-answer.
     stream_calls: bool = True
+    # Streamed OpenAI-compatible calls on urllib3 rather than through the SDK's httpx
+    # stack (providers/lean_http.py): the same request and errors, under half the CPU.
+    lean_http: bool = True
     call_timeout_s: float = 120.0
     retry_base_s: float = 0.5
     retry_max_s: float = 30.0

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import httpcore2
 import httpx2
+import urllib3.exceptions
 
 from batchgen.domain.rate_limits import RateLimitState
 from batchgen.domain.retry import parse_retry_after_s
@@ -46,7 +47,8 @@ _CONTEXT_HINTS = re.compile(
 )
 _SAFE_CODE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 # Failures before any byte of the request was written, at the httpx layer and at
-# the httpcore layer under it (which the SDKs' chains end in).
+# the httpcore layer under it (which the SDKs' chains end in), and urllib3's (the
+# lean path, providers.lean_http; a NewConnectionError is a ConnectTimeoutError).
 _NEVER_SENT: tuple[type[BaseException], ...] = (
     httpx2.ConnectError,
     httpx2.ConnectTimeout,
@@ -54,6 +56,7 @@ _NEVER_SENT: tuple[type[BaseException], ...] = (
     httpcore2.ConnectError,
     httpcore2.ConnectTimeout,
     httpcore2.PoolTimeout,
+    urllib3.exceptions.ConnectTimeoutError,
 )
 
 

@@ -22,8 +22,10 @@ import openai
 import pydantic
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from batchgen.config import get_settings
 from batchgen.domain.tokens import count_messages, count_text
 from batchgen.errors import MalformedResponse, ProviderError
+from batchgen.providers import lean_http
 from batchgen.providers.base import (
     ITEM_HEADER,
     ProviderRequest,
@@ -44,7 +46,12 @@ __all__ = ["ITEM_HEADER", "OpenAIProvider", "classify_status", "translate"]
 # Body fields the adapter sets itself.
 _OWN_FIELDS = ("model", "messages", "stream", "stream_options")
 _MALFORMED = (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError)
-_SDK_ERRORS = (openai.OpenAIError, httpx2.HTTPError, *_MALFORMED)
+_SDK_ERRORS: tuple[type[BaseException], ...] = (
+    openai.OpenAIError,
+    httpx2.HTTPError,
+    *lean_http.urllib3_errors,
+    *_MALFORMED,
+)
 
 
 @functools.cache
@@ -167,23 +174,8 @@ class OpenAIProvider:
         )
 
     def _stream(self, client: openai.OpenAI, request: ProviderRequest) -> ProviderResponse:
-        # The SDK's own sync Stream stops reading at [DONE] and so closes the
-        # connection after every call (a TCP connect per item); reading the events
-        # to the end of the body keeps the pooled connection, and plain dicts skip
-        # the SDK's per-chunk model construction.
-        # The body goes as the batch line has it (the SDK's ``client.post``, as for any
-        # route: its auth, headers, timeout and typed errors, without re-walking the
-        # messages against the parameter types on every call).
         watch = StreamWatch(request)
-        stream = client.post(
-            "/chat/completions",
-            body=_stream_body(request),
-            cast_to=ChatCompletion,
-            options={"headers": request.headers(), "timeout": request.timeout_s},
-            stream=True,
-            stream_cls=openai.Stream[ChatCompletionChunk],
-        )
-        raw = stream.response
+        raw = self._open_stream(client, request)
         try:
             limits = openai_rate_limits(raw.headers)  # as of now, the start of the stream
             try:
@@ -230,6 +222,30 @@ class OpenAIProvider:
             rate_limits=limits,
             usage_estimated=estimated,
         )
+
+    @staticmethod
+    def _open_stream(client: openai.OpenAI, request: ProviderRequest) -> Any:
+        """The streamed call, up to its status line and headers: on urllib3
+        (:mod:`batchgen.providers.lean_http`) where it applies, else the SDK's.
+
+        Either way the body goes as the batch line has it. The SDK's ``client.post`` (as
+        for any route: its auth, headers, timeout and typed errors) is used without its
+        sync Stream, which stops reading at [DONE] and so closes the connection after
+        every call (a TCP connect per item): the events are read to the end of the body
+        (:meth:`_read_events`) into plain dicts, skipping the per-chunk models."""
+        body = _stream_body(request)
+        lean = lean_http.endpoint(client, get_settings().lean_http)
+        if lean is not None:
+            return lean.post_stream("/chat/completions", body, request.headers(), request.timeout_s)
+        stream = client.post(
+            "/chat/completions",
+            body=body,
+            cast_to=ChatCompletion,
+            options={"headers": request.headers(), "timeout": request.timeout_s},
+            stream=True,
+            stream_cls=openai.Stream[ChatCompletionChunk],
+        )
+        return stream.response
 
     @staticmethod
     def _read_events(

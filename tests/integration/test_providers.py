@@ -6,6 +6,7 @@ Needs neither PostgreSQL nor Redis: only the simulator in a background thread.
 from __future__ import annotations
 
 import dataclasses
+import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from batchgen.config import get_settings
 from batchgen.domain.tokens import count_messages, count_text
 from batchgen.errors import (
     CallCancelled,
@@ -24,10 +26,11 @@ from batchgen.errors import (
     RateLimited,
     TransientProviderError,
 )
-from batchgen.providers import get_provider
+from batchgen.providers import get_provider, lean_http
+from batchgen.providers import openai as openai_adapter
 from batchgen.providers.anthropic import AnthropicProvider, to_messages_request
 from batchgen.providers.base import ProviderRequest, ProviderResponse
-from batchgen.providers.openai import OpenAIProvider
+from batchgen.providers.openai import OpenAIProvider, sdk_client
 from batchgen.registry import ModelSpec, ProviderKind
 from batchgen.simulator import SimulatorConfig, SimulatorThread, completion_text
 from batchgen.simulator.text import anthropic_prompt_messages
@@ -366,6 +369,66 @@ def test_stream_and_plain_agree(base: str) -> None:
         streamed = get_provider(spec).complete(make_request(spec, stream=True))
         assert _comparable(plain) == _comparable(streamed)
         assert count_text(streamed.text, "cl100k_base") == streamed.completion_tokens
+
+
+def _sdk_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streamed OpenAI calls through the SDK's httpx stack (``BATCHGEN_LEAN_HTTP=false``)."""
+    off = get_settings().model_copy(update={"lean_http": False})
+    monkeypatch.setattr(openai_adapter, "get_settings", lambda: off)
+
+
+def _outcome(spec: ModelSpec, fault: str | None) -> tuple[Any, ...]:
+    request = make_request(spec, stream=True, fault=fault, timeout_s=0.3)
+    try:
+        response = get_provider(spec).complete(request)
+    except ProviderError as exc:
+        retry_after = exc.retry_after_s if isinstance(exc, RateLimited) else None
+        message = exc.message.split(" (")[0].split(" request_id=")[0]
+        return (type(exc), exc.status, exc.billed, message, retry_after)
+    limits = response.rate_limits  # read from the headers (the remaining counts move on)
+    assert limits is not None and limits.remaining_tokens is not None
+    return _comparable(response) + (limits.reset_requests_s, limits.reset_tokens_s)
+
+
+LEAN_CASES = [
+    None,
+    "status:429",
+    "status:500",
+    "status:400:context_length_exceeded",
+    "hang",
+    "reset",
+]
+
+
+@pytest.mark.parametrize("fault", LEAN_CASES)
+def test_lean_http_and_the_sdk_agree(
+    base: str, fault: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A streamed OpenAI call on urllib3 (providers.lean_http) ends as it does through
+    the SDK: the same answer and rate-limit headers, or the same error, status, billing."""
+    if fault == "reset":
+        configure(base, latency_per_token_ms=2.0)
+    spec = make_spec("openai", base)
+    assert lean_http.endpoint(sdk_client(spec.base_url, spec.api_key()), True) is not None
+    lean = _outcome(spec, fault)
+    _sdk_path_only(monkeypatch)
+    assert _outcome(spec, fault) == lean
+
+
+def test_lean_http_refused_connection_is_not_billed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing listens: the call surely never left, on either path."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    spec = make_spec("openai", "", base_url=f"http://127.0.0.1:{port}/v1")
+    outcomes = []
+    for lean in (True, False):
+        if not lean:
+            _sdk_path_only(monkeypatch)
+        with pytest.raises(TransientProviderError) as err:
+            get_provider(spec).complete(make_request(spec, stream=True))
+        outcomes.append((err.value.billed, err.value.message.split(" (")[0]))
+    assert outcomes == [(False, "connection error")] * 2
 
 
 def _comparable(response: ProviderResponse) -> tuple[Any, ...]:

@@ -1,0 +1,167 @@
+"""A streamed call's HTTP exchange on urllib3: the hot path of every OpenAI-compatible item.
+
+The SDK sends each request through its option models, header merging, URL joins and
+httpx's client, transport and h11 layers. For one streamed chat call against a
+provider that answers at once that is about 0.8 ms of CPU, where urllib3's pooled
+connection and the same body cost about 0.35 ms; on a worker it was a quarter of all
+the CPU an item costs. So the streamed call goes here, and the SDK still decides what
+is sent and what an error is:
+
+- the URL is the SDK client's ``base_url`` joined with the route, the headers its own
+  (``default_headers``: user agent and platform headers; ``auth_headers``) plus the
+  call's;
+- an error answer (status >= 400) is read and handed to the SDK, which makes its typed
+  error of it (``RateLimitError``, ``BadRequestError``... with body and headers), so
+  :func:`batchgen.providers.openai.translate` maps it as before;
+- a connection that cannot be had raises the SDK's ``APIConnectionError`` (or
+  ``APITimeoutError``) with the urllib3 error as its cause.
+
+Any other client (Azure's, one behind an HTTP proxy from the environment) keeps the
+SDK's own path; ``BATCHGEN_LEAN_HTTP=false`` turns this off everywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import urllib.request
+from collections.abc import Iterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx2
+import openai
+import urllib3
+from urllib3.exceptions import HTTPError, NewConnectionError
+from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
+__all__ = ["LeanEndpoint", "endpoint", "urllib3_errors"]
+
+# Transport errors of urllib3 (a stream cut or stalled mid-body), for the adapters'
+# ``except`` lists.
+urllib3_errors: tuple[type[BaseException], ...] = (HTTPError,)
+
+_POOL_MAXSIZE = 64  # connections kept per host; a worker's threads beyond it open more
+_CHUNK_BYTES = 65536
+
+
+class LeanResponse:
+    """A streamed answer's status line and headers, and its body as it arrives."""
+
+    __slots__ = ("_done", "_raw", "_url", "headers", "status_code")
+
+    def __init__(self, raw: urllib3.BaseHTTPResponse, url: str) -> None:
+        self._raw = raw
+        self._url = url
+        self._done = False
+        self.status_code = raw.status
+        self.headers: Mapping[str, str] = raw.headers
+
+    @property
+    def request(self) -> httpx2.Request:
+        """The request, as the SDK's errors about this answer carry it."""
+        return httpx2.Request("POST", self._url)
+
+    def iter_bytes(self) -> Iterator[bytes]:
+        """The body's bytes as they come (a chunk of a chunked body, or what one read
+        returns), to its end."""
+        raw = self._raw
+        if raw.chunked:  # type: ignore[attr-defined]
+            yield from raw.read_chunked(decode_content=True)  # type: ignore[attr-defined]
+        else:
+            while data := raw.read1(_CHUNK_BYTES):
+                yield data
+        self._done = True
+
+    def close(self) -> None:
+        """A body read to its end gives the connection back to the pool; a stream cut
+        short (cancel, deadline, a bad chunk) closes it, so the provider sees it end."""
+        if not self._done:
+            self._raw.close()
+        self._raw.release_conn()
+
+
+class LeanEndpoint:
+    """Streamed POSTs to one SDK client's ``base_url`` through one urllib3 pool."""
+
+    def __init__(self, client: openai.OpenAI) -> None:
+        self._client = client
+        self._base = str(client.base_url).rstrip("/")
+        self._pool = urllib3.PoolManager(
+            maxsize=_POOL_MAXSIZE, retries=False, block=False, headers=None
+        )
+        self._headers: dict[str, str] | None = None
+        self._lock = threading.Lock()
+
+    def _base_headers(self) -> dict[str, str]:
+        if self._headers is None:
+            with self._lock:
+                merged = {**self._client.default_headers, **self._client.auth_headers}
+                self._headers = {k: v for k, v in merged.items() if isinstance(v, str)}
+        return self._headers
+
+    def post_stream(
+        self, route: str, body: dict[str, Any], headers: Mapping[str, str], timeout_s: float
+    ) -> LeanResponse:
+        """POST ``body`` as JSON and return once the status line and headers are in.
+        An error status raises the SDK's typed error (its body read first)."""
+        url = self._base + route
+        data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        try:
+            raw = self._pool.urlopen(
+                "POST",
+                url,
+                body=data,
+                headers={**self._base_headers(), **headers},
+                preload_content=False,
+                decode_content=True,
+                redirect=False,
+                retries=False,
+                timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
+            )
+        except NewConnectionError as exc:  # refused, unreachable (a ConnectTimeoutError too)
+            raise openai.APIConnectionError(request=httpx2.Request("POST", url)) from exc
+        except Urllib3Timeout as exc:
+            raise openai.APITimeoutError(request=httpx2.Request("POST", url)) from exc
+        except HTTPError as exc:
+            raise openai.APIConnectionError(request=httpx2.Request("POST", url)) from exc
+        response = LeanResponse(raw, url)
+        if raw.status >= 400:
+            try:
+                content = raw.read()
+            except HTTPError as exc:
+                raise openai.APIConnectionError(request=response.request) from exc
+            finally:
+                raw.release_conn()
+            answer = httpx2.Response(
+                raw.status,
+                headers=list(raw.headers.items()),
+                content=content,
+                request=response.request,
+            )
+            raise self._client._make_status_error_from_response(answer)
+        return response
+
+
+def _behind_proxy(url: str) -> bool:
+    """True when the environment sends ``url`` through a proxy (the SDK's httpx honours
+    ``HTTPS_PROXY`` and friends; urllib3 alone would not)."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    if not (proxies.get(parts.scheme) or proxies.get("all")):
+        return False
+    return not urllib.request.proxy_bypass(parts.hostname or "")
+
+
+@functools.cache
+def _endpoint_for(client: openai.OpenAI) -> LeanEndpoint | None:
+    if type(client) is not openai.OpenAI or _behind_proxy(str(client.base_url)):
+        return None
+    return LeanEndpoint(client)
+
+
+def endpoint(client: openai.OpenAI, enabled: bool) -> LeanEndpoint | None:
+    """The lean path for ``client`` (one per client and process), or None: turned off,
+    not a plain OpenAI client (Azure's routes differ), or behind a proxy."""
+    return _endpoint_for(client) if enabled else None
