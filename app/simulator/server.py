@@ -314,6 +314,7 @@ async def _stream(
                 rid, model, {"role": "assistant", "content": ""}, None, req.include_usage
             )
             await emit(fmt.sse(api, "", first))
+            delta_event = fmt.openai_delta_events(rid, model, req.include_usage)
         for i, piece in enumerate(chunks):
             if not coalesce:
                 await asyncio.sleep(per_chunk_s)
@@ -332,8 +333,7 @@ async def _stream(
                 name, data = fmt.anthropic_delta_event(piece)
                 await emit(fmt.sse(api, name, data))
             else:
-                chunk = fmt.openai_chunk(rid, model, {"content": piece}, None, req.include_usage)
-                await emit(fmt.sse(api, "", chunk))
+                await emit(delta_event(piece))
             call.sent.append(piece)
         if api == "anthropic":
             for name, data in fmt.anthropic_end_events(finish, call.prompt_tokens, ctoks):

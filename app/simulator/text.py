@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from batchgen.domain.tokens import count_text
+from batchgen.domain.tokens import count_text, get_encoding
 
 NATURAL_MIN_TOKENS = 20
 NATURAL_MAX_TOKENS = 120
@@ -70,35 +70,73 @@ def _completion_for_digest(digest: str, max_tokens: int, encoding: str) -> tuple
         words.append(word + "." if rng.random() < _SENTENCE_END_P else word)
     prefix = f"[{digest}] "
     budget = min(natural, max_tokens)
+    finish = "length" if max_tokens < natural else "stop"
+    if count_text(prefix, encoding) <= budget:
+        # Sums need a real tokenizer (a bytes/4 estimate is not additive).
+        additive = get_encoding(encoding) is not None
+        if additive:
+            text = _longest_within(prefix, words, budget, encoding)
+            tokens = count_text(text, encoding)
+            if tokens <= budget:
+                return text, tokens, finish
+        text = _search_longest(prefix, words, budget, encoding)
+        return text, count_text(text, encoding), finish
+    # Not even the digest prefix fits: the longest prefix of it that does.
+    lo, hi = 0, len(prefix)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count_text(prefix[:mid], encoding) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    text = prefix[:lo]
+    return text, count_text(text, encoding), finish
+
+
+@functools.lru_cache(maxsize=1024)
+def _piece_tokens(piece: str, encoding: str) -> int:
+    return count_text(piece, encoding)
+
+
+def _longest_within(prefix: str, words: list[str], budget: int, encoding: str) -> str:
+    """The longest ``prefix + " ".join(words[:k])`` of at most ``budget`` tokens, counted
+    as sums: the tokenizer splits before each space-led word and each ".", so the count
+    of the text is that of the prefix plus that of each " word" (and "."). The caller
+    checks the sum with one count of the result."""
+    used = _piece_tokens(prefix.rstrip(), encoding)
+    k = 0
+    while k < len(words):
+        cost = _piece_tokens(" " + words[k], encoding)
+        if used + cost > budget:
+            break
+        used += cost
+        k += 1
+    text = prefix + " ".join(words[:k])
+    gap = k < len(words) and words[k].endswith(".")  # fill the gap the "." left
+    if gap and used + _piece_tokens(" " + words[k][:-1], encoding) <= budget:
+        text = prefix + " ".join(words[: k + 1])[:-1]
+    return text
+
+
+def _search_longest(prefix: str, words: list[str], budget: int, encoding: str) -> str:
+    """:func:`_longest_within` by counting each candidate text whole (binary search)."""
 
     def text_with(k: int) -> str:
         return prefix + " ".join(words[:k])
 
-    if count_text(text_with(0), encoding) > budget:
-        # Not even the digest prefix fits: the longest prefix of it that does.
-        lo, hi = 0, len(prefix)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if count_text(prefix[:mid], encoding) <= budget:
-                lo = mid
-            else:
-                hi = mid - 1
-        text = prefix[:lo]
-    else:
-        lo, hi = 0, len(words)  # largest k with count(text_with(k)) <= budget
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if count_text(text_with(mid), encoding) <= budget:
-                lo = mid
-            else:
-                hi = mid - 1
-        text = text_with(lo)
-        if lo < len(words) and words[lo].endswith("."):  # fill the gap the "." left
-            candidate = text_with(lo + 1)[:-1]
-            if count_text(candidate, encoding) <= budget:
-                text = candidate
-    finish = "length" if max_tokens < natural else "stop"
-    return text, count_text(text, encoding), finish
+    lo, hi = 0, len(words)  # largest k with count(text_with(k)) <= budget
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count_text(text_with(mid), encoding) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    text = text_with(lo)
+    if lo < len(words) and words[lo].endswith("."):  # fill the gap the "." left
+        candidate = text_with(lo + 1)[:-1]
+        if count_text(candidate, encoding) <= budget:
+            text = candidate
+    return text
 
 
 def completion_text(

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgen.domain.tokens import count_text, get_encoding
+from batchgen.simulator import formats
+from batchgen.simulator import text as text_module
 from batchgen.simulator.config import SimulatorConfig
 from batchgen.simulator.faults import FaultInjector
 from batchgen.simulator.formats import BadRequest, go_duration, parse_anthropic, parse_openai
@@ -130,3 +133,30 @@ def test_config_validation() -> None:
     with pytest.raises(ValueError):
         SimulatorConfig().updated({"seed": 3})
     assert SimulatorConfig().updated({"tokens_per_min": 5}).tokens_per_min == 5
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**64 - 1), max_tokens=st.integers(1, 140))
+def test_counting_by_sums_finds_what_counting_whole_texts_finds(seed: int, max_tokens: int) -> None:
+    """The simulator cuts its answer by summing the tokens of each word; the texts are
+    the ones a search counting each candidate whole finds."""
+    digest = f"{seed:016x}"
+    rng = random.Random(digest)
+    words = [rng.choice(VOCABULARY) + rng.choice(("", "", "", ".")) for _ in range(120)]
+    prefix = f"[{digest}] "
+    budget = max(max_tokens, count_text(prefix, "cl100k_base"))
+    by_sums = text_module._longest_within(prefix, words, budget, "cl100k_base")
+    assert by_sums == text_module._search_longest(prefix, words, budget, "cl100k_base")
+    assert count_text(by_sums, "cl100k_base") <= budget
+
+
+def test_delta_events_render_the_chunk_as_sse_would() -> None:
+    render = formats.openai_delta_events("chatcmpl-1", "sim-gpt", include_usage=True)
+    for piece in ("", " plain words", ' "quoted" \\ ü\n', "\x00"):
+        chunk = formats.openai_chunk("chatcmpl-1", "sim-gpt", {"content": piece}, None, True)
+        expected = formats.sse("openai", "", chunk)
+        # the same bytes but for "created", which the template fixes once per stream
+        assert json.loads(render(piece)[6:]) | {"created": 0} == json.loads(expected[6:]) | {
+            "created": 0
+        }
+        assert render(piece).startswith(b"data: ") and render(piece).endswith(b"\n\n")
