@@ -284,3 +284,19 @@ def test_sql_includes_are_expanded_and_shipped():
         assert any(
             fnmatch.fnmatch(relative, g) and relative.count("/") == g.count("/") for g in globs
         ), relative
+
+
+def test_sql_statements_fit_psycopgs_parse_cache():
+    """psycopg caches the parsing of a statement only up to MAX_CACHED_STATEMENT_LENGTH
+    bytes; a longer one is parsed again on every execution. The loaded statements (their
+    comment lines left out, as compiled for psycopg) fit."""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+    from sqlalchemy.dialects import postgresql
+
+    from batchgen.store.sqlfiles import query, source
+
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    for path in sorted((FOLDERS["batchgen"] / "store" / "sql").glob("*.sql")):
+        assert not re.search(r"^\s*--", source(path.stem), re.MULTILINE), path.name
+        compiled = str(query(path.stem).compile(dialect=dialect)).encode()
+        assert len(compiled) <= MAX_CACHED_STATEMENT_LENGTH, path.name
