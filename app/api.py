@@ -8,6 +8,7 @@ included (404, 405, 500, 503), is JSON ``{"error": {"code", "message", …}}``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hmac
 import json
@@ -712,4 +713,16 @@ def create_app() -> Flask:
     app.register_blueprint(blueprint)
     app.register_blueprint(dashboard)
     install_error_handlers(app)
+    load_encodings()
     return app
+
+
+def load_encodings() -> None:
+    """Load the registry's tokenizers now (tiktoken takes about 0.1 s for each), not
+    inside the first submit. A broken registry is reported by the requests that need it."""
+    from batchgen.domain.tokens import get_encoding
+    from batchgen.registry import get_registry
+
+    with contextlib.suppress(Exception):
+        for name in {spec.encoding for spec in get_registry()}:
+            get_encoding(name)

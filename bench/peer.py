@@ -93,6 +93,7 @@ def run_batchgen(
     """One batch of ``n`` items through WORKERS worker processes (Celery's ``pool``);
     provider stats after."""
     from batchgen import python_api as client
+    from batchgen.api import load_encodings
     from batchgen.store import db, tenants
 
     reset_state(sim_url)
@@ -129,6 +130,7 @@ def run_batchgen(
     try:
         for w in workers:
             w.wait_ready()
+        load_encodings()  # as an API process has at its start, not inside this submit
         batch = client.submit_batch(chat_requests(n, MODEL, label), tenant=tenant)
         wait_finished([batch["id"]], timeout_s=args.timeout_s)
     finally:

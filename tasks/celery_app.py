@@ -76,10 +76,12 @@ def _beat_dies_with_worker(**_: Any) -> None:
 
 @signals.worker_ready.connect
 def _warm_up(**_: Any) -> None:
-    # Import the provider SDKs now rather than inside the first call: a call
-    # admitted by the budget must reach the provider promptly.
+    # Import the provider SDKs and build their clients now rather than inside the
+    # first call (about 120 ms once per process): a call admitted by the budget must
+    # reach the provider promptly. A model whose key is missing fails at its call.
     for spec in get_registry():
-        get_provider(spec)
+        with contextlib.suppress(Exception):
+            get_provider(spec).warm(spec)
     redis_offset_s()  # this host's offset from Redis's clock, measured in the background
     # Tells a supervisor (batchgen.worker.procs, tests, benchmarks) that we consume now.
     ready_file = os.environ.get("BATCHGEN_READY_FILE")

@@ -33,6 +33,7 @@ from batchgen.providers.base import (
     transport_error,
 )
 from batchgen.providers.headers import anthropic_rate_limits
+from batchgen.registry import ModelSpec
 
 FINISH_REASONS = {
     "end_turn": "stop",
@@ -171,6 +172,10 @@ def input_tokens(usage: Any) -> int:
 
 class AnthropicProvider:
     """The Messages API (plain or streaming) behind the OpenAI-shaped interface."""
+
+    def warm(self, spec: ModelSpec) -> None:
+        client = sdk_client(spec.base_url, spec.api_key())
+        client.default_headers  # noqa: B018  (the SDK works out its platform headers once)
 
     def complete(self, request: ProviderRequest) -> ProviderResponse:
         cancelled_before_call(request)

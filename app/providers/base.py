@@ -121,6 +121,12 @@ class Provider(Protocol):
         """Make the call; raise a :class:`batchgen.errors.ProviderError` subclass on failure."""
         ...
 
+    def warm(self, spec: ModelSpec) -> None:
+        """Build what a first call to ``spec`` would build (its SDK client, connection
+        pool, headers), without touching the network: a call admitted by the budget
+        reaches the provider promptly, also the first one of a process."""
+        ...
+
 
 def safe_code(value: object) -> str | None:
     """A provider error code or type if it looks like an identifier, else None."""

@@ -83,13 +83,14 @@ class LeanResponse:
 
 
 class LeanEndpoint:
-    """Streamed POSTs to one SDK client's ``base_url`` through one urllib3 pool."""
+    """Streamed POSTs to one SDK client's ``base_url`` through one urllib3 connection pool."""
 
     def __init__(self, client: openai.OpenAI) -> None:
         self._client = client
         self._base = str(client.base_url).rstrip("/")
-        self._pool = urllib3.PoolManager(
-            maxsize=_POOL_MAXSIZE, retries=False, block=False, headers=None
+        self._path = urlsplit(self._base).path  # the pool is the host's: requests name a path
+        self._pool = urllib3.connection_from_url(
+            self._base, maxsize=_POOL_MAXSIZE, retries=False, block=False
         )
         self._headers: dict[str, str] | None = None
         self._lock = threading.Lock()
@@ -101,6 +102,10 @@ class LeanEndpoint:
                 self._headers = {k: v for k, v in merged.items() if isinstance(v, str)}
         return self._headers
 
+    def warm(self) -> None:
+        """Work out the headers now (the SDK's platform headers take a while once)."""
+        self._base_headers()
+
     def post_stream(
         self, route: str, body: dict[str, Any], headers: Mapping[str, str], timeout_s: float
     ) -> LeanResponse:
@@ -111,7 +116,7 @@ class LeanEndpoint:
         try:
             raw = self._pool.urlopen(
                 "POST",
-                url,
+                self._path + route,
                 body=data,
                 headers={**self._base_headers(), **headers},
                 preload_content=False,
@@ -156,12 +161,14 @@ def _behind_proxy(url: str) -> bool:
 
 @functools.cache
 def _endpoint_for(client: openai.OpenAI) -> LeanEndpoint | None:
-    if type(client) is not openai.OpenAI or _behind_proxy(str(client.base_url)):
+    base = str(client.base_url)
+    if type(client) is not openai.OpenAI or urlsplit(base).query or _behind_proxy(base):
         return None
     return LeanEndpoint(client)
 
 
 def endpoint(client: openai.OpenAI, enabled: bool) -> LeanEndpoint | None:
     """The lean path for ``client`` (one per client and process), or None: turned off,
-    not a plain OpenAI client (Azure's routes differ), or behind a proxy."""
+    not a plain OpenAI client (Azure's routes differ), a base URL with a query, or
+    behind a proxy."""
     return _endpoint_for(client) if enabled else None

@@ -40,6 +40,7 @@ from batchgen.providers.base import (
     transport_error,
 )
 from batchgen.providers.headers import openai_rate_limits
+from batchgen.registry import ModelSpec
 
 __all__ = ["ITEM_HEADER", "OpenAIProvider", "classify_status", "translate"]
 
@@ -133,6 +134,14 @@ def _usage_dict(prompt: int, completion: int) -> dict[str, int]:
 
 class OpenAIProvider:
     """Chat completions against any OpenAI-compatible server (plain or streaming)."""
+
+    def warm(self, spec: ModelSpec) -> None:
+        client = sdk_client(spec.base_url, spec.api_key())
+        lean = lean_http.endpoint(client, get_settings().lean_http)
+        if lean is not None:
+            lean.warm()
+        else:
+            client.default_headers  # noqa: B018  (the SDK works out its platform headers once)
 
     def complete(self, request: ProviderRequest) -> ProviderResponse:
         cancelled_before_call(request)

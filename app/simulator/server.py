@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from batchgen.domain.tokens import count_messages, count_text
+from batchgen.domain.tokens import count_messages, count_text, get_encoding
 from batchgen.simulator import formats as fmt
 from batchgen.simulator.admin import add_admin_routes
 from batchgen.simulator.batch_jobs import add_batch_routes
@@ -376,6 +376,7 @@ def create_app(config: SimulatorConfig | None = None) -> web.Application:
     """The simulator as an aiohttp application (the config is copied, not shared)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[STATE] = SimState(dataclasses.replace(config or SimulatorConfig()))
+    get_encoding(app[STATE].config.encoding)  # loaded now, not inside the first answer
     app.router.add_post("/v1/chat/completions", _openai_chat)
     app.router.add_post("/v1/messages", _anthropic_messages)
     app.router.add_post("/openai/deployments/{deployment}/chat/completions", _azure_chat)

@@ -470,3 +470,20 @@ def test_azure_route_needs_api_version(base: str) -> None:
     with pytest.raises(PermanentProviderError) as err:
         get_provider(spec).complete(make_request(spec))
     assert err.value.status == 404
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_warm_builds_the_client_without_a_call(base: str, kind: str) -> None:
+    """A worker warms each model's adapter when it starts: the SDK client (and, for an
+    OpenAI-compatible model, the lean endpoint with its headers) exist afterwards, and
+    nothing reached the provider."""
+    spec = make_spec(kind, base, name=f"warm-{kind}")
+    before = len(ADMIN[base].get("/_sim/log").json())
+    get_provider(spec).warm(spec)
+    assert len(ADMIN[base].get("/_sim/log").json()) == before
+    if kind == "openai":
+        lean = lean_http.endpoint(sdk_client(spec.base_url, spec.api_key()), True)
+        assert lean is not None and lean._headers is not None
+        assert lean._headers["Authorization"].startswith("Bearer ")
+    response = get_provider(spec).complete(make_request(spec, stream=True))
+    assert response.completion_tokens > 0
