@@ -202,6 +202,12 @@ class Settings(BaseSettings):
     budget_ratio_min: float = Field(default=0.5, gt=0.0)
     budget_ratio_max: float = Field(default=3.0, gt=0.0)
     budget_ratio_min_calls: int = Field(default=4, ge=1)
+    # Until a model's provider has reported its own count (no sample yet, e.g. a fresh
+    # Redis), its prompts are reserved at budget_ratio_start times ours: the providers'
+    # counts of English prose run up to about 30 % above tiktoken's, and a first burst
+    # reserved at our own count overshoots a limit configured exactly. The first sample
+    # then replaces it whole; later ones move the mean.
+    budget_ratio_start: float = Field(default=1.3, gt=0.0)
 
     # Broker: unacked messages come back after this; longer than any countdown we use.
     visibility_timeout_s: int = 3600

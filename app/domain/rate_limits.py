@@ -36,7 +36,10 @@ tokenizer), so a reservation's prompt part is ``ceil(ratio * prompt_tokens_est)`
 (:func:`scaled_prompt_tokens`), with one ``ratio`` per model, learned as an
 exponentially weighted mean of samples::
 
-    ratio <- clamp(ratio + weight * (clamp(sample) - ratio))     (ratio starts at 1)
+    ratio <- clamp(ratio + weight * (clamp(sample) - ratio))
+
+The first sample is taken whole (``ratio <- clamp(sample)``); until then reservations
+use ``budget_ratio_start`` (the settings; 1.3).
 
 clamped to ``[ratio_min, ratio_max]``. A sample is, in the bucket shape with
 token headers, what the provider consumed between two headers over what we
@@ -60,7 +63,8 @@ import math
 import time
 from dataclasses import dataclass
 
-# The ratio's starting value: the provider counts as tiktoken does.
+# The ratio of a provider that counts as tiktoken does (the tests' reference point;
+# reservations before a model's first sample use the budget_ratio_start setting).
 RATIO_START = 1.0
 # A usage sample of a prompt below this many estimated tokens says more about the
 # message framing than about the tokenizer: not learned from.
@@ -163,10 +167,15 @@ def clamp(value: float, low: float, high: float) -> float:
     return max(low, min(high, value))
 
 
-def ratio_update(ratio: float, sample: float, weight: float, low: float, high: float) -> float:
-    """One step of the exponentially weighted ratio (see the module docstring)."""
+def ratio_update(
+    ratio: float | None, sample: float, weight: float, low: float, high: float
+) -> float | None:
+    """One step of the exponentially weighted ratio (see the module docstring); ``ratio``
+    None (no sample yet): the first sample, clamped, becomes the ratio."""
     if not math.isfinite(sample):
         return ratio
+    if ratio is None:
+        return clamp(sample, low, high)
     return clamp(ratio + weight * (clamp(sample, low, high) - ratio), low, high)
 
 

@@ -38,7 +38,8 @@ prompt_tokens_est)`` with one ratio per model kept in Redis, an exponentially
 weighted mean of the provider's count over ours (formula and samples:
 :mod:`batchgen.domain.rate_limits`), so reservations converge on the
 provider's own count (OpenAI's limiter counts about four bytes a token,
-~26 % more than tiktoken for English prose).
+~26 % more than tiktoken for English prose). Before a model's first sample the
+ratio is ``budget_ratio_start`` (1.3); the first sample replaces it.
 
 Fairness: a caller the model's budget denies joins a line (by item, ordered
 by first denial); the first ``budget_held_claims`` in line (at most one limit
@@ -172,6 +173,8 @@ class Budget:
         self.ratio_min = min(settings.budget_ratio_min, settings.budget_ratio_max)
         self.ratio_max = max(settings.budget_ratio_min, settings.budget_ratio_max)
         self.ratio_min_calls = settings.budget_ratio_min_calls
+        # Learning off: reservations use our own count from the start.
+        self.ratio_start = settings.budget_ratio_start if self.ratio_weight > 0 else 1.0
 
     @property
     def span_s(self) -> float:
@@ -253,6 +256,7 @@ class Budget:
                 counters.BUDGET_WAIT_S,
                 "1" if urgent else "0",
                 urgent_claim_s,
+                self.ratio_start,
             ],
         )
         status, wait_ms, reason, tokens, part, countdown = reply[:6]
@@ -365,6 +369,7 @@ class Budget:
                 cooldown_ms,
                 ",".join(ops.counters),
                 "1" if ops.release_slot else "0",
+                self.ratio_start,
             ],
         )
         text = ratio.decode() if isinstance(ratio, bytes) else str(ratio)
@@ -445,9 +450,10 @@ class Budget:
         return int(tokens), int(requests)
 
     def ratio(self, spec: ModelSpec) -> float:
-        """The model's learned ratio of the provider's prompt count to ours (1: none yet)."""
+        """The model's learned ratio of the provider's prompt count to ours (before the
+        first sample: ``budget_ratio_start``)."""
         value = self.client.hget(keys.budget_ratio(spec.budget_key), spec.name)
-        return float(value) if value is not None else 1.0
+        return float(value) if value is not None else self.ratio_start
 
 
 __all__ = [

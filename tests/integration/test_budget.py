@@ -602,12 +602,13 @@ def test_the_learned_ratio_is_applied_to_the_prompt(budget):
     from batchgen.limits.budget import SettleOps
 
     s = spec(tpm=100_000, rpm=1000, key="ratio-w")
-    expected = 1.0
+    expected: float | None = None  # no sample yet
     for i in range(10):
         rid = f"{i}:1"
         grant = budget.reserve(s, rid, 200 + 50, prompt_tokens=200, now_s=float(i))
         assert grant.granted
-        assert grant.tokens == math.ceil(expected * 200 - 1e-9) + 50  # the ratio so far
+        so_far = budget.ratio_start if expected is None else expected
+        assert grant.tokens == math.ceil(so_far * 200 - 1e-9) + 50  # the ratio so far
         ops = SettleOps("reconcile", charged_tokens=260 + 50, charged_rest=50)
         ops = SettleOps(**{**ops.__dict__, "usage_prompt_tokens": 260, "prompt_tokens_est": 200})
         settled = budget.settle(s, rid, ops, now_s=float(i))
@@ -618,6 +619,22 @@ def test_the_learned_ratio_is_applied_to_the_prompt(budget):
     assert probe.tokens == math.ceil(budget.ratio(s) * 1000 - 1e-9) + 10
     # Scaled, a reservation is still at most the limit (and never "never" for it).
     assert budget.reserve(s, "huge", 90_000, prompt_tokens=90_000, now_s=200.0).tokens == 100_000
+
+
+def test_before_the_first_sample_prompts_are_reserved_at_the_start_ratio(budget):
+    """A fresh model reserves its prompts at budget_ratio_start (a first burst must not
+    overshoot a provider that counts above tiktoken); the first sample, here a provider
+    counting 10 % below our estimate, replaces it whole, not by a weighted step."""
+    from batchgen.limits.budget import SettleOps
+
+    s = spec(tpm=100_000, rpm=1000, key="ratio-start")
+    assert budget.ratio_start == 1.3 and budget.ratio(s) == 1.3
+    first = budget.reserve(s, "1:1", 1000 + 10, prompt_tokens=1000, now_s=0.0)
+    assert first.tokens == 1300 + 10 and first.prompt_part == 1300
+    ops = SettleOps("reconcile", charged_tokens=900 + 10, charged_rest=10)
+    ops = SettleOps(**{**ops.__dict__, "usage_prompt_tokens": 900, "prompt_tokens_est": 1000})
+    assert budget.settle(s, "1:1", ops, now_s=0.5).ratio == pytest.approx(0.9)
+    assert budget.reserve(s, "2:1", 1000 + 10, prompt_tokens=1000, now_s=1.0).tokens == 900 + 10
 
 
 def test_the_learned_ratio_converges_and_the_429s_stop(budget):

@@ -49,7 +49,8 @@
 --       15 slot_limit (0 = take no slot), 16 slot_lease_s, 17 jitter u in [0, 1),
 --       18 count (0: nothing, 1: budget denials and waits, 2: a slot denial too),
 --       19..21 the counter fields: slot denials, budget denials, budget wait seconds,
---       22 urgent ('1': a synchronous call, someone waits on it), 23 its claim's ttl_s
+--       22 urgent ('1': a synchronous call, someone waits on it), 23 its claim's ttl_s,
+--       24 the ratio before the model's first sample
 -- Returns {status, wait_ms, reason, tokens, prompt_part, countdown_s, held}: status 1
 -- granted (tokens reserved, of which prompt_part is the scaled prompt; held: 1 if the
 -- reservation was on the books before this call, plus 2 if its slot was), 0 denied
@@ -156,7 +157,7 @@ end
 
 -- In the provider's count: the prompt scaled by the learned ratio, at most a limit.
 local part = 0
-if prompt_est > 0 then part = math.max(0, math.ceil(ratio_of(ratios, model) * prompt_est - 1e-9)) end
+if prompt_est > 0 then part = math.max(0, math.ceil(ratio_of(ratios, model, ARGV[24]) * prompt_est - 1e-9)) end
 local tokens = part + rest
 if tokens > tokens_limit then tokens = tokens_limit end
 if tenant_limit > 0 and tokens > tenant_limit then tokens = tenant_limit end

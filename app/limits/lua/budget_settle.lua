@@ -39,7 +39,7 @@
 --       16 usage prompt tokens ('' = none), 17 prompt_est ('' = none),
 --       18 ratio weight, 19 ratio min, 20 ratio max, 21 ratio min calls,
 --       22 cooldown_ms (0 = none), 23 counter fields to add one to (comma-separated),
---       24 release the slot ('1' | '0')
+--       24 release the slot ('1' | '0'), 25 the ratio before the model's first sample
 -- Returns {token change of the reservation (negative: a refund), tokens the
 -- headers added to our count (negative: taken back / the level raised),
 -- cooldown left in ms (0: none asked), the model's ratio}.
@@ -258,4 +258,4 @@ if not header_ratio and weight > 0 and usage_prompt ~= nil and prompt_est ~= nil
 end
 
 -- (Redis truncates a number in a reply: round the level's change to whole tokens)
-return {delta, math.floor(observed + 0.5), cooldown_left, num(ratio_of(ratios, model))}
+return {delta, math.floor(observed + 0.5), cooldown_left, num(ratio_of(ratios, model, ARGV[25]))}

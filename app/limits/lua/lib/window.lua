@@ -60,18 +60,21 @@ local function bucket_write(key, t, r, now, tcap, trate, span)
     redis.call('PEXPIRE', key, math.ceil((full_s + 2 * span) * 1000))
 end
 
--- ratio_of(key, model): the learned ratio of the provider's prompt count to ours.
-local function ratio_of(key, model)
-    return tonumber(redis.call('HGET', key, model)) or 1.0
+-- ratio_of(key, model, start): the learned ratio of the provider's prompt count to
+-- ours; `start` (a number or its text; 1 if absent) until the first sample.
+local function ratio_of(key, model, start)
+    return tonumber(redis.call('HGET', key, model)) or tonumber(start) or 1.0
 end
 
--- ratio_learn(key, model, sample, weight, low, high): one step of the weighted mean,
--- both the sample and the result clamped to [low, high]. Returns the new ratio.
+-- ratio_learn(key, model, sample, weight, low, high): the first sample, clamped to
+-- [low, high], becomes the ratio; each later one moves it by `weight` of the
+-- difference (the result clamped too). Returns the ratio (nil: none learned yet).
 local function ratio_learn(key, model, sample, weight, low, high)
-    local ratio = ratio_of(key, model)
-    if sample ~= sample or sample == math.huge or sample == -math.huge then return ratio end
+    local learned = tonumber(redis.call('HGET', key, model))
+    if sample ~= sample or sample == math.huge or sample == -math.huge then return learned end
     sample = math.max(low, math.min(high, sample))
-    ratio = math.max(low, math.min(high, ratio + weight * (sample - ratio)))
+    local ratio = sample
+    if learned ~= nil then ratio = math.max(low, math.min(high, learned + weight * (sample - learned))) end
     redis.call('HSET', key, model, num(ratio))
     redis.call('HINCRBY', key, model .. ':n', 1)
     redis.call('PEXPIRE', key, 7 * 86400 * 1000)  -- unused for a week: learnt afresh
