@@ -14,7 +14,9 @@ is sent and what an error is:
   error of it (``RateLimitError``, ``BadRequestError``... with body and headers), so
   :func:`batchgen.providers.openai.translate` maps it as before;
 - a connection that cannot be had raises the SDK's ``APIConnectionError`` (or
-  ``APITimeoutError``) with the urllib3 error as its cause.
+  ``APITimeoutError``) with the urllib3 error as its cause;
+- TLS verifies against the trust store the SDK's transport uses (httpcore's default
+  context: ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, else the system's).
 
 Any other client (Azure's, one behind an HTTP proxy from the environment) keeps the
 SDK's own path; ``BATCHGEN_LEAN_HTTP=false`` turns this off everywhere.
@@ -30,6 +32,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpcore2
 import httpx2
 import openai
 import urllib3
@@ -89,8 +92,11 @@ class LeanEndpoint:
         self._client = client
         self._base = str(client.base_url).rstrip("/")
         self._path = urlsplit(self._base).path  # the pool is the host's: requests name a path
+        tls: dict[str, Any] = {}
+        if urlsplit(self._base).scheme == "https":  # the trust store the SDK's httpx uses
+            tls["ssl_context"] = httpcore2.default_ssl_context()
         self._pool = urllib3.connection_from_url(
-            self._base, maxsize=_POOL_MAXSIZE, retries=False, block=False
+            self._base, maxsize=_POOL_MAXSIZE, retries=False, block=False, **tls
         )
         self._headers: dict[str, str] | None = None
         self._lock = threading.Lock()

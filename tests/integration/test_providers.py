@@ -487,3 +487,17 @@ def test_warm_builds_the_client_without_a_call(base: str, kind: str) -> None:
         assert lean._headers["Authorization"].startswith("Bearer ")
     response = get_provider(spec).complete(make_request(spec, stream=True))
     assert response.completion_tokens > 0
+
+
+def test_lean_http_verifies_tls_as_the_sdk_does() -> None:
+    """An https endpoint's pool verifies certificates and host names with the context
+    the SDK's transport builds (no connection is made here)."""
+    import ssl
+
+    client = sdk_client("https://provider.invalid/v1", "k")
+    lean = lean_http.endpoint(client, True)
+    assert lean is not None
+    context = lean._pool.conn_kw["ssl_context"]
+    assert isinstance(context, ssl.SSLContext)
+    assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
+    assert context.cert_store_stats()["x509_ca"] > 0  # the trust store is loaded
