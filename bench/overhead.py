@@ -31,8 +31,14 @@ publish or submit until the last message is acked or every batch is finished:
   Redis     INFO commandstats deltas (includes the commands Lua scripts run),
             minus this bench's own INFO and polling commands.
 
+With ``--rounds N`` the two runs alternate N times on the same servers (no-op, batchgen,
+no-op, batchgen...): the table is the round whose CPU ratio is the median, and a line
+gives every round's ratio, so that a machine whose speed drifts during the runs shows
+it instead of deciding the figure.
+
     .venv/bin/python bench/overhead.py [--items 2000] [--workers 2] [--threads 16]
                                       [--tenants 1] [--pool threads] [--count-items 300]
+                                      [--rounds 1]
 """
 
 from __future__ import annotations
@@ -656,7 +662,12 @@ def main() -> None:
         default=300,
         help="items of the counting pass (MONITOR on, after the measured one); 0: none",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="no-op/batchgen pairs run in turn (median shown)"
+    )
     args = parser.parse_args()
+    if not 1 <= args.rounds <= 20:
+        parser.error("--rounds must be between 1 and 20")
     if not 1 <= args.items <= 200_000:
         parser.error("--items must be between 1 and 200000")
     if not 1 <= args.tenants <= min(args.items, 100) or args.items / args.tenants > 50_000:
@@ -722,9 +733,11 @@ def main() -> None:
             },
             given_servers=given,
         )
+        rounds: list[tuple[Result, Result]] = []
         try:
-            noop = run_noop(setup)
-            bg = run_batchgen(setup)
+            for _ in range(args.rounds):
+                rounds.append((run_noop(setup), run_batchgen(setup)))
+                args.count_items = 0  # the counting pass: once, in the first round
         except BaseException:
             print(f"worker logs kept in {workdir / 'logs'}", file=sys.stderr)
             raise
@@ -732,7 +745,23 @@ def main() -> None:
             stats_conn.close()
             redis.close()
     shutil.rmtree(workdir, ignore_errors=True)  # the servers' data and the logs
+    ratios = [cpu_ratio(noop, bg) for noop, bg in rounds]
+    median = sorted(range(len(rounds)), key=lambda k: ratios[k])[len(rounds) // 2]
+    noop, bg = rounds[median]
+    if len(rounds) > 1:
+        bg.count_items = rounds[0][1].count_items
+        bg.redis_sources = rounds[0][1].redis_sources
+        bg.redis_by_source_command = rounds[0][1].redis_by_source_command
     report(setup, noop, bg, (code_before, code_state()))
+    if len(rounds) > 1:
+        each = ", ".join(f"{r:.2f}×" for r in ratios)
+        print(f"CPU per item ÷ the no-op's, all processes, by round: {each}")
+        print(f"the table above is round {median + 1} of {len(rounds)} (the median ratio)")
+
+
+def cpu_ratio(noop: Result, bg: Result) -> float:
+    """CPU per item of every process, batchgen's ÷ the no-op's."""
+    return (bg.cpu_total() / bg.items) / (noop.cpu_total() / noop.items)
 
 
 if __name__ == "__main__":
