@@ -13,7 +13,6 @@ provider's free-text message, which may quote the request).
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -227,14 +226,6 @@ def sse_data(chunks: Iterable[bytes]) -> Iterator[bytes]:
     A byte-level reader: the SDK's text line reader decodes and re-splits every chunk
     and costs more than the rest of a call's handling.
     """
-    for batch in sse_batches(chunks):
-        yield from batch
-
-
-def sse_batches(chunks: Iterable[bytes]) -> Iterator[list[bytes]]:
-    """The ``data:`` fields of :func:`sse_data`, a list per body chunk read: the events
-    that arrived together (a fast server's share TCP segments), for a reader that
-    parses them together."""
     rest = b""
     for chunk in chunks:
         if not chunk:
@@ -243,24 +234,11 @@ def sse_batches(chunks: Iterable[bytes]) -> Iterator[list[bytes]]:
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = (rest + chunk).split(b"\n")
         rest = lines.pop()
-        batch = [line[5:].strip() for line in lines if line.startswith(b"data:")]
-        if batch:
-            yield batch
+        for line in lines:
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
     if rest.startswith(b"data:"):
-        yield [rest[5:].strip()]
-
-
-def json_values(datas: list[bytes]) -> list[Any]:
-    """The JSON values of several event payloads, parsed in one call (a JSON array of
-    them): the cost of :func:`json.loads` is mostly per call, and a streamed answer is
-    dozens of small events. Raises :class:`json.JSONDecodeError` as parsing each would,
-    also when a payload is not exactly one value (``1, 2`` would pass in an array)."""
-    if len(datas) <= 1:
-        return [json.loads(data) for data in datas]
-    values = json.loads(b"[" + b",".join(datas) + b"]")
-    if len(values) != len(datas):
-        raise json.JSONDecodeError("an event that is not one JSON value", "", 0)
-    return values  # type: ignore[no-any-return]
+        yield rest[5:].strip()
 
 
 class StreamWatch:

@@ -34,9 +34,8 @@ from batchgen.providers.base import (
     cancelled_before_call,
     chat_params,
     classify_status,
-    json_values,
     safe_code,
-    sse_batches,
+    sse_data,
     status_message,
     transport_error,
 )
@@ -267,33 +266,27 @@ class OpenAIProvider:
         finish: str | None = None
         usage: dict[str, Any] | None = None
         watch.check()
-        for datas in sse_batches(raw.iter_bytes()):  # the response, read to its end
-            # [DONE] ends the events; the body is read on: its end frees the connection
-            for value in json_values([d for d in datas if d != b"[DONE]"]):
-                chunk = _checked_chunk(value, raw)
-                first = first or chunk
-                try:
-                    for choice in chunk.get("choices") or ():
-                        if choice.get("index") == 0:  # the batch output carries choice 0
-                            delta = choice.get("delta") or {}
-                            watch.add(delta.get("content"))
-                            finish = choice.get("finish_reason") or finish
-                    usage = chunk.get("usage") or usage
-                    if usage is not None:
-                        int(usage["prompt_tokens"]), int(usage["completion_tokens"])
-                except (AttributeError, KeyError, TypeError, ValueError) as exc:
-                    raise MalformedResponse(
-                        f"malformed stream chunk ({type(exc).__name__})", status=200, billed=True
-                    ) from None
+        for data in sse_data(raw.iter_bytes()):  # an httpx response, read to its end
+            if data == b"[DONE]":
+                continue  # read on: the end of the body frees the connection
+            chunk = json.loads(data)
+            if not isinstance(chunk, dict):
+                raise MalformedResponse("a stream chunk that is not an object", billed=True)
+            if chunk.get("error"):
+                raise openai.APIError("error event in the stream", raw.request, body=chunk["error"])
+            first = first or chunk
+            try:
+                for choice in chunk.get("choices") or ():
+                    if choice.get("index") == 0:  # the batch output carries the first choice
+                        delta = choice.get("delta") or {}
+                        watch.add(delta.get("content"))
+                        finish = choice.get("finish_reason") or finish
+                usage = chunk.get("usage") or usage
+                if usage is not None:
+                    int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise MalformedResponse(
+                    f"malformed stream chunk ({type(exc).__name__})", status=200, billed=True
+                ) from None
             watch.check()
         return first, finish, usage
-
-
-def _checked_chunk(chunk: Any, raw: Any) -> dict[str, Any]:
-    """A stream chunk as :meth:`OpenAIProvider._read_events` may read it: an object,
-    and not an error event."""
-    if not isinstance(chunk, dict):
-        raise MalformedResponse("a stream chunk that is not an object", billed=True)
-    if chunk.get("error"):
-        raise openai.APIError("error event in the stream", raw.request, body=chunk["error"])
-    return chunk

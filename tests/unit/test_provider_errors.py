@@ -258,24 +258,3 @@ def test_sse_data_reads_events_split_anywhere():
         chunks = [body[i : i + size] for i in range(0, len(body), size)]
         assert list(sse_data(chunks)) == expected, size
     assert list(sse_data([b"", b"data: x\n", b""])) == [b"x"]
-
-
-def test_sse_batches_group_the_events_of_each_read():
-    from batchgen.providers.base import sse_batches
-
-    reads = [b"data: 1\n\ndata: 2\n\nda", b"ta: 3\n\n", b"event: x\n\n", b"data: 4"]
-    assert list(sse_batches(reads)) == [[b"1", b"2"], [b"3"], [b"4"]]
-
-
-def test_json_values_parse_events_together_and_refuse_what_one_by_one_would():
-    import json
-
-    import pytest
-
-    from batchgen.providers.base import json_values
-
-    assert json_values([]) == []
-    assert json_values([b'{"a": 1}', b"[2]", b'"x"']) == [{"a": 1}, [2], "x"]
-    for bad in ([b'{"a": 1}', b"1, 2"], [b"{", b"}"], [b'{"a": 1}', b""], [b"nope"]):
-        with pytest.raises(json.JSONDecodeError):
-            json_values(bad)
