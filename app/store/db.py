@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from importlib import resources
 from typing import Any
 
 import psycopg
+from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -81,6 +82,46 @@ def _ping_if_idle(engine: Engine) -> None:
         except Exception as error:
             # The pool replaces the connection and tries the checkout again.
             raise exc.DisconnectionError() from error
+
+
+def driver_rows(
+    connection: Connection | Session, statement: str, params: Mapping[str, Any]
+) -> list[Any]:
+    """Run one statement (psycopg's ``%(name)s`` style, see
+    :func:`batchgen.store.sqlfiles.driver_query`) on the psycopg connection under
+    ``connection``, in its transaction (or its autocommit); returns its rows as named
+    tuples (none for a statement without rows).
+
+    For the hot path's claim and record, where SQLAlchemy's own work per execution of
+    a textual statement (its result metadata built anew from the cursor, bind and
+    result processing) cost more CPU than the statement's round trip. Everything else
+    about the connection stays SQLAlchemy's: the pool, the checkout ping, the
+    isolation level. An error comes out as SQLAlchemy would raise it (the same
+    :class:`sqlalchemy.exc.DBAPIError` subclass, parameters hidden: they hold
+    prompts); a lost connection is invalidated, and the pool's idle connections
+    (likely dead with it, after a failover) are closed, as SQLAlchemy does on a
+    disconnect.
+    """
+    sa_connection = connection.connection() if isinstance(connection, Session) else connection
+    driver: Any = sa_connection.connection.driver_connection
+    try:
+        with driver.cursor(row_factory=namedtuple_row) as cursor:
+            cursor.execute(statement, params)
+            return cursor.fetchall() if cursor.description is not None else []
+    except psycopg.Error as error:
+        lost = sa_connection.dialect.is_disconnect(error, driver, None)  # type: ignore[arg-type]
+        if lost:
+            sa_connection.invalidate(error)
+            sa_connection.engine.pool.dispose()
+        raise exc.DBAPIError.instance(
+            statement,
+            None,
+            error,
+            psycopg.Error,
+            hide_parameters=True,
+            connection_invalidated=lost,
+            dialect=sa_connection.dialect,
+        ) from error
 
 
 @functools.cache

@@ -12,21 +12,21 @@ are loaded by nobody else.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import json
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, TextClause, bindparam, func, select, text, update
-from sqlalchemy.dialects.postgresql import JSONB
+from psycopg.types.json import Jsonb
+from sqlalchemy import Connection, func, select, text, update
 from sqlalchemy.orm import Session
 
 from batchgen.domain.deadlines import carried_forward
 from batchgen.domain.status import CALL_RANK, IN_FLIGHT, OPEN, ItemStatus, can_move, values
+from batchgen.store import db
 from batchgen.store.db import ADVISORY_NAMESPACE
 from batchgen.store.schema import Item, Tenant
-from batchgen.store.sqlfiles import query
+from batchgen.store.sqlfiles import driver_query, query
 
 S = ItemStatus
 
@@ -256,8 +256,8 @@ def claim_sent(
     the call through. None when the item is not there for this ticket's attempt
     (a stale or duplicate message, a cancelled, finished or expired item)."""
     params = {"item_id": ticket.item_id, "attempt": ticket.attempt, "lease_s": lease_s}
-    row = session.execute(query("item_claim_sent"), {**params, **CLAIM.params()}).one_or_none()
-    return None if row is None else _claimed(row, read_mono_s)
+    rows = db.driver_rows(session, driver_query("item_claim_sent"), {**params, **CLAIM.params()})
+    return _claimed(rows[0], read_mono_s) if rows else None
 
 
 def expire_unstarted(session: Session | Connection, item_id: int) -> str | None:
@@ -387,13 +387,9 @@ def succeed_answered(connection: Connection, row: dict[str, Any]) -> Answered:
     (``row["item_id"]``, ``row["attempt"]``) is running and neither answered nor
     ledgered yet. ``row`` holds the ledger's and the result's columns
     (:func:`batchgen.store.ledger.record_answer` builds it)."""
-    result = connection.execute(_succeed_answered(), {**row, **SUCCEED_ANSWERED.params()}).one()
+    params = {**row, "response": Jsonb(row["response"]), **SUCCEED_ANSWERED.params()}
+    (result,) = db.driver_rows(connection, driver_query("item_succeed_answered"), params)
     return Answered(recorded=result.recorded, waiting=result.waiting, running=result.running)
-
-
-@functools.cache
-def _succeed_answered() -> TextClause:
-    return query("item_succeed_answered").bindparams(bindparam("response", type_=JSONB))
 
 
 def cancel_unsent(session: Session, batch_id: str, now: dt.datetime) -> int:

@@ -18,6 +18,8 @@ from sqlalchemy import TextClause, text
 
 _INCLUDE = re.compile(r"^--! include ([a-z_]+)$", re.MULTILINE)
 _COMMENT_LINE = re.compile(r"^\s*--.*(?:\n|$)", re.MULTILINE)
+# A bind parameter ``:name`` (not a ``::type`` cast, not a time literal's colon).
+_BIND = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 
 def _read(*parts: str) -> str:
@@ -37,3 +39,11 @@ def source(name: str) -> str:
 def query(name: str) -> TextClause:
     """The statement in ``app/store/sql/<name>.sql``."""
     return text(source(name))
+
+
+@functools.cache
+def driver_query(name: str) -> str:
+    """The statement in ``app/store/sql/<name>.sql`` as psycopg itself takes it
+    (``:name`` becomes ``%(name)s``, a ``%`` is doubled), for
+    :func:`batchgen.store.db.driver_rows`."""
+    return _BIND.sub(r"%(\1)s", source(name).replace("%", "%%"))

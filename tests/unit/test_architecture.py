@@ -300,3 +300,11 @@ def test_sql_statements_fit_psycopgs_parse_cache():
         assert not re.search(r"^\s*--", source(path.stem), re.MULTILINE), path.name
         compiled = str(query(path.stem).compile(dialect=dialect)).encode()
         assert len(compiled) <= MAX_CACHED_STATEMENT_LENGTH, path.name
+
+
+def test_driver_query_turns_binds_into_psycopgs_and_leaves_casts():
+    from batchgen.store.sqlfiles import _BIND
+
+    sql = "SELECT :a, x::int, '12:30' AS t, :b_2 FROM y WHERE z LIKE '5%'"
+    converted = _BIND.sub(r"%(\1)s", sql.replace("%", "%%"))
+    assert converted == "SELECT %(a)s, x::int, '12:30' AS t, %(b_2)s FROM y WHERE z LIKE '5%%'"
