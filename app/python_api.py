@@ -660,12 +660,20 @@ def wait_call(
                     return ended
                 raise call_rules.call_error(ended.error_code, ended.error_message)
             if not still_there():
-                cancel_batch(pending.stored.batch_id, tenant=pending.tenant)
+                _cancel_call(pending)
                 raise CallFailed(499, "client_closed", "the caller went away; call cancelled")
-        cancel_batch(pending.stored.batch_id, tenant=pending.tenant)
+        _cancel_call(pending)
         raise call_rules.call_error("expired", "the call's deadline passed")
     finally:
         waiter.forget(item_id)
+
+
+def _cancel_call(pending: PendingCall) -> None:
+    """Cancel a call's batch; a provider call this process runs for it stops at its next
+    chunk at once, not when the announcement comes back (a worker's call hears that)."""
+    batch_id = pending.stored.batch_id
+    cancel_batch(batch_id, tenant=pending.tenant)
+    _call_runtime()[1].cancel(batch_id)
 
 
 def usage(

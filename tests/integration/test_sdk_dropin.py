@@ -7,6 +7,7 @@ code already does against the provider.
 from __future__ import annotations
 
 import json
+import socket
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -27,8 +28,8 @@ from batchgen.domain.status import CALL_RANK
 from batchgen.registry import get_registry
 from batchgen.store import db
 from batchgen.store.schema import Item, Result, Tenant, UsageLedger
-from tests.helpers import chat_line, make_tenant, message_request, sim_config
-from tests.invariants import cut_calls, wait_until
+from tests.helpers import chat_line, make_tenant, message_request, sim_config, sim_in_flight
+from tests.invariants import cut_calls, simulator_log, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -481,19 +482,38 @@ def _open_calls() -> int:
 
 def test_a_caller_that_goes_away_cancels_its_call(oai_run: openai.OpenAI, simulator):
     """The caller closes its connection while the provider is still answering: the call
-    is cancelled (the item ends cancelled, the provider call is cut)."""
-    sim_config(simulator.base_url, latency_base_ms=200, latency_per_token_ms=20)
+    is cancelled (the item ends cancelled, the provider call is cut). The caller hangs up
+    once the provider has the call, whatever the machine's speed, as an SDK whose
+    timeout ran out would."""
+    sim_config(simulator.base_url, latency_base_ms=200, latency_per_token_ms=100)
+    body = json.dumps(
+        {
+            "model": "sim-small",
+            "messages": [{"role": "user", "content": "long"}],
+            "max_tokens": 400,  # an answer of 10 s or more
+        }
+    ).encode()
+    url = oai_run.base_url
+    head = (
+        f"POST {url.raw_path.decode().rstrip('/')}/chat/completions HTTP/1.1\r\n"
+        f"Host: {url.host}:{url.port}\r\nAuthorization: Bearer {oai_run.api_key}\r\n"
+        # The call's own deadline is far: the caller hangs up first.
+        "Content-Type: application/json\r\nX-Request-Timeout: 60\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
     try:
-        with pytest.raises(openai.APITimeoutError):
-            oai_run.with_options(timeout=1.0).chat.completions.create(
-                model="sim-small",
-                messages=[{"role": "user", "content": "long"}],
-                max_tokens=400,
-                # The call's own deadline is far: the SDK gives up (and hangs up) first.
-                extra_headers={"X-Request-Timeout": "60"},
-            )
-        wait_until(lambda: _call_rows("sdk-files") == [("cancelled", 1, 0)], 20, "the cancel")
-        wait_until(lambda: cut_calls(simulator.base_url) >= 1, 20, "the provider call cut")
+        with socket.create_connection((url.host, url.port), timeout=30) as caller:
+            caller.sendall(head.encode() + body)
+            wait_until(lambda: sim_in_flight(simulator.base_url) == 1, 20, "the provider call")
+            assert _call_rows("sdk-files") == [("running", 0, 0)]
+        try:
+            wait_until(lambda: _call_rows("sdk-files") == [("cancelled", 1, 0)], 20, "the cancel")
+            wait_until(lambda: cut_calls(simulator.base_url) >= 1, 20, "the provider call cut")
+        except AssertionError as late:
+            raise AssertionError(
+                f"{late}; calls (status, ledger rows, results): {_call_rows('sdk-files')}, "
+                f"provider log: {simulator_log(simulator.base_url)}"
+            ) from None
     finally:
         sim_config(simulator.base_url, latency_base_ms=50, latency_per_token_ms=0.5)
 
