@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgen.worker.procs import WorkerProcess, start_worker
+from batchgen.worker.procs import WorkerProcess, start_worker, stop_all
 
 HERE = Path(__file__).resolve().parent
 CONTROL_QUEUE = "batchgen.control"
@@ -130,8 +130,7 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         return w.wait_ready() if wait else w
 
     yield start
-    for w in started:
-        w.stop()
+    stop_all(started)
 
 
 @pytest.fixture
