@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,41 +38,6 @@ def requested_pool(argv: list[str]) -> str | None:
         if arg.startswith("-P") and not arg.startswith("--"):
             return arg[2:]
     return None
-
-
-def is_worker_command(argv: list[str]) -> bool:
-    """Whether ``argv`` (``sys.argv``) starts a worker from a command line: ``celery ...
-    worker`` (or ``python -m celery``), ``batchgen worker`` or ``batchgen dispatcher``,
-    not a program that runs a worker inside itself."""
-    if not argv:
-        return False
-    program = Path(argv[0])
-    name = program.parent.name if program.name == "__main__.py" else program.name
-    if name == "celery":
-        return "worker" in argv[1:]
-    if name in ("batchgen", "cli"):
-        return any(word in argv[1:] for word in ("worker", "dispatcher"))
-    return False
-
-
-def exit_at_once_after_shutdown(exitcode: Callable[[], int | None]) -> None:
-    """Once a worker process has shut down (its calls ended, its messages acked or
-    handed back, its connections closed), end the process without tearing down the
-    interpreter, which frees every object one by one: about a second once the SDKs and
-    tokenizers are loaded, on every restart. Logs and output are flushed first; the exit
-    code is the worker's (``exitcode()``, 0 if it set none). Runs as the first exit
-    handler, so none registered before it runs."""
-    atexit.register(_exit_now, exitcode)
-
-
-def _exit_now(exitcode: Callable[[], int | None]) -> None:
-    code = exitcode() or 0
-    logging.getLogger(__name__).info("worker shut down; exit code %d", code)
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchgen.worker.procs import is_worker_command
+from batchgen.worker.lifecycle import is_worker_command
 
 
 @pytest.mark.parametrize(
