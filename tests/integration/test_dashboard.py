@@ -181,7 +181,9 @@ def test_submit_watch_and_cancel_in_a_browser(
         assert browser.find_elements(By.ID, "key")  # not signed in: the sign-in form
         browser.find_element(By.ID, "key").send_keys("bg_not-a-key")
         browser.find_element(By.ID, "sign-in").click()
-        assert "unknown API key" in browser.find_element(By.ID, "login-error").text
+        # The post reloads the page: wait for the new page's error, not the old form.
+        refused = _wait(lambda: browser.find_elements(By.ID, "login-error"), what="the error")
+        assert "unknown API key" in refused[0].text
         shots.take("1-sign-in")
 
         _sign_in(browser, base, key)
