@@ -13,7 +13,14 @@ for greenlets through bench/gevent_worker.py, in both runs):
   (b) batchgen: N items submitted through ``batchgen.python_api.submit_batch``
       (one batch per tenant), drained to all succeeded by the workers (queue
       ``llm.<group>``) and the dispatcher process (``batchgen.control``, beat
-      embedded, as ``batchgen dispatcher`` runs it).
+      embedded, as ``batchgen dispatcher`` runs it);
+  (c) the round-trip floor (``--floor``, after each batchgen run): N messages of a task
+      that makes batchgen's per-item round trips and nothing else
+      (bench/noop_tasks.py: a Redis script, ``SELECT 1``, the same provider call to
+      the simulator through batchgen's adapter, ``SELECT 1``, a Redis script; or
+      ``call``: the call and one script), drained like the no-op. What it costs
+      above the no-op is the price of the round trips an item needs; what batchgen
+      costs above it is batchgen's own work.
 
 Each run first drains ``--warmup`` messages or items, waits ``--settle-s`` (so
 PostgreSQL has every earlier count reported), then measures from the first
@@ -38,7 +45,7 @@ it instead of deciding the figure.
 
     .venv/bin/python bench/overhead.py [--items 2000] [--workers 2] [--threads 16]
                                       [--tenants 1] [--pool threads] [--count-items 300]
-                                      [--rounds 1]
+                                      [--rounds 1] [--floor trips|call|both|none]
 """
 
 from __future__ import annotations
@@ -78,6 +85,8 @@ from bench.harness import (
 MODEL = "bench"
 CONTROL_QUEUE = "batchgen.control"
 GROUPS = ("workers", "dispatcher", "Redis", "PostgreSQL", "simulator", "bench")
+# --floor: which floor tasks run (bench/noop_tasks.py, ``steps``).
+FLOORS = {"none": (), "trips": ("trips",), "call": ("call",), "both": ("trips", "call")}
 TARGET_CPU_RATIO = 3.0
 TARGET_TRANSACTIONS = 3.0
 TARGET_REDIS_COMMANDS = 12.0
@@ -203,21 +212,51 @@ def _wait(done: Callable[[], bool], procs: list[Any], timeout_s: float, poll_s: 
 
 
 def run_noop(setup: Setup) -> Result:
+    from bench import noop_tasks
+
+    return run_baseline(setup, "no-op task", noop_tasks.TASK, noop_tasks.QUEUE)
+
+
+def run_floor(setup: Setup, steps: str) -> Result:
+    from bench import noop_tasks
+
+    setup.redis.delete(noop_tasks.FLOOR_DONE_KEY)
+    result = run_baseline(
+        setup,
+        f"floor ({steps})",
+        noop_tasks.FLOOR_TASK,
+        noop_tasks.FLOOR_QUEUE,
+        {"steps": steps},
+    )
+    done = int(setup.redis.get(noop_tasks.FLOOR_DONE_KEY) or 0)
+    expected = setup.args.items + setup.args.warmup
+    result.checks.append(
+        f"floor ({steps}): {done} calls got through"
+        + ("" if done == expected else f"  ** expected {expected} **")
+    )
+    return result
+
+
+def run_baseline(
+    setup: Setup, label: str, task: str, queue: str, extra: dict[str, Any] | None = None
+) -> Result:
+    """N messages of ``task`` (a task of bench/noop_tasks.py) on ``queue``, published up
+    front, drained by the workers (``extra``: more keyword arguments of the task)."""
     from batchgen.store import db
     from bench import noop_tasks
 
     args = setup.args
-    result = Result("no-op task", args.items)
+    result = Result(label, args.items)
     db.get_engine().dispose()  # the migration's connection: reports its counts as it closes
     unacked_key = (noop_tasks.app.conf.broker_transport_options or {}).get("unacked_key", "unacked")
     workers = [
         start_celery_worker(
             "bench.noop_tasks",
-            [noop_tasks.QUEUE],
-            log_dir=setup.workdir / "logs" / "noop",
+            [queue],
+            log_dir=setup.workdir / "logs" / queue,
             concurrency=args.threads,
-            env={"BATCHGEN_LOG_LEVEL": "WARNING"},
-            name=f"noop{i}",
+            env={"BATCHGEN_LOG_LEVEL": "WARNING", noop_tasks.FLOOR_ROWS_ENV: str(args.items)},
+            name=f"{queue.rsplit('.', 1)[-1]}{i}",
             pool=args.pool,
         )
         for i in range(args.workers)
@@ -231,7 +270,7 @@ def run_noop(setup: Setup) -> Result:
         # first of the two empty reads ends the wall time.
         nonlocal first_empty
         pipe = setup.redis.pipeline(transaction=False)
-        pipe.llen(noop_tasks.QUEUE)
+        pipe.llen(queue)
         pipe.hlen(unacked_key)
         read_at = time.monotonic()
         waiting, unacked = pipe.execute()
@@ -246,7 +285,8 @@ def run_noop(setup: Setup) -> Result:
 
     def publish(n: int) -> None:
         for i in range(n):
-            noop_tasks.app.send_task(noop_tasks.TASK, args=[i], kwargs={"model": MODEL})
+            kwargs = {"model": MODEL, **(extra or {})}
+            noop_tasks.app.send_task(task, args=[i], kwargs=kwargs, queue=queue)
 
     try:
         for w in workers:
@@ -262,10 +302,10 @@ def run_noop(setup: Setup) -> Result:
         _wait(drained, workers, args.timeout_s, 0.02)
         meter.stop_clock(result, ended_at=first_empty)
         stats = noop_tasks.app.control.inspect(timeout=2.0).stats() or {}
-        ran = sum(s.get("total", {}).get(noop_tasks.TASK, 0) for s in stats.values())
+        ran = sum(s.get("total", {}).get(task, 0) for s in stats.values())
         expected = args.items + args.warmup
         result.checks.append(
-            f"no-op: {ran} tasks run by {len(stats)} workers "
+            f"{label}: {ran} tasks run by {len(stats)} workers "
             f"({args.warmup} warm-up + {args.items} measured)"
             + ("" if ran == expected else f"  ** expected {expected} **")
         )
@@ -663,6 +703,12 @@ def main() -> None:
         help="items of the counting pass (MONITOR on, after the measured one); 0: none",
     )
     parser.add_argument(
+        "--floor",
+        choices=sorted(FLOORS),
+        default="trips",
+        help="the round-trip floor runs after each round's batchgen (bench/noop_tasks.py)",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=1, help="no-op/batchgen pairs run in turn (median shown)"
     )
     args = parser.parse_args()
@@ -734,9 +780,11 @@ def main() -> None:
             given_servers=given,
         )
         rounds: list[tuple[Result, Result]] = []
+        floors: list[list[Result]] = []
         try:
             for _ in range(args.rounds):
                 rounds.append((run_noop(setup), run_batchgen(setup)))
+                floors.append([run_floor(setup, steps) for steps in FLOORS[args.floor]])
                 args.count_items = 0  # the counting pass: once, in the first round
         except BaseException:
             print(f"worker logs kept in {workdir / 'logs'}", file=sys.stderr)
@@ -757,6 +805,37 @@ def main() -> None:
         each = ", ".join(f"{r:.2f}×" for r in ratios)
         print(f"CPU per item ÷ the no-op's, all processes, by round: {each}")
         print(f"the table above is round {median + 1} of {len(rounds)} (the median ratio)")
+    if args.floor != "none":
+        report_floor(floors, rounds)
+
+
+def report_floor(floors: list[list[Result]], rounds: list[tuple[Result, Result]]) -> None:
+    """Each round's floor runs beside that round's no-op and batchgen (CPU per item, all
+    processes)."""
+    print(
+        "\nThe round-trip floor (bench/noop_tasks.py): a task that makes batchgen's per-item "
+        "round trips and nothing else,\nrun after each round's batchgen. trips: Redis script, "
+        "SELECT 1, the same provider call, SELECT 1, Redis script; call: the call and one "
+        "script"
+    )
+    groups = ("workers", "Redis", "PostgreSQL", "simulator")
+    print(
+        f"{'round':>5} {'floor':>6}   {'CPU ms per item: no-op':>22} {'floor':>6} {'batchgen':>9}  "
+        + " ".join(f"{g[:10]:>10}" for g in groups)
+        + "   floor/no-op  batchgen/floor  PG tx/item"
+    )
+    for k, (runs, (noop, bg)) in enumerate(zip(floors, rounds, strict=True), start=1):
+        for floor in runs:
+            per = [r.cpu_total() * 1000 / r.items for r in (noop, floor, bg)]
+            parts = " ".join(_fmt(floor.per_item(floor.cpu_s.get(g), 1000), 2, 10) for g in groups)
+            print(
+                f"{k:5d} {floor.label[7:-1]:>6}   {per[0]:22.2f} {per[1]:6.2f} {per[2]:9.2f}  "
+                f"{parts}   {per[1] / per[0]:10.2f}×  {per[2] / per[1]:13.2f}×"
+                f"  {floor.per_item(floor.transactions) or 0:10.2f}"
+            )
+    for floor in floors[0]:
+        for check in floor.checks:
+            print(check)
 
 
 def cpu_ratio(noop: Result, bg: Result) -> float:
