@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from typing import Any
 
 from celery import Task
 
 from batchgen.config import get_settings
+from batchgen.domain.decisions import refill_at_once_after
 from batchgen.errors import ItemFailed
 from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate
@@ -39,9 +41,16 @@ def _release(models: frozenset[str]) -> int:
     return dispatch(get_registry(), get_settings(), models)
 
 
+def _refill_at_once_after(model: str) -> int:
+    spec, settings = get_registry().get(model), get_settings()
+    if spec is None:  # not in this registry: the coalescing wait only
+        return sys.maxsize
+    return refill_at_once_after(spec.max_concurrency, settings.dispatch_ahead_factor)
+
+
 @functools.cache
 def _refiller() -> Refiller:
-    return Refiller(_release, get_settings().refill_coalesce_s)
+    return Refiller(_release, get_settings().refill_coalesce_s, _refill_at_once_after)
 
 
 # max_retries=None: a budget wait is not a failure and may repeat as often as

@@ -21,6 +21,15 @@ def window_size(max_concurrency: int, ahead_factor: float) -> int:
     return max(1, math.ceil(max_concurrency * ahead_factor))
 
 
+def refill_at_once_after(max_concurrency: int, ahead_factor: float) -> int:
+    """Places a worker process may see freed in a model's window before it refills the
+    model at once rather than at the end of its coalescing wait: half of what the window
+    holds queued beyond the model's concurrency. Short calls use that reserve up within
+    the wait; the wait would then cap the rate at about a window per wait."""
+    reserve = window_size(max_concurrency, ahead_factor) - max_concurrency
+    return max(1, math.ceil(reserve / 2))
+
+
 def attempt_cap(model_max_attempts: int, global_max_attempts: int) -> int:
     """A model's attempt cap: its own, never above the global one."""
     return min(model_max_attempts, global_max_attempts)

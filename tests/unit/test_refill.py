@@ -53,3 +53,37 @@ def test_a_failing_release_does_not_stop_the_refills():
     refiller.note("a")
     _wait_for(lambda: refiller.rounds == 1)
     assert len(calls) == 2
+
+
+def test_a_model_with_enough_places_freed_is_released_at_once():
+    """Calls shorter than the coalescing wait would use the window's reserve up before
+    the wait ends: past ``enough`` freed places the model is released without waiting."""
+    calls: list[tuple[float, frozenset[str]]] = []
+    refiller = Refiller(
+        lambda models: calls.append((time.monotonic(), models)) or 0,
+        coalesce_s=30.0,
+        enough=lambda model: 3,
+    )
+    refiller.note("a")
+    refiller.note("b")
+    refiller.note("a")
+    time.sleep(0.2)
+    assert calls == []  # two of three: the wait goes on
+    noted_at = time.monotonic()
+    refiller.note("a")
+    _wait_for(lambda: calls)
+    assert calls[0][1] == frozenset({"a", "b"})  # every noted model goes in the release
+    assert calls[0][0] - noted_at < 5.0  # not the 30 s wait
+    refiller.note("a")  # the count starts again after a release
+    time.sleep(0.2)
+    assert len(calls) == 1
+
+
+def test_refill_at_once_after_half_the_reserve():
+    from batchgen.domain.decisions import refill_at_once_after
+
+    assert refill_at_once_after(32, 2.0) == 16  # window 64: 32 queued ahead, half of it
+    assert refill_at_once_after(8, 2.0) == 4
+    assert refill_at_once_after(10, 1.5) == 3  # window 15: 5 ahead, rounded up
+    assert refill_at_once_after(4, 1.0) == 1  # no reserve: every freed place
+    assert refill_at_once_after(1, 1.2) == 1
