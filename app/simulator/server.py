@@ -92,7 +92,7 @@ async def _chat(request: web.Request, api: str, model: str | None = None) -> web
     call = _Call(
         api,
         rid,
-        state.start(api, rid, request.headers.get("x-batchgen-item")),
+        state.start(api, rid, request.headers.get("x-batchgen-item"), request.remote),
         {"request-id" if api == "anthropic" else "x-request-id": rid},
     )
     try:

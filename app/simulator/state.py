@@ -134,11 +134,15 @@ class SimState:
         return reserved
 
     # -- bookkeeping -----------------------------------------------------------
-    def start(self, api: str, request_id: str, item: str | None) -> dict[str, Any]:
-        """A new log entry (appended now, filled in as the request goes)."""
+    def start(
+        self, api: str, request_id: str, item: str | None, peer: str | None = None
+    ) -> dict[str, Any]:
+        """A new log entry (appended now, filled in as the request goes); ``peer`` is the
+        client's address."""
         entry: dict[str, Any] = {
             "request_id": request_id,
             "item": item,
+            "peer": peer,
             "api": api,
             "model": None,
             "key": None,

@@ -516,6 +516,20 @@ def sim_calls(cluster: Cluster) -> list[dict[str, Any]]:
     return [e for e in log if e["admitted"]]
 
 
+def fresh_call_from(cluster: Cluster, host: int, within_s: float = CALL_MS / 4000) -> bool:
+    """The simulator holds an admitted call from ``host``'s address, begun less than
+    ``within_s`` ago (so still far from its answer)."""
+    recent = httpx.get(f"{cluster.sim.base_url}/_sim/log?limit=60", timeout=10).json()
+    now = time.time()
+    return any(
+        e["peer"] == cluster.net.host_ip(host)
+        and e["admitted"]
+        and e["end_ts"] is None
+        and now - e["start_ts"] < within_s
+        for e in recent
+    )
+
+
 def calls_between(calls: list[dict[str, Any]], start: float, end: float) -> int:
     return sum(1 for e in calls if start <= e["start_ts"] < end)
 
@@ -635,6 +649,10 @@ def test_a_killed_host_loses_nothing(run: Cluster) -> None:
 
     wait_until(victims_called, 60, "host 2's workers to run items")
     wait_until(lambda: succeeded_items(batch_id) >= 40, 60, "the run to get under way")
+    # At the provider's limits every thread can be waiting on the budget at once: kill
+    # only when the simulator holds a call of host 2 that began moments ago (an answer
+    # takes CALL_MS), so that calls are cut mid-flight for certain.
+    wait_until(lambda: fresh_call_from(run, 2), 30, "a call of host 2 in flight", poll_s=0.02)
     run.kill(2)
     done_at_kill = succeeded_items(batch_id)
     wait_batches([batch_id], timeout_s=90)

@@ -118,6 +118,7 @@ def test_openai_plain(base: str, oai: openai.OpenAI) -> None:
     assert entry["api"] == "openai" and entry["status"] == 200 and entry["completed"]
     assert entry["completion_tokens"] == completion.usage.completion_tokens
     assert entry["start_ts"] <= entry["end_ts"]
+    assert entry["peer"] == "127.0.0.1"  # who called: the client's address
 
 
 def test_openai_truncation_and_models(base: str, oai: openai.OpenAI) -> None:
