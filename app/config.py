@@ -158,6 +158,15 @@ class Settings(BaseSettings):
     # After an item frees a place in its model's window, refills of the same
     # process are gathered for this long into one release.
     refill_coalesce_s: float = 0.2
+    # Packs (app/worker/packs.py): when a model's calls are short, one message carries
+    # several of its items, run one after another by one worker thread, so that
+    # Celery's cost per message (reading it, its events, its ack) is shared. A refill
+    # packs as many items as the process's recent calls of the model take
+    # pack_target_s together, at most pack_max_items (1: one item per message); a
+    # message that has run pack_max_s hands its untried items back, one per message.
+    pack_max_items: int = Field(default=8, ge=1, le=64)
+    pack_target_s: float = Field(default=0.05, gt=0)
+    pack_max_s: float = Field(default=1.0, gt=0)
 
     # Provider calls. Streaming lets a cancel stop a call mid-answer.
     stream_calls: bool = True

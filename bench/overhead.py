@@ -479,6 +479,7 @@ def run_batchgen(setup: Setup) -> Result:
         if args.count_items:  # before the measured window: MONITOR is off by then
             count_pass(setup, procs, result)
         db.get_engine().dispose()  # its connections report their counts as they close
+        messages_before = generate_messages_run()
         time.sleep(args.settle_s)
         poll.restart()
         meter.start()
@@ -486,6 +487,12 @@ def run_batchgen(setup: Setup) -> Result:
             batch_ids.append(python_api.submit_batch(batch, tenant=name)["id"])
         _wait(lambda: not poll.unfinished(batch_ids), procs, args.timeout_s, 0.2)
         meter.stop_clock(result)
+        messages = generate_messages_run() - messages_before
+        result.checks.append(
+            f"batchgen: {messages} messages of batchgen.generate run for {args.items} items "
+            f"({args.items / max(1, messages):.2f} items per message: packs, "
+            "app/worker/packs.py)"
+        )
     finally:
         poll.close()
         for p in procs:
@@ -501,6 +508,16 @@ def run_batchgen(setup: Setup) -> Result:
         + ("" if counts["succeeded"] == args.items else "  ** not all succeeded **")
     )
     return result
+
+
+def generate_messages_run() -> int:
+    """Messages of the item task the running workers have taken so far (Celery's own
+    count, by remote control: outside the measured window)."""
+    from batchgen.tasks.celery_app import celery_app
+    from batchgen.worker.names import GENERATE_TASK
+
+    stats = celery_app.control.inspect(timeout=2.0).stats() or {}
+    return sum(s.get("total", {}).get(GENERATE_TASK, 0) for s in stats.values())
 
 
 # --- The report ---------------------------------------------------------------------

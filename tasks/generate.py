@@ -1,18 +1,20 @@
-"""The worker task: one item per message; the message carries the item id, its
-model's name (which routes it to the model group's queue) and its ticket (batch,
+"""The worker task: one item per message, or a pack of a model's items when its calls
+are short (:mod:`batchgen.worker.packs`); the message carries item ids, the model's
+name (which routes it to the model group's queue) and each item's ticket (batch,
 tenant, attempt, token counts: ids and numbers, never text)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import sys
 from typing import Any
 
 from celery import Task
 
 from batchgen.config import get_settings
-from batchgen.domain.decisions import refill_at_once_after
+from batchgen.domain.decisions import pack_size, refill_at_once_after
 from batchgen.errors import ItemFailed
 from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate
@@ -20,11 +22,16 @@ from batchgen.registry import get_registry
 from batchgen.store import db, items
 from batchgen.store.items import Ticket
 from batchgen.tasks.celery_app import celery_app
+from batchgen.worker import publish
 from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.dispatch import dispatch
 from batchgen.worker.execution import run_item
 from batchgen.worker.names import GENERATE_TASK
+from batchgen.worker.packs import ANSWERED, CallPace, PackItem, message_of, read_pack, run_pack
 from batchgen.worker.refill import Refiller
+from batchgen.worker.verdict import Verdict
+
+log = logging.getLogger("batchgen.tasks.generate")
 
 
 @functools.cache
@@ -37,15 +44,27 @@ def _watcher() -> CancelWatcher:
     return CancelWatcher(get_redis())
 
 
+@functools.cache
+def _pace() -> CallPace:
+    return CallPace()
+
+
+def _pack_items(model: str) -> int:
+    settings = get_settings()
+    return pack_size(_pace().call_s(model), settings.pack_target_s, settings.pack_max_items)
+
+
 def _release(models: frozenset[str]) -> int:
-    return dispatch(get_registry(), get_settings(), models)
+    return dispatch(get_registry(), get_settings(), models, pack_items=_pack_items)
 
 
 def _refill_at_once_after(model: str) -> int:
     spec, settings = get_registry().get(model), get_settings()
     if spec is None:  # not in this registry: the coalescing wait only
         return sys.maxsize
-    return refill_at_once_after(spec.max_concurrency, settings.dispatch_ahead_factor)
+    return refill_at_once_after(
+        spec.max_concurrency, settings.dispatch_ahead_factor, _pack_items(model)
+    )
 
 
 @functools.cache
@@ -66,32 +85,69 @@ def _refiller() -> Refiller:
     Request="batchgen.worker.clock:RedisClockRequest",
 )
 def generate(
-    self: Task, item_id: int, model: str | None = None, ticket: dict[str, Any] | None = None
+    self: Task,
+    item_id: int,
+    model: str | None = None,
+    ticket: dict[str, Any] | None = None,
+    more: list[Any] | None = None,
 ) -> str:
-    """Run item ``item_id``. ``model`` routes the message to its group's queue;
-    ``ticket`` lets the gate decide before the claim (a message without one, or with
+    """Run item ``item_id``, then the items of ``more`` (``[[id, ticket], ...]``, a pack:
+    :mod:`batchgen.worker.packs`). ``model`` routes the message to its group's queue;
+    a ``ticket`` lets the gate decide before the claim (a message without one, or with
     one this version cannot read, costs a lookup of the item)."""
     registry, settings = get_registry(), get_settings()
-    read: Ticket | None = None
-    if ticket is not None:
-        with contextlib.suppress(ValueError):
-            read = Ticket.from_message(item_id, ticket)
-    verdict = run_item(
-        item_id,
-        registry,
-        settings,
-        _gate(),
-        _watcher(),
-        model=model,
-        ticket=read,
-    )
-    if verdict.countdown_s is not None:
-        raise self.retry(countdown=verdict.countdown_s)
-    if verdict.frees_place and verdict.model is not None:
-        # A place in the model's window freed: refill it soon, without waiting for the tick.
-        _refiller().note(verdict.model)
-    if verdict.outcome == "failed":
+    pack = read_pack(item_id, ticket, more)
+
+    def run_one(item: PackItem) -> Verdict:
+        read: Ticket | None = None
+        if item.ticket is not None:
+            with contextlib.suppress(ValueError):
+                read = Ticket.from_message(item.item_id, item.ticket)
+        return run_item(
+            item.item_id, registry, settings, _gate(), _watcher(), model=model, ticket=read
+        )
+
+    outcome = run_pack(pack, run_one, settings.pack_max_s)
+    for verdict in outcome.verdicts:
+        if verdict.model is None:
+            continue
+        if verdict.call_s is not None and verdict.outcome in ANSWERED:
+            _pace().note(verdict.model, verdict.call_s)
+        if verdict.frees_place:
+            # A place in the model's window freed: refill it soon, without waiting for
+            # the tick.
+            _refiller().note(verdict.model)
+    if outcome.handed_back and model is not None:
+        # The pack's calls turned slow: the rest go to other threads, one per message.
+        log.info(
+            "pack of %d items from item %d ran past %.2f s: %d items handed back",
+            len(pack),
+            item_id,
+            settings.pack_max_s,
+            len(outcome.handed_back),
+        )
+        publish.generate_many((p.item_id, model, p.ticket, None) for p in outcome.handed_back)
+    if outcome.waiting:
+        first, ticket_of_first, rest = message_of(outcome.waiting)
+        if rest:
+            log.info(
+                "pack of %d items: item %d waits %.2f s with %d more",
+                len(pack),
+                first,
+                outcome.countdown_s,
+                len(rest),
+            )
+        raise self.retry(
+            args=[first],
+            kwargs={"model": model, "ticket": ticket_of_first, "more": rest},
+            countdown=outcome.countdown_s,
+        )
+    ran = zip(pack[: len(outcome.verdicts)], outcome.verdicts, strict=True)
+    failed = [p.item_id for p, v in ran if v.outcome == "failed"]
+    if failed:
         with db.autocommit() as connection:
-            code = items.error_code_of(connection, item_id)
-        raise ItemFailed(f"item {item_id} failed: {code or 'failed'}")
-    return verdict.outcome
+            codes = [items.error_code_of(connection, i) or "failed" for i in failed]
+        raise ItemFailed(
+            "; ".join(f"item {i} failed: {code}" for i, code in zip(failed, codes, strict=True))
+        )
+    return outcome.summary()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -192,3 +194,23 @@ def wait_mid_run(simulator_url: str, batch_id: str, at_least: int = 10) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"the run did not get under way: {status_summary()}")
         time.sleep(0.05)
+
+
+def models_file_with(path: Path, model: str = "sim-small", **fields: Any) -> Path:
+    """The shipped registry written to ``path`` with ``fields`` of ``model`` set (a
+    field the model has is replaced in place, any other is added to its section)."""
+    from batchgen.config import DEFAULT_MODELS_FILE
+
+    source = DEFAULT_MODELS_FILE.read_text(encoding="utf-8")
+    header = f'[models."{model}"]\n'
+    head, found, rest = source.partition(header)
+    assert found, f"no model {model} in the shipped registry"
+    end = rest.find("\n[")
+    section, tail = (rest, "") if end < 0 else (rest[: end + 1], rest[end + 1 :])
+    for key, value in fields.items():
+        line = f"{key} = {json.dumps(value)}"
+        section, replaced = re.subn(rf"(?m)^{re.escape(key)} = .*$", line, section, count=1)
+        if not replaced:
+            section = line + "\n" + section
+    path.write_text(head + header + section + tail, encoding="utf-8")
+    return path

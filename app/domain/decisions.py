@@ -10,24 +10,68 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 from batchgen.domain import retry
 
-
-def window_size(max_concurrency: int, ahead_factor: float) -> int:
-    """Items a model may have queued or running at once."""
-    return max(1, math.ceil(max_concurrency * ahead_factor))
+T = TypeVar("T")
 
 
-def refill_at_once_after(max_concurrency: int, ahead_factor: float) -> int:
+def window_size(max_concurrency: int, ahead_factor: float, pack_items: int = 1) -> int:
+    """Items a model may have queued or running at once: ``ahead_factor`` times its
+    concurrency in messages, each carrying ``pack_items`` items (:func:`pack_size`).
+    A message's items run one after another, so every slot has a message to run only
+    if the window grows with the pack; a pack holds about ``pack_target_s`` of calls,
+    so the window's time ahead stays about the same."""
+    return max(1, math.ceil(max_concurrency * ahead_factor)) * max(1, pack_items)
+
+
+def refill_at_once_after(max_concurrency: int, ahead_factor: float, pack_items: int = 1) -> int:
     """Places a worker process may see freed in a model's window before it refills the
     model at once rather than at the end of its coalescing wait: half of what the window
     holds queued beyond the model's concurrency. Short calls use that reserve up within
     the wait; the wait would then cap the rate at about a window per wait."""
-    reserve = window_size(max_concurrency, ahead_factor) - max_concurrency
+    reserve = window_size(max_concurrency, ahead_factor, pack_items) - max_concurrency
     return max(1, math.ceil(reserve / 2))
+
+
+def pack_size(call_s: float | None, target_s: float, max_items: int) -> int:
+    """How many of a model's items one message carries: as many as its recent calls
+    (``call_s`` each, this process's average; None before the first) take
+    ``target_s`` together, between 1 and ``max_items``. Celery's cost per message
+    (read, events, ack) is then shared by the pack's items when calls are short, and a
+    message of slow calls carries one item, as before: its cost is small beside the
+    call, and its items are better spread over threads."""
+    if call_s is None or max_items <= 1:
+        return 1
+    if call_s * max_items <= target_s:  # also a call time of zero (no division)
+        return max_items
+    return max(1, math.floor(target_s / call_s))
+
+
+def split_into_packs(items: Sequence[T], size: int, alone: Callable[[T], bool]) -> list[list[T]]:
+    """``items`` (in the order the messages should go out) as packs of at most ``size``
+    consecutive items; an item for which ``alone`` holds (a synchronous call's: someone
+    waits on it) travels in a message of its own, in its place."""
+    packs: list[list[T]] = []
+    current: list[T] = []
+    for item in items:
+        if alone(item):
+            if current:
+                packs.append(current)
+                current = []
+            packs.append([item])
+            continue
+        current.append(item)
+        if len(current) >= max(1, size):
+            packs.append(current)
+            current = []
+    if current:
+        packs.append(current)
+    return packs
 
 
 def attempt_cap(model_max_attempts: int, global_max_attempts: int) -> int:

@@ -5,23 +5,27 @@ items queued or running (:func:`batchgen.domain.decisions.window_size`), so the
 broker queue stays short, fairness is a query
 (:file:`app/store/sql/dispatch_candidates.sql`), and cancelling is an UPDATE.
 The release commits before publishing: if a publish is lost, the item's queued
-lease runs out and the sweep hands it back.
+lease runs out and the sweep hands it back. A refill from a worker process may put
+several items of a model whose calls are short in one message
+(:mod:`batchgen.worker.packs`); the window then grows with the pack.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain.decisions import window_size
+from batchgen.domain.decisions import split_into_packs, window_size
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store import items
 from batchgen.store.db import session_scope
 from batchgen.worker import publish
+from batchgen.worker.packs import PackItem, message_of
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +41,12 @@ class Release:
         return self.ticket.item_id
 
 
-def release_model(session: Session, spec: ModelSpec, settings: Settings) -> list[Release]:
-    """Release up to the model's free places, in fair order, in the caller's transaction."""
-    window = window_size(spec.max_concurrency, settings.dispatch_ahead_factor)
+def release_model(
+    session: Session, spec: ModelSpec, settings: Settings, pack_items: int = 1
+) -> list[Release]:
+    """Release up to the model's free places, in fair order, in the caller's transaction
+    (a window for messages of ``pack_items`` items: :func:`window_size`)."""
+    window = window_size(spec.max_concurrency, settings.dispatch_ahead_factor, pack_items)
     released = items.release(session, spec.name, window, settings.queued_lease_s)
     return [Release(ticket, spec.name, spec.queue) for ticket in released]
 
@@ -52,15 +59,29 @@ def release_all(session: Session, registry: Registry, settings: Settings) -> lis
     return released
 
 
-def dispatch(registry: Registry, settings: Settings, models: Collection[str] | None = None) -> int:
-    """Release what fits now (every model, or only ``models``) and publish it;
-    returns how many items were released."""
+def dispatch(
+    registry: Registry,
+    settings: Settings,
+    models: Collection[str] | None = None,
+    pack_items: Callable[[str], int] | None = None,
+) -> int:
+    """Release what fits now (every model, or only ``models``) and publish it, each
+    model's items in messages of ``pack_items(model)`` (default one: a process that
+    runs no calls knows no pace); returns how many items were released."""
     specs = [s for s in registry if models is None or s.name in models]
+    messages: list[tuple[int, str, dict[str, Any] | None, list[Any] | None]] = []
+    released = 0
     with session_scope() as session:
-        releases: list[Release] = []
         for spec in specs:
-            releases.extend(release_model(session, spec, settings))
-    publish.generate_many((r.item_id, r.model, r.ticket.to_message()) for r in releases)
-    if releases:
-        log.debug("dispatched %d items", len(releases))
-    return len(releases)
+            size = pack_items(spec.name) if pack_items is not None else 1
+            releases = release_model(session, spec, settings, size)
+            released += len(releases)
+            for pack in split_into_packs(releases, size, alone=lambda r: r.ticket.urgent):
+                item_id, ticket, more = message_of(
+                    [PackItem(r.item_id, r.ticket.to_message()) for r in pack]
+                )
+                messages.append((item_id, spec.name, ticket, more))
+    publish.generate_many(messages)
+    if released:
+        log.debug("dispatched %d items in %d messages", released, len(messages))
+    return released

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from threading import Event
 from typing import Any, TypeVar
 
@@ -81,8 +81,7 @@ def run_item(
         spec = registry.get(model_name)
         if spec is None:
             return Verdict("skipped")
-    verdict = _run_ticket(ticket, spec, settings, gate, watcher)
-    return Verdict(verdict.outcome, verdict.countdown_s, spec.name)
+    return replace(_run_ticket(ticket, spec, settings, gate, watcher), model=spec.name)
 
 
 def _run_ticket(
@@ -272,12 +271,12 @@ def _call(
         response = get_provider(spec).complete(request)
     except ProviderError as exc:
         settlement.error = exc
-        latency_ms = int((time.monotonic() - started) * 1000)
+        call_s = time.monotonic() - started
         if isinstance(exc, CallCancelled):
-            return Verdict(cancelled(item, spec, exc))
+            return Verdict(cancelled(item, spec, exc), call_s=call_s)
         if isinstance(exc, RateLimited) and not exc.billed:
-            return rate_limited_call(item, settings, exc)
-        return Verdict(failed(item, spec, settings, exc, latency_ms))
+            return replace(rate_limited_call(item, settings, exc), call_s=call_s)
+        return Verdict(failed(item, spec, settings, exc, int(call_s * 1000)), call_s=call_s)
     settlement.response, settlement.error = response, None
     latency_s = time.monotonic() - started
     outcome = CallOutcome(
@@ -302,7 +301,7 @@ def _call(
         latency_s * 1000,
         recorded,
     )
-    return Verdict("succeeded" if recorded else "duplicate")
+    return Verdict("succeeded" if recorded else "duplicate", call_s=latency_s)
 
 
 def _record(item: Claimed, outcome: CallOutcome, spec: ModelSpec) -> bool:

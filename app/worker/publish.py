@@ -69,25 +69,34 @@ WAKE_EXPIRES_S = 10
 
 
 def generate(
-    item_id: int, model: str, ticket: dict[str, Any] | None = None, producer: Any = None
+    item_id: int,
+    model: str,
+    ticket: dict[str, Any] | None = None,
+    producer: Any = None,
+    more: list[Any] | None = None,
 ) -> None:
-    """Publish one released item to its model group's queue (``ticket``:
-    :meth:`batchgen.store.items.Ticket.to_message`)."""
+    """Publish one released item, or a pack (its first item, and ``more``:
+    ``[[id, ticket], ...]``, :mod:`batchgen.worker.packs`), to its model group's queue
+    (``ticket``: :meth:`batchgen.store.items.Ticket.to_message`)."""
     kwargs: dict[str, Any] = {"model": model}
     if ticket is not None:
         kwargs["ticket"] = ticket
+    if more:
+        kwargs["more"] = more
     celery_app.send_task(GENERATE_TASK, args=[item_id], kwargs=kwargs, producer=producer)
 
 
-def generate_many(messages: Iterable[tuple[int, str, dict[str, Any]]]) -> None:
-    """Publish released items (id, model, ticket) through one producer, buffered into one
+def generate_many(
+    messages: Iterable[tuple[int, str, dict[str, Any] | None, list[Any] | None]],
+) -> None:
+    """Publish messages (id, model, ticket, more) through one producer, buffered into one
     pipeline where the broker's transport can (kombu's ``Producer.batch``, Redis); a
     failed flush raises, and the items it held wait for the sweep like any lost message."""
     with celery_app.producer_or_acquire() as producer:
         batch = getattr(producer, "batch", None)  # kombu 5.7 and later
         with batch() if batch is not None else contextlib.nullcontext():
-            for item_id, model, ticket in messages:
-                generate(item_id, model, ticket, producer=producer)
+            for item_id, model, ticket, more in messages:
+                generate(item_id, model, ticket, producer=producer, more=more)
 
 
 def wake_dispatcher() -> None:

@@ -16,6 +16,8 @@ class Verdict:
     outcome: str
     countdown_s: float | None = None
     model: str | None = None
+    # How long the provider call took (None: no call was made), for the pack size.
+    call_s: float | None = None
 
     @property
     def frees_place(self) -> bool:

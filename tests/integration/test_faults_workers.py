@@ -35,6 +35,7 @@ from tests.helpers import (
     FAULT_RUNNING_LEASE_S,
     chat_line,
     make_tenant,
+    models_file_with,
     sim_config,
     sim_in_flight,
     submit_items,
@@ -350,22 +351,6 @@ def test_non_json_message_is_rejected_not_executed(sim, workers, tmp_path):
     assert report.billed_calls == 60
 
 
-def _models_file(path: Path, tokens_per_min: int) -> Path:
-    """The shipped registry with a small token budget for sim-small."""
-    import tomllib
-
-    from batchgen.config import DEFAULT_MODELS_FILE
-
-    source = DEFAULT_MODELS_FILE.read_text()
-    parsed = tomllib.loads(source)
-    old = parsed["models"]["sim-small"]["tokens_per_min"]
-    marker = '[models."sim-small"]'
-    head, _, tail = source.partition(marker)
-    tail = tail.replace(f"tokens_per_min = {old}", f"tokens_per_min = {tokens_per_min}", 1)
-    path.write_text(head + marker + tail)
-    return path
-
-
 VISIBILITY_TIMEOUT_S = 2
 
 
@@ -400,7 +385,7 @@ def test_budget_waits_longer_than_the_visibility_timeout_run_once(sim, workers, 
     makes budget waits of up to 5 s, longer than the visibility timeout."""
     env = {
         **FAULT_ENV,
-        "BATCHGEN_MODELS_FILE": str(_models_file(tmp_path / "models.toml", 600)),
+        "BATCHGEN_MODELS_FILE": str(models_file_with(tmp_path / "models.toml", tokens_per_min=600)),
         "BATCHGEN_BUDGET_WINDOW_S": "4",
         "BATCHGEN_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),
     }

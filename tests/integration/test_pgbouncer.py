@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from batchgen import python_api as client
-from batchgen.config import DEFAULT_MODELS_FILE, Settings, get_settings
+from batchgen.config import Settings, get_settings
 from batchgen.embedded import free_port
 from batchgen.registry import load_registry
 from batchgen.store import db
@@ -44,6 +43,7 @@ from tests.helpers import (
     assert_ledger_is_results_plus_waste,
     chat_line,
     make_tenant,
+    models_file_with,
     status_summary,
     wait_batches,
 )
@@ -252,17 +252,6 @@ def _labelled(url: str, label: str) -> str:
     )
 
 
-def _models_file(path: Path, max_concurrency: int) -> Path:
-    """The shipped registry with room for every thread on sim-small."""
-    source = DEFAULT_MODELS_FILE.read_text()
-    old = tomllib.loads(source)["models"]["sim-small"]["max_concurrency"]
-    marker = '[models."sim-small"]'
-    head, _, tail = source.partition(marker)
-    tail = tail.replace(f"max_concurrency = {old}", f"max_concurrency = {max_concurrency}", 1)
-    path.write_text(head + marker + tail)
-    return path
-
-
 def _run_batch(tenant: str, n: int) -> str:
     """Submit ``n`` requests for a new tenant and wait for the batch's end."""
     make_tenant(tenant)
@@ -324,7 +313,9 @@ def _worker_env(tmp_path: Path, database_url: str, direct_url: str, **extra: str
         "DATABASE_URL": database_url,
         "BATCHGEN_DATABASE_DIRECT_URL": direct_url,
         "BATCHGEN_WORKER_CONCURRENCY": str(THREADS),
-        "BATCHGEN_MODELS_FILE": str(_models_file(tmp_path / "models.toml", 4 * THREADS)),
+        "BATCHGEN_MODELS_FILE": str(
+            models_file_with(tmp_path / "models.toml", max_concurrency=4 * THREADS)
+        ),
         **extra,
     }
 

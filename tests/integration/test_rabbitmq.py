@@ -23,7 +23,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,6 +38,7 @@ from batchgen.worker.procs import WorkerProcess
 from tests.helpers import (
     chat_line,
     make_tenant,
+    models_file_with,
     sim_config,
     status_summary,
     submit_items,
@@ -218,7 +218,7 @@ def test_batch_runs_on_quorum_queues_with_countdown_retries(rabbit, sim, workers
     8 worker threads; calls take 400 ms, longer than a slot wait (0.1 s)."""
     names = [CONTROL_QUEUE, *get_registry().queues]
     assert lengths(rabbit.url(), names) == dict.fromkeys(names, 0)  # none declared yet
-    models = _models_file(tmp_path / "models.toml", tokens_per_min=300, max_concurrency=2)
+    models = models_file_with(tmp_path / "models.toml", tokens_per_min=300, max_concurrency=2)
     env = {
         **rabbit.env(),
         "BATCHGEN_MODELS_FILE": str(models),
@@ -345,26 +345,6 @@ def _run_batchgen(
     if check and done.returncode != 0:
         raise AssertionError(f"{argv} failed: {done.stderr[-2000:]}")
     return done
-
-
-def _models_file(path: Path, *, tokens_per_min: int, max_concurrency: int) -> Path:
-    """The shipped registry with a small budget and few slots for sim-small."""
-    import tomllib
-
-    from batchgen.config import DEFAULT_MODELS_FILE
-
-    source = DEFAULT_MODELS_FILE.read_text()
-    old = tomllib.loads(source)["models"]["sim-small"]
-    marker = '[models."sim-small"]'
-    head, _, tail = source.partition(marker)
-    tail = tail.replace(
-        f"tokens_per_min = {old['tokens_per_min']}", f"tokens_per_min = {tokens_per_min}", 1
-    )
-    tail = tail.replace(
-        f"max_concurrency = {old['max_concurrency']}", f"max_concurrency = {max_concurrency}", 1
-    )
-    path.write_text(head + marker + tail)
-    return path
 
 
 class _Peak:

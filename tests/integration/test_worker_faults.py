@@ -36,6 +36,7 @@ from tests.helpers import (
     assert_ledger_is_results_plus_waste,
     chat_line,
     make_tenant,
+    models_file_with,
     wait_batches,
 )
 from tests.tcp_proxy import proxy_for_postgres
@@ -367,16 +368,6 @@ def test_deadlines_not_on_the_worker_clock(clean_db, simulator, monkeypatch, off
 # -- case 11: the sweep honours the model's own attempt cap --------------------------------
 
 
-def _models_file(tmp_path: Path, model: str, **fields: object) -> Path:
-    """The shipped registry with extra fields for one model, as a file of its own."""
-    text_ = Path(get_settings().models_file).read_text(encoding="utf-8")
-    header = f'[models."{model}"]\n'
-    extra = "".join(f"{k} = {v!r}\n" for k, v in fields.items())
-    path = tmp_path / "models.toml"
-    path.write_text(text_.replace(header, header + extra), encoding="utf-8")
-    return path
-
-
 def _lose_lease(item_id: int, attempts: int, *, sent: bool) -> None:
     """The item's worker vanished: running, its lease over (sent or not)."""
     with db.session_scope() as s:
@@ -395,7 +386,8 @@ def _lose_lease(item_id: int, attempts: int, *, sent: bool) -> None:
 
 def test_sweep_honours_model_max_attempts(clean_db, simulator, restore_env, tmp_path):
     """A model capped at 2 attempts whose worker was lost on the 2nd: no 3rd call."""
-    os.environ["BATCHGEN_MODELS_FILE"] = str(_models_file(tmp_path, "sim-small", max_attempts=2))
+    models = models_file_with(tmp_path / "models.toml", "sim-small", max_attempts=2)
+    os.environ["BATCHGEN_MODELS_FILE"] = str(models)
     get_settings.cache_clear()
     assert get_settings().max_attempts > 2  # the global cap alone would allow a third
     registry = _registry()

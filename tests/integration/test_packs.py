@@ -1,0 +1,204 @@
+"""Packs: a model's short calls travel several to a message (app/worker/packs.py).
+
+Real worker processes, the session's PostgreSQL and Redis, the simulator over HTTP
+answering at once (or in a few milliseconds), so that the workers' refills pack.
+Each test proves that packs really went out (the messages' own results and log
+lines, the broker's unacknowledged messages), then checks the shared invariants
+against the simulator's own log: every item ended once, one result each, every
+billed call in the ledger.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, text
+
+from batchgen.limits.backend import get_redis
+from batchgen.registry import get_registry
+from batchgen.store import db
+from batchgen.store.schema import Item
+from tests.helpers import (
+    FAULT_ENV,
+    FAULT_RUNNING_LEASE_S,
+    models_file_with,
+    sim_config,
+    submit_items,
+    wait_batches,
+)
+from tests.invariants import check_invariants, reset_simulator, wait_until
+
+pytestmark = pytest.mark.integration
+
+PACK_RESULT = re.compile(r"succeeded in [0-9.e-]+s: '([^']*)'")
+
+
+@pytest.fixture
+def sim(simulator: Any, clean_db: dict[str, str]) -> Iterator[Any]:
+    """The module's simulator answering at once, with an empty request log."""
+    reset_simulator(simulator.base_url)
+    sim_config(simulator.base_url, latency_base_ms=0, latency_per_token_ms=0)
+    yield simulator
+    sim_config(simulator.base_url, latency_base_ms=50, latency_per_token_ms=0.5)
+
+
+def pack_sizes(log: str) -> list[int]:
+    """How many items each message that ended well carried, from its result
+    ('succeeded 8', or an item's own outcome for a message of one)."""
+    sizes = []
+    for result in PACK_RESULT.findall(log):
+        counts = re.findall(r"[a-z ]+? (\d+)", result)
+        sizes.append(sum(int(n) for n in counts) if counts else 1)
+    return sizes
+
+
+def unacked_packs() -> list[list[int]]:
+    """The item ids of every message a worker holds unacknowledged that carries a pack."""
+    packs = []
+    for raw in get_redis().hvals("unacked"):
+        payload = json.loads(raw)[0]
+        if payload.get("headers", {}).get("task") != "batchgen.generate":
+            continue
+        args, kwargs, _ = json.loads(base64.b64decode(payload["body"]))
+        if kwargs.get("more"):
+            packs.append([int(args[0]), *(int(i) for i, _ in kwargs["more"])])
+    return packs
+
+
+@pytest.mark.parametrize("max_items", [8, 1])
+def test_short_calls_travel_in_packs_and_each_item_runs_once(sim, workers, max_items):
+    """Calls answered at once: the refills pack up to BATCHGEN_PACK_MAX_ITEMS items a
+    message (1: never), and every item succeeds once with one billed call."""
+    n = 300
+    batch_id = submit_items(f"packs{max_items}", n)
+    worker = workers(concurrency=4, env={"BATCHGEN_PACK_MAX_ITEMS": str(max_items)})
+    wait_batches([batch_id], timeout_s=120)
+
+    sizes = pack_sizes(worker.log_tail(1_000_000))
+    report = check_invariants(sim.base_url, get_redis())
+    assert report.statuses == {"succeeded": n}
+    assert report.billed_calls == n and report.retried_items == 0
+    assert sum(sizes) == n, "a message's result does not account for its items"
+    if max_items == 1:
+        assert max(sizes) == 1
+    else:
+        assert max(sizes) == max_items, f"no full pack went out: {sorted(sizes)[-10:]}"
+        assert len(sizes) < n / 2, f"{len(sizes)} messages for {n} items"
+
+
+def test_a_worker_killed_mid_pack_loses_nothing(sim, workers):
+    """SIGKILL a worker while it holds packs: the item in its call is swept back when its
+    lease runs out, the pack's untried items when theirs do (or the message comes
+    back), and another worker runs them all. Every item succeeded once; the ledger
+    matches the simulator's log."""
+    sim_config(sim.base_url, latency_base_ms=8)
+    n = 400
+    batch_id = submit_items("packkill", n)
+    victim = workers(concurrency=4, env=FAULT_ENV, name="victim")
+    held = wait_until(unacked_packs, 60, "the victim to hold a pack", poll_s=0.01)
+    victim.kill()
+    with db.session_scope() as s:
+        killed_at = s.scalar(text("SELECT now()"))
+    assert victim.process.poll() is not None
+    workers(concurrency=4, env=FAULT_ENV, name="survivor")
+    wait_batches([batch_id], timeout_s=120)
+
+    report = check_invariants(
+        sim.base_url, get_redis(), slot_grace_s=FAULT_RUNNING_LEASE_S, worker_killed=True
+    )
+    assert report.statuses == {"succeeded": n}
+    in_packs = [i for pack in held for i in pack]
+    with db.session_scope() as s:
+        after_kill = s.scalar(
+            select(func.count())
+            .select_from(Item)
+            .where(Item.id.in_(in_packs), Item.finished_at > killed_at)
+        )
+    print(
+        f"\npack kill: {len(held)} packs held ({len(in_packs)} items), {after_kill} of them "
+        f"run after the kill; {report.retried_items} items retried, "
+        f"{report.waste_rows} waste rows"
+    )
+    assert after_kill >= 1, "every item of the killed packs had already run"
+
+
+def test_a_pack_that_meets_the_budget_waits_with_its_rest(sim, workers, tmp_path):
+    """A budget of a few calls a window: a pack's item that is denied goes back to the
+    broker with the pack's untried items in one retry after the wait; nobody loses an
+    attempt, and every item succeeds once."""
+    env = {
+        "BATCHGEN_MODELS_FILE": str(
+            models_file_with(tmp_path / "models.toml", tokens_per_min=3000)
+        ),
+        "BATCHGEN_BUDGET_WINDOW_S": "2",
+    }
+    n = 80
+    batch_id = submit_items("packwait", n)
+    worker = workers(concurrency=4, env=env)
+    wait_batches([batch_id], timeout_s=180)
+
+    log = worker.log_tail(1_000_000)
+    waits = [
+        int(m) for m in re.findall(r"pack of \d+ items: item \d+ waits [0-9.]+ s with (\d+)", log)
+    ]
+    assert waits, "no pack met the budget"
+    report = check_invariants(sim.base_url, get_redis())
+    assert report.statuses == {"succeeded": n}
+    assert report.billed_calls == n
+    with db.session_scope() as s:
+        assert s.scalar(select(func.max(Item.attempts))) == 1  # waits use no attempt
+    print(f"\npack waits: {len(waits)} packs waited, with {sum(waits)} untried items")
+
+
+def test_a_pack_whose_calls_turn_slow_hands_its_rest_back(sim, workers):
+    """Packs sized for quick calls; then every call takes 150 ms and a message may run
+    only 0.25 s: after two items a pack hands its untried items back, one per message,
+    to the other threads. Every item succeeds once."""
+    env = {"BATCHGEN_PACK_TARGET_S": "5", "BATCHGEN_PACK_MAX_S": "0.25"}
+    sim_config(sim.base_url, latency_base_ms=150)
+    n = 60
+    batch_id = submit_items("packslow", n)
+    worker = workers(concurrency=4, env=env)
+    wait_batches([batch_id], timeout_s=120)
+
+    log = worker.log_tail(1_000_000)
+    handed = [int(m) for m in re.findall(r"ran past 0.25 s: (\d+) items handed back", log)]
+    assert handed, "no pack handed its rest back"
+    report = check_invariants(sim.base_url, get_redis())
+    assert report.statuses == {"succeeded": n}
+    assert report.billed_calls == n and report.retried_items == 0
+    print(f"\npack hand-backs: {len(handed)} packs handed back {sum(handed)} items")
+
+
+def test_a_refill_publishes_packs_in_fair_order(sim):
+    """A release for messages of 8 items: 20 released items go out as 8 + 8 + 4 in the
+    order the fair query gave them, the window grown to 8 times the messages."""
+    from batchgen.config import get_settings
+    from batchgen.worker.dispatch import dispatch
+
+    submit_items("packa", 10)
+    submit_items("packb", 10)
+    spec = get_registry()["sim-small"]
+    queue = spec.queue
+    redis_client = get_redis()
+    redis_client.delete(queue)
+    released = dispatch(get_registry(), get_settings(), pack_items=lambda model: 8)
+    assert released == 20
+    messages = []
+    for raw in reversed(redis_client.lrange(queue, 0, -1)):  # LPUSHed: oldest last
+        payload = json.loads(raw)
+        args, kwargs, _ = json.loads(base64.b64decode(payload["body"]))
+        messages.append([int(args[0]), *(int(i) for i, _ in kwargs.get("more") or [])])
+        assert kwargs["model"] == "sim-small"
+    redis_client.delete(queue)
+    assert [len(m) for m in messages] == [8, 8, 4]
+    with db.session_scope() as s:
+        tenants = dict(s.execute(select(Item.id, Item.tenant_id)).all())
+    order = [tenants[i] for m in messages for i in m]
+    # Fair order: the two tenants alternate, so every pack carries both.
+    assert all(len(set(order[k : k + 8])) == 2 for k in (0, 8, 16))
