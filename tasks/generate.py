@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import Task
 
-from batchgen.config import get_settings
+from batchgen.config import Settings, get_settings
 from batchgen.domain.decisions import pack_size, refill_at_once_after
 from batchgen.errors import ItemFailed
 from batchgen.limits.backend import get_redis
@@ -27,7 +27,15 @@ from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.dispatch import dispatch
 from batchgen.worker.execution import run_item
 from batchgen.worker.names import GENERATE_TASK
-from batchgen.worker.packs import ANSWERED, CallPace, PackItem, message_of, read_pack, run_pack
+from batchgen.worker.packs import (
+    CallPace,
+    PackItem,
+    PackOutcome,
+    hold,
+    message_of,
+    read_pack,
+    run_pack,
+)
 from batchgen.worker.refill import Refiller
 from batchgen.worker.verdict import Verdict
 
@@ -103,30 +111,23 @@ def generate(
         if item.ticket is not None:
             with contextlib.suppress(ValueError):
                 read = Ticket.from_message(item.item_id, item.ticket)
-        return run_item(
+        verdict = run_item(
             item.item_id, registry, settings, _gate(), _watcher(), model=model, ticket=read
         )
+        if verdict.model is not None:
+            if verdict.call_s is not None:
+                _pace().note(verdict.model, verdict.call_s)
+            if verdict.frees_place:
+                # A place in the model's window freed: refill it soon, without waiting
+                # for the tick.
+                _refiller().note(verdict.model)
+        return verdict
 
     outcome = run_pack(pack, run_one, settings.pack_max_s)
-    for verdict in outcome.verdicts:
-        if verdict.model is None:
-            continue
-        if verdict.call_s is not None and verdict.outcome in ANSWERED:
-            _pace().note(verdict.model, verdict.call_s)
-        if verdict.frees_place:
-            # A place in the model's window freed: refill it soon, without waiting for
-            # the tick.
-            _refiller().note(verdict.model)
-    if outcome.handed_back and model is not None:
-        # The pack's calls turned slow: the rest go to other threads, one per message.
-        log.info(
-            "pack of %d items from item %d ran past %.2f s: %d items handed back",
-            len(pack),
-            item_id,
-            settings.pack_max_s,
-            len(outcome.handed_back),
-        )
-        publish.generate_many((p.item_id, model, p.ticket, None) for p in outcome.handed_back)
+    if outcome.handed_back:
+        _hand_back(outcome, model, len(pack), item_id, settings)
+    if outcome.error is not None:
+        raise outcome.error
     if outcome.waiting:
         first, ticket_of_first, rest = message_of(outcome.waiting)
         if rest:
@@ -137,6 +138,7 @@ def generate(
                 outcome.countdown_s,
                 len(rest),
             )
+            hold(outcome.waiting[1:], (outcome.countdown_s or 0.0) + settings.queued_lease_s)
         raise self.retry(
             args=[first],
             kwargs={"model": model, "ticket": ticket_of_first, "more": rest},
@@ -151,3 +153,28 @@ def generate(
             "; ".join(f"item {i} failed: {code}" for i, code in zip(failed, codes, strict=True))
         )
     return outcome.summary()
+
+
+def _hand_back(
+    outcome: PackOutcome, model: str | None, size: int, item_id: int, settings: Settings
+) -> None:
+    """The pack's untried items go to other threads, one per message: its calls turned
+    slow, or an item raised. Best effort: an item whose message is lost waits for the
+    sweep."""
+    why = "an item failed" if outcome.error is not None else f"ran past {settings.pack_max_s} s"
+    log.info(
+        "pack of %d items from item %d %s: %d items handed back",
+        size,
+        item_id,
+        why,
+        len(outcome.handed_back),
+    )
+    if model is None:
+        return
+    try:
+        hold(outcome.handed_back, settings.queued_lease_s)
+        publish.generate_many((p.item_id, model, p.ticket, None) for p in outcome.handed_back)
+    except Exception as exc:
+        if outcome.error is None:
+            raise
+        log.warning("handing back a pack's items failed (%s); the sweep will", exc)

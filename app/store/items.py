@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -311,6 +312,23 @@ def requeue(
     params = {**_owner(item), **REQUEUE.params(), "lease_s": wait_s + lease_s}
     params["rate_limited"] = int(rate_limited)
     return session.execute(query("item_requeue"), params).first() is not None
+
+
+def hold_queued(
+    connection: Session | Connection, held: Sequence[tuple[int, int]], lease_s: float
+) -> int:
+    """``queued`` items (id, the attempt their message would make) that a pack keeps
+    waiting, or hands back to the broker: their queued leases last ``lease_s`` from now
+    (never shortened), so the sweep does not hand them back meanwhile. Returns how many
+    were still queued for that attempt."""
+    if not held:
+        return 0
+    params = {
+        "item_ids": [item_id for item_id, _ in held],
+        "attempts": [attempt - 1 for _, attempt in held],
+        "lease_s": lease_s,
+    }
+    return len(connection.execute(query("item_hold_queued"), params).all())
 
 
 def defer(

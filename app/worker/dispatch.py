@@ -25,7 +25,7 @@ from batchgen.registry import ModelSpec, Registry
 from batchgen.store import items
 from batchgen.store.db import session_scope
 from batchgen.worker import publish
-from batchgen.worker.packs import PackItem, message_of
+from batchgen.worker.packs import PackItem, message_of, pack_wait_s
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,10 @@ def release_model(
     """Release up to the model's free places, in fair order, in the caller's transaction
     (a window for messages of ``pack_items`` items: :func:`window_size`)."""
     window = window_size(spec.max_concurrency, settings.dispatch_ahead_factor, pack_items)
-    released = items.release(session, spec.name, window, settings.queued_lease_s)
+    lease_s = settings.queued_lease_s
+    if pack_items > 1:  # an item may wait in its pack until it is run or handed back
+        lease_s += pack_wait_s(spec, settings)
+    released = items.release(session, spec.name, window, lease_s)
     return [Release(ticket, spec.name, spec.queue) for ticket in released]
 
 

@@ -275,7 +275,7 @@ def _call(
         if isinstance(exc, CallCancelled):
             return Verdict(cancelled(item, spec, exc), call_s=call_s)
         if isinstance(exc, RateLimited) and not exc.billed:
-            return replace(rate_limited_call(item, settings, exc), call_s=call_s)
+            return rate_limited_call(item, settings, exc)  # a 429 is no call's time
         return Verdict(failed(item, spec, settings, exc, int(call_s * 1000)), call_s=call_s)
     settlement.response, settlement.error = response, None
     latency_s = time.monotonic() - started

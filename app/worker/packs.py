@@ -34,12 +34,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from batchgen.config import Settings
+from batchgen.limits.gate import running_lease_s
+from batchgen.registry import ModelSpec
+from batchgen.store import db, items
 from batchgen.worker.verdict import Verdict
 
 log = logging.getLogger(__name__)
-
-# The outcomes of an answered call (the provider's answer time counts for the pace).
-ANSWERED = frozenset({"succeeded", "duplicate"})
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,12 @@ class PackItem:
 
     item_id: int
     ticket: dict[str, Any] | None
+
+    @property
+    def attempt(self) -> int | None:
+        """The attempt this delivery would make (from the ticket), if it says."""
+        value = (self.ticket or {}).get("attempt")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def read_pack(item_id: int, ticket: dict[str, Any] | None, more: Any) -> list[PackItem]:
@@ -78,6 +85,28 @@ def message_of(pack: Sequence[PackItem]) -> tuple[int, dict[str, Any] | None, li
     return first.item_id, first.ticket, [[p.item_id, p.ticket] for p in rest] or None
 
 
+def pack_wait_s(spec: ModelSpec, settings: Settings) -> float:
+    """How long an item may wait in its pack before it is run or handed back: the pack's
+    time, then one more item's gate (its slot wait) and call (its running lease). A
+    packed item's queued lease is this much longer."""
+    return settings.pack_max_s + settings.slot_wait_s + running_lease_s(spec, settings)
+
+
+def hold(pack: Sequence[PackItem], lease_s: float) -> None:
+    """The untried items of a pack that waits or is handed back keep their places:
+    their queued leases last ``lease_s`` from now. Best effort: if the database cannot
+    say, an item whose lease runs out is handed back by the sweep, and its claim still
+    matches one delivery."""
+    held = [(p.item_id, p.attempt) for p in pack if p.attempt is not None]
+    try:
+        with db.autocommit() as connection:
+            items.hold_queued(connection, held, lease_s)
+    except Exception as exc:
+        if not db.is_transient(exc):
+            raise
+        log.warning("a pack's %d waiting items: leases not extended (%s)", len(held), exc)
+
+
 @dataclass(frozen=True)
 class PackOutcome:
     """What became of a message's items."""
@@ -86,8 +115,11 @@ class PackOutcome:
     # The item that met a wait and the untried rest: sent again after countdown_s.
     waiting: list[PackItem]
     countdown_s: float | None
-    # Untried when the pack had run its time: sent again at once, one per message.
+    # Untried when the pack had run its time, or after an item's error: sent again at
+    # once, one per message.
     handed_back: list[PackItem]
+    # What an item raised (a database or Redis outage): the task raises it in turn.
+    error: Exception | None = None
 
     def summary(self) -> str:
         """The task's result: an item's outcome, or a pack's outcomes counted."""
@@ -108,13 +140,17 @@ def run_pack(
     clock: Callable[[], float] = time.monotonic,
 ) -> PackOutcome:
     """Run ``pack``'s items in order with ``run_one``, until one must wait (it and the
-    rest wait together) or ``max_s`` has passed (the rest are handed back)."""
+    rest wait together), ``max_s`` has passed or an item raised (the rest are handed
+    back)."""
     started = clock()
     verdicts: list[Verdict] = []
     for index, item in enumerate(pack):
         if index and clock() - started >= max_s:
             return PackOutcome(verdicts, [], None, list(pack[index:]))
-        verdict = run_one(item)
+        try:
+            verdict = run_one(item)
+        except Exception as exc:  # the item's own delivery fails as alone; the rest go on
+            return PackOutcome(verdicts, [], None, list(pack[index + 1 :]), error=exc)
         verdicts.append(verdict)
         if verdict.countdown_s is not None:
             return PackOutcome(verdicts, list(pack[index:]), verdict.countdown_s, [])
@@ -122,13 +158,13 @@ def run_pack(
 
 
 class CallPace:
-    """This process's recent answer times per model, from which a refill sizes its packs.
+    """This process's recent call times per model, from which a refill sizes its packs.
 
-    The pace is a low quantile (``QUANTILE``) of the last ``SAMPLES`` answered calls:
-    under load, a call's time here includes the wait for this process's CPU (its
-    threads share one interpreter lock), which says nothing of how long the provider
-    takes; the quicker calls show that. Only answered calls count: a 429 or an error
-    comes back faster than an answer."""
+    The pace is a low quantile (``QUANTILE``) of the last ``SAMPLES`` calls: under load,
+    a call's time here includes the wait for this process's CPU (its threads share one
+    interpreter lock), which says nothing of how long the provider takes; the quicker
+    calls show that. A provider's 429 is not a call's time (it comes back at once);
+    an error or a time-out is: a provider that turns slow or fails slowly shows here."""
 
     SAMPLES = 50
     QUANTILE = 0.1

@@ -157,6 +157,27 @@ def test_a_pack_past_its_time_hands_the_rest_back():
     assert result.waiting == [] and result.countdown_s is None
 
 
+def test_an_item_that_raises_ends_the_pack_and_hands_the_rest_back():
+    def run_one(item: PackItem) -> Verdict:
+        if item.item_id == 2:
+            raise ConnectionError("database away")
+        return Verdict("succeeded", model="m")
+
+    pack = _pack(4)
+    result = run_pack(pack, run_one, max_s=10.0)
+    assert [v.outcome for v in result.verdicts] == ["succeeded"]
+    assert isinstance(result.error, ConnectionError)
+    assert result.handed_back == pack[2:]  # item 2's own delivery fails as it would alone
+    assert result.waiting == []
+
+
+def test_a_pack_item_knows_the_attempt_its_ticket_names():
+    assert PackItem(1, {"attempt": 3}).attempt == 3
+    assert PackItem(1, None).attempt is None
+    assert PackItem(1, {"attempt": "3"}).attempt is None
+    assert PackItem(1, {"attempt": True}).attempt is None
+
+
 def test_the_first_item_always_runs():
     clock = FakeClock()
     clock.now = 100.0
@@ -165,7 +186,7 @@ def test_the_first_item_always_runs():
     assert result.summary() == "expired"
 
 
-def test_the_pace_is_a_low_quantile_of_recent_answers():
+def test_the_pace_is_a_low_quantile_of_recent_calls():
     pace = CallPace()
     assert pace.call_s("m") is None
     pace.note("m", 0.2)
