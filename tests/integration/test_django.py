@@ -320,6 +320,7 @@ import json, os
 import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
 django.setup()
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
@@ -342,7 +343,8 @@ User.objects.create_superuser("admin", "admin@example.com", "pw")
 client = Client()
 client.force_login(User.objects.get(username="admin"))
 listing = client.get("/admin/batchgen/batch/?status__exact=cancelled")
-detail = client.get(f"/admin/batchgen/batch/{done['id']}/change/")
+# The admin unquotes ids in its URLs ("_22" is '"'), so a link quotes them as it does.
+detail = client.get(f"/admin/batchgen/batch/{quote(done['id'])}/change/")
 items = client.get(f"/admin/batchgen/item/?batch__id__exact={done['id']}")
 action = client.post(
     "/admin/batchgen/batch/",
