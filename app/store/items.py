@@ -715,6 +715,7 @@ class LostAttempt:
     status: ItemStatus
     attempts: int
     was_sent: bool  # the lost attempt's request had been sent: it may be billed
+    lease: str = "running"  # which lease ran out: 'queued' or 'running'
 
 
 def sweep_cancel_orphans(session: Session) -> int:
@@ -743,6 +744,7 @@ def sweep_lost(
             status=ItemStatus(r.status),
             attempts=r.attempts,
             was_sent=r.was_sent,
+            lease=r.prev_status,
         )
         for r in rows
     ]

@@ -45,6 +45,14 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
     expired = items.sweep_expire(session)
     lost = items.sweep_lost(session, settings.max_attempts, attempt_caps(registry, settings))
     for attempt in lost:
+        log.info(
+            "item %d: its %s lease ran out on attempt %d (request sent: %s); now %s",
+            attempt.item_id,
+            attempt.lease,
+            attempt.attempts,
+            "yes" if attempt.was_sent else "no",
+            attempt.status.value,
+        )
         if attempt.was_sent:
             record_lost_call(session, attempt.item_id, attempt.attempts, registry)
     files_deleted = files.delete_expired(session)

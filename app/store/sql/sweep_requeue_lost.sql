@@ -49,4 +49,5 @@ SET status = lost.next_status,
     sent_at = NULL
 FROM lost
 WHERE items.id = lost.id
-RETURNING items.id, items.batch_id, items.status, items.attempts, lost.was_sent
+RETURNING items.id, items.batch_id, items.status, items.attempts, lost.was_sent,
+    lost.prev_status
