@@ -482,14 +482,20 @@ def test_worker_prefork_pool_is_refused(services, folder):
         [sys.executable, "-m", "celery", "-A", "batchgen.tasks", "worker", "-P", "prefork"],
         [sys.executable, "-m", "celery", "-A", "batchgen.tasks", "worker", "--pool=prefork"],
     ]
-    for argv in commands:
+    running = [  # side by side: each is a process start, the refusals need no order
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for argv in commands
+    ]
+    for argv, process in zip(commands, running, strict=True):
         try:
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+            stdout, stderr = process.communicate(timeout=60)
         except subprocess.TimeoutExpired:
+            for p in running:
+                p.kill()
             raise AssertionError(f"{argv[2:]} started a worker instead of refusing") from None
-        assert done.returncode == 2, (argv, done.stdout, done.stderr)
-        assert "pool" in done.stderr and "threads" in done.stderr, (argv, done.stderr)
-        assert "ready." not in done.stdout + done.stderr
+        assert process.returncode == 2, (argv, stdout, stderr)
+        assert "pool" in stderr and "threads" in stderr, (argv, stderr)
+        assert "ready." not in stdout + stderr
 
 
 def test_a_database_never_migrated_is_named_with_the_fix(services, run, restore_env):

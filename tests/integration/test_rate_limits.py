@@ -112,7 +112,7 @@ def mixed_requests(n: int, seed: int = 0) -> list[dict]:
 def test_four_workers_stay_within_the_provider_limits(limited, workers):
     sim, env = limited
     make_tenant("bulk")
-    n = 500  # about five windows at the limit
+    n = 300  # about three windows at the limit
     batch = client.submit_batch(mixed_requests(n), tenant="bulk")
     queues = ["llm.budgeted", "batchgen.control"]
     started = [

@@ -154,9 +154,10 @@ def _strict_dump(model: openai.BaseModel) -> dict[str, Any]:
 @pytest.fixture
 def oai_run(clean_db, simulator, api_server, workers) -> Iterator[openai.OpenAI]:
     """The SDK against an API process, with a worker draining into the simulator."""
+    worker = workers(concurrency=8, wait=False)  # starts while the API process does
     base_url = api_server()
     key = make_tenant("sdk-files")
-    workers(concurrency=8)
+    worker.wait_ready()
     with openai.OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0) as client:
         yield client
 
@@ -270,9 +271,10 @@ def test_openai_batch_cancel_and_file_errors(oai_run: openai.OpenAI):
 
 @pytest.fixture
 def claude_run(clean_db, simulator, api_server, workers) -> Iterator[anthropic.Anthropic]:
+    worker = workers(concurrency=8, wait=False)  # starts while the API process does
     base_url = api_server()
     key = make_tenant("sdk-claude")
-    workers(concurrency=8)
+    worker.wait_ready()
     with anthropic.Anthropic(base_url=base_url, api_key=key, max_retries=0) as client:
         yield client
 
