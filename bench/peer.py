@@ -139,7 +139,16 @@ def run_batchgen(
     elapsed = _completion_s(batch["id"])
     counts = client.get_batch(batch["id"], tenant=tenant)["request_counts"]
     stats = httpx.get(f"{sim_url}/_sim/stats").json()
-    return {"elapsed_s": elapsed, "counts": counts, "stats": stats, "n": n}
+    log = httpx.get(f"{sim_url}/_sim/log").json()
+    first = min((e["start_ts"] for e in log), default=0.0)
+    limited_at_s = sorted(e["start_ts"] - first for e in log if e["status"] == 429)
+    return {
+        "elapsed_s": elapsed,
+        "counts": counts,
+        "stats": stats,
+        "n": n,
+        "limited_at_s": limited_at_s,
+    }
 
 
 async def _direct(sim_url: str, n: int, parallel: int) -> tuple[float, list[int]]:
@@ -288,6 +297,10 @@ def part_b(args: argparse.Namespace, workdir: Path) -> None:
             f"{fastest / r['elapsed_s']:12.3f} {bound['tokens']['admitted']:11d} "
             f"{'yes' if held else 'NO':>10}"
         )
+    for label, r in runs.items():
+        if r["limited_at_s"]:
+            when = ", ".join(f"{t:.1f}" for t in r["limited_at_s"])
+            print(f"  {label}: 429s at {when} s from the first call")
 
 
 def main() -> None:
