@@ -217,6 +217,11 @@ class Settings(BaseSettings):
     # reserved at our own count overshoots a limit configured exactly. The first sample
     # then replaces it whole; later ones move the mean.
     budget_ratio_start: float = Field(default=1.3, gt=0.0)
+    # A bucket's header says what the provider had left once it counted that call;
+    # calls granted up to budget_send_spread_s before it may reach the provider after
+    # it (threads take their turns between grant and send), so the level set from the
+    # header leaves them out as if not yet counted (0: only calls granted after it).
+    budget_send_spread_s: float = Field(default=0.05, ge=0.0)
 
     # Broker: unacked messages come back after this; longer than any countdown we use.
     visibility_timeout_s: int = 3600

@@ -175,6 +175,7 @@ class Budget:
         self.ratio_min_calls = settings.budget_ratio_min_calls
         # Learning off: reservations use our own count from the start.
         self.ratio_start = settings.budget_ratio_start if self.ratio_weight > 0 else 1.0
+        self.send_spread_s = settings.budget_send_spread_s
 
     @property
     def span_s(self) -> float:
@@ -370,6 +371,7 @@ class Budget:
                 ",".join(ops.counters),
                 "1" if ops.release_slot else "0",
                 self.ratio_start,
+                self.send_spread_s,
             ],
         )
         text = ratio.decode() if isinstance(ratio, bytes) else str(ratio)

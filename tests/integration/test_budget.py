@@ -562,6 +562,30 @@ def test_headers_raise_and_lower_the_bucket(budget):
     assert budget.observe(s, header, "gone", now_s=200.0, age_s=70.0) == 0
 
 
+@pytest.mark.parametrize("spread_s", [0.05, 0.0])
+def test_a_bucket_header_leaves_out_calls_granted_just_before_its_own(clean_db, spread_s):
+    """Threads take their turns between grant and send: "a", granted 20 ms before "b",
+    may reach the provider after it, so b's header (what the provider had left once it
+    counted b) may not count a. Within the send spread, a is taken as not yet seen;
+    "z", granted long before, as seen."""
+    budget = Budget(
+        get_redis(),
+        Settings(budget_window_s=WINDOW_S, budget_guard_s=GUARD_S, budget_send_spread_s=spread_s),
+    )
+    s = spec(tpm=6000, rpm=600, key="spread", shape=BUCKET)
+    rate = 6000 / WINDOW_S
+    assert budget.reserve(s, "z", 500, now_s=99.8).granted
+    assert budget.reserve(s, "a", 1000, now_s=100.0).granted
+    assert budget.reserve(s, "b", 1000, now_s=100.02).granted
+    header = RateLimitState(remaining_tokens=4000, remaining_requests=590)
+    budget.observe(s, header, "b", now_s=100.3, age_s=0.0)
+    level = 6000 - budget.used(s, now_s=100.3)[0]
+    left_out = 1000 if spread_s > 0 else 0  # a's tokens, not yet seen by the provider
+    assert level == pytest.approx(4000 + rate * 0.28 - left_out, abs=1)
+    requests_level = 600 - budget.used(s, now_s=100.3)[1]
+    assert requests_level == pytest.approx(590 + 0.28 * 600 / WINDOW_S - (left_out // 1000), abs=1)
+
+
 def test_headers_of_a_429_are_heard(clean_db):
     """The gate settles a 429 whose headers say the provider is empty: the bucket drops
     to it (not only the cooldown), and in a window an observation charges the gap."""

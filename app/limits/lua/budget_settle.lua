@@ -22,7 +22,8 @@
 --   bucket: the provider had `remaining` right after the call we granted at the
 --     reservation's time (anchor; without one: when the header was received),
 --     so our level becomes min(capacity, remaining + rate * (now - anchor))
---     minus what we granted after the anchor: lowered or raised. The same for
+--     minus what we granted after the anchor (and in the send spread before it,
+--     which may have reached the provider after that call): lowered or raised. The same for
 --     requests. Two token headers far enough apart give a ratio sample: what
 --     the provider consumed between them over what we estimated for the calls
 --     we granted in between (app/domain/rate_limits.py, interval_ratio_sample).
@@ -39,7 +40,9 @@
 --       16 usage prompt tokens ('' = none), 17 prompt_est ('' = none),
 --       18 ratio weight, 19 ratio min, 20 ratio max, 21 ratio min calls,
 --       22 cooldown_ms (0 = none), 23 counter fields to add one to (comma-separated),
---       24 release the slot ('1' | '0'), 25 the ratio before the model's first sample
+--       24 release the slot ('1' | '0'), 25 the ratio before the model's first sample,
+--       26 send spread s (bucket: calls granted this long before the header's call
+--          may reach the provider after it, so they count as not yet seen)
 -- Returns {token change of the reservation (negative: a refund), tokens the
 -- headers added to our count (negative: taken back / the level raised),
 -- cooldown left in ms (0: none asked), the model's ratio}.
@@ -66,6 +69,7 @@ local ratio_low = tonumber(ARGV[19]) or 1
 local ratio_high = tonumber(ARGV[20]) or 1
 local min_calls = tonumber(ARGV[21]) or 1
 local cooldown_ms = tonumber(ARGV[22]) or 0
+local send_spread = math.max(0, tonumber(ARGV[26]) or 0)
 local log, amounts, tenant_log, tenant_amounts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local meta, bucket, ratios, cooldown_key = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local token_rate, request_rate = tokens_limit / window_s, requests_limit / window_s
@@ -192,9 +196,10 @@ if (remaining_tokens ~= nil or remaining_requests ~= nil) and age < span then
         bucket_changed = true
         local anchor = granted_at or (now - age)
         local since = math.max(0, bucket_now - anchor)
-        -- What we granted after the anchor: the provider had not seen it yet.
+        -- What we granted after the anchor (or shortly before it, the send spread):
+        -- the provider had not seen it yet.
         local after_tokens, after_requests = 0, 0
-        local after = redis.call('ZRANGEBYSCORE', log, '(' .. num(anchor), '+inf')
+        local after = redis.call('ZRANGEBYSCORE', log, '(' .. num(anchor - send_spread), '+inf')
         for _, member in ipairs(after) do
             if member ~= id and string.sub(member, 1, 2) ~= 'o:' then
                 after_tokens = after_tokens + (tonumber(redis.call('HGET', amounts, member)) or 0)
