@@ -235,7 +235,10 @@ def worker(
     unknown = set(group or []) - set(registry.groups)
     if unknown:
         fail(f"unknown group(s) {sorted(unknown)}; known: {registry.groups}", 2)
-    queues = ["llm." + g for g in (group or registry.groups)]
+    from batchgen.worker.names import NOTIFY_QUEUE
+
+    # Every model worker also delivers batch-finished callbacks and webhooks.
+    queues = ["llm." + g for g in (group or registry.groups)] + [NOTIFY_QUEUE]
     with _services() as settings:
         _celery_worker(
             queues, concurrency or settings.worker_concurrency, False, "-".join(group or ["all"])

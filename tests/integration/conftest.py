@@ -17,6 +17,7 @@ from batchgen.worker.procs import WorkerProcess, start_worker, stop_all
 
 HERE = Path(__file__).resolve().parent
 CONTROL_QUEUE = "batchgen.control"
+NOTIFY_QUEUE = "batchgen.notify"
 
 # Tests that take more than a few seconds: 7 s or more (setup, call and teardown) in a
 # run of `pytest --durations=0 tests/integration` on a 2-core machine. A module's file
@@ -124,7 +125,7 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     ) -> WorkerProcess:
         from batchgen.registry import get_registry
 
-        qs = queues or [*get_registry().queues, CONTROL_QUEUE]
+        qs = queues or [*get_registry().queues, CONTROL_QUEUE, NOTIFY_QUEUE]
         w = start_worker(
             qs, log_dir=tmp_path / "logs", concurrency=concurrency, beat=beat, env=env, name=name
         )
