@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
-import base64
 import secrets
 
 from sqlalchemy import select

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 import base64
 import hashlib
 import hmac
+
+import pytest
 
 from batchgen.domain.notifications import (
     GIVE_UP_AFTER_S,
