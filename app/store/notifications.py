@@ -93,26 +93,29 @@ def _due(row: Any) -> Due:
     )
 
 
+def _lock_oldest(session: Session, *conditions: Any) -> Any:
+    """The oldest due notification meeting ``conditions``, locked (``SKIP LOCKED``)."""
+    return session.execute(
+        select(*_DUE_COLUMNS)
+        .join(Batch, Batch.id == BatchNotification.batch_id)
+        .join(Tenant, Tenant.id == Batch.tenant_id)
+        .where(*conditions, BatchNotification.next_attempt_at <= func.now())
+        .order_by(BatchNotification.next_attempt_at, BatchNotification.id)
+        .limit(1)
+        .with_for_update(skip_locked=True, of=BatchNotification)
+    ).one_or_none()
+
+
 def claim_send(session: Session, channels: list[Channel], lease_s: float) -> Due | None:
     """In a short transaction of its own: the oldest due notification of ``channels``
     (pending and due, or ``sending`` with its lease run out), marked ``sending`` until
     ``lease_s`` from now with its attempt counted; None: nothing due. Commit before
     sending; then :func:`record` the outcome."""
-    row = session.execute(
-        select(*_DUE_COLUMNS)
-        .join(Batch, Batch.id == BatchNotification.batch_id)
-        .join(Tenant, Tenant.id == Batch.tenant_id)
-        .where(
-            BatchNotification.status.in_(
-                [DeliveryStatus.PENDING.value, DeliveryStatus.SENDING.value]
-            ),
-            BatchNotification.channel.in_([c.value for c in channels]),
-            BatchNotification.next_attempt_at <= func.now(),
-        )
-        .order_by(BatchNotification.next_attempt_at, BatchNotification.id)
-        .limit(1)
-        .with_for_update(skip_locked=True, of=BatchNotification)
-    ).one_or_none()
+    row = _lock_oldest(
+        session,
+        BatchNotification.status.in_([DeliveryStatus.PENDING.value, DeliveryStatus.SENDING.value]),
+        BatchNotification.channel.in_([c.value for c in channels]),
+    )
     if row is None:
         return None
     session.execute(
@@ -164,20 +167,12 @@ def claim_signal(session: Session, origin: str) -> Iterator[Due | None]:
     """The oldest due signal of a batch of host app ``origin``, locked for the caller's
     transaction (None: nothing due); the host fires its receivers, then records the
     outcome with :func:`delivered` or :func:`failed` in the same transaction."""
-    row = session.execute(
-        select(*_DUE_COLUMNS)
-        .join(Batch, Batch.id == BatchNotification.batch_id)
-        .join(Tenant, Tenant.id == Batch.tenant_id)
-        .where(
-            BatchNotification.status == DeliveryStatus.PENDING.value,
-            BatchNotification.channel == Channel.SIGNAL.value,
-            BatchNotification.next_attempt_at <= func.now(),
-            Batch.origin == origin,
-        )
-        .order_by(BatchNotification.next_attempt_at, BatchNotification.id)
-        .limit(1)
-        .with_for_update(skip_locked=True, of=BatchNotification)
-    ).one_or_none()
+    row = _lock_oldest(
+        session,
+        BatchNotification.status == DeliveryStatus.PENDING.value,
+        BatchNotification.channel == Channel.SIGNAL.value,
+        Batch.origin == origin,
+    )
     yield None if row is None else _due(row)
 
 

@@ -534,3 +534,25 @@ def test_old_announcements_are_swept(notify_env, monkeypatch):
         assert notifications.delete_old(session, retention_s=0) == 1  # the webhook's
         left = session.scalar(sql_select(func.count()).select_from(BatchNotification))
     assert left == 0
+
+
+def test_a_lapsed_lease_makes_a_send_due_again_and_the_late_sender_records_nothing(notify_env):
+    from batchgen.domain.notifications import Channel
+    from batchgen.store import notifications
+
+    make_tenant("leased", webhook_url="http://127.0.0.1:9/x")
+    batch = client.submit_batch([chat_line("x")], tenant="leased")
+    client.cancel_batch(batch["id"], tenant="leased")
+    with db.session_scope() as session:
+        first = notifications.claim_send(session, [Channel.WEBHOOK], lease_s=0.3)
+    with db.session_scope() as session:  # leased: nobody else takes it
+        assert notifications.claim_send(session, [Channel.WEBHOOK], lease_s=0.3) is None
+    time.sleep(0.4)  # the first deliverer died mid-send: its lease runs out
+    with db.session_scope() as session:
+        second = notifications.claim_send(session, [Channel.WEBHOOK], lease_s=30)
+    assert first is not None and second is not None and second.id == first.id
+    assert second.attempts == first.attempts + 1
+    with db.session_scope() as session:
+        assert notifications.record(session, first, None, 1.0) is None  # no longer its claim
+        assert notifications.record(session, second, None, 1.0) == "delivered"
+    assert _hook(batch["id"], "leased")["status"] == "delivered"
