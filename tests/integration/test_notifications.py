@@ -544,6 +544,7 @@ def test_old_announcements_are_swept(notify_env, monkeypatch):
 
     from batchgen.store import notifications
 
+    monkeypatch.setattr(client, "_origin_sources", [])  # no host app: no signal row
     make_tenant("swept", webhook_url="http://127.0.0.1:9/x")
     batch = client.submit_batch([chat_line("x")], tenant="swept")
     client.cancel_batch(batch["id"], tenant="swept")
