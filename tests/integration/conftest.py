@@ -36,6 +36,7 @@ SLOW = frozenset(
         "test_beat.py::test_dispatcher_kill_9_takes_its_beat_along",
         "test_beat.py::test_two_dispatchers_one_schedule",
         "test_dashboard.py",
+        "test_dashboard_pages.py::test_batch_page_bars_and_charts",
         "test_deadlines_cancel.py::test_cancel_holds_across_a_worker_restart",
         "test_faults.py::test_flushed_redis_loses_no_item",
         "test_faults.py::test_sigkill_worker_mid_call_loses_nothing",
