@@ -14,9 +14,11 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 import uuid
@@ -33,6 +35,12 @@ from tests import readme
 pytestmark = pytest.mark.integration
 
 SERVERS = {"api", "worker", "dispatcher", "beat", "flower", "simulator"}
+# Unset, the processes start (or reuse) embedded servers in BATCHGEN_DATA_DIR.
+EMBEDDED_UNSET = tuple(
+    prefix + name
+    for prefix in ("", "BATCHGEN_")
+    for name in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")
+)
 FLOWER_AUTH = {"BATCHGEN_FLOWER_USER": "ops", "BATCHGEN_FLOWER_PASSWORD": "readme-test"}
 
 
@@ -53,6 +61,7 @@ class Runner:
 
     folder: Path
     env: dict[str, str]
+    unset: tuple[str, ...] = ()
     ports: dict[str, int] = field(default_factory=dict)
     started: list[Started] = field(default_factory=list)
 
@@ -73,6 +82,8 @@ class Runner:
 
     def process_env(self, command: readme.Command, ready: Path | None = None) -> dict[str, str]:
         env = {**os.environ, **self.env, **command.env, "COLUMNS": "200"}
+        for name in self.unset:
+            env.pop(name, None)
         if "8099" in self.ports:  # the README's simulator
             env["BATCHGEN_SIMULATOR_URL"] = f"http://127.0.0.1:{self.ports['8099']}"
         if ready is not None:
@@ -188,10 +199,24 @@ def test_the_two_commands(services, runner: Runner, restore_env) -> None:
     assert "per-tenant usage" in done.stdout
 
 
-def test_quick_start(clean_db, runner: Runner) -> None:
-    """The quick start's processes, then its openai-SDK program, as written, against
-    them (its key and address put in), on the README's own requests.jsonl."""
+def test_quick_start(runner: Runner) -> None:
+    """The quick start's processes, on embedded servers of their own as on a laptop
+    (no DATABASE_URL or REDIS_URL: the first process starts them, the others reuse
+    them), then its openai-SDK program, as written, against them (its key and address
+    put in), on the README's own requests.jsonl."""
     section = "Quick start: the SDK you already have"
+    # Outside pytest's temporary root, which other pytest runs may prune meanwhile.
+    data_dir = Path(tempfile.mkdtemp(prefix="batchgen-readme-"))
+    runner.env["BATCHGEN_DATA_DIR"] = str(data_dir)
+    runner.unset = EMBEDDED_UNSET
+    try:
+        run_quick_start(runner, section)
+    finally:
+        runner.stop()  # the process that started the embedded servers stops them
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def run_quick_start(runner: Runner, section: str) -> None:
     key = ""
     for command in readme.sh_commands(section):
         if command.background:
