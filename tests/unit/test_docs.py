@@ -119,6 +119,14 @@ def test_the_readme_inline_commands_exist(argv: list[str]) -> None:
     assert result.exit_code == 0, result.output
 
 
+def test_the_readme_prose_names_no_command_a_test_does_not_run() -> None:
+    assert readme.untested_inline_commands() == []
+    assert readme.untested_inline_commands("run `docker compose up` or `X=1 batchgen beat`") == [
+        "docker compose up",
+        "X=1 batchgen beat",
+    ]
+
+
 def test_the_inline_commands_are_found() -> None:
     assert ["batchgen", "worker", "--group", "openai"] in readme.inline_commands(
         "run `batchgen\nworker --group openai`, not `--group x`\n```sh\nbatchgen beat\n```\n"
