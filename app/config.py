@@ -62,7 +62,7 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("BATCHGEN_CELERY_BROKER_URL", "CELERY_BROKER_URL"),
     )
 
-    # PostgreSQL connections (README "Connections"). DATABASE_URL may be a
+    # PostgreSQL connections (docs/operations.md, "Connections"). DATABASE_URL may be a
     # transaction pooler (PgBouncer, pool_mode = transaction); what needs one server
     # session for longer than a transaction goes to database_direct_url instead: the
     # LISTEN of synchronous calls, the offload tick's session advisory lock, and

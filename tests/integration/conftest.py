@@ -55,6 +55,10 @@ SLOW = frozenset(
         "test_pgbouncer.py::test_a_batch_runs_through_pgbouncer_in_transaction_mode",
         "test_pgbouncer.py::test_worker_and_api_processes_keep_to_their_connection_budget",
         "test_pipeline.py::test_three_tenants_two_models_200_items",
+        # The README's demo, quick start and production processes, as real processes.
+        "test_readme.py::test_the_two_commands",
+        "test_readme.py::test_quick_start",
+        "test_readme.py::test_production_processes",
         "test_rabbitmq.py::test_batch_runs_on_quorum_queues_with_countdown_retries",
         "test_rabbitmq.py::test_broker_connections_closed_then_unreachable_mid_run",
         "test_rabbitmq.py::test_sigkill_worker_mid_call_redelivers_and_loses_nothing",
