@@ -130,13 +130,23 @@ def _login_page(
     return response
 
 
-def _operator_page(name: str) -> Response:
+def _operator_view(name: str) -> dict[str, Any]:
     """The operator view a trusted host bridge asked for: every model's state and
     every tenant's usage today, no tenant's batches, nothing to change."""
     view: dict[str, Any] = {"tenant": f"{name} (operator)", "batches": [], "admin": True}
     view.update(_admin_view(None))
+    return view
+
+
+def _operator_page(name: str) -> Response:
     return Response(
-        render_template("dashboard.html", view=view, csrf="", refresh_ms=REFRESH_MS, message=None)
+        render_template(
+            "dashboard.html",
+            view=_operator_view(name),
+            csrf="",
+            refresh_ms=REFRESH_MS,
+            message=None,
+        )
     )
 
 
@@ -165,8 +175,7 @@ def fragment() -> Response:
     if tenant is None:
         operator = auth.operator()
         if operator:
-            view: dict[str, Any] = {"tenant": operator, "batches": [], "admin": True}
-            view.update(_admin_view(None))
+            view = _operator_view(operator)
             return Response(render_template("dashboard_tables.html", view=view, csrf=""))
         return Response("", status=401)
     key = _key()
