@@ -443,7 +443,7 @@ def _run_call(line: dict[str, Any], endpoint: str, body_timeout: Any) -> Any:
 
 
 def _event_stream(chunks: Iterator[bytes]) -> Response:
-    response = Response(chunks, mimetype="text/event-stream")
+    response = Response(stream_with_context(chunks), mimetype="text/event-stream")
     response.headers["Cache-Control"] = "no-cache"
     return response
 

@@ -8,10 +8,14 @@ PostgreSQL and Redis servers from PyPI packages and fills them in.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, field_validator
@@ -237,6 +241,19 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = 3600
     worker_concurrency: int = 16
 
+    # Dashboard sign-in (app/dashboard_auth.py): a session lasts dashboard_session_s
+    # (a server-side record in Redis, deleted at sign-out); at most
+    # dashboard_signin_attempts sign-ins per client address and per key in any
+    # dashboard_signin_window_s (then 429 with Retry-After).
+    dashboard_session_s: float = Field(default=8 * 3600.0, gt=0)
+    dashboard_signin_attempts: int = Field(default=10, ge=1)
+    dashboard_signin_window_s: float = Field(default=300.0, gt=0)
+    # Behind a reverse proxy that sets X-Forwarded-Proto and X-Forwarded-For (and
+    # strips what clients send): trust them for the dashboard's cookie (Secure when the
+    # client's side is https) and for the sign-in limit's client address. Off: the
+    # connection's own scheme and address.
+    trusted_proxy: bool = False
+
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     # GET /metrics wants "Authorization: Bearer <token>" (or an admin API key).
@@ -328,6 +345,86 @@ def _psycopg_url(url: str) -> str:
 
 
 @functools.cache
-def get_settings() -> Settings:
-    """The process-wide settings, read once from the environment."""
+def _process_settings() -> Settings:
     return Settings()
+
+
+T = TypeVar("T")
+
+
+class SettingsScope:
+    """The settings of one host app (a Flask app's ``BATCHGEN_*`` config over the
+    environment) and the clients built from them: engines and Redis clients, made on
+    first use inside the scope and closed with it. While a scope is active in a
+    context (:meth:`active`), :func:`get_settings` returns its settings, and the store
+    and the limits open their connections through it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._resources: dict[Hashable, Any] = {}
+        self._closers: list[Callable[[], None]] = []
+        self._lock = threading.RLock()  # a resource may be made of another (sessions of an engine)
+
+    def resource(self, key: Hashable, make: Callable[[], T], close: Callable[[T], None]) -> T:
+        """The scope's one ``key`` resource, made by ``make`` on first use; ``close`` runs
+        on it when the scope closes."""
+        with self._lock:
+            if key not in self._resources:
+                value = make()
+                self._resources[key] = value
+                self._closers.append(lambda: close(value))
+            return self._resources[key]  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Close every client the scope made (engines disposed, Redis pools closed)."""
+        with self._lock:
+            closers, self._closers, self._resources = self._closers, [], {}
+        for closer in reversed(closers):
+            # Closing at exit: a server already gone is no error.
+            with contextlib.suppress(Exception):
+                closer()
+
+    @contextmanager
+    def active(self) -> Iterator[SettingsScope]:
+        """Make this scope the current one in this context (a thread, a request)."""
+        token = _current_scope.set(self)
+        try:
+            yield self
+        finally:
+            _current_scope.reset(token)
+
+
+_current_scope: contextvars.ContextVar[SettingsScope | None] = contextvars.ContextVar(
+    "batchgen_settings_scope", default=None
+)
+
+
+def current_scope() -> SettingsScope | None:
+    """The active :class:`SettingsScope` (a host app's), or None: the process's own."""
+    return _current_scope.get()
+
+
+def activate_scope(scope: SettingsScope) -> contextvars.Token[SettingsScope | None]:
+    """Make ``scope`` current until :func:`deactivate_scope` with the returned token
+    (for frameworks that enter and leave in two callbacks, like Flask's app context)."""
+    return _current_scope.set(scope)
+
+
+def deactivate_scope(token: contextvars.Token[SettingsScope | None]) -> None:
+    """Undo :func:`activate_scope`."""
+    _current_scope.reset(token)
+
+
+class _SettingsGetter:
+    def __call__(self) -> Settings:
+        """The settings in force: the active host app's (:class:`SettingsScope`), else
+        the process's own, read once from the environment."""
+        scope = _current_scope.get()
+        return scope.settings if scope is not None else _process_settings()
+
+    def cache_clear(self) -> None:
+        """Read the process's settings from the environment again at the next call."""
+        _process_settings.cache_clear()
+
+
+get_settings = _SettingsGetter()

@@ -7,22 +7,30 @@ API keys, with no build step.
   429s, and per tenant today's usage and cost.
 
 The page refreshes its tables live: a few lines of script fetch the server-rendered
-fragment (``/dashboard/fragment``) every ``REFRESH_MS`` and swap it in. The key is
-kept in an HttpOnly, SameSite=Strict cookie; every form that changes something
-carries a token derived from it (``csrf``), so another site cannot post them.
+fragment (``/dashboard/fragment``) every ``REFRESH_MS`` and swap it in. Signing in
+opens a server-side session (:mod:`batchgen.dashboard_auth`: the cookie, login CSRF,
+the sign-in limit, anti-framing headers); every form that changes something carries
+a token derived from the session (``csrf``), so another site cannot post them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import hmac
 from collections.abc import Iterator
 from typing import Any
 
-from flask import Blueprint, Response, redirect, render_template, request, url_for
+from flask import (
+    Blueprint,
+    Response,
+    redirect,
+    render_template,
+    request,
+    stream_with_context,
+    url_for,
+)
 from werkzeug.wrappers import Response as BaseResponse
 
+from batchgen import dashboard_auth as auth
 from batchgen import python_api
 from batchgen.config import get_settings
 from batchgen.domain.dashboard import format_usd
@@ -35,36 +43,27 @@ from batchgen.store.schema import Tenant
 # ``templates/dashboard.html`` does not collide with or replace batchgen's.
 dashboard = Blueprint("batchgen_dashboard", __name__, template_folder="templates")
 
-COOKIE = "batchgen_key"
 REFRESH_MS = 2000
 LIST_LIMIT = 50
+csrf_token = auth.csrf_token
 
 
-def _key() -> str | None:
-    return request.cookies.get(COOKIE) or None
+@dashboard.after_request
+def _secure(response: Response) -> Response:
+    return auth.secure(response)
 
 
 def _tenant() -> Tenant | None:
-    key = _key()
-    if key is None:
-        return None
-    try:
-        with session_scope() as session:
-            tenant = tenants.authenticate(session, key)
-            session.expunge(tenant)
-            return tenant
-    except Unauthorized:
-        return None
+    return auth.current_tenant()
 
 
-def csrf_token(key: str) -> str:
-    """The token the dashboard's forms carry: bound to the key in the cookie."""
-    return hmac.new(key.encode(), b"batchgen-dashboard-csrf", hashlib.sha256).hexdigest()
+def _key() -> str | None:
+    """The session token the forms' CSRF tokens derive from."""
+    return auth.session_token()
 
 
 def _csrf_ok() -> bool:
-    key = _key()
-    return key is not None and hmac.compare_digest(request.form.get("csrf", ""), csrf_token(key))
+    return auth.csrf_ok(request.form.get("csrf", ""))
 
 
 def _view(tenant: Tenant) -> dict[str, Any]:
@@ -104,15 +103,51 @@ def _admin_view() -> dict[str, Any]:
     return {"models": state["models"], "usage": usage, "today": today}
 
 
-def _login_page(error: str | None = None, status: int = 200) -> Response:
-    return Response(render_template("batchgen/dashboard_login.html", error=error), status=status)
+def _login_page(
+    error: str | None = None, status: int = 200, retry_after_s: int | None = None
+) -> Response:
+    token, new = auth.signin_token()
+    response = Response(
+        render_template("batchgen/dashboard_login.html", error=error, signin_csrf=token), status=status
+    )
+    if new:
+        auth.remember_signin_token(response, token)
+    if retry_after_s is not None:
+        response.headers["Retry-After"] = str(retry_after_s)
+    return response
+
+
+def _operator_view(name: str) -> dict[str, Any]:
+    """The operator view a trusted host bridge asked for: every model's state and
+    every tenant's usage today, no tenant's batches, nothing to change."""
+    from batchgen.monitoring import pages
+    from batchgen.registry import get_registry
+
+    view: dict[str, Any] = {"tenant": f"{name} (operator)", "batches": [], "admin": True}
+    view.update(_admin_view())
+    with session_scope() as session:
+        view["charts"] = pages.charts(session, get_registry(), None, view["usage"])
+    return view
+
+
+def _operator_page(name: str) -> Response:
+    return Response(
+        render_template(
+            "batchgen/dashboard.html",
+            view=_operator_view(name),
+            csrf="",
+            refresh_ms=REFRESH_MS,
+            message=None,
+        )
+    )
 
 
 @dashboard.get("/dashboard")
 def page() -> Response:
     tenant = _tenant()
     if tenant is None:
-        return _login_page()
+        operator = auth.operator()
+        return _operator_page(operator) if operator else _login_page()
     key = _key()
     assert key is not None
     return Response(
@@ -130,6 +165,10 @@ def page() -> Response:
 def fragment() -> Response:
     tenant = _tenant()
     if tenant is None:
+        operator = auth.operator()
+        if operator:
+            view = _operator_view(operator)
+            return Response(render_template("batchgen/dashboard_tables.html", view=view, csrf=""))
         return Response("", status=401)
     key = _key()
     assert key is not None
@@ -142,21 +181,24 @@ def fragment() -> Response:
 def login() -> BaseResponse:
     key = request.form.get("key", "").strip()
     try:
+        auth.check_signin(key)
         with session_scope() as session:
-            tenants.authenticate(session, key)
+            tenant = tenants.authenticate(session, key)
+            session.expunge(tenant)
+    except auth.SigninRefused as refused:
+        return _login_page(refused.message, refused.status, refused.retry_after_s)
     except Unauthorized as exc:
         return _login_page(str(exc), 401)
-    response = redirect(url_for("batchgen_dashboard.page"))
-    response.set_cookie(
-        COOKIE, key, httponly=True, samesite="Strict", secure=request.is_secure, path="/"
-    )
+    response = redirect(url_for(".page"))
+    auth.start_session(response, tenant)
     return response
 
 
 @dashboard.post("/dashboard/logout")
 def logout() -> BaseResponse:
-    response = redirect(url_for("batchgen_dashboard.page"))
-    response.delete_cookie(COOKIE, path="/")
+    response = redirect(url_for(".page"))
+    if auth.same_origin():  # another site's post signs nobody out
+        auth.end_session(response)
     return response
 
 
@@ -239,7 +281,7 @@ def download(batch_id: str) -> Response:
 
     python_api.get_batch(batch_id, tenant=tenant)  # 404 before the stream starts
     return Response(
-        lines(),
+        stream_with_context(lines()),
         mimetype="application/jsonl",
         headers={"Content-Disposition": f'attachment; filename="{batch_id}-results.jsonl"'},
     )

@@ -13,6 +13,7 @@ tenant it found. All raise the project's typed exceptions (:mod:`batchgen.errors
 from __future__ import annotations
 
 import dataclasses
+import contextvars
 import functools
 import json
 import logging
@@ -27,7 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from batchgen.config import get_settings
+from batchgen.config import current_scope, get_settings
 from batchgen.domain import calls as call_rules
 from batchgen.domain import message_batches
 from batchgen.domain.admission import CHAT_COMPLETIONS
@@ -618,9 +619,10 @@ def start_call(
         )
     woken = _call_waiter().register(stored.item_id)
     deadline_mono_s = started + deadline_s
+    # The thread runs in this context (a host app's settings scope goes with it).
     runner = threading.Thread(
-        target=_run_here,
-        args=(stored, deadline_mono_s, woken),
+        target=contextvars.copy_context().run,
+        args=(_run_here, stored, deadline_mono_s, woken),
         name=f"batchgen-call-{stored.item_id}",
         daemon=True,
     )
@@ -629,8 +631,19 @@ def start_call(
 
 
 @functools.cache
-def _call_runtime() -> tuple[Gate, CancelWatcher]:
+def _process_call_runtime() -> tuple[Gate, CancelWatcher]:
     return Gate(get_redis(), get_settings()), CancelWatcher(get_redis())
+
+
+def _call_runtime() -> tuple[Gate, CancelWatcher]:
+    scope = current_scope()
+    if scope is None:
+        return _process_call_runtime()
+    return scope.resource(
+        ("call_runtime",),
+        lambda: (Gate(get_redis(), get_settings()), CancelWatcher(get_redis())),
+        lambda _: None,  # its Redis client is the scope's
+    )
 
 
 def _run_here(stored: calls.StoredCall, deadline_mono_s: float, woken: threading.Event) -> None:

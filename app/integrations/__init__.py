@@ -2,20 +2,28 @@
 
 Both mount the same HTTP API (:mod:`batchgen.api`) under a prefix the host app
 chooses and hand trusted server code the Python API (:mod:`batchgen.python_api`).
-Settings named ``BATCHGEN_*`` in the host app's configuration are exported to
-the environment, where the one settings object (:mod:`batchgen.config`) and every
-child process (a worker started from the host) read them.
+
+Settings named ``BATCHGEN_*`` in a Flask app's configuration make that app's own
+:class:`~batchgen.config.Settings` (:func:`settings_from_config`, over the
+environment, which is left alone), so two apps in one process keep two databases.
+A Django site has one settings module: its ``BATCHGEN_*`` settings are exported to
+the environment (:func:`apply_settings`), where the settings object and every child
+process (a worker started from the site) read them.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from batchgen.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +41,27 @@ def _env_value(value: Any) -> str:
     if isinstance(value, str | int | float | PurePath):
         return str(value)
     return json.dumps(value)  # lists and dicts, as pydantic-settings parses them
+
+
+def settings_from_config(config: Mapping[str, Any]) -> Settings:
+    """The settings of a host app: its config's ``BATCHGEN_*`` entries over the
+    environment (the config wins), validated as the environment would be (a bad
+    value is a :class:`pydantic.ValidationError` naming it). ``os.environ`` is not
+    touched."""
+    from batchgen.config import Settings
+
+    fields = Settings.model_fields
+    values: dict[str, Any] = {}
+    for key, value in config.items():
+        if not key.startswith(PREFIX) or key in LOCAL_KEYS or value is None:
+            continue
+        name = key[len(PREFIX) :].lower()
+        field = fields.get(name)
+        if field is None:
+            continue  # not a service setting (pydantic-settings ignores it too)
+        # A field with aliases (BATCHGEN_DATABASE_URL | DATABASE_URL) takes its alias.
+        values[key if field.validation_alias is not None else name] = value
+    return Settings(**values)
 
 
 def apply_settings(config: Mapping[str, Any]) -> dict[str, str]:

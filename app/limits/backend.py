@@ -22,23 +22,29 @@ from importlib import resources
 import redis
 from redis.commands.core import Script
 
-from batchgen.config import get_settings
+from batchgen.config import current_scope, get_settings
 
 
-@functools.cache
-def _client(url: str) -> redis.Redis:
+def _make_client(url: str) -> redis.Redis:
     return redis.Redis.from_url(
         url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
     )
 
 
+_client = functools.cache(_make_client)
+
+
 def get_redis(url: str | None = None) -> redis.Redis:
-    """One client (one connection pool) per URL and process."""
+    """One client (one connection pool) per URL and process; inside a host app's
+    :class:`~batchgen.config.SettingsScope`, that app's own (closed with it)."""
     settings_url = get_settings().redis_url
     target = url or settings_url
     if not target:
         raise RuntimeError("REDIS_URL is not set")
-    return _client(target)
+    scope = current_scope()
+    if scope is None:
+        return _client(target)
+    return scope.resource(("redis", target), lambda: _make_client(target), redis.Redis.close)
 
 
 class LuaIncludeError(RuntimeError):

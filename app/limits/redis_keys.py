@@ -85,3 +85,15 @@ def rejections() -> str:
 
 
 CANCEL_CHANNEL = f"{PREFIX}cancel"
+
+
+def dashboard_session(token_hash: str) -> str:
+    """String: the tenant id of a dashboard session (the cookie's token, hashed), with
+    the session's expiry."""
+    return f"{PREFIX}dashboard:session:{token_hash}"
+
+
+def signin_attempts(kind: str, value_hash: str) -> str:
+    """Counter of dashboard sign-ins from one client address or for one key
+    (``kind``: ``addr`` or ``key``; the value hashed), expiring with its window."""
+    return f"{PREFIX}dashboard:signin:{kind}:{value_hash}"

@@ -122,13 +122,15 @@ def _throughput(rows: list[activity.MinuteRow]) -> ui.LineChart:
 
 
 def charts(
-    session: Session, registry: Registry, tenant: Tenant, usage: list[dict[str, Any]]
+    session: Session, registry: Registry, tenant: Tenant | None, usage: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The charts of the main page: a tenant's own throughput and errors; an admin's
-    over every tenant, with tokens per minute against each model's limit and today's
-    cost per tenant (``usage``: today's usage rows grouped by tenant)."""
+    (or, ``tenant`` None, a host's operator's) over every tenant, with tokens per minute
+    against each model's limit and today's cost per tenant (``usage``: today's usage
+    rows grouped by tenant)."""
+    every_tenant = tenant is None or tenant.is_admin
     rows = activity.per_minute(
-        session, CHART_WINDOW_MIN, tenant_id=None if tenant.is_admin else tenant.id
+        session, CHART_WINDOW_MIN, tenant_id=None if tenant is None or tenant.is_admin else tenant.id
     )
     errors = [r for r in rows if r.status in ERROR_STATUSES]
     view: dict[str, Any] = {
@@ -141,7 +143,7 @@ def charts(
         "tokens": [],
         "cost": [],
     }
-    if not tenant.is_admin:
+    if not every_tenant:
         return view
     used = defaultdict(list)
     for r in rows:

@@ -29,7 +29,7 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.orm import Session, sessionmaker
 
-from batchgen.config import get_settings
+from batchgen.config import Settings, current_scope, get_settings
 
 # Read through the import system: the folder is migrations/ on disk, batchgen.migrations installed.
 MIGRATIONS_DIR = str(resources.files("batchgen.migrations"))
@@ -124,9 +124,7 @@ def driver_rows(
         ) from error
 
 
-@functools.cache
-def _engine_for(url: str) -> Engine:
-    settings = get_settings()
+def _make_engine(url: str, settings: Settings) -> Engine:
     engine = create_engine(
         url,
         pool_size=settings.db_pool_size_or_default,
@@ -146,9 +144,25 @@ def _engine_for(url: str) -> Engine:
     return engine
 
 
+@functools.cache
+def _engine_for(url: str) -> Engine:
+    return _make_engine(url, get_settings())
+
+
+def _dispose(engine: Engine) -> None:
+    engine.dispose()
+
+
 def get_engine(url: str | None = None) -> Engine:
-    """The process's engine for ``url`` (default: the settings' database)."""
-    return _engine_for(url or get_settings().sqlalchemy_url)
+    """The engine for ``url`` (default: the settings' database): the process's own, or,
+    inside a host app's :class:`~batchgen.config.SettingsScope`, that app's."""
+    target = url or get_settings().sqlalchemy_url
+    scope = current_scope()
+    if scope is None:
+        return _engine_for(target)
+    return scope.resource(
+        ("engine", target), lambda: _make_engine(target, scope.settings), _dispose
+    )
 
 
 # The direct pool (BATCHGEN_DATABASE_DIRECT_URL) serves session advisory locks: the
@@ -159,8 +173,7 @@ DIRECT_MAX_OVERFLOW = 1
 DIRECT_POOL_BOUND = DIRECT_POOL_SIZE + DIRECT_MAX_OVERFLOW
 
 
-@functools.cache
-def _direct_engine_for(url: str) -> Engine:
+def _make_direct_engine(url: str) -> Engine:
     engine = create_engine(
         url,
         pool_size=DIRECT_POOL_SIZE,
@@ -174,6 +187,16 @@ def _direct_engine_for(url: str) -> Engine:
     return engine
 
 
+_direct_engine_cached = functools.cache(_make_direct_engine)
+
+
+def _direct_engine_for(url: str) -> Engine:
+    scope = current_scope()
+    if scope is None:
+        return _direct_engine_cached(url)
+    return scope.resource(("direct", url), lambda: _make_direct_engine(url), _dispose)
+
+
 @contextmanager
 def direct_autocommit() -> Iterator[Connection]:
     """An autocommit connection straight to PostgreSQL (``BATCHGEN_DATABASE_DIRECT_URL``,
@@ -184,8 +207,19 @@ def direct_autocommit() -> Iterator[Connection]:
 
 
 @functools.cache
-def _factory(url: str) -> sessionmaker[Session]:
+def _process_factory(url: str) -> sessionmaker[Session]:
     return sessionmaker(get_engine(url), expire_on_commit=False)
+
+
+def _factory(url: str) -> sessionmaker[Session]:
+    scope = current_scope()
+    if scope is None:
+        return _process_factory(url)
+    return scope.resource(
+        ("sessions", url),
+        lambda: sessionmaker(get_engine(url), expire_on_commit=False),
+        lambda _: None,  # its engine is the scope's, disposed on its own
+    )
 
 
 @contextmanager
@@ -200,10 +234,21 @@ def session_scope(url: str | None = None) -> Iterator[Session]:
 
 
 @functools.cache
-def _autocommit_engine(url: str) -> Engine:
+def _process_autocommit_engine(url: str) -> Engine:
     # The same pool; a connection checked out here runs each statement as its own
     # transaction (psycopg's autocommit: no BEGIN and COMMIT round trips).
     return get_engine(url).execution_options(isolation_level="AUTOCOMMIT")
+
+
+def _autocommit_engine(url: str) -> Engine:
+    scope = current_scope()
+    if scope is None:
+        return _process_autocommit_engine(url)
+    return scope.resource(
+        ("autocommit", url),
+        lambda: get_engine(url).execution_options(isolation_level="AUTOCOMMIT"),
+        lambda _: None,  # shares the scope's engine
+    )
 
 
 @contextmanager

@@ -99,6 +99,12 @@ def authenticate(session: Session, key: str | None) -> Tenant:
     return tenant
 
 
+def get_active(session: Session, tenant_id: int) -> Tenant | None:
+    """The tenant with this id, None if there is none or its key was revoked."""
+    tenant = session.get(Tenant, tenant_id)
+    return tenant if tenant is not None and tenant.revoked_at is None else None
+
+
 def revoke(session: Session, name: str) -> None:
     """Revoke a tenant's key; its batches stay, new requests get 401."""
     tenant = session.scalar(select(Tenant).where(Tenant.name == name))

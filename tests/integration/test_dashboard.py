@@ -254,15 +254,15 @@ def test_submit_watch_and_cancel_in_a_browser(
 
         # The results download is the tenant's own, behind its cookie.
         link = ended["results"]
-        cookie = browser.get_cookie("batchgen_key")
+        cookie = browser.get_cookie("batchgen_session")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
-        downloaded = httpx.get(link, cookies={"batchgen_key": cookie["value"]})
+        downloaded = httpx.get(link, cookies={"batchgen_session": cookie["value"]})
         assert downloaded.status_code == 200 and downloaded.text.count("\n") == 40
         assert httpx.get(link).status_code == 401
         # A form posted without the page's token changes nothing.
         forged = httpx.post(
             f"{base}/dashboard/batches/{batch_id}/cancel",
-            cookies={"batchgen_key": cookie["value"]},
+            cookies={"batchgen_session": cookie["value"]},
             data={"csrf": "forged"},
         )
         assert forged.status_code == 401

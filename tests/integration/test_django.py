@@ -19,13 +19,22 @@ if not settings.configured:  # this module is the Django project of these tests
         SECRET_KEY="tests",
         ALLOWED_HOSTS=["testserver"],
         ROOT_URLCONF=__name__,
-        INSTALLED_APPS=["django.contrib.contenttypes", "batchgen.integrations.django"],
+        INSTALLED_APPS=[
+            "django.contrib.contenttypes",
+            "django.contrib.auth",
+            "django.contrib.sessions",
+            "batchgen.integrations.django",
+        ],
         MIDDLEWARE=[
             "django.middleware.security.SecurityMiddleware",
+            "django.contrib.sessions.middleware.SessionMiddleware",
             "django.middleware.common.CommonMiddleware",
             "django.middleware.csrf.CsrfViewMiddleware",
+            "django.contrib.auth.middleware.AuthenticationMiddleware",
         ],
-        DATABASES={},
+        # The site's own database (its users and sessions); batchgen's is its PostgreSQL.
+        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+        LOGIN_URL="/accounts/login/",
         USE_TZ=True,
         BATCHGEN_LOG_LEVEL="INFO",  # exported to the environment by the app's ready()
     )
@@ -449,3 +458,66 @@ def test_dry_run_is_the_test_mode_of_a_site(clean_db, monkeypatch):
     with db.session_scope() as session:
         assert session.scalar(select(func.count()).select_from(Batch)) == 0
         assert session.scalar(select(func.count()).select_from(Item)) == 0
+
+
+def test_a_missing_database_alias_fails_manage_py_check():
+    """With batchgen's router (or the admin) in use, ``DATABASES`` must have the alias
+    batchgen's models are read through; ``manage.py check`` names it and the setting."""
+    from django.core.checks import run_checks
+    from django.test import override_settings
+
+    router = "batchgen.integrations.django.routers.BatchgenRouter"
+    assert "batchgen.E003" not in {e.id for e in run_checks()}  # models unused: no error
+    with override_settings(DATABASE_ROUTERS=[router]):
+        found = {e.id: e for e in run_checks() if e.id.startswith("batchgen.")}
+        assert "'batchgen'" in found["batchgen.E003"].msg
+        assert 'DATABASES["batchgen"]' in found["batchgen.E003"].hint
+        assert "BATCHGEN_DJANGO_DATABASE" in found["batchgen.E003"].hint
+        with pytest.raises(CommandError, match="batchgen.E003"):
+            call_command("check")
+    with override_settings(DATABASE_ROUTERS=[router], BATCHGEN_DJANGO_DATABASE="default"):
+        assert "batchgen.E003" not in {e.id for e in run_checks()}
+    with override_settings(DATABASE_ROUTERS=[router], BATCHGEN_DJANGO_DATABASE="shop_b"):
+        error = next(e for e in run_checks() if e.id == "batchgen.E003")
+        assert "'shop_b'" in error.msg and "BATCHGEN_DJANGO_DATABASE" in error.msg
+
+
+@pytest.mark.django_db
+def test_the_dashboard_follows_the_sites_login(clean_db, client, django_user_model):
+    """A staff user signed in with Django's auth sees the dashboard's operator view; an
+    anonymous visitor is sent to LOGIN_URL; a user who is not staff signs in with a key;
+    the API keeps its bearer keys."""
+    key = make_tenant("acme")
+    anonymous = client.get("/batchgen/dashboard")
+    assert anonymous.status_code == 302
+    assert anonymous["Location"] == "/accounts/login/?next=/batchgen/dashboard"
+    # The operator identity comes from the bridge only, never from a request.
+    forged = client.get("/batchgen/dashboard/fragment", HTTP_BATCHGEN_OPERATOR="root")
+    assert forged.status_code == 302  # anonymous all the same
+
+    staff = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
+    client.force_login(staff)
+    page = client.get("/batchgen/dashboard")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "ops (operator)" in text and 'id="models"' in text and "sim-small" in text
+    assert page["X-Frame-Options"] == "DENY"
+    assert client.get("/batchgen/dashboard/fragment").status_code == 200
+    # The API answers by its key, not by the Django session.
+    assert client.get("/batchgen/v1/batches").status_code == 401
+    assert client.get("/batchgen/v1/batches", **_auth(key)).status_code == 200
+
+    clerk = django_user_model.objects.create_user("clerk", password="pw")
+    client.force_login(clerk)
+    form = client.get("/batchgen/dashboard")
+    assert form.status_code == 200 and 'id="key"' in form.content.decode()
+    import re
+
+    token = re.search(r'name="csrf" value="([^"]+)"', form.content.decode())
+    assert token is not None
+    signed_in = client.post("/batchgen/dashboard/login", {"key": key, "csrf": token.group(1)})
+    assert signed_in.status_code == 302, signed_in.content
+    cookie = signed_in.cookies["batchgen_session"]
+    assert cookie["path"] == "/batchgen" and cookie["httponly"] and cookie.value != key
+    mine = client.get("/batchgen/dashboard").content.decode()
+    assert 'id="batches"' in mine and "(operator)" not in mine

@@ -14,7 +14,7 @@ import pytest
 from flask import Flask
 
 from batchgen.api import create_app
-from batchgen.integrations.flask import BatchGen
+from batchgen.integrations.flask import BatchGen, app_scope
 from tests.helpers import chat_line, jsonl, make_tenant, message_request, wait_batches
 
 pytestmark = pytest.mark.integration
@@ -96,7 +96,9 @@ def test_init_app_default_prefix_and_example_app(clean_db, simulator, workers, r
     key = make_tenant("shop-1")
     example = _example()
     app = example.create_app({"BATCHGEN_MAX_BATCH_LINES": 3, "TESTING": True})
-    assert os.environ["BATCHGEN_MAX_BATCH_LINES"] == "3"  # host config → settings
+    # The host's config makes the app's settings; the environment is left alone.
+    assert app_scope(app).settings.max_batch_lines == 3
+    assert "BATCHGEN_MAX_BATCH_LINES" not in os.environ
     web = app.test_client()
 
     too_many = web.post(
@@ -209,3 +211,93 @@ def test_a_call_retried_after_a_provider_error_needs_no_worker(clean_db, simulat
     assert answer.status_code == 200, answer.json
     statuses = [e["status"] for e in httpx.get(f"{simulator.base_url}/_sim/log", timeout=10).json()]
     assert statuses[0] >= 500 and statuses[-1] == 200
+
+
+@pytest.fixture(scope="module")
+def second_database(services):
+    """A second batchgen database on the test server, migrated, dropped at the end."""
+    from batchgen import embedded
+    from batchgen.store import db
+
+    name = f"batchgen_test_{os.getpid()}_b"
+    embedded.drop_database(services["server_url"], name)
+    url = embedded.ensure_database(services["server_url"], name)
+    from batchgen.config import Settings
+
+    db.upgrade(Settings(DATABASE_URL=url).sqlalchemy_url)
+    yield url
+    embedded.drop_database(services["server_url"], name)
+
+
+def test_two_apps_in_one_process_each_see_only_their_own(clean_db, second_database):
+    """Two host apps with two databases: requests, app contexts and the extension's
+    Python API of each use that app's database, and the environment is left alone."""
+    from flask import current_app
+    from sqlalchemy.engine import make_url
+
+    from batchgen.config import get_settings
+    from batchgen.store.db import get_engine
+
+    environ_before = dict(os.environ)
+    apps, exts = {}, {}
+    for name, url in (("a", clean_db["DATABASE_URL"]), ("b", second_database)):
+        apps[name] = Flask(f"host_{name}")
+        apps[name].config.update(
+            BATCHGEN_DATABASE_URL=url, BATCHGEN_MAX_BATCH_LINES=100 + ord(name)
+        )
+        exts[name] = BatchGen(apps[name])
+
+        @apps[name].get("/whoami")
+        def whoami():  # a host view: batchgen's settings are the app's own
+            return {"app": current_app.name, "max": get_settings().max_batch_lines}
+
+    assert dict(os.environ) == environ_before
+    keys = {}
+    for name, app in apps.items():
+        with app.app_context():  # a host's CLI command or job pushes its app's context
+            keys[name] = make_tenant("acme")
+            assert (
+                get_engine().url.database == make_url(app.config["BATCHGEN_DATABASE_URL"]).database
+            )
+    assert get_settings().database_url == clean_db["DATABASE_URL"]  # outside: the process's
+
+    ids: dict[str, set[str]] = {"a": set(), "b": set()}
+    for name, app in apps.items():
+        web = app.test_client()
+        assert web.get("/whoami").json == {"app": f"host_{name}", "max": 100 + ord(name)}
+        res = web.post(
+            "/batchgen/v1/batches",
+            data=jsonl([chat_line(f"{name}-http")]),
+            headers=_auth(keys[name]),
+        )
+        assert res.status_code == 200, res.json
+        ids[name].add(res.json["id"])
+        # The Python API on the extension, outside any request or app context.
+        ids[name].add(exts[name].submit_batch([chat_line(f"{name}-py")], tenant="acme")["id"])
+
+    for name, other in (("a", "b"), ("b", "a")):
+        web = apps[name].test_client()
+        listed = web.get("/batchgen/v1/batches", headers=_auth(keys[name]))
+        assert listed.status_code == 200, listed.json
+        assert {b["id"] for b in listed.json["data"]} == ids[name]
+        assert {b["id"] for b in exts[name].list_batches(tenant="acme")} == ids[name]
+        one = sorted(ids[name])[0]
+        assert len(list(exts[name].iter_results(one, tenant="acme"))) == 0  # none done yet
+        # The other app's key and batches do not exist here.
+        assert web.get("/batchgen/v1/batches", headers=_auth(keys[other])).status_code == 401
+        theirs = sorted(ids[other])[0]
+        assert (
+            web.get(f"/batchgen/v1/batches/{theirs}", headers=_auth(keys[name])).status_code == 404
+        )
+    assert dict(os.environ) == environ_before
+
+    # Teardown: the apps' engines are disposed (and opened again on next use).
+    with exts["b"].scope().active():
+        engine_b = get_engine()
+    assert engine_b.url.database == make_url(second_database).database
+    assert engine_b.pool.checkedin() > 0  # connections kept for the next request
+    exts["a"].close()
+    exts["b"].close()
+    assert engine_b.pool.checkedin() == 0
+    assert {b["id"] for b in exts["b"].list_batches(tenant="acme")} == ids["b"]
+    exts["b"].close()

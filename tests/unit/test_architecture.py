@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "batchgen.api",
             "batchgen.dashboard",
+            "batchgen.dashboard_auth",
             "batchgen.python_api",
             "batchgen.cli",
             "batchgen.integrations",

@@ -109,3 +109,62 @@ def test_a_django_database_entry_from_batchgens_url():
     assert (socket["HOST"], socket["PORT"], socket["NAME"]) == ("/tmp/pg-x", "5433", "batchgen")
     with pytest.raises(ValueError, match="postgresql://"):
         database_from_url("mysql://x/y")
+
+
+def test_a_host_apps_settings_come_from_its_config_over_the_environment(monkeypatch):
+    """settings_from_config: the config's BATCHGEN_* keys win over the environment, the
+    rest comes from the environment, os.environ is left as it was, bad values fail."""
+    import os
+
+    from pydantic import ValidationError
+
+    from batchgen.integrations import settings_from_config
+
+    monkeypatch.setenv("BATCHGEN_MAX_BATCH_LINES", "7")
+    monkeypatch.setenv("BATCHGEN_CALL_POLL_S", "0.25")
+    monkeypatch.setenv("DATABASE_URL", "postgresql://env/db")
+    before = dict(os.environ)
+    settings = settings_from_config(
+        {
+            "BATCHGEN_MAX_BATCH_LINES": 3,
+            "BATCHGEN_DATABASE_URL": "postgresql://app/db",
+            "BATCHGEN_TRUSTED_PROXY": True,
+            "BATCHGEN_URL_PREFIX": "/llm",  # the extension's own key
+            "BATCHGEN_NO_SUCH_SETTING": 1,
+            "SECRET_KEY": "the host's",
+        }
+    )
+    assert settings.max_batch_lines == 3 and settings.call_poll_s == 0.25
+    assert settings.database_url == "postgresql://app/db" and settings.trusted_proxy is True
+    assert dict(os.environ) == before
+    assert settings_from_config({}).database_url == "postgresql://env/db"
+    with pytest.raises(ValidationError, match="max_batch_lines"):
+        settings_from_config({"BATCHGEN_MAX_BATCH_LINES": "many"})
+
+
+def test_a_settings_scope_is_current_only_where_it_is_active():
+    import contextvars
+    import threading
+
+    from batchgen.config import Settings, SettingsScope, current_scope, get_settings
+
+    process = get_settings()
+    scope = SettingsScope(Settings(max_batch_lines=11))
+    closed: list[str] = []
+    with scope.active():
+        assert get_settings().max_batch_lines == 11 and current_scope() is scope
+        made = scope.resource("thing", lambda: ["made"], lambda v: closed.append(v[0]))
+        assert scope.resource("thing", lambda: ["again"], lambda v: None) is made
+        seen: list[object] = []
+        plain = threading.Thread(target=lambda: seen.append(current_scope()))
+        carried = threading.Thread(
+            target=contextvars.copy_context().run, args=(lambda: seen.append(current_scope()),)
+        )
+        for thread in (plain, carried):
+            thread.start()
+            thread.join()
+        assert seen == [None, scope]  # a thread has its own context unless given ours
+    assert get_settings() is process and current_scope() is None
+    scope.close()
+    assert closed == ["made"]
+    assert scope.resource("thing", lambda: ["new"], lambda v: None) == ["new"]

@@ -3,7 +3,14 @@ blueprint that serves the standalone API, so answers are identical by constructi
 (status, headers, error JSON, streamed results).
 
 The body is passed as a stream (nothing is read into memory here), and the
-view is CSRF-exempt: callers authenticate with a bearer key, not a cookie.
+view is CSRF-exempt: API callers authenticate with a bearer key, not a cookie.
+
+The dashboard below the mount follows the site's own login: the view is a Django
+view, so the request has passed the site's middleware; a signed-in staff user
+(``is_staff``) gets the dashboard's operator view (the bridge hands the Flask app
+the user's name in the WSGI environ, a key no client can set), and an anonymous
+visitor of a dashboard page is sent to ``settings.LOGIN_URL``. Others sign in with
+an API key as on the standalone dashboard.
 """
 
 from __future__ import annotations
@@ -94,11 +101,30 @@ def call_wsgi(
     else:  # a stream (results): Django iterates, then closes it
         response = StreamingHttpResponse(body, status=int(code), reason=reason or None)
     for key, value in headers:
-        response[key] = value
+        if key.lower() == "set-cookie":  # several of them: Django keeps cookies apart
+            response.cookies.load(value)
+        else:
+            response[key] = value
     return response
+
+
+def _dashboard_page(subpath: str) -> bool:
+    return subpath == "dashboard" or subpath.startswith("dashboard/")
 
 
 @csrf_exempt
 def api(request: HttpRequest, subpath: str) -> HttpResponse | StreamingHttpResponse:
     """Every API route below the include's prefix."""
-    return call_wsgi(wsgi_app(), wsgi_environ(request, subpath))
+    from batchgen.dashboard_auth import OPERATOR_ENVIRON_KEY
+
+    environ = wsgi_environ(request, subpath)
+    environ.pop(OPERATOR_ENVIRON_KEY, None)  # only this bridge says who the operator is
+    user = getattr(request, "user", None)  # None: the site has no auth middleware
+    if user is not None and _dashboard_page(subpath):
+        if user.is_authenticated and user.is_active and user.is_staff:
+            environ[OPERATOR_ENVIRON_KEY] = user.get_username()
+        elif not user.is_authenticated and request.method in ("GET", "HEAD"):
+            from django.contrib.auth.views import redirect_to_login  # auth is installed
+
+            return redirect_to_login(request.get_full_path())  # settings.LOGIN_URL
+    return call_wsgi(wsgi_app(), environ)

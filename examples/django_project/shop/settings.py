@@ -49,6 +49,9 @@ if BATCHGEN_DATABASE_URL:
     DATABASES["batchgen"] = database_from_url(BATCHGEN_DATABASE_URL)
 DATABASE_ROUTERS = ["batchgen.integrations.django.routers.BatchgenRouter"]
 USE_TZ = True
+# The batch dashboard (/batchgen/dashboard) follows the site's login: staff users see
+# its operator view, anonymous visitors are sent here.
+LOGIN_URL = "/admin/login/"
 
 # Every BATCHGEN_* setting is handed to batchgen (app/config.py lists them);
 # the rest come from the environment.
