@@ -214,3 +214,15 @@ def models_file_with(path: Path, model: str = "sim-small", **fields: Any) -> Pat
             section = line + "\n" + section
     path.write_text(head + header + section + tail, encoding="utf-8")
     return path
+
+
+def dashboard_sign_in(web: Any, key: str, prefix: str = "", **kwargs: Any) -> Any:
+    """Sign a Flask test client in to the dashboard as a browser does: fetch the sign-in
+    form (its token and cookie), then post the key with the token; returns the answer."""
+    page = web.get(f"{prefix}/dashboard", **kwargs)
+    assert page.status_code == 200
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found, "the sign-in form carries no token"
+    return web.post(
+        f"{prefix}/dashboard/login", data={"key": key, "csrf": found.group(1)}, **kwargs
+    )

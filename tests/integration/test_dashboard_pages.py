@@ -15,15 +15,15 @@ from batchgen.api import create_app
 from batchgen.integrations.flask import BatchGen
 from batchgen.store import db
 from batchgen.store.schema import Result
-from tests.helpers import chat_line, make_tenant, wait_batches
+from tests.helpers import chat_line, dashboard_sign_in, make_tenant, wait_batches
 
 pytestmark = pytest.mark.integration
 MONEY = re.compile(r"^(\$\d[\d,]*\.\d\d|\$0\.00\d\d|<\$0\.0001)$")
 
 
-def _signed_in(app: Flask, key: str):  # type: ignore[no-untyped-def]
+def _signed_in(app: Flask, key: str, prefix: str = ""):  # type: ignore[no-untyped-def]
     web = app.test_client()
-    web.set_cookie("batchgen_key", key)
+    assert dashboard_sign_in(web, key, prefix).status_code == 302
     return web
 
 
@@ -48,7 +48,7 @@ def test_a_host_apps_dashboard_template_and_blueprint_leave_batchgens_alone(clea
     BatchGen(host)  # raised "The name 'dashboard' is already registered"
     key = make_tenant("acme")
 
-    web = _signed_in(host, key)
+    web = _signed_in(host, key, prefix="/batchgen")
     assert web.get("/dashboard").text == "<p>the host's own dashboard</p>"
     page = web.get("/batchgen/dashboard")
     assert page.status_code == 200

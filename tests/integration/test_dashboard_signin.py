@@ -12,7 +12,7 @@ from flask import Flask
 
 from batchgen.api import create_app
 from batchgen.integrations.flask import BatchGen
-from tests.helpers import make_tenant
+from tests.helpers import dashboard_sign_in, make_tenant
 
 pytestmark = pytest.mark.integration
 
@@ -33,12 +33,7 @@ def _cookies(response) -> dict[str, SimpleCookie]:  # type: ignore[no-untyped-de
     return out
 
 
-def _sign_in(web, key: str, prefix: str = "", **kwargs):  # type: ignore[no-untyped-def]
-    page = web.get(f"{prefix}/dashboard", **kwargs)
-    assert page.status_code == 200
-    return web.post(
-        f"{prefix}/dashboard/login", data={"key": key, "csrf": _form_token(page.text)}, **kwargs
-    )
+_sign_in = dashboard_sign_in
 
 
 @pytest.fixture
