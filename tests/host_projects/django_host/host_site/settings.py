@@ -1,0 +1,30 @@
+"""The host site's settings: batchgen's app beside the host's own ``dashboard`` app."""
+
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+SECRET_KEY = "host-site-tests"
+DEBUG = False
+ALLOWED_HOSTS = ["testserver", "127.0.0.1"]
+ROOT_URLCONF = "host_site.urls"
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "batchgen.integrations.django",
+    "dashboard",
+]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.common.CommonMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {},
+    }
+]
+DATABASES: dict[str, dict[str, str]] = {}
+USE_TZ = True
+# batchgen's database, Redis and callback settings come from the environment.
