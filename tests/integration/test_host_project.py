@@ -299,8 +299,15 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
     django_host = tmp_path / "django_host"
     shutil.copytree(HOSTS / "flask_host", flask_host)
     shutil.copytree(HOSTS / "django_host", django_host)
-    service_dir = tmp_path / "service"  # an empty working directory: nothing to shadow
-    service_dir.mkdir()
+    # batchgen's processes run in the hosts' folders, as a team starts them there (the
+    # working directory comes first on sys.path): they must import none of the hosts'
+    # modules (app.py, tasks.py, settings), whose names are the ones batchgen's folders
+    # have on disk. Each host module touches a mark in HOST_MARKS when imported.
+    service_marks, host_marks = tmp_path / "service-marks", tmp_path / "host-marks"
+    service_marks.mkdir()
+    host_marks.mkdir()
+    phases: dict[str, float] = {}
+    started_at = time.monotonic()
     files = {
         (host, kind): tmp_path / f"{host}-{kind}.jsonl"
         for host in ("flask", "django")
@@ -325,7 +332,10 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
             "HOST_ROLE": role,
             "HOST_SIGNALS_FILE": str(files[host, "signals"]),
             "HOST_CALLBACKS_FILE": str(files[host, "callbacks"]),
+            "HOST_MARKS": str(host_marks),
         }
+
+    service_env = {**env, "HOST_MARKS": str(service_marks)}
 
     flask_cmd = [installed.bin("flask"), "--app", "app"]
     django_cmd = [installed.python, "manage.py"]
@@ -345,8 +355,10 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
     api_port = free_port()
     # Everything starts at once; each is waited for by its own sign of life.
     ready = [
-        procs.start("worker", [installed.bin("batchgen"), "worker"], service_dir, env),
-        procs.start("dispatcher", [installed.bin("batchgen"), "dispatcher"], service_dir, env),
+        procs.start("worker", [installed.bin("batchgen"), "worker"], flask_host, service_env),
+        procs.start(
+            "dispatcher", [installed.bin("batchgen"), "dispatcher"], django_host, service_env
+        ),
         procs.start(
             "flask-celery",
             [*host_celery, "-Q", "flask_host", "-n", "flask_host@%h"],
@@ -363,8 +375,8 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
     procs.start(
         "api",
         [installed.bin("batchgen"), "api", "--host", "127.0.0.1", "--port", str(api_port)],
-        service_dir,
-        env,
+        flask_host,
+        service_env,
     )
     procs.start(
         "flask-signals",
@@ -382,6 +394,7 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
     _wait_api(base_url, procs)
     for proc in ready:
         _wait(f"{proc.name} ready", proc.ready_path.exists, procs)
+    phases["processes up"] = time.monotonic() - started_at
 
     # Each host submits from a job of its own; a client of the standalone API submits too.
     jobs = {
@@ -417,6 +430,7 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
         out[host] = json.loads(stdout.strip().splitlines()[-1])
     assert out["flask"]["status_code"] == 200, out["flask"]
     batches = {host: out[host]["batch"]["id"] for host in out}
+    phases["submitted"] = time.monotonic() - started_at
 
     # Each host's pages are its own; batchgen's dashboard is not replaced by them.
     for host, marker in (("flask", "HOST-FLASK-DASHBOARD"), ("django", "HOST-DJANGO-DASHBOARD")):
@@ -443,6 +457,7 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
         )
 
     _wait("each host's signal and callback", arrived, procs)
+    phases["delivered"] = time.monotonic() - started_at
     # A one-shot run of each host's signal command finds nothing left to deliver: the
     # follow commands delivered each batch once, and nobody else's is due to them.
     _run([*flask_cmd, "batchgen", "signals"], cwd=flask_host, env=host_env("flask", "once"))
@@ -457,3 +472,13 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
     assert api_batch not in json.dumps([_lines(f) for f in files.values()])
     for proc in procs.started:
         assert proc.process.poll() is None, f"{proc.name} exited\n{proc.log_tail()}"
+    # batchgen's processes ran in the hosts' folders and loaded none of their modules;
+    # the hosts' own processes did (the marks work).
+    assert sorted(p.name for p in service_marks.iterdir()) == [], procs.tails()
+    assert {p.name for p in host_marks.iterdir()} >= {
+        "flask_host.app",
+        "flask_host.tasks",
+        "django_host.tasks",
+        "host_site.host_site.settings",
+    }
+    print({name: round(seconds, 1) for name, seconds in phases.items()})  # -rP shows it
