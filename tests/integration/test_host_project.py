@@ -391,11 +391,10 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
         host_env("django", "signals"),
     )
     base_url = f"http://127.0.0.1:{api_port}"
-    _wait_api(base_url, procs)
-    for proc in ready:
+    # The hosts' jobs start once their Celery workers listen (a callback then has a
+    # queue to land in); batchgen's worker, dispatcher and API may still be starting.
+    for proc in ready[2:]:
         _wait(f"{proc.name} ready", proc.ready_path.exists, procs)
-    phases["processes up"] = time.monotonic() - started_at
-
     # Each host submits from a job of its own; a client of the standalone API submits too.
     jobs = {
         "flask": subprocess.Popen(
@@ -415,6 +414,10 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
             text=True,
         ),
     }
+    _wait_api(base_url, procs)
+    for proc in ready[:2]:
+        _wait(f"{proc.name} ready", proc.ready_path.exists, procs)
+    phases["processes up"] = time.monotonic() - started_at
     answer = httpx.post(
         f"{base_url}/v1/batches",
         content=jsonl([chat_line(f"api-{i}", max_tokens=5) for i in range(3)]),
@@ -460,8 +463,16 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
     phases["delivered"] = time.monotonic() - started_at
     # A one-shot run of each host's signal command finds nothing left to deliver: the
     # follow commands delivered each batch once, and nobody else's is due to them.
-    _run([*flask_cmd, "batchgen", "signals"], cwd=flask_host, env=host_env("flask", "once"))
-    _run([*django_cmd, "batchgen_signals"], cwd=django_host, env=host_env("django", "once"))
+    once = [
+        subprocess.Popen(argv, cwd=cwd, env=env_, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for argv, cwd, env_ in (
+            ([*flask_cmd, "batchgen", "signals"], flask_host, host_env("flask", "once")),
+            ([*django_cmd, "batchgen_signals"], django_host, host_env("django", "once")),
+        )
+    ]
+    for command in once:
+        _, stderr = command.communicate(timeout=240)
+        assert command.returncode == 0, stderr[-3000:]
     for host in ("flask", "django"):
         signals = _lines(files[host, "signals"])
         assert Counter(s["batch_id"] for s in signals) == {batches[host]: 1}, (host, signals)
