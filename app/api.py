@@ -61,7 +61,7 @@ from batchgen.store.schema import Tenant
 from batchgen.store.tenants import authenticate
 
 log = logging.getLogger(__name__)
-blueprint = Blueprint("batchgen", __name__)
+blueprint = Blueprint("batchgen_api", __name__)
 # Error codes of the HTTP errors the framework raises (routing, methods, sizes).
 HTTP_CODES = {
     400: "invalid_request",
@@ -342,7 +342,7 @@ def delete_file(file_id: str) -> Response:
 
 def _results_url(batch_id: str) -> str:
     """Where this API serves a Message Batch's results (absolute: the SDK follows it)."""
-    return url_for("batchgen.message_batch_results", batch_id=batch_id, _external=True)
+    return url_for("batchgen_api.message_batch_results", batch_id=batch_id, _external=True)
 
 
 @blueprint.post("/v1/messages/batches")

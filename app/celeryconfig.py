@@ -17,6 +17,7 @@ from batchgen.worker.names import (
     DISPATCH_TASK,
     GENERATE_TASK,
     NIGHTLY_TASK,
+    NOTIFY_QUEUE,
     NOTIFY_TASK,
     OFFLOAD_TASK,
     RETENTION_TASK,
@@ -97,7 +98,9 @@ worker_hijack_root_logger = False
 worker_send_task_events = True
 task_send_sent_event = False
 
-task_queues = [broker_queue(q, broker_url) for q in [CONTROL_QUEUE, *_registry.queues]]
+task_queues = [
+    broker_queue(q, broker_url) for q in [CONTROL_QUEUE, NOTIFY_QUEUE, *_registry.queues]
+]
 task_default_queue = CONTROL_QUEUE
 if is_amqp(broker_url):
     # Quorum queues (replicated, and what RabbitMQ 4 recommends). Their countdown and
@@ -111,12 +114,15 @@ if is_amqp(broker_url):
 
 
 def route_task(name, args, kwargs, options, task=None, **kw):  # type: ignore[no-untyped-def]
-    """Each item goes to its model group's queue (one worker pool per group); every
-    other task to the control queue."""
+    """Each item goes to its model group's queue (one worker pool per group), the
+    notification tick to its own queue (served by the model workers); every other
+    task to the control queue."""
     if name == GENERATE_TASK:
         spec = _registry.get((kwargs or {}).get("model", ""))
         if spec is not None:
             return {"queue": spec.queue}
+    if name == NOTIFY_TASK:
+        return {"queue": NOTIFY_QUEUE}
     return {"queue": CONTROL_QUEUE}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODELS_FILE = Path(__file__).with_name("models.toml")
@@ -62,7 +62,7 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("BATCHGEN_CELERY_BROKER_URL", "CELERY_BROKER_URL"),
     )
 
-    # PostgreSQL connections (README "Connections"). DATABASE_URL may be a
+    # PostgreSQL connections (docs/operations.md, "Connections"). DATABASE_URL may be a
     # transaction pooler (PgBouncer, pool_mode = transaction); what needs one server
     # session for longer than a transaction goes to database_direct_url instead: the
     # LISTEN of synchronous calls, the offload tick's session advisory lock, and
@@ -139,7 +139,17 @@ class Settings(BaseSettings):
     # Batch-finished notifications (app/worker/notify.py): the delivery tick, a
     # webhook's time-out, and how long notifications are kept.
     notify_interval_s: float = 2.0
-    webhook_timeout_s: float = 10.0
+    # One deadline for a whole webhook delivery: resolve, connect, send, read the answer.
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    # CIDRs webhooks may reach although private, loopback or link-local (an in-house
+    # receiver); JSON list, e.g. ["10.20.0.0/16"]. Empty: public addresses only.
+    webhook_allow_nets: list[str] = Field(default_factory=list)
+    # on_finished callbacks (a host's Celery task): the broker they are sent to (None:
+    # batchgen's own), and the task names and queues a submit may name (JSON lists;
+    # no task names: on_finished is refused).
+    callback_broker_url: str | None = None
+    callback_tasks: list[str] = Field(default_factory=list)
+    callback_queues: list[str] = Field(default_factory=lambda: ["celery"])
     # The first retry of a failed delivery (doubling, at most an hour, for a day).
     notify_retry_first_s: float = 10.0
     notification_retention_s: float = 7 * 86400.0
@@ -247,6 +257,18 @@ class Settings(BaseSettings):
     flower_user: str | None = None
     flower_password: str | None = Field(default=None, repr=False)
     # ------------------------------------------------ end of nightly description jobs
+
+    @field_validator("webhook_allow_nets")
+    @classmethod
+    def _cidrs(cls, values: list[str]) -> list[str]:
+        import ipaddress
+
+        for value in values:
+            try:
+                ipaddress.ip_network(value, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"not a CIDR network: {value!r}") from exc
+        return values
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """What repr() and str() show: secrets masked, passwords cut out of URLs."""

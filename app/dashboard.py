@@ -25,13 +25,15 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from batchgen import python_api
 from batchgen.config import get_settings
-from batchgen.domain.status import ItemStatus
+from batchgen.domain.dashboard import format_usd
 from batchgen.errors import BatchgenError, Unauthorized
-from batchgen.store import batches, tenants
+from batchgen.store import tenants
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
 
-dashboard = Blueprint("dashboard", __name__, template_folder="templates")
+# Namespaced (blueprint and templates): a host app's own ``dashboard`` blueprint or
+# ``templates/dashboard.html`` does not collide with or replace batchgen's.
+dashboard = Blueprint("batchgen_dashboard", __name__, template_folder="templates")
 
 COOKIE = "batchgen_key"
 REFRESH_MS = 2000
@@ -65,41 +67,24 @@ def _csrf_ok() -> bool:
     return key is not None and hmac.compare_digest(request.form.get("csrf", ""), csrf_token(key))
 
 
-def _progress(counts: dict[str, int]) -> dict[str, Any]:
-    total = counts.get("total", 0) or 0
-    done = sum(counts.get(s, 0) for s in ("succeeded", "failed", "expired", "cancelled"))
-    return {"done": done, "total": total, "pct": int(100 * done / total) if total else 100}
-
-
 def _view(tenant: Tenant) -> dict[str, Any]:
-    """Everything the page shows for this key."""
-    rows = []
-    listed = python_api.list_batches(tenant=tenant, limit=LIST_LIMIT)
-    with session_scope() as session:
-        errors = batches.error_codes(session, [b["id"] for b in listed])
-    for batch in listed:
-        counts = batch["request_counts"]
-        rows.append(
-            {
-                "id": batch["id"],
-                "status": batch["status"],
-                "priority": batch.get("priority"),
-                "created": dt.datetime.fromtimestamp(batch["created_at"], dt.UTC).strftime(
-                    "%Y-%m-%d %H:%M:%S"
-                ),
-                "counts": {s.value: counts[s.value] for s in ItemStatus if counts.get(s.value)},
-                "progress": _progress(counts),
-                "errors": errors.get(batch["id"], {}),
-                "finished": batch["finished_at"] is not None,
-            }
-        )
-    view: dict[str, Any] = {"tenant": tenant.name, "batches": rows, "admin": tenant.is_admin}
+    """Everything the page shows for this key: its batches (an admin key: every
+    tenant's), the charts, and for an admin the models and today's cost per tenant."""
+    from batchgen.monitoring import pages
+    from batchgen.registry import get_registry
+
+    usage: list[dict[str, Any]] = []
+    view: dict[str, Any] = {"tenant": tenant.name, "admin": tenant.is_admin}
     if tenant.is_admin:
-        view.update(_admin_view(tenant))
+        view.update(_admin_view())
+        usage = view["usage"]
+    with session_scope() as session:
+        view["batches"] = pages.batch_rows(session, tenant, LIST_LIMIT)
+        view["charts"] = pages.charts(session, get_registry(), tenant, usage)
     return view
 
 
-def _admin_view(tenant: Tenant) -> dict[str, Any]:
+def _admin_view() -> dict[str, Any]:
     from batchgen.limits import counters
     from batchgen.limits.backend import get_redis
     from batchgen.monitoring.snapshot import snapshot
@@ -114,11 +99,13 @@ def _admin_view(tenant: Tenant) -> dict[str, Any]:
         )
     today = dt.datetime.now(dt.UTC).date().isoformat()
     usage = python_api.usage(tenant=None, start=today, end=today, group_by="tenant")
+    for row in usage:
+        row["money"] = {k: format_usd(row[k]) for k in ("cost_usd", "wasted_cost_usd", "saved_usd")}
     return {"models": state["models"], "usage": usage, "today": today}
 
 
 def _login_page(error: str | None = None, status: int = 200) -> Response:
-    return Response(render_template("dashboard_login.html", error=error), status=status)
+    return Response(render_template("batchgen/dashboard_login.html", error=error), status=status)
 
 
 @dashboard.get("/dashboard")
@@ -130,7 +117,7 @@ def page() -> Response:
     assert key is not None
     return Response(
         render_template(
-            "dashboard.html",
+            "batchgen/dashboard.html",
             view=_view(tenant),
             csrf=csrf_token(key),
             refresh_ms=REFRESH_MS,
@@ -147,7 +134,7 @@ def fragment() -> Response:
     key = _key()
     assert key is not None
     return Response(
-        render_template("dashboard_tables.html", view=_view(tenant), csrf=csrf_token(key))
+        render_template("batchgen/dashboard_tables.html", view=_view(tenant), csrf=csrf_token(key))
     )
 
 
@@ -159,7 +146,7 @@ def login() -> BaseResponse:
             tenants.authenticate(session, key)
     except Unauthorized as exc:
         return _login_page(str(exc), 401)
-    response = redirect(url_for("dashboard.page"))
+    response = redirect(url_for("batchgen_dashboard.page"))
     response.set_cookie(
         COOKIE, key, httponly=True, samesite="Strict", secure=request.is_secure, path="/"
     )
@@ -168,13 +155,13 @@ def login() -> BaseResponse:
 
 @dashboard.post("/dashboard/logout")
 def logout() -> BaseResponse:
-    response = redirect(url_for("dashboard.page"))
+    response = redirect(url_for("batchgen_dashboard.page"))
     response.delete_cookie(COOKIE, path="/")
     return response
 
 
 def _back(message: str) -> BaseResponse:
-    return redirect(url_for("dashboard.page", message=message))
+    return redirect(url_for("batchgen_dashboard.page", message=message))
 
 
 @dashboard.post("/dashboard/submit")
@@ -207,6 +194,35 @@ def cancel(batch_id: str) -> BaseResponse:
     except BatchgenError as exc:
         return _back(f"not cancelled: {exc}")
     return _back(f"cancelled {batch_id}")
+
+
+@dashboard.get("/dashboard/batches/<batch_id>")
+def batch_page(batch_id: str) -> Response:
+    """One batch: counts and progress by status, rate and time left, tokens, cost,
+    errors by code; a tenant's own batches only (404 for another's), any for an admin."""
+    from batchgen.errors import NotFound
+    from batchgen.monitoring import pages
+
+    tenant = _tenant()
+    if tenant is None:
+        return _login_page()
+    key = _key()
+    assert key is not None
+    try:
+        with session_scope() as session:
+            batch = pages.batch_page(session, tenant, batch_id)
+    except NotFound as exc:
+        return Response(
+            render_template("batchgen/dashboard_missing.html", message=str(exc)), status=404
+        )
+    return Response(
+        render_template(
+            "batchgen/dashboard_batch.html",
+            view={"tenant": tenant.name, "admin": tenant.is_admin},
+            b=batch,
+            csrf=csrf_token(key),
+        )
+    )
 
 
 @dashboard.get("/dashboard/batches/<batch_id>/results.jsonl")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
@@ -194,6 +195,18 @@ def _running_redis(directory: Path) -> str | None:
     return f"redis://127.0.0.1:{port}/0"
 
 
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (made if missing) for the block, across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _given(name: str) -> str:
     """The URL the settings will use: ``BATCHGEN_<name>`` first, then ``<name>``."""
     return os.environ.get(f"BATCHGEN_{name}") or os.environ.get(name) or ""
@@ -217,15 +230,18 @@ def services(data_dir: Path) -> Iterator[dict[str, str]]:
         env["DATABASE_URL"] = str(postgres.get_uri())
         log.info("started embedded PostgreSQL in %s", data_dir / "pg")
     if not _given("REDIS_URL"):
-        reused = _running_redis(data_dir / "redis")
-        if reused:
-            env["REDIS_URL"] = reused
-        else:
-            server = RedisServer(free_port(), data_dir / "redis").start()
-            (data_dir / "redis" / "port").write_text(str(server.port))
-            started.append(server)
-            env["REDIS_URL"] = server.url
-            log.info("started embedded Redis on port %d", server.port)
+        # Processes started together (a worker, the dispatcher, the API) would each
+        # find no Redis yet and start one apiece: one at a time looks and starts.
+        with _exclusive(data_dir / "redis.lock"):
+            reused = _running_redis(data_dir / "redis")
+            if reused:
+                env["REDIS_URL"] = reused
+            else:
+                server = RedisServer(free_port(), data_dir / "redis").start()
+                (data_dir / "redis" / "port").write_text(str(server.port))
+                started.append(server)
+                env["REDIS_URL"] = server.url
+                log.info("started embedded Redis on port %d", server.port)
     os.environ.update(env)
     try:
         yield {"DATABASE_URL": _given("DATABASE_URL"), "REDIS_URL": _given("REDIS_URL")}

@@ -12,6 +12,7 @@ tenant it found. All raise the project's typed exceptions (:mod:`batchgen.errors
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -30,7 +31,7 @@ from batchgen.config import get_settings
 from batchgen.domain import calls as call_rules
 from batchgen.domain import message_batches
 from batchgen.domain.admission import CHAT_COMPLETIONS
-from batchgen.domain.notifications import Channel, retry_delay_s
+from batchgen.domain.notifications import retry_delay_s
 from batchgen.domain.offload import OffloadMode, parse_offload
 from batchgen.domain.status import ItemStatus, Priority, parse_priority
 from batchgen.errors import CallFailed, ClientError, NotFound, Overloaded, ValidationFailed
@@ -44,7 +45,7 @@ from batchgen.store.batches import SubmitOptions
 from batchgen.store.calls import CallWaiter
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
-from batchgen.worker import publish
+from batchgen.worker import publish, webhooks
 from batchgen.worker.cancellation import CancelWatcher, announce
 from batchgen.worker.execution import run_item
 
@@ -87,18 +88,47 @@ def _count_rejection(tenant: str, reason: str) -> None:
         log.warning("could not count a rejection: %s", type(exc).__name__)
 
 
+# Who is asking: each source names the host app (Flask, Django) a call is made in,
+# or None. Context-bound sources (a Flask app context) come before process-wide ones
+# (a Django site); the first answer wins. Registered by batchgen.integrations.
+_origin_sources: list[Callable[[], str | None]] = []
+
+
+def register_origin(source: Callable[[], str | None], *, process_wide: bool = False) -> None:
+    """Make ``source`` name the host app of calls (``batches.origin``); once per source."""
+    if source in _origin_sources:
+        return
+    if process_wide:
+        _origin_sources.append(source)
+    else:
+        _origin_sources.insert(0, source)
+
+
+def current_origin() -> str | None:
+    """The id of the host app this call is made in (None: no host app)."""
+    for source in _origin_sources:
+        origin = source()
+        if origin:
+            return origin
+    return None
+
+
 def submit(
     tenant: str | Tenant, lines: Iterable[bytes], options: SubmitOptions
 ) -> tuple[dict[str, Any], bool]:
     """Store a batch in a transaction of its own; returns its description and ``created``.
 
     The transaction holds advisory locks (app/store/quotas.py), so it makes no network
-    call but PostgreSQL's: a refusal is counted in Redis after the rollback,
-    and the dispatcher is woken after the commit. Once the batch is committed,
-    nothing turns the answer into an error.
+    call but PostgreSQL's: a webhook URL's host is resolved and checked before it (a
+    private or loopback target is a 400), a refusal is counted in Redis after the
+    rollback, and the dispatcher is woken after the commit. Once the batch is
+    committed, nothing turns the answer into an error.
     """
     name: str | None = None
     settings = get_settings()
+    webhooks.check_url(options.webhook_url, settings.webhook_allow_nets)
+    if options.origin is None:
+        options = dataclasses.replace(options, origin=current_origin())
     try:
         with session_scope() as session:
             owner = _tenant(session, tenant)
@@ -168,8 +198,12 @@ def submit_batch(
     default, when the model offloads and the deadline allows; ``never``; ``always``).
     When the batch ends, ``on_finished`` (a Celery task name of the host's, sent to
     ``on_finished_queue``, default ``celery``) is called with the batch id, its status
-    and counts, and ``webhook_url`` (else the tenant's) gets a signed POST; a host
-    process that polls (:func:`deliver_signals`) fires its signal. At least once each.
+    and counts (the operator lists the task names and queues a submit may name:
+    ``BATCHGEN_CALLBACK_TASKS``, ``BATCHGEN_CALLBACK_QUEUES``), and ``webhook_url``
+    (else the tenant's; a public address unless ``BATCHGEN_WEBHOOK_ALLOW_NETS`` opens
+    more) gets a Standard Webhooks signed POST, at least once each. Called inside a
+    Flask or Django host app, the batch is that app's (``origin``): its signal command
+    fires its ``batch_finished``.
     """
     options = SubmitOptions(
         completion_window=completion_window,
@@ -199,19 +233,24 @@ def batch_notifications(batch_id: str, *, tenant: str | Tenant) -> list[dict[str
         return notifications.of_batch(session, batch.id)
 
 
-def deliver_signals(handler: Callable[[dict[str, Any]], None], limit: int = 100) -> int:
-    """Call ``handler`` with each finished batch's announcement not yet handled by a host
-    process (``{"type": "batch.finished", "batch_id", "status", "request_counts",
-    "finished_at"}``); returns how many were handled.
+def deliver_signals(
+    handler: Callable[[dict[str, Any]], None], limit: int = 100, *, origin: str
+) -> int:
+    """Call ``handler`` with the announcement of each finished batch of host app
+    ``origin`` not yet handled (``{"type": "batch.finished", "batch_id", "status",
+    "request_counts", "finished_at"}``); returns how many were handled.
 
-    At least once: each is claimed in a transaction and recorded delivered only when
-    ``handler`` returned; one that raises is tried again later (the error's class is
-    kept, never its text). The Django and Flask integrations call this from a thread
-    and fire their ``batch_finished`` signal with it.
+    Once each: it is claimed in a transaction (``FOR UPDATE SKIP LOCKED``: several
+    signal processes share the work) and recorded delivered in it when ``handler``
+    returned, so only a crash mid-handler makes it come again. A ``handler`` that
+    raises leaves it for a later try (the error's class is kept, never its text); the
+    integrations' handlers catch each receiver's error, so one receiver's failure
+    repeats no other's. Run by the host's signal command (``manage.py batchgen_signals``,
+    ``flask batchgen signals``).
     """
     handled = 0
     for _ in range(limit):
-        with session_scope() as session, notifications.claim(session, [Channel.SIGNAL]) as due:
+        with session_scope() as session, notifications.claim_signal(session, origin) as due:
             if due is None:
                 break
             try:

@@ -147,7 +147,7 @@ def _run(items: int, anthropic: bool, console: Console, workdir: Path, offload: 
 
         registry = get_registry()
         worker = start_worker(
-            registry.queues + ["batchgen.control"],
+            registry.queues + ["batchgen.control", "batchgen.notify"],
             log_dir=workdir / "logs",
             concurrency=24,
             beat=True,

@@ -257,7 +257,10 @@ def worker(
     unknown = set(group or []) - set(registry.groups)
     if unknown:
         fail(f"unknown group(s) {sorted(unknown)}; known: {registry.groups}", 2)
-    queues = ["llm." + g for g in (group or registry.groups)]
+    from batchgen.worker.names import NOTIFY_QUEUE
+
+    # Every model worker also delivers batch-finished callbacks and webhooks.
+    queues = ["llm." + g for g in (group or registry.groups)] + [NOTIFY_QUEUE]
     with _services() as settings:
         _celery_worker(
             queues, concurrency or settings.worker_concurrency, False, "-".join(group or ["all"])
@@ -286,6 +289,12 @@ def beat() -> None:
         _celery(["beat", "-s", _beat_schedule_file(), "--loglevel", settings.log_level])
 
 
+# Flower's task list (default: name, uuid, state, received, runtime, worker) with the
+# kwargs column: a generate task's kwargs name its batch and tenant (ids and names, no
+# request text), so an operator finds a batch's tasks in the list, not one by one.
+FLOWER_TASK_COLUMNS = "name,uuid,state,kwargs,received,runtime,worker"
+
+
 @cli.command()
 def flower(
     port: int = typer.Option(5555, help="HTTP port."),
@@ -310,7 +319,15 @@ def flower(
     with _services():
         console.print(f"flower on http://{address}:{port} (basic auth as {user})")
         # In-process: the password stays out of the process list.
-        _celery(["flower", f"--basic-auth={basic_auth}", f"--port={port}", f"--address={address}"])
+        _celery(
+            [
+                "flower",
+                f"--basic-auth={basic_auth}",
+                f"--port={port}",
+                f"--address={address}",
+                f"--tasks_columns={FLOWER_TASK_COLUMNS}",
+            ]
+        )
 
 
 @cli.command()

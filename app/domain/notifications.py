@@ -5,16 +5,22 @@ A finished batch gets one notification per channel (``batchgen.store.notificatio
 a Celery task the submitter named (``on_finished``), a webhook (the batch's
 ``webhook_url``, else its tenant's), and a host-process signal (Django, Flask).
 Each is delivered at least once; a webhook's receiver tells a retry from the first
-delivery by the notification's id (``X-Batchgen-Notification``).
+delivery by its ``webhook-id`` header (the same on every attempt).
 
-Webhook signature, Stripe-style: header ``X-Batchgen-Signature: t=<unix seconds>,
-v1=<hex HMAC-SHA256 of "<t>.<body>" with the tenant's webhook secret>``. A receiver
-recomputes it over the raw body and refuses a timestamp older than a few minutes
-(:func:`verify`), so a captured request cannot be replayed later.
+Webhooks are signed as the Standard Webhooks specification says
+(https://www.standardwebhooks.com): headers ``webhook-id``, ``webhook-timestamp``
+(unix seconds) and ``webhook-signature: v1,<base64 HMAC-SHA256 of
+"{id}.{timestamp}.{body}">``, keyed with the base64-decoded part of the tenant's
+``whsec_...`` secret. A receiver verifies with any Standard Webhooks library
+(``standardwebhooks.Webhook(secret).verify(body, headers)``) or :func:`verify`, which
+refuse a timestamp more than five minutes away, so a captured request cannot be
+replayed later.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import json
@@ -24,13 +30,17 @@ from urllib.parse import urlsplit
 
 from batchgen.errors import ValidationFailed
 
-SIGNATURE_HEADER = "X-Batchgen-Signature"
-ID_HEADER = "X-Batchgen-Notification"
+ID_HEADER = "webhook-id"
+TIMESTAMP_HEADER = "webhook-timestamp"
+SIGNATURE_HEADER = "webhook-signature"
+SECRET_PREFIX = "whsec_"
 # Retries: 10 s, doubling, at most an hour apart, for a day.
 RETRY_FIRST_S = 10.0
 RETRY_MAX_S = 3600.0
 GIVE_UP_AFTER_S = 86400.0
 REPLAY_TOLERANCE_S = 300
+# Celery's own default queue: where a host's worker listens unless told otherwise.
+DEFAULT_CALLBACK_QUEUE = "celery"
 
 
 class Channel(StrEnum):
@@ -41,6 +51,7 @@ class Channel(StrEnum):
 
 class DeliveryStatus(StrEnum):
     PENDING = "pending"
+    SENDING = "sending"  # claimed by a deliverer until its lease ends
     DELIVERED = "delivered"
     FAILED = "failed"  # retried for GIVE_UP_AFTER_S without success
 
@@ -63,24 +74,52 @@ def body_bytes(data: dict[str, Any]) -> bytes:
     return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
 
 
-def signature(secret: str, timestamp: int, body: bytes) -> str:
-    """The ``X-Batchgen-Signature`` header value for ``body`` sent at ``timestamp``."""
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"t={timestamp},v1={mac.hexdigest()}"
+def secret_key(secret: str) -> bytes:
+    """The HMAC key of a ``whsec_<base64>`` secret: its base64 part, decoded."""
+    encoded = secret.removeprefix(SECRET_PREFIX)
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError("a webhook secret is 'whsec_' and base64") from exc
+
+
+def signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` header value: ``v1,<base64 HMAC-SHA256>`` of
+    ``{id}.{timestamp}.{body}``."""
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    mac = hmac.new(secret_key(secret), signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(mac).decode()
+
+
+def signed_headers(secret: str, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """The three Standard Webhooks headers of one delivery."""
+    return {
+        ID_HEADER: msg_id,
+        TIMESTAMP_HEADER: str(timestamp),
+        SIGNATURE_HEADER: signature(secret, msg_id, timestamp, body),
+    }
 
 
 def verify(
-    secret: str, header: str, body: bytes, now_s: float, tolerance_s: int = REPLAY_TOLERANCE_S
+    secret: str,
+    headers: dict[str, str],
+    body: bytes,
+    now_s: float,
+    tolerance_s: int = REPLAY_TOLERANCE_S,
 ) -> bool:
-    """A receiver's check: the header signs this body, recently."""
+    """A receiver's check: one of the ``webhook-signature`` values (space-separated)
+    signs this id, timestamp and body, and the timestamp is recent."""
+    lower = {k.lower(): v for k, v in headers.items()}
     try:
-        parts = dict(p.split("=", 1) for p in header.split(","))
-        timestamp = int(parts["t"])
+        msg_id = lower[ID_HEADER]
+        timestamp = int(lower[TIMESTAMP_HEADER])
+        offered = lower[SIGNATURE_HEADER].split()
     except (KeyError, ValueError):
         return False
     if abs(now_s - timestamp) > tolerance_s:
         return False
-    return hmac.compare_digest(signature(secret, timestamp, body), header)
+    expected = signature(secret, msg_id, timestamp, body)
+    return any(hmac.compare_digest(expected, value) for value in offered)
 
 
 def retry_delay_s(attempts: int, first_s: float = RETRY_FIRST_S) -> float:
@@ -120,3 +159,41 @@ def check_task_name(name: str | None, field: str = "on_finished") -> str | None:
             f"{field} must be a Celery task name like 'myproj.tasks.batch_done'", field=field
         )
     return name
+
+
+def check_callback(
+    task: str | None,
+    queue: str | None,
+    allowed_tasks: list[str],
+    allowed_queues: list[str],
+    default_queue: str,
+) -> None:
+    """``on_finished`` may name only a task of ``BATCHGEN_CALLBACK_TASKS`` and a queue of
+    ``BATCHGEN_CALLBACK_QUEUES`` (the operator's lists): else a precise ValidationFailed.
+    Without them a tenant could run any task a worker knows (``batchgen.generate``, a
+    host's ``delete_account``) or make a broker create queues."""
+    if task is None:
+        if queue is not None:
+            raise ValidationFailed(
+                "on_finished_queue is only used with on_finished", field="on_finished_queue"
+            )
+        return
+    if not allowed_tasks:
+        raise ValidationFailed(
+            "on_finished is not enabled here: the operator lists the task names it may "
+            "name in BATCHGEN_CALLBACK_TASKS",
+            field="on_finished",
+        )
+    if task not in allowed_tasks:
+        raise ValidationFailed(
+            f"on_finished {task!r} is not one of the tasks BATCHGEN_CALLBACK_TASKS allows: "
+            f"{', '.join(sorted(allowed_tasks))}",
+            field="on_finished",
+        )
+    chosen = queue or default_queue
+    if chosen not in allowed_queues:
+        raise ValidationFailed(
+            f"on_finished_queue {chosen!r} is not one of the queues BATCHGEN_CALLBACK_QUEUES "
+            f"allows: {', '.join(sorted(allowed_queues)) or '(none)'}",
+            field="on_finished_queue",
+        )

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import PurePath
@@ -22,8 +21,10 @@ log = logging.getLogger(__name__)
 
 PREFIX = "BATCHGEN_"
 # Keys the integrations read themselves; they are no settings of the service.
-SIGNAL_POLL_KEY = "BATCHGEN_SIGNAL_POLL_S"
-LOCAL_KEYS = frozenset({"BATCHGEN_URL_PREFIX", SIGNAL_POLL_KEY})
+APP_ID_KEY = "BATCHGEN_APP_ID"  # the host app's id: its batches' origin
+SIGNAL_POLL_KEY = "BATCHGEN_SIGNAL_POLL_S"  # the signal command's --poll-s default
+LOCAL_KEYS = frozenset({"BATCHGEN_URL_PREFIX", APP_ID_KEY, SIGNAL_POLL_KEY})
+DEFAULT_SIGNAL_POLL_S = 1.0
 
 
 def _env_value(value: Any) -> str:
@@ -55,23 +56,25 @@ def apply_settings(config: Mapping[str, Any]) -> dict[str, str]:
     return exported
 
 
-def start_signal_poller(
-    fire: Callable[[dict[str, Any]], None], poll_s: float, name: str
-) -> threading.Thread:
-    """A daemon thread firing the host's ``batch_finished`` signal for every finished
-    batch not yet announced to a host process (:func:`batchgen.python_api.deliver_signals`),
-    every ``poll_s`` seconds (``BATCHGEN_SIGNAL_POLL_S`` in the host's settings). Several
-    host processes may poll: each announcement is claimed by one of them at a time."""
-    from batchgen import python_api
-
-    def run() -> None:
-        while True:
-            try:
-                python_api.deliver_signals(fire)
-            except Exception as exc:  # the database is away: try again at the next poll
-                log.warning("batchgen signals: %s; polling on", type(exc).__name__)
-            time.sleep(poll_s)
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    return thread
+def run_signals(
+    deliver: Callable[[], int],
+    *,
+    follow: bool,
+    poll_s: float,
+    stop: Callable[[], bool] = lambda: False,
+) -> int:
+    """The host's signal command: ``deliver`` what is due (the app's own batches), once,
+    or with ``follow`` again every ``poll_s`` seconds until ``stop()`` (or the process
+    ends); returns how many were delivered. The one place a host's ``batch_finished``
+    receivers run: no thread is started in whatever else imports the app."""
+    sent = 0
+    while True:
+        try:
+            sent += deliver()
+        except Exception as exc:  # the database is away: try again at the next poll
+            if not follow:
+                raise
+            log.warning("batchgen signals: %s; polling on", type(exc).__name__)
+        if not follow or stop():
+            return sent
+        time.sleep(poll_s)

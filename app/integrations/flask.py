@@ -11,8 +11,15 @@
     def describe(shop):
         batch = batchgen.submit_batch(rows, tenant=shop)   # or current_app.extensions["batchgen"]
 
-    @batch_finished.connect_via(app)          # app.config["BATCHGEN_SIGNAL_POLL_S"] = 2
+    @batch_finished.connect_via(app)
     def on_batch_finished(sender, batch_id, status, request_counts, **extra): ...
+
+    # the receivers run in the process of:  flask --app shop batchgen signals --follow
+
+Batches submitted inside the app (the Python API in an app context, or HTTP through
+the mount) are the app's (``origin``: ``BATCHGEN_APP_ID``, default ``app.name``);
+``batch_finished`` fires only for them, once each, and only in the process running
+``flask --app <app> batchgen signals [--follow] [--poll-s S]``.
 
 The API's routes answer under the prefix exactly as the standalone API does
 (``POST <prefix>/v1/batches`` …), every error below the prefix included (404,
@@ -24,23 +31,63 @@ strings (they may carry a batch's ``metadata``).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import click
 from blinker import Namespace
-from flask import Flask
+from flask import Flask, current_app, has_app_context
+from flask.cli import AppGroup
 
 from batchgen import python_api
-from batchgen.integrations import SIGNAL_POLL_KEY, apply_settings, start_signal_poller
+from batchgen.integrations import (
+    APP_ID_KEY,
+    DEFAULT_SIGNAL_POLL_S,
+    SIGNAL_POLL_KEY,
+    apply_settings,
+    run_signals,
+)
+
+log = logging.getLogger(__name__)
 
 DEFAULT_URL_PREFIX = "/batchgen"
 EXTENSION_KEY = "batchgen"
 
 _signals = Namespace()
-#: Sent (sender: the app) when a batch ended, with keyword arguments ``batch_id``,
-#: ``status``, ``request_counts``, ``finished_at`` (and ``type``), at least once per
-#: batch across the host's processes, from the thread ``BATCHGEN_SIGNAL_POLL_S`` starts
-#: or from :meth:`BatchGen.deliver_signals`.
+#: Sent (sender: the app) when one of the app's batches ended, with keyword arguments
+#: ``batch_id``, ``status``, ``request_counts``, ``finished_at`` (and ``type``), once per
+#: batch, in the process running ``flask batchgen signals`` (or
+#: :meth:`BatchGen.deliver_signals`). A receiver that raises is logged; the others
+#: still get it, and it is not sent again.
 batch_finished = _signals.signal("batchgen.batch-finished")
+
+
+def app_id(app: Flask) -> str:
+    """The app's id, its batches' ``origin``: ``BATCHGEN_APP_ID``, else ``app.name``."""
+    return str(app.config.get(APP_ID_KEY) or app.name)
+
+
+def _origin() -> str | None:
+    """The app id of the Flask app whose context this is, if it has the extension."""
+    if not has_app_context():
+        return None
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    return app_id(app) if EXTENSION_KEY in app.extensions else None
+
+
+cli = AppGroup("batchgen", help="batchgen commands of this app.")
+
+
+@cli.command("signals")
+@click.option("--follow", is_flag=True, help="Keep delivering as batches end.")
+@click.option("--poll-s", type=float, default=None, help="Seconds between polls (1).")
+def signals_command(follow: bool, poll_s: float | None) -> None:
+    """Send batch_finished for this app's batches that ended (receivers run here)."""
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    ext: BatchGen = app.extensions[EXTENSION_KEY]
+    every_s = poll_s or float(app.config.get(SIGNAL_POLL_KEY) or DEFAULT_SIGNAL_POLL_S)
+    sent = run_signals(lambda: ext.deliver_signals(app), follow=follow, poll_s=every_s)
+    click.echo(f"{sent} batch_finished signals sent")
 
 
 class BatchGen:
@@ -64,21 +111,30 @@ class BatchGen:
         install_error_handlers(app, mount)
         redact_access_logs()
         app.extensions[EXTENSION_KEY] = self
-        poll_s = app.config.get(SIGNAL_POLL_KEY)
-        if poll_s:
-            start_signal_poller(self._firing(app), float(poll_s), "batchgen-flask-signals")
+        app.config.setdefault(APP_ID_KEY, app.name)
+        python_api.register_origin(_origin)
+        app.cli.add_command(cli)
 
     @staticmethod
     def _firing(app: Flask) -> Any:
         def fire(payload: dict[str, Any]) -> None:
-            batch_finished.send(app, **payload)
+            for receiver in batch_finished.receivers_for(app):
+                try:
+                    receiver(app, **payload)
+                except Exception as exc:  # the others still get it; never sent again
+                    log.error(
+                        "batch_finished receiver %s failed for batch %s: %s",
+                        getattr(receiver, "__qualname__", receiver),
+                        payload.get("batch_id"),
+                        type(exc).__name__,
+                    )
 
         return fire
 
     def deliver_signals(self, app: Flask, limit: int = 100) -> int:
-        """Send :data:`batch_finished` for the batches that ended since (a cron job or a
-        CLI command of the host's may call this instead of the polling thread)."""
-        return python_api.deliver_signals(self._firing(app), limit)
+        """Send :data:`batch_finished` for the app's batches that ended since, once each
+        (what ``flask batchgen signals`` runs); returns how many batches."""
+        return python_api.deliver_signals(self._firing(app), limit, origin=app_id(app))
 
     # The Python API (batchgen.python_api), for the host app's own views and jobs.
     submit_batch = staticmethod(python_api.submit_batch)

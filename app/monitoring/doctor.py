@@ -148,15 +148,20 @@ def _declare(connection: Any, channel: Any, queue: Any, passive: bool) -> tuple[
 def check_workers(registry: Registry, settings: Settings) -> Check:
     def run() -> Check:
         from batchgen.monitoring.queues import consumers
-        from batchgen.worker.names import CONTROL_QUEUE
+        from batchgen.worker.names import CONTROL_QUEUE, NOTIFY_QUEUE
 
         served = consumers()
         groups = {spec.queue: spec.group for spec in registry}
-        missing = [q for q in [*registry.queues, CONTROL_QUEUE] if not served.get(q)]
+        queues = [*registry.queues, CONTROL_QUEUE, NOTIFY_QUEUE]
+        missing = [q for q in queues if not served.get(q)]
         if not missing:
             return Check("workers", True, f"every queue has a worker ({len(served)} queues)")
         starts = [
-            f"`batchgen worker --group {groups[q]}`" if q in groups else "`batchgen dispatcher`"
+            f"`batchgen worker --group {groups[q]}`"
+            if q in groups
+            else "`batchgen worker`"
+            if q == NOTIFY_QUEUE
+            else "`batchgen dispatcher`"
             for q in missing
         ]
         return Check(

@@ -32,7 +32,12 @@ from batchgen.domain.admission import (
     unstorable_path,
 )
 from batchgen.domain.deadlines import format_duration, parse_duration_s
-from batchgen.domain.notifications import check_task_name, check_webhook_url
+from batchgen.domain.notifications import (
+    DEFAULT_CALLBACK_QUEUE,
+    check_callback,
+    check_task_name,
+    check_webhook_url,
+)
 from batchgen.domain.offload import OfflineWindow, OffloadMode, parse_offload, wants_offline
 from batchgen.domain.status import (
     OPEN,
@@ -74,6 +79,9 @@ class SubmitOptions:
     on_finished: str | None = None
     on_finished_queue: str | None = None
     webhook_url: str | None = None
+    # The host app (Flask, Django: its BATCHGEN_APP_ID) it came through; None: the
+    # standalone API. Only that app's signal command fires its batch_finished.
+    origin: str | None = None
 
 
 # A finished batch's output file (its succeeded requests) and error file (the rest),
@@ -275,6 +283,13 @@ def store_batch(
     offload = parse_offload(options.offload)
     on_finished = check_task_name(options.on_finished)
     queue = check_task_name(options.on_finished_queue, "on_finished_queue")
+    check_callback(
+        on_finished,
+        queue,
+        settings.callback_tasks,
+        settings.callback_queues,
+        DEFAULT_CALLBACK_QUEUE,
+    )
     webhook_url = check_webhook_url(options.webhook_url)
     told = {"on_finished": on_finished, "on_finished_queue": queue, "webhook_url": webhook_url}
     key = options.idempotency_key or None
@@ -311,6 +326,7 @@ def store_batch(
         on_finished=on_finished,
         on_finished_queue=queue,
         webhook_url=webhook_url,
+        origin=options.origin,
         total_items=0,
         created_at=now,
     )

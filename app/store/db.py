@@ -1,6 +1,6 @@
 """Engine and session factory (one pool per process), and running migrations.
 
-The connection budget of a process (README "Connections"): its pool to
+The connection budget of a process (docs/operations.md, "Connections"): its pool to
 ``DATABASE_URL`` opens at most ``Settings.db_pool_bound`` connections
 (``BATCHGEN_DB_POOL_SIZE`` + ``BATCHGEN_DB_MAX_OVERFLOW``), whatever its thread
 count; besides, straight to PostgreSQL (``BATCHGEN_DATABASE_DIRECT_URL``, else

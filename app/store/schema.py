@@ -98,6 +98,9 @@ class Batch(Base):
     on_finished: Mapped[str | None] = mapped_column(String(200))
     on_finished_queue: Mapped[str | None] = mapped_column(String(200))
     webhook_url: Mapped[str | None] = mapped_column(String(2000))
+    # The host app (Flask, Django: its BATCHGEN_APP_ID) it was submitted through; None
+    # from the standalone API. Its batch_finished signal fires there only (migration 0010).
+    origin: Mapped[str | None] = mapped_column(String(200))
     # SHA-256 of the request that used the key (batchgen.domain.admission.RequestFingerprint):
     # the key replays this request only.
     request_sha256: Mapped[str | None] = mapped_column(String(64))
@@ -290,6 +293,7 @@ class BatchNotification(Base):
     target: Mapped[str | None] = mapped_column(String(2000))
     # What is announced (batchgen.domain.notifications.payload): ids, status, counts.
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    # pending | sending (claimed; next_attempt_at is the lease's end) | delivered | failed
     status: Mapped[str] = mapped_column(String(20), server_default="pending")
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     next_attempt_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
@@ -304,7 +308,7 @@ class BatchNotification(Base):
             "ix_batch_notifications_due",
             "channel",
             "next_attempt_at",
-            postgresql_where=text("status = 'pending'"),
+            postgresql_where=text("status IN ('pending', 'sending')"),
         ),
     )
 

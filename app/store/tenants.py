@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
 import secrets
@@ -27,7 +28,8 @@ def new_key() -> str:
 
 
 def new_webhook_secret() -> str:
-    return "whsec_" + secrets.token_hex(32)
+    """A Standard Webhooks secret: ``whsec_`` and 32 random bytes in base64."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
 def set_webhook(

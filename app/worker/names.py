@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 CONTROL_QUEUE = "batchgen.control"  # the dispatcher, the sweep, nightly jobs
+# Batch-finished callbacks and webhooks, served by the model workers (never the
+# dispatcher's threads: a slow receiver must not hold up dispatch).
+NOTIFY_QUEUE = "batchgen.notify"
 
 GENERATE_TASK = "batchgen.generate"
 DISPATCH_TASK = "batchgen.dispatch"

@@ -17,6 +17,7 @@ from batchgen.worker.procs import WorkerProcess, start_worker, stop_all
 
 HERE = Path(__file__).resolve().parent
 CONTROL_QUEUE = "batchgen.control"
+NOTIFY_QUEUE = "batchgen.notify"
 
 # Tests that take more than a few seconds: 7 s or more (setup, call and teardown) in a
 # run of `pytest --durations=0 tests/integration` on a 2-core machine. A module's file
@@ -35,10 +36,13 @@ SLOW = frozenset(
         "test_beat.py::test_dispatcher_kill_9_takes_its_beat_along",
         "test_beat.py::test_two_dispatchers_one_schedule",
         "test_dashboard.py",
+        "test_dashboard_pages.py::test_batch_page_bars_and_charts",
         "test_deadlines_cancel.py::test_cancel_holds_across_a_worker_restart",
         "test_faults.py::test_flushed_redis_loses_no_item",
         "test_faults.py::test_sigkill_worker_mid_call_loses_nothing",
         "test_flower.py::test_flower_shows_tasks_with_ids_only_behind_basic_auth",
+        "test_notifications.py::test_a_dripping_receiver_is_cut_at_the_deadline_and_stalls_nobody",
+        "test_notifications.py::test_a_host_celery_task_on_its_own_broker_is_called_once",
         "test_nightly.py::test_beat_fires_twice_one_batch_500_descriptions_and_report",
         "test_offload.py::test_a_dispatcher_killed_while_the_provider_creates_a_job_leaves_one_job",
         "test_offload.py::test_a_job_past_its_cutoff_is_cancelled_there_and_run_online",
@@ -51,6 +55,10 @@ SLOW = frozenset(
         "test_pgbouncer.py::test_a_batch_runs_through_pgbouncer_in_transaction_mode",
         "test_pgbouncer.py::test_worker_and_api_processes_keep_to_their_connection_budget",
         "test_pipeline.py::test_three_tenants_two_models_200_items",
+        # The README's demo, quick start and production processes, as real processes.
+        "test_readme.py::test_the_two_commands",
+        "test_readme.py::test_quick_start",
+        "test_readme.py::test_production_processes",
         "test_rabbitmq.py::test_batch_runs_on_quorum_queues_with_countdown_retries",
         "test_rabbitmq.py::test_broker_connections_closed_then_unreachable_mid_run",
         "test_rabbitmq.py::test_sigkill_worker_mid_call_redelivers_and_loses_nothing",
@@ -124,7 +132,7 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     ) -> WorkerProcess:
         from batchgen.registry import get_registry
 
-        qs = queues or [*get_registry().queues, CONTROL_QUEUE]
+        qs = queues or [*get_registry().queues, CONTROL_QUEUE, NOTIFY_QUEUE]
         w = start_worker(
             qs, log_dir=tmp_path / "logs", concurrency=concurrency, beat=beat, env=env, name=name
         )

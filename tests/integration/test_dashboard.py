@@ -1,6 +1,7 @@
 """The batch dashboard in a real browser: headless Chromium (Debian's chromium and
 chromium-driver, driven by Selenium) signs in with a tenant's key, submits a JSONL
-file, watches the progress refresh live, cancels, and signs in again as an admin.
+file, watches the progress refresh live, opens the batch's page, cancels, and signs in
+again as an admin (every tenant's batches, the models, the charts).
 Screenshots go to the test's folder, and to ``BATCHGEN_SCREENSHOTS_DIR`` when set
 (docs/screenshots/ holds a run's).
 
@@ -162,6 +163,23 @@ def _cancel(driver: Any, batch_id: str) -> None:
     raise AssertionError("the cancel button kept going stale")
 
 
+def _segment_colours(driver: Any, batch_id: str) -> dict[str, str] | None:
+    """The colour (background) of each segment of the batch's progress bar, as drawn."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        segments = driver.find_elements(By.CSS_SELECTOR, f'tr[data-batch="{batch_id}"] .seg')
+        return {
+            s.get_attribute("data-status"): s.value_of_css_property("background-color")
+            + " "
+            + s.value_of_css_property("background-image")
+            for s in segments
+        } or None
+    except StaleElementReferenceException:
+        return None
+
+
 def test_submit_watch_and_cancel_in_a_browser(
     clean_db, simulator, workers, api_server, browser, tmp_path
 ):
@@ -202,6 +220,19 @@ def test_submit_watch_and_cancel_in_a_browser(
         assert browser.execute_script("return window.notReloaded === true")
         shots.take("2-progress")
 
+        # The batch's own page, mid-run: its rate and the time left at that rate.
+        browser.find_element(By.CSS_SELECTOR, f'tr[data-batch="{batch_id}"] a.batch-link').click()
+        _wait(lambda: browser.find_elements(By.ID, "rate"), what="the batch page")
+        rate = float(browser.find_element(By.ID, "rate").text.split()[0])
+        assert rate > 0, "no rate while the batch runs"
+        assert browser.find_element(By.ID, "time-left").text not in ("", "unknown", "ended")
+        assert browser.find_element(By.CSS_SELECTOR, "#batch svg path.line")
+        browser.set_window_size(1400, 1300)  # the whole page, its chart too
+        shots.take("5-batch")
+        browser.set_window_size(1400, 1000)
+        browser.get(f"{base}/dashboard")
+        _wait(lambda: _row(browser, batch_id), what="the batch row")
+
         _cancel(browser, batch_id)
         # The post reloads the page: wait for the new page's message, not the old one's.
         assert batch_id in _message(browser, f"cancelled {batch_id}")
@@ -210,6 +241,10 @@ def test_submit_watch_and_cancel_in_a_browser(
             what="the cancelled batch",
         )
         assert ended["done"] == 40 and "cancelled" in ended["text"]
+        # Its bar is not a completed one's: the cancelled part has a colour of its own.
+        colours = _wait(lambda: _segment_colours(browser, batch_id), what="the bar")
+        assert set(colours) == {"succeeded", "cancelled"}, colours
+        assert colours["cancelled"] != colours["succeeded"]
         shots.take("3-cancelled")
         counts = httpx.get(
             f"{base}/v1/batches/{batch_id}", headers={"Authorization": f"Bearer {key}"}
@@ -238,7 +273,13 @@ def test_submit_watch_and_cancel_in_a_browser(
         assert "sim-small" in models and "provider 429s" in models
         tenants_today = browser.find_element(By.ID, "tenants").text
         assert "acme-shop" in tenants_today
+        # The admin's table lists every tenant's batches, the charts draw the run.
+        assert _row(browser, batch_id) is not None
+        assert browser.find_elements(By.CSS_SELECTOR, '#charts path.line[data-series="sim-small"]')
+        assert browser.find_elements(By.CSS_SELECTOR, "#charts line.limit")
+        browser.set_window_size(1400, 1900)
         shots.take("4-admin")
     finally:
         sim_config(simulator.base_url, latency_base_ms=50)
-    assert len(shots.taken) == 4
+        browser.set_window_size(1400, 1000)
+    assert len(shots.taken) == 5

@@ -292,9 +292,14 @@ def test_manage_py_check_names_missing_settings(monkeypatch):
 
 
 def test_the_batch_finished_signal_reaches_a_django_receiver_once(clean_db, capsys):
+    """Only the site's own batches, once each, from ``manage.py batchgen_signals``; a
+    Flask app's batch (another host app, same database) never reaches the site."""
     from django.dispatch import receiver
+    from flask import Flask
 
-    from batchgen.integrations.django.signals import batch_finished
+    from batchgen.integrations.django.signals import app_id, batch_finished
+    from batchgen.integrations.flask import BatchGen
+    from batchgen.store.schema import Batch
 
     got: list[dict] = []
 
@@ -302,17 +307,46 @@ def test_the_batch_finished_signal_reaches_a_django_receiver_once(clean_db, caps
     def on_finished(sender, **payload):  # type: ignore[no-untyped-def]
         got.append(payload)
 
+    @receiver(batch_finished)
+    def failing(sender, **payload):  # type: ignore[no-untyped-def]
+        raise RuntimeError("another receiver fails")
+
     make_tenant("acme")
     batch = services.submit_batch([chat_line("sig")], tenant="acme")
     services.cancel_batch(batch["id"], tenant="acme")  # finished at once
-    call_command("batchgen_signals", "--once")
-    call_command("batchgen_signals", "--once")
+    flask_app = Flask("flaskshop")
+    flask_ext = BatchGen(flask_app)
+    with flask_app.app_context():
+        theirs = flask_ext.submit_batch([chat_line("flask")], tenant="acme")
+    services.cancel_batch(theirs["id"], tenant="acme")
+    call_command("batchgen_signals")
+    call_command("batchgen_signals")
     batch_finished.disconnect(on_finished)
+    batch_finished.disconnect(failing)
 
-    assert "1 batch_finished signals sent" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "1 batch_finished signals sent" in out and "0 batch_finished signals sent" in out
     assert [(p["batch_id"], p["status"], p["request_counts"]["cancelled"]) for p in got] == [
         (batch["id"], "cancelled", 1)
     ]
+    from batchgen.store import db
+
+    with db.session_scope() as session:
+        origin = session.get(Batch, batch["id"]).origin  # type: ignore[union-attr]
+        assert origin == app_id() == "django"  # settings.configure(): no settings module
+        assert session.get(Batch, theirs["id"]).origin == "flaskshop"  # type: ignore[union-attr]
+    assert flask_ext.deliver_signals(flask_app) == 1  # the Flask app's, for the Flask app
+
+
+def test_the_signal_command_follows(clean_db):
+    """``--follow`` keeps polling (the stop hook ends this test's loop)."""
+    from batchgen.integrations import run_signals
+
+    rounds: list[int] = []
+    sent = run_signals(
+        lambda: rounds.append(1) or 2, follow=True, poll_s=0.01, stop=lambda: len(rounds) >= 3
+    )
+    assert (sent, len(rounds)) == (6, 3)
 
 
 ADMIN_SCRIPT = """

@@ -1,8 +1,10 @@
-"""Flower against the test broker: basic auth required, task arguments are ids only."""
+"""Flower as ``batchgen flower`` starts it, against the test broker: basic auth required,
+task arguments are ids only, and the task list shows each task's batch and tenant."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -27,9 +29,7 @@ def flower(services, tmp_path):
         [
             sys.executable,
             "-m",
-            "celery",
-            "-A",
-            "batchgen.tasks",
+            "batchgen.cli",
             "flower",
             f"--port={port}",
             "--address=127.0.0.1",
@@ -84,6 +84,11 @@ def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator,
         assert "model" in t["kwargs"]
         # An operator finds a batch's or a tenant's tasks: ids and names, no text.
         assert batch["id"] in t["kwargs"] and "'tenant_name': 'watched'" in t["kwargs"]
+    # The task list shows the kwargs column (Flower's default list leaves it out): an
+    # operator sees each task's batch and tenant there, not only on its detail page.
+    page = httpx.get(f"{flower}/tasks", auth=("ops", "s3cret")).text
+    columns = re.findall(r'<th data-column="(\w+)"', page)
+    assert columns[:4] == ["name", "uuid", "state", "kwargs"], columns
     workers_seen = httpx.get(
         f"{flower}/api/workers", auth=("ops", "s3cret"), params={"refresh": "true"}
     ).json()

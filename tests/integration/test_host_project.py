@@ -161,7 +161,7 @@ def test_the_wheel_carries_its_data_license_and_type_marker(installed):
     for required in (
         "batchgen/py.typed",
         "batchgen/models.toml",
-        "batchgen/templates/dashboard.html",
+        "batchgen/templates/batchgen/dashboard.html",
         "batchgen/migrations/script.py.mako",
         "batchgen/tasks/__init__.py",
     ):

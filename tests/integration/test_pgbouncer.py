@@ -1,6 +1,6 @@
 """PostgreSQL connections: a process's budget, and batchgen behind PgBouncer.
 
-The budget (README "Connections"): a process's pool to ``DATABASE_URL`` opens at
+The budget (docs/operations.md, "Connections"): a process's pool to ``DATABASE_URL`` opens at
 most ``BATCHGEN_DB_POOL_SIZE`` + ``BATCHGEN_DB_MAX_OVERFLOW`` connections whatever
 its thread count, plus :data:`batchgen.store.db.DIRECT_POOL_BOUND` straight to
 PostgreSQL in a process that runs the offload tick, plus one ``LISTEN`` connection
@@ -341,7 +341,7 @@ def test_worker_and_api_processes_keep_to_their_connection_budget(
     serving 32 requests at once and a synchronous call, at most its pool's bound and
     one LISTEN connection."""
     settings = Settings(worker_concurrency=THREADS)
-    assert (settings.db_pool_bound, db.DIRECT_POOL_BOUND) == (4, 2)  # as README says
+    assert (settings.db_pool_bound, db.DIRECT_POOL_BOUND) == (4, 2)  # as docs/operations.md says
     url = clean_db["DATABASE_URL"]
 
     def env(role: str) -> dict[str, str]:

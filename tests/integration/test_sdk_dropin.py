@@ -125,7 +125,7 @@ def test_anthropic_errors_come_in_its_shape(claude: anthropic.Anthropic):
 # -- the OpenAI Files + Batches flow, as the SDK runs it ---------------------------------
 
 BATCH_FIELDS = set(openai.types.Batch.model_fields)
-# Our own fields of the batch object, kept by the SDK as extras (documented in README).
+# Our own fields of the batch object, kept by the SDK as extras (documented in docs/http-api.md).
 BATCH_EXTRAS = {"priority", "offload", "cancel_requested_at", "finished_at"}
 
 

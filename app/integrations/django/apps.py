@@ -1,10 +1,9 @@
-"""The Django app config: exports the project's ``BATCHGEN_*`` settings at start-up."""
+"""The Django app config: exports the project's ``BATCHGEN_*`` settings at start-up and
+makes the site the origin of the batches submitted in its processes."""
 
 from __future__ import annotations
 
 from django.apps import AppConfig
-
-from batchgen.integrations import SIGNAL_POLL_KEY, start_signal_poller
 
 
 class BatchgenConfig(AppConfig):
@@ -20,10 +19,9 @@ class BatchgenConfig(AppConfig):
 
         apply_settings({key: getattr(settings, key) for key in dir(settings) if key.isupper()})
         redact_access_logs()  # runserver's log line would carry ?metadata=…
+        from batchgen import python_api
         from batchgen.integrations.django import checks  # noqa: F401  (registers them)
+        from batchgen.integrations.django.signals import origin
 
-        poll_s = getattr(settings, SIGNAL_POLL_KEY, None)
-        if poll_s:
-            from batchgen.integrations.django.signals import fire
-
-            start_signal_poller(fire, float(poll_s), "batchgen-django-signals")
+        # No signal thread here: receivers run in `manage.py batchgen_signals` only.
+        python_api.register_origin(origin, process_wide=True)
