@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -74,6 +74,10 @@ class Settings(BaseSettings):
     database_direct_url: str | None = Field(
         default=None, validation_alias=AliasChoices("BATCHGEN_DATABASE_DIRECT_URL")
     )
+    # A file holding the database password (a Compose or Kubernetes secret, e.g.
+    # /run/secrets/postgres_password): its first line is the password of DATABASE_URL
+    # and BATCHGEN_DATABASE_DIRECT_URL, which then carry none.
+    database_password_file: Path | None = None
     # Each process keeps one pool to DATABASE_URL: at most db_pool_size connections
     # kept open plus db_max_overflow more opened under load (closed when returned).
     # A thread holds one only for a statement or a transaction, never during a
@@ -305,15 +309,26 @@ class Settings(BaseSettings):
         """``DATABASE_URL`` with the psycopg 3 driver named, as SQLAlchemy wants it."""
         if not self.database_url:
             raise RuntimeError("DATABASE_URL is not set")
-        return _psycopg_url(self.database_url)
+        return _psycopg_url(self._with_password(self.database_url))
 
     @property
     def direct_sqlalchemy_url(self) -> str:
         """``BATCHGEN_DATABASE_DIRECT_URL`` (else ``DATABASE_URL``), in SQLAlchemy's form:
         a connection to PostgreSQL itself, never through a transaction pooler."""
         if self.database_direct_url:
-            return _psycopg_url(self.database_direct_url)
+            return _psycopg_url(self._with_password(self.database_direct_url))
         return self.sqlalchemy_url
+
+    def _with_password(self, url: str) -> str:
+        """``url`` with the password of ``database_password_file``, if one is set."""
+        if self.database_password_file is None:
+            return url
+        lines = self.database_password_file.read_text(encoding="utf-8").splitlines()
+        password = lines[0] if lines else ""
+        parts = urlsplit(url)
+        user = quote(parts.username or "", safe="")
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{host}"))
 
     @property
     def db_pool_size_or_default(self) -> int:

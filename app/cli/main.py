@@ -28,6 +28,28 @@ register_ops_commands(cli)  # usage, status, doctor
 JSON = typer.Option(False, "--json", help="Print one JSON document for scripts.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from batchgen import __version__
+
+        console.print(f"batchgen {__version__}")
+        raise typer.Exit()
+
+
+@cli.callback()
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print the installed version and exit.",
+    ),
+) -> None:
+    # The group's help is the module docstring (typer.Typer(help=...)).
+    del version
+
+
 def _fail(exc: BatchgenError, code: int = 1) -> None:
     fail(str(exc), code)
 

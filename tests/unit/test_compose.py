@@ -19,7 +19,7 @@ from batchgen.registry import get_registry, parse_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 # Variables documented by the third-party images we use, per image name.
-IMAGE_VARIABLES = {"postgres": re.compile(r"^POSTGRES_(USER|PASSWORD|DB|INITDB_ARGS)$")}
+IMAGE_VARIABLES = {"postgres": re.compile(r"^POSTGRES_(USER|PASSWORD_FILE|DB|INITDB_ARGS)$")}
 IMAGE_COMMANDS = {"redis": {"redis-server"}, "postgres": {"postgres"}}
 APP_FACTORY = re.compile(r"^([\w.]+):(\w+)(\(\))?$")
 
@@ -168,7 +168,7 @@ def test_compose_refuses_to_start_without_the_flower_password(compose):
     flower = next(s for s in resolved["services"].values() if "flower" in (s.get("command") or []))
     assert flower["environment"]["BATCHGEN_FLOWER_PASSWORD"] == "s3cret"
     api = resolved["services"]["api"]["environment"]
-    assert api["BATCHGEN_MODELS_FILE"] == "/srv/app/models.toml" and api["OPENAI_API_KEY"] == ""
+    assert api["BATCHGEN_MODELS_FILE"] == "/srv/models.toml" and api["OPENAI_API_KEY"] == ""
     keyed = rec_subs(compose, {**shell, "BATCHGEN_FLOWER_PASSWORD": "x", "OPENAI_API_KEY": "sk-1"})
     assert keyed["services"]["api"]["environment"]["OPENAI_API_KEY"] == "sk-1"
 
@@ -213,3 +213,101 @@ def test_provider_keys_come_from_the_shell_and_the_image_has_no_embedded_servers
     }
     installs = re.findall(r"pip install ([^\n&\\]+)", (ROOT / "Dockerfile").read_text())
     assert installs and all("[" not in line for line in installs), installs
+
+
+def _role(service: dict[str, Any]) -> str:
+    command = service.get("command") or []
+    return command[1] if command[:1] == ["batchgen"] and len(command) > 1 else ""
+
+
+def test_workers_dispatcher_beat_and_flower_have_real_healthchecks(services):
+    """Each long-running service has a check of its own: Celery's ping of the node the
+    command starts, beat's schedule file being rewritten, Flower's health page."""
+    seen = set()
+    for name, service in services.items():
+        role = _role(service)
+        check = service.get("healthcheck") or {}
+        test = " ".join(check.get("test") or [])
+        if role in ("worker", "dispatcher"):
+            command = service["command"]
+            node = "-".join(command[i + 1] for i, a in enumerate(command) if a in ("--group", "-g"))
+            node = node or ("dispatcher" if role == "dispatcher" else "all")
+            assert check["test"][0] == "CMD-SHELL", name
+            assert f"celery -A batchgen.tasks inspect ping --timeout 5 -d {node}@$$HOSTNAME" in (
+                test
+            ), f"{name}: {test}"
+            seen.add(role)
+        elif role == "beat":
+            assert "celerybeat-schedule" in test and "-mmin" in test, test
+            data_dir = service["environment"]["BATCHGEN_DATA_DIR"]
+            assert f"find {data_dir} " in test, (data_dir, test)
+            seen.add(role)
+        elif role == "flower":
+            assert "/healthcheck" in test and "BATCHGEN_FLOWER_PASSWORD" in test, test
+            seen.add(role)
+    assert seen == {"worker", "dispatcher", "beat", "flower"}
+
+
+def test_the_worker_node_name_is_the_one_the_healthcheck_pings(monkeypatch):
+    """`batchgen worker --group sim` names its Celery node sim@<host> (%h)."""
+    from batchgen.cli import main
+
+    argv: list[list[str]] = []
+    monkeypatch.setattr(main, "_celery", argv.append)
+    main._celery_worker(["llm.sim"], 2, False, "sim")
+    main._celery_worker(["batchgen.control"], 2, False, "dispatcher")
+    nodes = [a[a.index("-n") + 1] for a in argv]
+    assert nodes == ["sim@%h", "dispatcher@%h"]
+
+
+def test_the_postgres_password_is_a_secret_file(compose, services):
+    secret = compose["secrets"]["postgres_password"]
+    assert secret["file"].startswith("./secrets/")
+    assert "secrets/" in (ROOT / ".gitignore").read_text().split()
+    postgres = services["postgres"]
+    assert "POSTGRES_PASSWORD" not in postgres["environment"]
+    assert postgres["environment"]["POSTGRES_PASSWORD_FILE"] == "/run/secrets/postgres_password"
+    assert "postgres_password" in postgres["secrets"]
+    for name, service in services.items():
+        env = service.get("environment") or {}
+        url = env.get("DATABASE_URL")
+        if url is None:
+            continue
+        assert re.fullmatch(r"postgresql://\w+@postgres:5432/\w+", url), f"{name}: {url}"
+        assert env["BATCHGEN_DATABASE_PASSWORD_FILE"] == "/run/secrets/postgres_password", name
+        assert "postgres_password" in service["secrets"], name
+
+
+def test_the_image_installs_a_built_wheel_with_constraints_as_a_user():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    installs = re.findall(r"pip install ([^\n&\\]+)", dockerfile)
+    assert installs and all("-e" not in line.split() for line in installs), installs
+    assert "pip wheel --no-deps" in dockerfile
+    assert all("--no-index" in line and "--constraint" in line for line in installs), installs
+    assert re.search(r"^HEALTHCHECK .*\n?.*CMD ", dockerfile, re.MULTILINE)
+    users = re.findall(r"^USER (\S+)$", dockerfile, re.MULTILINE)
+    assert users and users[-1] not in ("root", "0"), users
+    assert "useradd" in dockerfile
+
+
+def test_the_constraints_pin_every_runtime_dependency():
+    """constraints.txt pins (==) each runtime dependency at a version its bound allows."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            requirement = Requirement(line)
+            (spec,) = requirement.specifier
+            assert spec.operator == "==", line
+            pins[canonicalize_name(requirement.name)] = spec.version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for line in [*project["dependencies"], "gunicorn>=22"]:
+        requirement = Requirement(line)
+        pinned = pins.get(canonicalize_name(requirement.name))
+        assert pinned is not None, f"{requirement.name} is not pinned"
+        assert requirement.specifier.contains(pinned, prereleases=True), (line, pinned)

@@ -42,6 +42,22 @@ output_usd_per_1m = 2
 """
 
 
+def test_the_database_password_comes_from_its_file(monkeypatch, tmp_path):
+    """A Compose secret's file (first line) is the password; the URLs carry none."""
+    secret = tmp_path / "postgres_password"
+    secret.write_text("s3c:r/t@x\n")
+    monkeypatch.setenv("DATABASE_URL", "postgresql://batchgen@postgres:5432/batchgen")
+    monkeypatch.setenv("BATCHGEN_DATABASE_DIRECT_URL", "postgresql://batchgen:old@pg:5432/b")
+    monkeypatch.setenv("BATCHGEN_DATABASE_PASSWORD_FILE", str(secret))
+    s = Settings()
+    assert s.sqlalchemy_url == (
+        "postgresql+psycopg://batchgen:s3c%3Ar%2Ft%40x@postgres:5432/batchgen"
+    )
+    assert s.direct_sqlalchemy_url == "postgresql+psycopg://batchgen:s3c%3Ar%2Ft%40x@pg:5432/b"
+    monkeypatch.delenv("BATCHGEN_DATABASE_PASSWORD_FILE")
+    assert Settings().sqlalchemy_url == "postgresql+psycopg://batchgen@postgres:5432/batchgen"
+
+
 def test_registry_expands_env_and_names_bad_fields(monkeypatch):
     monkeypatch.setenv("SIM_URL", "http://sim:9")
     reg = parse_registry(MODEL)
