@@ -108,7 +108,8 @@ def _login_page(
 ) -> Response:
     token, new = auth.signin_token()
     response = Response(
-        render_template("batchgen/dashboard_login.html", error=error, signin_csrf=token), status=status
+        render_template("batchgen/dashboard_login.html", error=error, signin_csrf=token),
+        status=status,
     )
     if new:
         auth.remember_signin_token(response, token)

@@ -12,8 +12,8 @@ tenant it found. All raise the project's typed exceptions (:mod:`batchgen.errors
 
 from __future__ import annotations
 
-import dataclasses
 import contextvars
+import dataclasses
 import functools
 import json
 import logging

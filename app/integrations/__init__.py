@@ -13,7 +13,6 @@ process (a worker started from the site) read them.
 
 from __future__ import annotations
 
-import contextvars
 import json
 import logging
 import os

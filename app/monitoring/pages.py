@@ -130,7 +130,9 @@ def charts(
     rows grouped by tenant)."""
     every_tenant = tenant is None or tenant.is_admin
     rows = activity.per_minute(
-        session, CHART_WINDOW_MIN, tenant_id=None if tenant is None or tenant.is_admin else tenant.id
+        session,
+        CHART_WINDOW_MIN,
+        tenant_id=None if tenant is None or tenant.is_admin else tenant.id,
     )
     errors = [r for r in rows if r.status in ERROR_STATUSES]
     view: dict[str, Any] = {
