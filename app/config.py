@@ -95,7 +95,12 @@ class Settings(BaseSettings):
 
     # Submission bounds.
     max_batch_lines: int = 50_000
+    # A request body (JSONL, an upload, a Message Batch) is read under this bound,
+    # counted while it streams (app/bodies.py): past it, a 413 at once.
     max_body_bytes: int = 200 * 1024 * 1024
+    # The bound of a synchronous call's body (POST /v1/chat/completions, /v1/messages),
+    # parsed whole as JSON: a prompt that fits a context window is far smaller.
+    max_call_body_bytes: int = 32 * 1024 * 1024
     # How long an uploaded file (POST /v1/files) is kept unless its upload asks for
     # less (expires_after); the sweep deletes it then. Output files of a batch are its
     # results, read on demand: they go with the batch.

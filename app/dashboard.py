@@ -24,9 +24,10 @@ from flask import Blueprint, Response, redirect, render_template, request, url_f
 from werkzeug.wrappers import Response as BaseResponse
 
 from batchgen import python_api
+from batchgen.bodies import MULTIPART_SLACK_BYTES, cap_body, close_if_unread, refused_over
 from batchgen.config import get_settings
 from batchgen.domain.status import ItemStatus
-from batchgen.errors import BatchgenError, Unauthorized
+from batchgen.errors import BatchgenError, PayloadTooLarge, Unauthorized
 from batchgen.store import batches, tenants
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
@@ -180,9 +181,20 @@ def _back(message: str) -> BaseResponse:
 @dashboard.post("/dashboard/submit")
 def submit() -> BaseResponse:
     tenant = _tenant()
-    if tenant is None or not _csrf_ok():
+    if tenant is None:
         return _login_page("sign in again", 401)
-    upload = request.files.get("file")
+    limit = get_settings().max_body_bytes
+    try:
+        # Capped before the form is parsed: the upload spools at most this, then a 413.
+        cap_body(limit + MULTIPART_SLACK_BYTES, f"file larger than {limit} bytes")
+        with refused_over():
+            signed = _csrf_ok()
+            upload = request.files.get("file")
+    except PayloadTooLarge as exc:
+        refused = Response(f"not submitted: {exc}", status=413, mimetype="text/plain")
+        return close_if_unread(refused)
+    if not signed:
+        return _login_page("sign in again", 401)
     if upload is None or not upload.filename:
         return _back("choose a JSONL file of requests")
     try:
