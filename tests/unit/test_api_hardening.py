@@ -213,3 +213,19 @@ def test_a_streamed_body_of_its_cap_is_read_and_one_byte_more_is_413(path):
     res = client.post(path, data=b"1" * 11, content_type="application/json")  # declared
     assert res.status_code == 413
 
+
+def test_file_quota_decisions():
+    """Issue 27 item 5, the pure part: count, bytes, a file alone too big, Retry-After."""
+    from batchgen.errors import FileQuotaExceeded
+    from batchgen.store.quotas import check_file_quota
+
+    quota = (3, 1000)
+    check_file_quota("t", 100, (2, 900), quota, 50.0)  # fits: the third file, 1000 bytes
+    with pytest.raises(FileQuotaExceeded, match="keeps 3 files") as by_count:
+        check_file_quota("t", 1, (3, 10), quota, 50.0)
+    assert by_count.value.retry_after_s == 50.0
+    with pytest.raises(FileQuotaExceeded, match="bytes of files") as by_bytes:
+        check_file_quota("t", 101, (2, 900), quota, None)
+    assert by_bytes.value.retry_after_s >= 1.0
+    with pytest.raises(PayloadTooLarge, match="file quota"):
+        check_file_quota("t", 1001, (0, 0), quota, None)
