@@ -295,6 +295,9 @@ def flower(
             "or pass --basic-auth user:password",
             2,
         )
+    from batchgen.monitoring.flower_auth import require_auth
+
+    require_auth()  # /metrics too (Flower serves it open)
     with _services():
         console.print(f"flower on http://{address}:{port} (basic auth as {user})")
         # In-process: the password stays out of the process list.

@@ -41,6 +41,7 @@ SLOW = frozenset(
         "test_faults.py::test_flushed_redis_loses_no_item",
         "test_faults.py::test_sigkill_worker_mid_call_loses_nothing",
         "test_flower.py::test_flower_shows_tasks_with_ids_only_behind_basic_auth",
+        "test_flower.py::test_batchgen_flower_puts_metrics_behind_its_basic_auth",
         "test_nightly.py::test_beat_fires_twice_one_batch_500_descriptions_and_report",
         "test_offload.py::test_a_dispatcher_killed_while_the_provider_creates_a_job_leaves_one_job",
         "test_offload.py::test_a_job_past_its_cutoff_is_cancelled_there_and_run_online",
