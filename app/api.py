@@ -145,7 +145,8 @@ def _file_batch_request() -> dict[str, Any] | None:
     body (our own submit: the request lines themselves)."""
     if request.mimetype != "application/json":
         return None
-    if (request.content_length or 0) > MAX_JSON_REQUEST_BYTES:
+    size = request.content_length
+    if size is None or size > MAX_JSON_REQUEST_BYTES:  # the SDK's request is small and sized
         return None
     try:
         body = json.loads(request.get_data(cache=True) or b"null")

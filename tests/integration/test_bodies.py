@@ -223,8 +223,8 @@ def test_a_dashboard_upload_past_the_limit_is_413_before_it_is_spooled(server, k
 
 
 def test_bodies_within_the_caps_still_work(server, key):
-    """The caps refuse only what is over them: a JSONL batch and an upload just under
-    the limit, sent chunked, are taken."""
+    """The caps refuse only what is over them: a JSONL batch (whatever its content
+    type) and an upload just under the limit, sent chunked, are taken."""
     url, _, _ = server
     auth = {"Authorization": f"Bearer {key}"}
     one = jsonl([chat_line("x", text="hi")])
@@ -236,9 +236,11 @@ def test_bodies_within_the_caps_still_work(server, key):
         for i in range(0, len(body), PIECE_BYTES):
             yield body[i : i + PIECE_BYTES]
 
-    res = httpx.post(f"{url}/v1/batches", content=pieces(), headers=auth, timeout=60)
-    assert res.status_code == 200, res.text
-    assert res.json()["request_counts"]["total"] == count
+    for content_type in ("application/jsonl", "application/json"):
+        headers = {**auth, "Content-Type": content_type}
+        res = httpx.post(f"{url}/v1/batches", content=pieces(), headers=headers, timeout=60)
+        assert res.status_code == 200, (content_type, res.text)
+        assert res.json()["request_counts"]["total"] == count
     files = {"file": ("ok.jsonl", body, "application/jsonl")}
     res = httpx.post(f"{url}/v1/files", files=files, data={"purpose": "batch"}, headers=auth)
     assert res.status_code == 200, res.text
