@@ -63,13 +63,22 @@ def refused_over() -> Iterator[None]:
         raise too_large() from exc
 
 
-def json_body(max_bytes: int) -> Any:
-    """The body parsed as JSON (None when it is not JSON), read under ``max_bytes``."""
-    cap_body(max_bytes)
+def read_body(max_bytes: int, message: str | None = None) -> bytes:
+    """The whole body, read under ``max_bytes`` and kept (``request.form`` and
+    ``get_json`` then parse these bytes)."""
+    cap_body(max_bytes, message)
     with refused_over():
-        data = request.get_data(cache=True)
+        data = request.get_data(cache=True, parse_form_data=False)
+    # Werkzeug's read-it-all stops quietly at the cap (only a further read raises):
+    # a body that filled the cap, one byte over the limit, is refused here.
     if len(data) > max_bytes:
         raise too_large()
+    return data
+
+
+def json_body(max_bytes: int) -> Any:
+    """The body parsed as JSON (None when it is not JSON), read under ``max_bytes``."""
+    read_body(max_bytes)
     return request.get_json(silent=True)
 
 

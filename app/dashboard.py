@@ -24,7 +24,13 @@ from flask import Blueprint, Response, redirect, render_template, request, url_f
 from werkzeug.wrappers import Response as BaseResponse
 
 from batchgen import python_api
-from batchgen.bodies import MULTIPART_SLACK_BYTES, cap_body, close_if_unread, refused_over
+from batchgen.bodies import (
+    MULTIPART_SLACK_BYTES,
+    cap_body,
+    close_if_unread,
+    read_body,
+    refused_over,
+)
 from batchgen.config import get_settings
 from batchgen.domain.status import ItemStatus
 from batchgen.errors import BatchgenError, PayloadTooLarge, Unauthorized
@@ -37,6 +43,27 @@ dashboard = Blueprint("dashboard", __name__, template_folder="templates")
 COOKIE = "batchgen_key"
 REFRESH_MS = 2000
 LIST_LIMIT = 50
+
+
+# A dashboard form (sign-in, cancel) is a few short fields: its body is read no further.
+FORM_MAX_BYTES = 64 * 1024
+
+
+@dashboard.before_request
+def _cap_forms() -> BaseResponse | None:
+    """Read a dashboard form under its cap before a view parses it (Werkzeug reads a
+    URL-encoded form whole); the upload has its own cap, set once its cookie is checked."""
+    if request.endpoint == "dashboard.submit" or request.method != "POST":
+        return None
+    try:
+        read_body(FORM_MAX_BYTES, f"form larger than {FORM_MAX_BYTES} bytes")
+    except PayloadTooLarge as exc:
+        return _refused(exc)
+    return None
+
+
+def _refused(exc: PayloadTooLarge) -> BaseResponse:
+    return close_if_unread(Response(str(exc), status=413, mimetype="text/plain"))
 
 
 def _key() -> str | None:
@@ -191,8 +218,7 @@ def submit() -> BaseResponse:
             signed = _csrf_ok()
             upload = request.files.get("file")
     except PayloadTooLarge as exc:
-        refused = Response(f"not submitted: {exc}", status=413, mimetype="text/plain")
-        return close_if_unread(refused)
+        return _refused(exc)
     if not signed:
         return _login_page("sign in again", 401)
     if upload is None or not upload.filename:
