@@ -33,9 +33,18 @@ from flask import (
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from batchgen import python_api
+from batchgen.bodies import (
+    MULTIPART_SLACK_BYTES,
+    body_lines,
+    cap_body,
+    close_if_unread,
+    json_body,
+    refused_over,
+    too_large,
+)
 from batchgen.config import get_settings
 from batchgen.domain import calls as call_rules
 from batchgen.domain import message_batches
@@ -62,6 +71,7 @@ from batchgen.store.tenants import authenticate
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("batchgen_api", __name__)
+blueprint.after_request(close_if_unread)
 # Error codes of the HTTP errors the framework raises (routing, methods, sizes).
 HTTP_CODES = {
     400: "invalid_request",
@@ -95,31 +105,6 @@ def _caller() -> Tenant:
 def _reload(session: Session, tenant: Tenant) -> Tenant:
     """The authenticated tenant, attached to ``session``."""
     return session.merge(tenant, load=False)
-
-
-BODY_CHUNK_BYTES = 256 * 1024
-
-
-def _body_lines() -> Iterator[bytes]:
-    """The request body, line by line, read in chunks of ``BODY_CHUNK_BYTES``
-    (Werkzeug's request stream is unbuffered: its ``readline`` reads a byte at a time),
-    never whole: memory holds one chunk and the line that spans it."""
-    return split_lines(request.stream, BODY_CHUNK_BYTES)
-
-
-def split_lines(stream: Any, chunk_bytes: int) -> Iterator[bytes]:
-    """``stream``'s lines (each with its newline, the last one as it ends)."""
-    rest = b""
-    while True:
-        data = stream.read(chunk_bytes)
-        if not data:
-            break
-        lines = (rest + data).split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            yield line + b"\n"
-    if rest:
-        yield rest
 
 
 def _limit(default: int) -> int:
@@ -160,7 +145,8 @@ def _file_batch_request() -> dict[str, Any] | None:
     body (our own submit: the request lines themselves)."""
     if request.mimetype != "application/json":
         return None
-    if (request.content_length or 0) > MAX_JSON_REQUEST_BYTES:
+    size = request.content_length
+    if size is None or size > MAX_JSON_REQUEST_BYTES:  # the SDK's request is small and sized
         return None
     try:
         body = json.loads(request.get_data(cache=True) or b"null")
@@ -191,9 +177,9 @@ def _create_from_file(tenant: Tenant, body: dict[str, Any]) -> tuple[dict[str, A
     )
 
 
-def _body_source() -> Iterator[bytes]:
+def _body_source(max_bytes: int) -> Iterator[bytes]:
     """The JSONL body: the bytes already read (a JSON body that named no file), or the
-    stream."""
+    stream, read under ``max_bytes``."""
     size = request.content_length
     if (
         request.mimetype == "application/json"
@@ -201,7 +187,7 @@ def _body_source() -> Iterator[bytes]:
         and size <= MAX_JSON_REQUEST_BYTES
     ):
         return iter(request.get_data(cache=True).splitlines(keepends=True))
-    return _body_lines()
+    return body_lines(max_bytes)
 
 
 @blueprint.post("/v1/batches")
@@ -209,14 +195,13 @@ def create_batch() -> tuple[Response, int]:
     """Either SDK's flow (a JSON body naming an uploaded ``input_file_id``) or our
     own: the JSONL request lines as the body, options in the query."""
     tenant = _caller()
-    settings = get_settings()
-    if request.content_length and request.content_length > settings.max_body_bytes:
-        raise PayloadTooLarge(f"body larger than {settings.max_body_bytes} bytes")
+    limit = get_settings().max_body_bytes
+    cap_body(limit)
     from_file = _file_batch_request()
     if from_file is not None:
         described, created = _create_from_file(tenant, from_file)
     else:
-        described, created = python_api.submit(tenant, _body_source(), _submit_options())
+        described, created = python_api.submit(tenant, _body_source(limit), _submit_options())
     response = jsonify(described)
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
@@ -264,9 +249,6 @@ def cancel_batch(batch_id: str) -> Response:
 
 # -- files (the OpenAI Files API) ----------------------------------------------------
 
-# What a multipart upload may add to the file itself (boundaries, the other fields).
-MULTIPART_SLACK_BYTES = 64 * 1024
-
 
 def _expires_after_s() -> int | None:
     """``expires_after[anchor]=created_at`` and ``expires_after[seconds]=N`` (the SDK's
@@ -289,12 +271,16 @@ def _expires_after_s() -> int | None:
 def upload_file() -> Response:
     tenant = _caller()
     limit = get_settings().max_body_bytes
-    if request.content_length and request.content_length > limit + MULTIPART_SLACK_BYTES:
-        raise PayloadTooLarge(f"file larger than {limit} bytes")
-    upload = request.files.get("file")
+    # The multipart parser reads through the capped stream: past the cap it stops, and
+    # what it spooled to disk goes with the request.
+    cap_body(limit + MULTIPART_SLACK_BYTES, f"file larger than {limit} bytes")
+    with refused_over():
+        upload = request.files.get("file")
     if upload is None:
         raise ValidationFailed("a multipart field 'file' is required", field="file")
     content = upload.stream.read(limit + 1)
+    if len(content) > limit:
+        raise PayloadTooLarge(f"file larger than {limit} bytes")
     return jsonify(
         python_api.upload_file(
             content,
@@ -348,10 +334,7 @@ def _results_url(batch_id: str) -> str:
 @blueprint.post("/v1/messages/batches")
 def create_message_batch() -> Response:
     tenant = _caller()
-    limit = get_settings().max_body_bytes
-    if request.content_length and request.content_length > limit:
-        raise PayloadTooLarge(f"body larger than {limit} bytes")
-    body = request.get_json(silent=True)
+    body = json_body(get_settings().max_body_bytes)
     if not isinstance(body, dict):
         raise ValidationFailed("the body must be a JSON object with 'requests'", field="requests")
     described, created = python_api.create_message_batch(
@@ -422,10 +405,9 @@ def _caller_connected() -> bool:
 
 
 def _call_body() -> Any:
-    limit = get_settings().max_body_bytes
-    if request.content_length and request.content_length > limit:
-        raise PayloadTooLarge(f"body larger than {limit} bytes")
-    return request.get_json(silent=True)
+    """A synchronous call's JSON body: read once the key is known, under its own cap."""
+    _caller()
+    return json_body(get_settings().max_call_body_bytes)
 
 
 def _run_call(line: dict[str, Any], endpoint: str, body_timeout: Any) -> Any:
@@ -652,6 +634,8 @@ def _http_error(prefix: str, host_handler: Handler | None, exc: HTTPException) -
     if not _under(prefix):  # the host app's own page
         return host_handler(exc) if host_handler else exc
     code = exc.code or 500
+    if isinstance(exc, RequestEntityTooLarge):  # a read passed the body's cap
+        return handle_error(too_large())
     response, status = _error_response(
         code,
         {"code": HTTP_CODES.get(code, "http_error"), "message": exc.description or exc.name},

@@ -103,11 +103,21 @@ class Settings(BaseSettings):
 
     # Submission bounds.
     max_batch_lines: int = 50_000
+    # A request body (JSONL, an upload, a Message Batch) is read under this bound,
+    # counted while it streams (app/bodies.py): past it, a 413 at once.
     max_body_bytes: int = 200 * 1024 * 1024
+    # The bound of a synchronous call's body (POST /v1/chat/completions, /v1/messages),
+    # parsed whole as JSON: a prompt that fits a context window is far smaller.
+    max_call_body_bytes: int = 32 * 1024 * 1024
     # How long an uploaded file (POST /v1/files) is kept unless its upload asks for
     # less (expires_after); the sweep deletes it then. Output files of a batch are its
     # results, read on demand: they go with the batch.
     file_retention_s: int = 30 * 86400
+    # What one tenant may keep uploaded at once (files not yet deleted or expired):
+    # how many, and their bytes in all; over it, a 429 until a file goes. A tenant's
+    # own max_files / max_file_bytes (batchgen tenants create) overrides these.
+    tenant_max_files: int = Field(default=1000, ge=1)
+    tenant_max_file_bytes: int = Field(default=2 * 1024 * 1024 * 1024, ge=1)
     default_completion_window_s: int = 24 * 3600
     # Backlog bound per model, in minutes of its tokens_per_min (see app/store/quotas.py).
     max_backlog_min: float = 60.0

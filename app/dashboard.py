@@ -32,9 +32,16 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from batchgen import dashboard_auth as auth
 from batchgen import python_api
+from batchgen.bodies import (
+    MULTIPART_SLACK_BYTES,
+    cap_body,
+    close_if_unread,
+    read_body,
+    refused_over,
+)
 from batchgen.config import get_settings
 from batchgen.domain.dashboard import format_usd
-from batchgen.errors import BatchgenError, Unauthorized
+from batchgen.errors import BatchgenError, PayloadTooLarge, Unauthorized
 from batchgen.store import tenants
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
@@ -51,6 +58,27 @@ csrf_token = auth.csrf_token
 @dashboard.after_request
 def _secure(response: Response) -> Response:
     return auth.secure(response)
+
+
+# A dashboard form (sign-in, cancel) is a few short fields: its body is read no further.
+FORM_MAX_BYTES = 64 * 1024
+
+
+@dashboard.before_request
+def _cap_forms() -> BaseResponse | None:
+    """Read a dashboard form under its cap before a view parses it (Werkzeug reads a
+    URL-encoded form whole); the upload has its own cap, set once its cookie is checked."""
+    if request.endpoint == "batchgen_dashboard.submit" or request.method != "POST":
+        return None
+    try:
+        read_body(FORM_MAX_BYTES, f"form larger than {FORM_MAX_BYTES} bytes")
+    except PayloadTooLarge as exc:
+        return _refused(exc)
+    return None
+
+
+def _refused(exc: PayloadTooLarge) -> BaseResponse:
+    return close_if_unread(Response(str(exc), status=413, mimetype="text/plain"))
 
 
 def _tenant() -> Tenant | None:
@@ -210,9 +238,19 @@ def _back(message: str) -> BaseResponse:
 @dashboard.post("/dashboard/submit")
 def submit() -> BaseResponse:
     tenant = _tenant()
-    if tenant is None or not _csrf_ok():
+    if tenant is None:
         return _login_page("sign in again", 401)
-    upload = request.files.get("file")
+    limit = get_settings().max_body_bytes
+    try:
+        # Capped before the form is parsed: the upload spools at most this, then a 413.
+        cap_body(limit + MULTIPART_SLACK_BYTES, f"file larger than {limit} bytes")
+        with refused_over():
+            signed = _csrf_ok()
+            upload = request.files.get("file")
+    except PayloadTooLarge as exc:
+        return _refused(exc)
+    if not signed:
+        return _login_page("sign in again", 401)
     if upload is None or not upload.filename:
         return _back("choose a JSONL file of requests")
     try:

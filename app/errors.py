@@ -11,6 +11,7 @@
 │   ├── ``Conflict``           409
 │   ├── ``IdempotencyKeyReused`` 422 (the key names another request)
 │   └── ``OverQuota``          429 + Retry-After (the tenant's own limits)
+│       └── ``FileQuotaExceeded`` 429: its uploads fill its file quota
 ├── ``Overloaded``             503 + Retry-After (model backlog full)
 ├── ``Unavailable``            503 + Retry-After (PostgreSQL or Redis unreachable)
 ├── ``CallFailed``             a synchronous call ended without an answer (400/429/502/504…)
@@ -106,6 +107,13 @@ class OverQuota(ClientError, RetryAdvice):
     def __init__(self, message: str, *, retry_after_s: float):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class FileQuotaExceeded(OverQuota):
+    """The tenant's uploads already fill its file quota (count or bytes); Retry-After
+    is when its first file expires (deleting one frees room at once)."""
+
+    code = "file_quota_exceeded"
 
 
 class Overloaded(BatchgenError, RetryAdvice):

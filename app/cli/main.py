@@ -82,6 +82,12 @@ def tenants_create(
     tokens_per_min: int | None = typer.Option(
         None, min=1, help="The tenant's own token budget per minute, across models."
     ),
+    max_files: int | None = typer.Option(
+        None, min=1, help="Uploads kept at most (default BATCHGEN_TENANT_MAX_FILES)."
+    ),
+    max_file_bytes: int | None = typer.Option(
+        None, min=1, help="Bytes of uploads kept at most (BATCHGEN_TENANT_MAX_FILE_BYTES)."
+    ),
     admin: bool = typer.Option(False, help="May read every tenant's batches and usage."),
     webhook_url: str | None = typer.Option(
         None, help="Where its batches' ends are POSTed, signed (unless a batch names its own)."
@@ -101,6 +107,8 @@ def tenants_create(
             tokens_per_min=tokens_per_min,
             is_admin=admin,
             webhook_url=webhook_url,
+            max_files=max_files,
+            max_file_bytes=max_file_bytes,
         )
         tenant_id, secret = tenant.id, tenant.webhook_secret
     if as_json:
@@ -144,6 +152,8 @@ def tenants_list(as_json: bool = JSON) -> None:
                 "max_pending_items": t.max_pending_items,
                 "daily_token_quota": t.daily_token_quota,
                 "tokens_per_min": t.tokens_per_min,
+                "max_files": t.max_files,
+                "max_file_bytes": t.max_file_bytes,
                 "revoked": t.revoked_at is not None,
             }
             for t in tenants.list_tenants(session)
@@ -316,6 +326,9 @@ def flower(
             "or pass --basic-auth user:password",
             2,
         )
+    from batchgen.monitoring.flower_auth import require_auth
+
+    require_auth()  # /metrics too (Flower serves it open)
     with _services():
         console.print(f"flower on http://{address}:{port} (basic auth as {user})")
         # In-process: the password stays out of the process list.

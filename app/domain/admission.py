@@ -42,6 +42,7 @@ class ItemDraft:
     model: str
     body: dict[str, Any]
     prompt_tokens_est: int
+    # The output tokens reserved for the item: n (choices) times one choice's bound.
     max_tokens: int
     timeout_s: float | None = None  # optional per-item deadline, from admission
     # The body as canonical JSON, once RequestFingerprint.track has spelled it (what
@@ -155,21 +156,47 @@ def _fail(line_no: int, field: str | None, message: str) -> ValidationFailed:
     return ValidationFailed(f"{where}: {message}", line=line_no, field=field)
 
 
+# The output-token fields a chat body may carry (OpenAI's current name, then the legacy
+# one). Providers differ on which wins when both are given (OpenAI and vLLM read
+# max_completion_tokens; a proxy may pass max_tokens on), so each is checked and the
+# larger is reserved: whichever the provider honours, the reservation covers it.
+MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
+# OpenAI's bound on ``n`` (choices per request).
+MAX_CHOICES = 128
+
+
+def _token_field(body: dict[str, Any], key: str, line_no: int, limit: int, model: str) -> int:
+    value = body[key]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _fail(line_no, f"body.{key}", "must be an integer")
+    if value <= 0:
+        raise _fail(line_no, f"body.{key}", "must be greater than 0")
+    if value > limit:
+        raise _fail(line_no, f"body.{key}", f"{value} exceeds the limit of {limit} for {model}")
+    return value
+
+
 def _max_tokens(body: dict[str, Any], line_no: int, limit: int, model: str) -> int:
-    for key in ("max_completion_tokens", "max_tokens"):
-        if key in body:
-            value = body[key]
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise _fail(line_no, f"body.{key}", "must be an integer")
-            if value <= 0:
-                raise _fail(line_no, f"body.{key}", "must be greater than 0")
-            if value > limit:
-                raise _fail(
-                    line_no, f"body.{key}", f"{value} exceeds the limit of {limit} for {model}"
-                )
-            return value
-    # No limit given: reserve the model's maximum, as the provider would allow.
-    return limit
+    """The most output tokens one choice may take: the larger of the fields given (each
+    checked), else the model's maximum, as the provider would allow."""
+    given = [_token_field(body, k, line_no, limit, model) for k in MAX_TOKENS_FIELDS if k in body]
+    return max(given, default=limit)
+
+
+def choices(body: dict[str, Any], line_no: int = 0) -> int:
+    """``n``, the choices the provider generates for the request (each up to its max
+    output tokens); 1 when absent."""
+    value = body.get("n", 1)
+    if value is None:
+        return 1
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_CHOICES:
+        raise _fail(line_no, "body.n", f"must be an integer from 1 to {MAX_CHOICES}")
+    return value
+
+
+def per_choice_max_tokens(body: dict[str, Any], reserved_output_tokens: int) -> int:
+    """One choice's output bound, from an item's reserved output tokens (``n`` times it)."""
+    return reserved_output_tokens // choices(body)
 
 
 def _messages(body: dict[str, Any], line_no: int) -> list[dict[str, Any]]:
@@ -257,6 +284,8 @@ def validate_line(
         raise _fail(line_no, "body.stream", "streaming is not available in batches")
     messages = _messages(body, line_no)
     max_tokens = _max_tokens(body, line_no, spec.max_output_tokens, model_name)
+    n = choices(body, line_no)
+    # The context window holds the prompt and one choice; the budget pays for all n.
     prompt_tokens = _check_fits(messages, line_no, spec, max_tokens, budget or TokenizeBudget(None))
     timeout_s = None
     if "timeout" in obj:  # our extension of the Batch format: a per-item deadline
@@ -264,7 +293,7 @@ def validate_line(
             timeout_s = parse_duration_s(obj["timeout"], "timeout")
         except ValidationFailed as exc:
             raise _fail(line_no, "timeout", exc.message) from exc
-    return ItemDraft(line_no, custom_id, model_name, body, prompt_tokens, max_tokens, timeout_s)
+    return ItemDraft(line_no, custom_id, model_name, body, prompt_tokens, n * max_tokens, timeout_s)
 
 
 def iter_lines(stream: Iterable[bytes], limits: Limits) -> Iterator[tuple[int, bytes]]:

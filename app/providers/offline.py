@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import anthropic
 import openai
 
+from batchgen.domain.admission import per_choice_max_tokens
 from batchgen.providers import anthropic as anthropic_adapter
 from batchgen.providers import openai as openai_adapter
 from batchgen.providers.base import ProviderResponse, safe_code
@@ -144,7 +145,11 @@ class OpenAIJobs:
                 "custom_id": custom_id(tag, row.item_id),
                 "method": "POST",
                 "url": "/v1/chat/completions",
-                "body": {**row.body, "model": spec.name, "max_tokens": row.max_tokens},
+                "body": {
+                    **row.body,
+                    "model": spec.name,
+                    "max_tokens": per_choice_max_tokens(row.body, row.max_tokens),
+                },
             }
             for row in rows
         ]
@@ -232,7 +237,9 @@ class AnthropicJobs:
     def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
         requests = []
         for row in rows:
-            params = anthropic_adapter.to_messages_request(row.body, row.max_tokens)
+            params = anthropic_adapter.to_messages_request(
+                row.body, per_choice_max_tokens(row.body, row.max_tokens)
+            )
             extra = params.pop("extra_body", {})
             requests.append(
                 {

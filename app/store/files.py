@@ -2,7 +2,8 @@
 finished batch's output and error files, read from its results.
 
 An upload (``purpose="batch"``) is validated line by line at upload, exactly as a
-submit is (:func:`batchgen.domain.admission.parse_lines`), all or nothing, and
+submit is (:func:`batchgen.domain.admission.parse_lines`), all or nothing, held
+against the tenant's file quota (:func:`batchgen.store.quotas.check_files`), and
 stored whole in ``files.content``, so that a second API host sees it. It expires
 ``file_retention_s`` after its upload (or sooner, by its ``expires_after``); an
 expired file is gone for every reader at once and the sweep deletes its row.
@@ -30,7 +31,7 @@ from batchgen.config import Settings
 from batchgen.domain.admission import parse_lines
 from batchgen.errors import NotFound, PayloadTooLarge, ValidationFailed
 from batchgen.registry import Registry
-from batchgen.store import batches
+from batchgen.store import batches, quotas
 from batchgen.store.batches import OUTPUT, output_file_id, output_file_ids, submission_limits
 from batchgen.store.schema import Batch, File, Tenant
 
@@ -83,6 +84,7 @@ def store_file(
             )
         retention_s = expires_after_s
     line_count = sum(1 for _ in parse_lines(_lines(content), registry, submission_limits(settings)))
+    quotas.check_files(session, tenant, len(content), settings)
     now = session.scalar(select(func.now()))
     assert now is not None
     file = File(

@@ -6,6 +6,10 @@
   model needs to work off the excess at its tokens/min.
 * Per tenant: open items (``max_pending_items``) and tokens per UTC day
   (``daily_token_quota``, used + still open) → :class:`OverQuota` (429).
+* Per tenant, at upload: its files not yet deleted or expired, by count and bytes
+  (``max_files`` / ``max_file_bytes``, else the settings' ``tenant_max_files`` /
+  ``tenant_max_file_bytes``) → :class:`FileQuotaExceeded` (429), or 413 for a file
+  that alone is over the bytes.
 
 A rejection raises, the transaction rolls back, and nothing is stored. The
 pure functions first; the queries after.
@@ -21,11 +25,11 @@ from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
 from batchgen.domain.status import OPEN, ItemStatus, values
-from batchgen.errors import Overloaded, OverQuota, PayloadTooLarge
+from batchgen.errors import FileQuotaExceeded, Overloaded, OverQuota, PayloadTooLarge
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store import totals
 from batchgen.store.db import ADVISORY_NAMESPACE
-from batchgen.store.schema import Tenant, TenantDailyUsage
+from batchgen.store.schema import File, Tenant, TenantDailyUsage
 
 # A model's online backlog: what its workers still have to run (offloaded items wait
 # for the provider's Batch API, on a quota of their own).
@@ -46,6 +50,71 @@ def seconds_until_utc_midnight(now: dt.datetime) -> float:
     tomorrow = (now.astimezone(dt.UTC) + dt.timedelta(days=1)).date()
     midnight = dt.datetime.combine(tomorrow, dt.time(), tzinfo=dt.UTC)
     return max(MIN_RETRY_AFTER_S, (midnight - now).total_seconds())
+
+
+def file_quota(tenant: Tenant, settings: Settings) -> tuple[int, int]:
+    """The tenant's bounds on its uploads: (files, bytes in all)."""
+    return (
+        tenant.max_files or settings.tenant_max_files,
+        tenant.max_file_bytes or settings.tenant_max_file_bytes,
+    )
+
+
+def check_file_quota(
+    tenant_name: str,
+    new_bytes: int,
+    kept: tuple[int, int],
+    quota: tuple[int, int],
+    first_expiry_s: float | None,
+) -> None:
+    """Pure: may a file of ``new_bytes`` join the ``kept`` (files, bytes) under
+    ``quota``? A file that alone is over the bytes can never fit: 413. Otherwise over
+    the quota: 429, back when the first kept file expires (``first_expiry_s`` from now)."""
+    (files, used), (max_files, max_bytes) = kept, quota
+    if new_bytes > max_bytes:
+        raise PayloadTooLarge(
+            f"a file of {new_bytes} bytes is over tenant {tenant_name}'s file quota of "
+            f"{max_bytes} bytes",
+            field="file",
+        )
+    retry_after_s = max(MIN_RETRY_AFTER_S, first_expiry_s or MIN_RETRY_AFTER_S)
+    if files + 1 > max_files:
+        raise FileQuotaExceeded(
+            f"tenant {tenant_name} keeps {files} files; its quota is {max_files} files: "
+            "delete one (DELETE /v1/files/{file_id}) or wait until one expires",
+            retry_after_s=retry_after_s,
+        )
+    if used + new_bytes > max_bytes:
+        raise FileQuotaExceeded(
+            f"tenant {tenant_name} keeps {used} bytes of files; {new_bytes} more is over its "
+            f"quota of {max_bytes} bytes: delete a file or wait until one expires",
+            retry_after_s=retry_after_s,
+        )
+
+
+def check_files(session: Session, tenant: Tenant, new_bytes: int, settings: Settings) -> None:
+    """Raise unless a new upload of ``new_bytes`` fits the tenant's file quota; its
+    uploads are counted one after another (the lock holds to the end of the
+    transaction that stores the file)."""
+    session.execute(
+        text("SELECT pg_advisory_xact_lock(:ns, :tenant)"),
+        {"ns": ADVISORY_NAMESPACE + 4, "tenant": tenant.id},
+    )
+    alive = (File.expires_at.is_(None)) | (File.expires_at > func.now())
+    files, used, first_expiry_s = session.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(File.size_bytes), 0),
+            func.extract("epoch", func.min(File.expires_at) - func.now()),
+        ).where(File.tenant_id == tenant.id, alive)
+    ).one()
+    check_file_quota(
+        tenant.name,
+        new_bytes,
+        (int(files), int(used)),
+        file_quota(tenant, settings),
+        None if first_expiry_s is None else float(first_expiry_s),
+    )
 
 
 def _open(

@@ -65,6 +65,10 @@ class Tenant(Base):
     max_pending_items: Mapped[int | None] = mapped_column(Integer)
     daily_token_quota: Mapped[int | None] = mapped_column(BigInteger)
     tokens_per_min: Mapped[int | None] = mapped_column(Integer)
+    # Its own bounds on its uploads (count, bytes in all); NULL: the settings'
+    # tenant_max_files and tenant_max_file_bytes (migration 0010).
+    max_files: Mapped[int | None] = mapped_column(Integer)
+    max_file_bytes: Mapped[int | None] = mapped_column(BigInteger)
     is_admin: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     # Where the tenant's finished batches are announced, unless a batch names its own,
     # and the secret its webhook deliveries are signed with (migration 0008).

@@ -57,6 +57,8 @@ def create_tenant(
     tokens_per_min: int | None = None,
     is_admin: bool = False,
     webhook_url: str | None = None,
+    max_files: int | None = None,
+    max_file_bytes: int | None = None,
 ) -> tuple[Tenant, str]:
     """Create a tenant; returns it and its API key (the only time the key is visible).
     Its webhook secret (``tenant.webhook_secret``) signs every webhook delivery of its
@@ -75,6 +77,8 @@ def create_tenant(
         max_pending_items=max_pending_items,
         daily_token_quota=daily_token_quota,
         tokens_per_min=tokens_per_min,
+        max_files=max_files,
+        max_file_bytes=max_file_bytes,
         is_admin=is_admin,
         webhook_url=check_webhook_url(webhook_url),
         webhook_secret=new_webhook_secret(),

@@ -7,9 +7,11 @@ marks nothing, so :func:`pytest_collection_modifyitems` does it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +45,7 @@ SLOW = frozenset(
         "test_flower.py::test_flower_shows_tasks_with_ids_only_behind_basic_auth",
         "test_notifications.py::test_a_dripping_receiver_is_cut_at_the_deadline_and_stalls_nobody",
         "test_notifications.py::test_a_host_celery_task_on_its_own_broker_is_called_once",
+        "test_flower.py::test_batchgen_flower_puts_metrics_behind_its_basic_auth",
         "test_nightly.py::test_beat_fires_twice_one_batch_500_descriptions_and_report",
         "test_offload.py::test_a_dispatcher_killed_while_the_provider_creates_a_job_leaves_one_job",
         "test_offload.py::test_a_job_past_its_cutoff_is_cancelled_there_and_run_online",
@@ -156,11 +159,10 @@ def restore_env() -> Iterator[None]:
     get_settings.cache_clear()
 
 
-@pytest.fixture
-def api_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
+@contextlib.contextmanager
+def api_servers(tmp_path: Path) -> Iterator[Callable[..., str]]:
     """Start ``batchgen api`` as a real server process on a free port (environment
-    overrides per call); returns its base URL. Every one started is stopped after the test."""
-    import signal
+    overrides per call); returns its base URL. Every one started is stopped at the end."""
     import subprocess
     import sys
     import time
@@ -201,7 +203,16 @@ def api_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
                 raise RuntimeError(f"API server not up after {timeout_s}s")
             time.sleep(0.1)
 
-    yield start
+    try:
+        yield start
+    finally:
+        _stop_servers(started)
+
+
+def _stop_servers(started: list[Any]) -> None:
+    import signal
+    import subprocess
+
     for process in started:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
@@ -210,3 +221,20 @@ def api_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+
+
+@pytest.fixture
+def api_server(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """:func:`api_servers` for one test."""
+    with api_servers(tmp_path) as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def module_api_server(
+    services: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., str]]:
+    """:func:`api_servers` for a module's tests (the servers outlive each test's
+    ``clean_db``: they keep no state of their own)."""
+    with api_servers(tmp_path_factory.mktemp("api")) as start:
+        yield start

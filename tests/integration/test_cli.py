@@ -157,6 +157,10 @@ def test_tenants(services, run):
         "90000",
         "--tokens-per-min",
         "600",
+        "--max-files",
+        "7",
+        "--max-file-bytes",
+        "4096",
     ]
     created = run("tenants", "create", name, "--weight", "3", *limits, "--json")
     assert created.exit_code == 0, created.output
@@ -171,6 +175,8 @@ def test_tenants(services, run):
         "max_pending_items": 500,
         "daily_token_quota": 90000,
         "tokens_per_min": 600,
+        "max_files": 7,
+        "max_file_bytes": 4096,
         "revoked": False,
     }
     assert expected.items() <= next(t for t in listed if t["name"] == name).items()

@@ -114,3 +114,46 @@ def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator,
         time.sleep(0.2)
     assert len(failed) == 2 and SECRET not in res.text
     assert all("failed: permanent" in (t["exception"] or "") for t in failed), failed
+
+
+def test_batchgen_flower_puts_metrics_behind_its_basic_auth(services, tmp_path):
+    """Issue 27 item 9: ``batchgen flower`` serves /metrics only with the credentials;
+    /healthcheck stays open for probes and says nothing but OK."""
+    port = free_port()
+    log = open(tmp_path / "batchgen-flower.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batchgen.cli", "flower", f"--port={port}"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={
+            **os.environ,
+            "BATCHGEN_FLOWER_USER": "ops",
+            "BATCHGEN_FLOWER_PASSWORD": "s3cret",
+        },
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                health = httpx.get(f"{url}/healthcheck", timeout=0.5)
+                if health.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, (tmp_path / "batchgen-flower.log").read_text()
+            time.sleep(0.1)
+        else:
+            raise RuntimeError((tmp_path / "batchgen-flower.log").read_text())
+        assert health.text == "OK"  # a probe's answer, nothing about tasks or workers
+        assert httpx.get(f"{url}/metrics").status_code == 401
+        assert httpx.get(f"{url}/metrics", auth=("ops", "wrong")).status_code == 401
+        assert httpx.get(f"{url}/metrics", auth=("nobody", "s3cret")).status_code == 401
+        metrics = httpx.get(f"{url}/metrics", auth=("ops", "s3cret"))
+        assert metrics.status_code == 200
+        assert "flower_events_total" in metrics.text or "# HELP" in metrics.text
+        assert httpx.get(f"{url}/api/workers").status_code == 401  # as before
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()

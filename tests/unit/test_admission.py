@@ -75,3 +75,56 @@ def test_parse_is_lazy_so_big_files_stream():
     gen = parse_lines(lines(), get_registry(), Limits(10**7, 1 << 40))
     next(gen)
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("max_completion_tokens", "max_tokens"),
+        ("max_tokens", "max_completion_tokens"),
+    ],
+)
+def test_both_token_fields_are_checked(first, second):
+    limit = get_registry()["sim-small"].max_output_tokens
+    for bad, field in ((limit + 1, second), (0, second), ("9", second)):
+        with pytest.raises(ValidationFailed) as info:
+            parse(line("a", **{first: 10, second: bad}))
+        assert info.value.field == f"body.{field}"
+
+
+def test_the_larger_token_field_is_reserved():
+    """Providers differ on which field wins; the reservation covers either."""
+    (small_first,) = parse(line("a", max_completion_tokens=10, max_tokens=700))
+    (large_first,) = parse(line("a", max_completion_tokens=700, max_tokens=10))
+    assert small_first.max_tokens == large_first.max_tokens == 700
+
+
+def test_n_choices_reserve_n_times_the_output():
+    (one,) = parse(line("a", max_tokens=100))
+    (three,) = parse(line("a", max_tokens=100, n=3))
+    (default,) = parse(line("a", n=2))
+    assert one.max_tokens == 100
+    assert three.max_tokens == 300
+    assert default.max_tokens == 2 * get_registry()["sim-small"].max_output_tokens
+    assert three.prompt_tokens_est == one.prompt_tokens_est
+
+
+def test_n_choices_fit_the_context_window_one_at_a_time():
+    """The window holds the prompt and one choice: n does not multiply it."""
+    spec = get_registry()["sim-small"]
+    (draft,) = parse(line("a", max_tokens=spec.max_output_tokens, n=32))
+    assert draft.max_tokens == 32 * spec.max_output_tokens > spec.context_window
+
+
+@pytest.mark.parametrize("n", [0, -1, 129, 1.5, True, "2"])
+def test_bad_n_is_refused(n):
+    with pytest.raises(ValidationFailed) as info:
+        parse(line("a", n=n))
+    assert info.value.field == "body.n"
+
+
+def test_offline_rows_ask_one_choice_its_own_bound():
+    from batchgen.domain.admission import per_choice_max_tokens
+
+    (draft,) = parse(line("a", max_tokens=100, n=3))
+    assert per_choice_max_tokens(draft.body, draft.max_tokens) == 100

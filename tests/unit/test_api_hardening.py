@@ -179,3 +179,53 @@ def test_access_log_records_of_every_server_lose_the_query_string():
         message = record.getMessage()
         assert "Initech" not in message and "metadata" not in message, message
         assert "HTTP/1.1" in message
+
+
+def _capped_app():
+    from flask import Flask
+
+    from batchgen.bodies import body_lines, json_body
+
+    app = Flask("capped")
+    app.register_error_handler(PayloadTooLarge, lambda exc: (exc.message, 413))
+    app.add_url_rule("/lines", "lines", lambda: {"n": len(list(body_lines(10)))}, methods=["POST"])
+    app.add_url_rule("/json", "json", lambda: {"v": json_body(10)}, methods=["POST"])
+    return app.test_client()
+
+
+@pytest.mark.parametrize("path", ["/lines", "/json"])
+def test_a_streamed_body_of_its_cap_is_read_and_one_byte_more_is_413(path):
+    """Issue 27 item 2: a body with no Content-Length is counted while it streams."""
+    import io
+
+    client = _capped_app()
+    streamed = {"wsgi.input_terminated": True}  # what a server sets for a chunked body
+    for body, status in ((b'"12345678"', 200), (b'"123456789"', 413), (b"1" * 10**6, 413)):
+        res = client.post(
+            path,
+            input_stream=io.BytesIO(body),
+            environ_overrides=streamed,
+            content_type="application/json",
+        )
+        assert res.status_code == status, (body[:20], res.text)
+        if status == 413:
+            assert res.text == "body larger than 10 bytes"
+    res = client.post(path, data=b"1" * 11, content_type="application/json")  # declared
+    assert res.status_code == 413
+
+
+def test_file_quota_decisions():
+    """Issue 27 item 5, the pure part: count, bytes, a file alone too big, Retry-After."""
+    from batchgen.errors import FileQuotaExceeded
+    from batchgen.store.quotas import check_file_quota
+
+    quota = (3, 1000)
+    check_file_quota("t", 100, (2, 900), quota, 50.0)  # fits: the third file, 1000 bytes
+    with pytest.raises(FileQuotaExceeded, match="keeps 3 files") as by_count:
+        check_file_quota("t", 1, (3, 10), quota, 50.0)
+    assert by_count.value.retry_after_s == 50.0
+    with pytest.raises(FileQuotaExceeded, match="bytes of files") as by_bytes:
+        check_file_quota("t", 101, (2, 900), quota, None)
+    assert by_bytes.value.retry_after_s >= 1.0
+    with pytest.raises(PayloadTooLarge, match="file quota"):
+        check_file_quota("t", 1001, (0, 0), quota, None)

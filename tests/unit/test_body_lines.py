@@ -1,5 +1,5 @@
 """The HTTP API reads a JSONL body in chunks and splits it into the same lines a
-line-at-a-time read gives, wherever the chunks cut (app/api.py)."""
+line-at-a-time read gives, wherever the chunks cut (app/bodies.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import io
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchgen.api import split_lines
+from batchgen.bodies import split_lines
 
 
 @given(
