@@ -8,6 +8,7 @@ stay far below what was sent (sampled from /proc while the body streams)."""
 from __future__ import annotations
 
 import os
+import re
 import select
 import socket
 import threading
@@ -21,6 +22,7 @@ import psutil
 import pytest
 
 from batchgen.dashboard import csrf_token
+from batchgen.dashboard_auth import SESSION_COOKIE
 from tests.helpers import chat_line, jsonl, make_tenant
 
 pytestmark = pytest.mark.integration
@@ -219,13 +221,26 @@ def test_a_file_upload_past_the_limit_is_413_before_it_is_spooled(server, key):
     _assert_refused_early(sent, rss_growth, spooled)
 
 
+def _dashboard_session(url: str, key: str) -> str:
+    """Sign in as a browser does (the form's token and cookie, then the key); returns
+    the session cookie's token."""
+    with httpx.Client(base_url=url) as web:
+        form = web.get("/dashboard")
+        token = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert token, form.text[:300]
+        signed_in = web.post("/dashboard/login", data={"key": key, "csrf": token.group(1)})
+        assert signed_in.status_code == 302, signed_in.text[:300]
+        return str(web.cookies[SESSION_COOKIE])
+
+
 def test_a_dashboard_upload_past_the_limit_is_413_before_it_is_spooled(server, key):
+    session = _dashboard_session(server[0], key)
     headers = {
-        "Cookie": f"batchgen_key={key}",
+        "Cookie": f"{SESSION_COOKIE}={session}",
         "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
     }
     line = jsonl([chat_line("a", text="hi")])
-    head = _multipart_head({"csrf": csrf_token(key)})
+    head = _multipart_head({"csrf": csrf_token(session)})
     status, answer, sent, rss_growth, spooled = _measured(
         server, "/dashboard/submit", headers, head, line
     )
@@ -273,5 +288,4 @@ def test_a_dashboard_form_is_read_no_further_than_a_form(server, key):
     assert b"larger than 65536 bytes" in answer
     _assert_refused_early(sent, rss_growth, spooled)
     url, _, _ = server
-    signed_in = httpx.post(f"{url}/dashboard/login", data={"key": key})
-    assert signed_in.status_code == 302 and "batchgen_key" in signed_in.headers["set-cookie"]
+    assert _dashboard_session(url, key)
