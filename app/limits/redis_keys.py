@@ -84,4 +84,10 @@ def rejections() -> str:
     return f"{PREFIX}rejections"
 
 
+def running_item(item_id: int) -> str:
+    """String: the attempt number a live worker runs the item on, renewed by its
+    heartbeat (app/worker/heartbeat.py), expiring a running lease after its last renewal."""
+    return f"{PREFIX}running:{item_id}"
+
+
 CANCEL_CHANNEL = f"{PREFIX}cancel"

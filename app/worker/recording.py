@@ -96,7 +96,7 @@ def with_db_retries(
                     getattr(getattr(exc, "orig", exc), "sqlstate", "?"),
                 )
                 continue
-            left_s = item.lease_left_s()
+            left_s = _lease_left_s(item)
             if not db.is_transient(exc) or left_s <= 0:
                 raise
             log.warning(
@@ -108,6 +108,16 @@ def with_db_retries(
             )
             time.sleep(min(delay_s, left_s))
             delay_s = min(2 * delay_s, DB_RETRY_MAX_S)
+
+
+def _lease_left_s(item: Owned) -> float:
+    """How long the item stays ours: its lease, as renewed by the worker's heartbeat
+    while its call is in flight (:mod:`batchgen.worker.heartbeat`)."""
+    from batchgen.worker.heartbeat import heartbeat  # imports this module's users
+
+    if isinstance(item, Claimed):
+        return heartbeat().lease_left_s(item)
+    return item.lease_left_s()
 
 
 def close_batch(batch_id: str, item_id: int) -> None:

@@ -4,7 +4,8 @@
 -- their deadline has passed (expired), or a running item has used all its
 -- attempts (failed, with the reason). The attempt cap is the model's own,
 -- never above the global one (:attempt_caps maps model -> cap; models not in
--- it use :max_attempts).
+-- it use :max_attempts). :alive lists running items whose owner's heartbeat
+-- is still live in Redis (a lease that ran out while PostgreSQL was away): not lost.
 --
 -- ``was_sent``: the lost attempt's request had been sent, so the provider may
 -- bill it; the caller ledgers it as waste in the same transaction.
@@ -25,6 +26,7 @@ WITH lost AS (
     JOIN batches AS b ON b.id = i.batch_id
     WHERE i.status IN ('queued', 'running')
       AND i.lease_expires_at < now()
+      AND i.id <> ALL(CAST(:alive AS bigint[]))
     ORDER BY i.id
     FOR UPDATE OF i
 )
