@@ -5,6 +5,10 @@ A worker's heartbeat sets one key per item whose call it has in flight
 running lease after the last renewal). The sweep reads them before it takes back
 running items whose PostgreSQL lease ran out: a lease that ran out while
 PostgreSQL was unreachable, with its owner alive, is not a lost worker.
+
+Likewise an API process renews one key per synchronous call whose caller waits in
+it (:func:`batchgen.limits.redis_keys.call_caller`): a call whose lease ran out and
+whose caller's key is gone is cancelled by the sweep, not run again for nobody.
 """
 
 from __future__ import annotations
@@ -40,3 +44,22 @@ def alive(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
         for (item_id, attempt), value in zip(pairs, values, strict=True)
         if value is not None and int(value) == attempt
     }
+
+
+def renew_caller(client: redis.Redis, item_id: int, ttl_s: float) -> None:
+    """The caller of the call ``item_id`` still waits, for ``ttl_s`` more."""
+    client.set(keys.call_caller(item_id), 1, px=max(1, int(ttl_s * 1000)))
+
+
+def drop_caller(client: redis.Redis, item_id: int) -> None:
+    """The caller has its answer (or its error): nobody waits any more."""
+    client.delete(keys.call_caller(item_id))
+
+
+def callers_waiting(client: redis.Redis, item_ids: Iterable[int]) -> set[int]:
+    """Of ``item_ids`` (synchronous calls), those whose caller still waits."""
+    ids = list(item_ids)
+    if not ids:
+        return set()
+    values = client.mget([keys.call_caller(item_id) for item_id in ids])
+    return {item_id for item_id, value in zip(ids, values, strict=True) if value is not None}

@@ -90,4 +90,10 @@ def running_item(item_id: int) -> str:
     return f"{PREFIX}running:{item_id}"
 
 
+def call_caller(item_id: int) -> str:
+    """String: a synchronous call's caller still waits for it, renewed by the API
+    process it waits in (app/python_api.py), expiring ``BATCHGEN_CALLER_LEASE_S`` after."""
+    return f"{PREFIX}caller:{item_id}"
+
+
 CANCEL_CHANNEL = f"{PREFIX}cancel"

@@ -733,14 +733,17 @@ def sweep_lost(
     max_attempts: int,
     attempt_caps: dict[str, int],
     alive: Collection[int] = (),
+    callers_gone: Collection[int] = (),
 ) -> list[LostAttempt]:
     """Queued and running items whose lease ran out: back to pending, or ended
     (cancelled, expired, or failed once a running one used its attempt cap). Items
-    in ``alive`` (their owner's heartbeat is live) are left alone."""
+    in ``alive`` (their owner's heartbeat is live) are left alone; synchronous calls
+    in ``callers_gone`` (nobody waits for them) end cancelled."""
     params = {
         "max_attempts": max_attempts,
         "attempt_caps": json.dumps(attempt_caps),
         "alive": sorted(alive),
+        "callers_gone": sorted(callers_gone),
     }
     rows = session.execute(query("sweep_requeue_lost"), params)
     return [
@@ -772,6 +775,19 @@ def renew_leases(
         .values(lease_expires_at=func.now() + dt.timedelta(seconds=lease_s))
     )
     return int(connection.execute(statement).rowcount)  # type: ignore[attr-defined]
+
+
+def call_leases_ran_out(session: Session) -> list[int]:
+    """Synchronous calls' items (queued or running) whose lease has run out."""
+    return list(
+        session.scalars(
+            select(Item.id).where(
+                Item.priority_rank == CALL_RANK,
+                Item.status.in_([S.QUEUED.value, S.RUNNING.value]),
+                Item.lease_expires_at < func.now(),
+            )
+        )
+    )
 
 
 def leases_ran_out(session: Session) -> list[tuple[int, int]]:

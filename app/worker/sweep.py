@@ -59,6 +59,19 @@ def _alive_owners(session: Session) -> set[int]:
     return alive
 
 
+def _callers_gone(session: Session) -> set[int]:
+    """Synchronous calls whose lease ran out and whose caller no longer waits (the API
+    process it waited in died): cancelled, not handed on. Redis unreachable: none."""
+    ran_out = items.call_leases_ran_out(session)
+    if not ran_out:
+        return set()
+    try:
+        waiting = liveness.callers_waiting(get_redis(), ran_out)
+    except redis.RedisError:
+        return set()
+    return set(ran_out) - waiting
+
+
 def sweep(session: Session, settings: Settings, registry: Registry | None = None) -> SweepReport:
     """One sweep pass in the caller's transaction."""
     registry = registry or get_registry()
@@ -66,7 +79,10 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
     expired = items.sweep_expire(session)
     alive = _alive_owners(session)
     caps = attempt_caps(registry, settings)
-    lost = items.sweep_lost(session, settings.max_attempts, caps, alive=alive)
+    gone = _callers_gone(session)
+    lost = items.sweep_lost(
+        session, settings.max_attempts, caps, alive=alive, callers_gone=gone - alive
+    )
     for attempt in lost:
         log.info(
             "item %d: its %s lease ran out on attempt %d (request sent: %s); now %s",

@@ -24,6 +24,7 @@ CONTROL_QUEUE = "batchgen.control"
 SLOW = frozenset(
     {
         # Fault suites whose every test holds a fault or restarts a process.
+        "test_faults_api.py",
         "test_faults_postgres.py",
         "test_faults_redis.py",
         "test_faults_workers.py",
