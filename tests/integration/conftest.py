@@ -122,12 +122,19 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         env: dict[str, str] | None = None,
         name: str | None = None,
         wait: bool = True,
+        gossip: bool = False,
     ) -> WorkerProcess:
         from batchgen.registry import get_registry
 
         qs = queues or [*get_registry().queues, CONTROL_QUEUE]
         w = start_worker(
-            qs, log_dir=tmp_path / "logs", concurrency=concurrency, beat=beat, env=env, name=name
+            qs,
+            log_dir=tmp_path / "logs",
+            concurrency=concurrency,
+            beat=beat,
+            env=env,
+            name=name,
+            gossip=gossip,
         )
         started.append(w)
         return w.wait_ready() if wait else w
