@@ -178,6 +178,14 @@ class Settings(BaseSettings):
     dispatch_ahead_factor: float = 2.0
     queued_lease_s: float = 120.0
     running_lease_margin_s: float = 30.0
+    # A worker renews the leases of the items whose calls it has in flight this often
+    # (at most a third of a running lease): in PostgreSQL, and in Redis, where the
+    # sweep sees that their owner is alive while PostgreSQL was away (app/worker/heartbeat.py).
+    heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    # A synchronous call's caller counts as there for this long after its API process
+    # last renewed it (every few polls while it waits): the sweep cancels, rather than
+    # hands to a worker, a call whose lease ran out and whose caller is gone.
+    caller_lease_s: float = Field(default=10.0, gt=0)
     max_attempts: int = 5
     # A provider 429 is a budget signal, not a failure: it uses no attempt. This many
     # 429s for one item end it (failed, rate_limited), so a limit configured far

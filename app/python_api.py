@@ -12,6 +12,7 @@ tenant it found. All raise the project's typed exceptions (:mod:`batchgen.errors
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -36,7 +37,7 @@ from batchgen.domain.notifications import retry_delay_s
 from batchgen.domain.offload import OffloadMode, parse_offload
 from batchgen.domain.status import ItemStatus, Priority, parse_priority
 from batchgen.errors import CallFailed, ClientError, NotFound, Overloaded, ValidationFailed
-from batchgen.limits import counters
+from batchgen.limits import counters, liveness
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate
@@ -618,6 +619,7 @@ def start_call(
             settings=settings,
         )
     woken = _call_waiter().register(stored.item_id)
+    _caller_waits(stored.item_id, settings.caller_lease_s)
     deadline_mono_s = started + deadline_s
     # The thread runs in this context (a host app's settings scope goes with it).
     runner = threading.Thread(
@@ -703,8 +705,12 @@ def wait_call(
     item_id, waiter = pending.stored.item_id, _call_waiter()
     # The item's own deadline ends it (the sweep expires it); a little longer here.
     until = pending.deadline_mono_s + settings.sweep_interval_s + 1.0
+    renewed_mono_s = time.monotonic()
     try:
         for _ in CallWaiter.wait_ticks(pending.woken, until, settings.call_poll_s, first=True):
+            if time.monotonic() - renewed_mono_s >= settings.caller_lease_s / 3:
+                renewed_mono_s = time.monotonic()
+                _caller_waits(item_id, settings.caller_lease_s)
             with session_scope() as session:
                 ended = calls.outcome(session, item_id)
             if ended is not None:
@@ -718,6 +724,17 @@ def wait_call(
         raise call_rules.call_error("expired", "the call's deadline passed")
     finally:
         waiter.forget(item_id)
+        with contextlib.suppress(Exception):  # the key expires by itself
+            liveness.drop_caller(get_redis(), item_id)
+
+
+def _caller_waits(item_id: int, lease_s: float) -> None:
+    """Renew the caller's presence in Redis: if this process dies, the sweep cancels the
+    call instead of handing it to a worker (best effort: a Redis error is no call's end)."""
+    try:
+        liveness.renew_caller(get_redis(), item_id, lease_s)
+    except Exception as exc:  # noqa: BLE001
+        log.debug("call item %d: could not renew its caller (%s)", item_id, type(exc).__name__)
 
 
 def _cancel_call(pending: PendingCall) -> None:

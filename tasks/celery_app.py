@@ -13,6 +13,7 @@ from batchgen.config import get_settings
 from batchgen.logs import configure_logging
 from batchgen.providers import get_provider
 from batchgen.registry import get_registry
+from batchgen.worker import broker_guard
 from batchgen.worker.beat import die_with_parent
 from batchgen.worker.clock import redis_offset_s
 from batchgen.worker.lifecycle import (
@@ -40,6 +41,12 @@ def _refuse_other_pools(**_: Any) -> None:
     if message:
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
+
+
+@signals.worker_init.connect
+def _guard_the_redis_transport(**_: Any) -> None:
+    # A lost broker must not end the worker (app/worker/broker_guard.py).
+    broker_guard.install()
 
 
 @signals.worker_init.connect

@@ -84,6 +84,18 @@ def rejections() -> str:
     return f"{PREFIX}rejections"
 
 
+def running_item(item_id: int) -> str:
+    """String: the attempt number a live worker runs the item on, renewed by its
+    heartbeat (app/worker/heartbeat.py), expiring a running lease after its last renewal."""
+    return f"{PREFIX}running:{item_id}"
+
+
+def call_caller(item_id: int) -> str:
+    """String: a synchronous call's caller still waits for it, renewed by the API
+    process it waits in (app/python_api.py), expiring ``BATCHGEN_CALLER_LEASE_S`` after."""
+    return f"{PREFIX}caller:{item_id}"
+
+
 CANCEL_CHANNEL = f"{PREFIX}cancel"
 
 

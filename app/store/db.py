@@ -51,6 +51,18 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+# SQLSTATEs of a transaction that PostgreSQL aborted to let another go first: a
+# deadlock (40P01) or a serialization failure (40001). Running it again is the cure.
+CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+def is_conflict(error: BaseException) -> bool:
+    """True when PostgreSQL aborted the transaction in favour of a concurrent one (a
+    deadlock or a serialization failure): no outage, the same work may run again."""
+    original = getattr(error, "orig", error)
+    return getattr(original, "sqlstate", None) in CONFLICT_SQLSTATES
+
+
 def is_transient(error: BaseException) -> bool:
     """True for a database error that a retry of the whole transaction may cure."""
     if isinstance(error, TRANSIENT_ERRORS):

@@ -14,12 +14,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import Connection, func, select, text, update
+from sqlalchemy import Connection, func, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
 from batchgen.domain.deadlines import carried_forward
@@ -729,14 +729,23 @@ def sweep_expire(session: Session) -> int:
 
 
 def sweep_lost(
-    session: Session, max_attempts: int, attempt_caps: dict[str, int]
+    session: Session,
+    max_attempts: int,
+    attempt_caps: dict[str, int],
+    alive: Collection[int] = (),
+    callers_gone: Collection[int] = (),
 ) -> list[LostAttempt]:
     """Queued and running items whose lease ran out: back to pending, or ended
-    (cancelled, expired, or failed once a running one used its attempt cap)."""
-    rows = session.execute(
-        query("sweep_requeue_lost"),
-        {"max_attempts": max_attempts, "attempt_caps": json.dumps(attempt_caps)},
-    )
+    (cancelled, expired, or failed once a running one used its attempt cap). Items
+    in ``alive`` (their owner's heartbeat is live) are left alone; synchronous calls
+    in ``callers_gone`` (nobody waits for them) end cancelled."""
+    params = {
+        "max_attempts": max_attempts,
+        "attempt_caps": json.dumps(attempt_caps),
+        "alive": sorted(alive),
+        "callers_gone": sorted(callers_gone),
+    }
+    rows = session.execute(query("sweep_requeue_lost"), params)
     return [
         LostAttempt(
             item_id=r.id,
@@ -748,3 +757,44 @@ def sweep_lost(
         )
         for r in rows
     ]
+
+
+# --- running leases: a worker's heartbeat, the sweep's look ----------------------
+
+
+def renew_leases(
+    connection: Session | Connection, held: Sequence[tuple[int, int]], lease_s: float
+) -> int:
+    """Extend to ``lease_s`` from now the lease of each ``(item_id, attempt)`` still
+    running on that attempt (one statement; app/worker/heartbeat.py); returns how many."""
+    if not held:
+        return 0
+    statement = (
+        update(Item)
+        .where(Item.status == S.RUNNING.value, tuple_(Item.id, Item.attempts).in_(held))
+        .values(lease_expires_at=func.now() + dt.timedelta(seconds=lease_s))
+    )
+    return int(connection.execute(statement).rowcount)  # type: ignore[attr-defined]
+
+
+def call_leases_ran_out(session: Session) -> list[int]:
+    """Synchronous calls' items (queued or running) whose lease has run out."""
+    return list(
+        session.scalars(
+            select(Item.id).where(
+                Item.priority_rank == CALL_RANK,
+                Item.status.in_([S.QUEUED.value, S.RUNNING.value]),
+                Item.lease_expires_at < func.now(),
+            )
+        )
+    )
+
+
+def leases_ran_out(session: Session) -> list[tuple[int, int]]:
+    """``(item_id, attempt)`` of the running items whose lease has run out."""
+    rows = session.execute(
+        select(Item.id, Item.attempts).where(
+            Item.status == S.RUNNING.value, Item.lease_expires_at < func.now()
+        )
+    )
+    return [(r.id, r.attempts) for r in rows]

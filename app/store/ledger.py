@@ -235,7 +235,13 @@ def record_waste(
     reason: str,
     route: Route = Route.ONLINE,
 ) -> None:
-    """Ledger a billed call that produced no result (cancelled mid-call, malformed...)."""
-    item = items.lock(session, outcome.item_id, for_update=False)
+    """Ledger a billed call that produced no result (cancelled mid-call, malformed...).
+
+    The item row is locked first, as every other writer of an item and its ledger
+    does (:func:`record_success`, the sweep): the ledger row's daily totals lock a
+    row shared by many items, and taking it before the item's own lock, with the
+    item's state move still to come in the same transaction, deadlocked against a
+    writer holding the item and wanting the same daily row."""
+    item = items.lock(session, outcome.item_id)
     assert item is not None
     _ledger(session, item, outcome, price(outcome, spec, route), reason)

@@ -43,6 +43,7 @@ from batchgen.store.items import Claimed, Ticket
 from batchgen.store.ledger import CallOutcome, record_answer, record_success
 from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.failures import cancelled, failed, rate_limited_call
+from batchgen.worker.heartbeat import heartbeat
 from batchgen.worker.recording import (
     after_commit,
     close_batch,
@@ -110,7 +111,8 @@ def _run_ticket(
             if item.model != spec.name:  # a message routed under another model's name
                 give_back(item, settings)
                 return Verdict("skipped")
-            return _call(item, spec, settings, cancel, settlement)
+            with heartbeat().hold(item, lease_s):  # renewed until its outcome is recorded
+                return _call(item, spec, settings, cancel, settlement)
     finally:
         _settle(gate, spec, decision, ticket, settlement)
 

@@ -96,8 +96,10 @@ def start_worker(
     beat: bool = False,
     env: dict[str, str] | None = None,
     name: str | None = None,
+    gossip: bool = False,
 ) -> WorkerProcess:
-    """Start ``celery worker`` (thread pool) in its own process group."""
+    """Start ``celery worker`` (thread pool) in its own process group; ``gossip``: with
+    Celery's gossip and mingle steps, as ``batchgen worker`` runs them."""
     name = name or f"w{uuid.uuid4().hex[:6]}"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
@@ -118,11 +120,11 @@ def start_worker(
         str(concurrency),
         "-n",
         f"{name}@%h",
-        "--without-mingle",
-        "--without-gossip",
         "--loglevel",
         "INFO",
     ]
+    if not gossip:
+        argv += ["--without-mingle", "--without-gossip"]
     if beat:
         argv += ["-B", "-s", str(log_dir / f"{name}-beat-schedule")]
     with open(log_path, "wb") as log:

@@ -58,6 +58,9 @@ def give_back(item: Owned, settings: Settings) -> None:
 # Retrying a transaction while the database is away: first wait, doubling up to the cap.
 DB_RETRY_FIRST_S = 0.1
 DB_RETRY_MAX_S = 2.0
+# A transaction PostgreSQL aborted for a deadlock or serialization failure runs again
+# at once, up to this many times (then it is treated as any other error).
+CONFLICT_RETRIES = 5
 
 
 def with_db_retries(
@@ -75,12 +78,25 @@ def with_db_retries(
     raised (the sweep then ledgers the call as waste and hands the item back).
     """
     delay_s = DB_RETRY_FIRST_S
+    conflicts = 0
     while True:
         try:
             with scope() as session:
                 return work(session)
         except Exception as exc:
-            left_s = item.lease_left_s()
+            if db.is_conflict(exc) and conflicts < CONFLICT_RETRIES:
+                # A deadlock or serialization failure: the other transaction went on,
+                # ours was rolled back whole; run it again, lease or none (every state
+                # move checks the attempt, so a stale one changes nothing).
+                conflicts += 1
+                log.warning(
+                    "item %d: %s lost a lock conflict (%s), running it again",
+                    item.item_id,
+                    what,
+                    getattr(getattr(exc, "orig", exc), "sqlstate", "?"),
+                )
+                continue
+            left_s = _lease_left_s(item)
             if not db.is_transient(exc) or left_s <= 0:
                 raise
             log.warning(
@@ -92,6 +108,16 @@ def with_db_retries(
             )
             time.sleep(min(delay_s, left_s))
             delay_s = min(2 * delay_s, DB_RETRY_MAX_S)
+
+
+def _lease_left_s(item: Owned) -> float:
+    """How long the item stays ours: its lease, as renewed by the worker's heartbeat
+    while its call is in flight (:mod:`batchgen.worker.heartbeat`)."""
+    from batchgen.worker.heartbeat import heartbeat  # imports this module's users
+
+    if isinstance(item, Claimed):
+        return heartbeat().lease_left_s(item)
+    return item.lease_left_s()
 
 
 def close_batch(batch_id: str, item_id: int) -> None:

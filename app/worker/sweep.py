@@ -12,11 +12,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import redis
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
 from batchgen.domain.decisions import attempt_cap
 from batchgen.domain.status import ItemStatus
+from batchgen.limits import liveness
+from batchgen.limits.backend import get_redis
 from batchgen.registry import Registry, get_registry
 from batchgen.store import batches, files, items, notifications
 from batchgen.store.ledger import record_lost_call
@@ -38,12 +41,48 @@ def attempt_caps(registry: Registry, settings: Settings) -> dict[str, int]:
     return {spec.name: attempt_cap(spec.max_attempts, settings.max_attempts) for spec in registry}
 
 
+def _alive_owners(session: Session) -> set[int]:
+    """Running items whose lease ran out although their worker's heartbeat in Redis is
+    live (PostgreSQL was away longer than the lease): not lost, left to their owner.
+    Redis unreachable: every such item counts as alive for this pass (a duplicate call
+    would be paid; a later pass takes back what is really lost)."""
+    ran_out = items.leases_ran_out(session)
+    if not ran_out:
+        return set()
+    try:
+        alive = liveness.alive(get_redis(), ran_out)
+    except redis.RedisError:
+        log.warning("sweep: Redis unreachable; %d running items kept for now", len(ran_out))
+        return {item_id for item_id, _ in ran_out}
+    if alive:
+        log.info("sweep: %d running items past their lease have a live owner", len(alive))
+    return alive
+
+
+def _callers_gone(session: Session) -> set[int]:
+    """Synchronous calls whose lease ran out and whose caller no longer waits (the API
+    process it waited in died): cancelled, not handed on. Redis unreachable: none."""
+    ran_out = items.call_leases_ran_out(session)
+    if not ran_out:
+        return set()
+    try:
+        waiting = liveness.callers_waiting(get_redis(), ran_out)
+    except redis.RedisError:
+        return set()
+    return set(ran_out) - waiting
+
+
 def sweep(session: Session, settings: Settings, registry: Registry | None = None) -> SweepReport:
     """One sweep pass in the caller's transaction."""
     registry = registry or get_registry()
     items.sweep_cancel_orphans(session)
     expired = items.sweep_expire(session)
-    lost = items.sweep_lost(session, settings.max_attempts, attempt_caps(registry, settings))
+    alive = _alive_owners(session)
+    caps = attempt_caps(registry, settings)
+    gone = _callers_gone(session)
+    lost = items.sweep_lost(
+        session, settings.max_attempts, caps, alive=alive, callers_gone=gone - alive
+    )
     for attempt in lost:
         log.info(
             "item %d: its %s lease ran out on attempt %d (request sent: %s); now %s",

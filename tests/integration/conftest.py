@@ -27,6 +27,7 @@ NOTIFY_QUEUE = "batchgen.notify"
 SLOW = frozenset(
     {
         # Fault suites whose every test holds a fault or restarts a process.
+        "test_faults_api.py",
         "test_faults_postgres.py",
         "test_faults_redis.py",
         "test_faults_workers.py",
@@ -132,12 +133,19 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         env: dict[str, str] | None = None,
         name: str | None = None,
         wait: bool = True,
+        gossip: bool = False,
     ) -> WorkerProcess:
         from batchgen.registry import get_registry
 
         qs = queues or [*get_registry().queues, CONTROL_QUEUE, NOTIFY_QUEUE]
         w = start_worker(
-            qs, log_dir=tmp_path / "logs", concurrency=concurrency, beat=beat, env=env, name=name
+            qs,
+            log_dir=tmp_path / "logs",
+            concurrency=concurrency,
+            beat=beat,
+            env=env,
+            name=name,
+            gossip=gossip,
         )
         started.append(w)
         return w.wait_ready() if wait else w

@@ -187,6 +187,33 @@ def _answered_between(simulator_url: str, start_ts: float, end_ts: float) -> int
     )
 
 
+@dataclass(frozen=True)
+class _Cut:
+    closed: int  # worker connections the proxy closed
+    done_at_cut: int  # items succeeded when it did
+    cut_at: float
+    restored_at: float
+
+    def check_it_hit(self, simulator_url: str) -> None:
+        assert self.closed > 0, "no worker connection went through the proxy"
+        assert _answered_between(simulator_url, self.cut_at, self.restored_at), (
+            "no paid answer arrived while the database was unreachable"
+        )
+
+
+def _cut_for(own_pg: PgSetup, outage_s: float, batch_id: str) -> _Cut:
+    """Make PostgreSQL unreachable for the workers for ``outage_s`` (the proxy closes
+    their connections and refuses new ones), then reachable again."""
+    cut_at = time.time()
+    closed = own_pg.proxy.cut()
+    try:
+        done_at_cut = succeeded_items(batch_id)
+        time.sleep(max(0.0, outage_s - (time.time() - cut_at)))
+    finally:
+        own_pg.proxy.restore()
+    return _Cut(closed, done_at_cut, cut_at, time.time())
+
+
 def test_postgres_restarted_mid_run(sim, workers, own_pg):
     """PostgreSQL goes down hard (immediate shutdown, as a crash) mid-run and comes back
     after a few seconds: every connection of the workers breaks, and the calls in
@@ -231,23 +258,44 @@ def test_postgres_unreachable_30s_during_calls(sim, workers, own_pg):
     )
     workers(env=env, name="worker")
     wait_mid_run(sim.base_url, batch_id)
-    cut_at = time.time()
-    closed = own_pg.proxy.cut()
-    try:
-        done_at_cut = succeeded_items(batch_id)
-        time.sleep(max(0.0, OUTAGE_S - (time.time() - cut_at)))
-    finally:
-        own_pg.proxy.restore()
-    restored_at = time.time()
+    cut = _cut_for(own_pg, OUTAGE_S, batch_id)
     wait_batches([batch_id], timeout_s=150)
 
-    assert closed > 0, "no worker connection went through the proxy"
-    assert done_at_cut < 100
-    assert _answered_between(sim.base_url, cut_at, restored_at), (
-        "no paid answer arrived while the database was unreachable"
-    )
+    assert cut.done_at_cut < 100
+    cut.check_it_hit(sim.base_url)
     report = check_invariants(sim.base_url, get_redis())
     assert report.statuses == {"succeeded": 100}
+
+
+LEASE_S = 4.0  # the running lease of the next test: 2 x 1.5 s call time-out + 1 s
+LONG_OUTAGE_S = 9.0
+
+
+def test_postgres_unreachable_longer_than_the_running_lease(sim, workers, own_pg):
+    """PostgreSQL is unreachable for 9 s, more than twice the running lease (4 s), while
+    two workers have calls in flight. The leases run out in PostgreSQL meanwhile; the
+    workers are alive, and their heartbeat in Redis says so: when PostgreSQL is back,
+    the sweep hands none of their items to another worker, and every item is paid for
+    exactly once (one billed call each), its answer recorded."""
+    sim_config(sim.base_url, latency_base_ms=600)
+    env = own_pg.worker_env(
+        BATCHGEN_CALL_TIMEOUT_S="1.5",
+        BATCHGEN_RUNNING_LEASE_MARGIN_S="1",
+        BATCHGEN_HEARTBEAT_INTERVAL_S="0.5",
+    )
+    workers(env=env, name="worker-a")
+    workers(env=env, name="worker-b", beat=False)
+    batch_id = submit_items("pglong", 80)
+    wait_mid_run(sim.base_url, batch_id, at_least=5)
+    cut = _cut_for(own_pg, LONG_OUTAGE_S, batch_id)
+    wait_batches([batch_id], timeout_s=120)
+
+    assert cut.done_at_cut < 80, "the run was over before the outage"
+    assert cut.restored_at - cut.cut_at > 2 * LEASE_S
+    cut.check_it_hit(sim.base_url)
+    report = check_invariants(sim.base_url, get_redis())
+    assert report.statuses == {"succeeded": 80}
+    assert report.billed_calls == 80, f"{report.billed_calls - 80} calls paid twice"
 
 
 def test_submit_while_postgres_down(sim, workers, own_pg, api_server):

@@ -45,6 +45,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REDIS_SOCKET_TIMEOUT_S = 5  # batchgen.limits.backend
 PAUSE_S = 20
+DOWN_S = 3
 
 
 class OwnRedis:
@@ -241,3 +242,33 @@ def test_submit_while_redis_down(sim, workers, own_redis, api_server):
     assert told["request_counts"]["succeeded"] == 50
     report = check_invariants(sim.base_url, own_redis.client())
     assert report.statuses == {"succeeded": 50}
+
+
+def test_workers_survive_a_redis_kill_and_restart_unsupervised(sim, workers, own_redis):
+    """Redis is SIGKILLed mid-run and restarted on the same port, with nothing to
+    restart a worker that exits: both workers must reconnect on their own (the
+    redis transport's restore of unacknowledged messages at the connection loss used to
+    raise AttributeError on a released connection and end them), and every item ends
+    exactly once."""
+    sim_config(sim.base_url, latency_base_ms=1000)
+    start = partial(workers, env=own_redis.env())
+    # As `batchgen worker` runs them: with Celery's gossip and mingle steps.
+    pair = [start(name="worker-a", gossip=True), start(name="worker-b", beat=False, gossip=True)]
+    batch_id = submit_items("rkill2", 120)
+    wait_mid_run(sim.base_url, batch_id)
+    own_redis.kill()
+    done_at_kill = succeeded_items(batch_id)
+    wait_until(
+        lambda: any("Connection to broker lost" in w.log_tail(100_000) for w in pair),
+        30,
+        "a worker to lose its broker",
+    )
+    time.sleep(DOWN_S)  # calls in flight end (and ack) while the broker is away
+    own_redis.start()
+    wait_batches([batch_id], timeout_s=90)
+
+    exited = {w.name: w.process.poll() for w in pair if w.process.poll() is not None}
+    assert not exited, f"workers exited: {exited}"
+    assert done_at_kill < 120, "the run was over before the kill"
+    report = check_invariants(sim.base_url, own_redis.client(), slot_grace_s=FAULT_RUNNING_LEASE_S)
+    assert report.statuses == {"succeeded": 120}

@@ -4,15 +4,20 @@
 -- their deadline has passed (expired), or a running item has used all its
 -- attempts (failed, with the reason). The attempt cap is the model's own,
 -- never above the global one (:attempt_caps maps model -> cap; models not in
--- it use :max_attempts).
+-- it use :max_attempts). :alive lists running items whose owner's heartbeat
+-- is still live in Redis (a lease that ran out while PostgreSQL was away): not lost.
+-- :callers_gone lists synchronous calls whose caller no longer waits (its API
+-- process died): they end cancelled, never run again for nobody.
 --
 -- ``was_sent``: the lost attempt's request had been sent, so the provider may
 -- bill it; the caller ledgers it as waste in the same transaction.
 WITH lost AS (
     SELECT i.id,
         i.status = 'running' AND i.sent_at IS NOT NULL AS was_sent,
+        i.id = ANY(CAST(:callers_gone AS bigint[])) AS caller_gone,
         CASE
             WHEN b.cancel_requested_at IS NOT NULL THEN 'cancelled'
+            WHEN i.id = ANY(CAST(:callers_gone AS bigint[])) THEN 'cancelled'
             WHEN i.deadline_at <= now() THEN 'expired'
             WHEN i.status = 'running' AND i.attempts >= LEAST(
                 :max_attempts,
@@ -25,18 +30,22 @@ WITH lost AS (
     JOIN batches AS b ON b.id = i.batch_id
     WHERE i.status IN ('queued', 'running')
       AND i.lease_expires_at < now()
+      AND i.id <> ALL(CAST(:alive AS bigint[]))
     ORDER BY i.id
     FOR UPDATE OF i
 )
 UPDATE items
 SET status = lost.next_status,
-    error_code = CASE lost.next_status
-        WHEN 'cancelled' THEN 'cancelled'
-        WHEN 'expired' THEN 'expired'
-        WHEN 'failed' THEN 'worker_lost'
+    error_code = CASE
+        WHEN lost.caller_gone AND lost.next_status = 'cancelled' THEN 'client_closed'
+        WHEN lost.next_status = 'cancelled' THEN 'cancelled'
+        WHEN lost.next_status = 'expired' THEN 'expired'
+        WHEN lost.next_status = 'failed' THEN 'worker_lost'
         ELSE items.error_code
     END,
     last_error = CASE
+        WHEN lost.caller_gone AND lost.next_status = 'cancelled'
+            THEN 'the caller went away; call cancelled'
         WHEN lost.next_status = 'cancelled' THEN 'batch cancelled'
         WHEN lost.next_status = 'expired' THEN 'deadline passed'
         WHEN lost.next_status = 'failed'

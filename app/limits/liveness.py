@@ -1,0 +1,65 @@
+"""Which running items a live worker still holds, in Redis (app/worker/heartbeat.py).
+
+A worker's heartbeat sets one key per item whose call it has in flight
+(:func:`batchgen.limits.redis_keys.running_item`: the attempt number, expiring a
+running lease after the last renewal). The sweep reads them before it takes back
+running items whose PostgreSQL lease ran out: a lease that ran out while
+PostgreSQL was unreachable, with its owner alive, is not a lost worker.
+
+Likewise an API process renews one key per synchronous call whose caller waits in
+it (:func:`batchgen.limits.redis_keys.call_caller`): a call whose lease ran out and
+whose caller's key is gone is cancelled by the sweep, not run again for nobody.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import redis
+
+from batchgen.limits import redis_keys as keys
+
+
+def renew(client: redis.Redis, held: Iterable[tuple[int, int, float]]) -> None:
+    """Set the key of each ``(item_id, attempt, ttl_s)`` (one round trip)."""
+    pipe = client.pipeline(transaction=False)
+    for item_id, attempt, ttl_s in held:
+        pipe.set(keys.running_item(item_id), attempt, px=max(1, int(ttl_s * 1000)))
+    pipe.execute()
+
+
+def drop(client: redis.Redis, item_id: int) -> None:
+    """The worker is done with the item: its key goes."""
+    client.delete(keys.running_item(item_id))
+
+
+def alive(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
+    """Of ``(item_id, attempt)``, the items whose attempt a live worker still holds."""
+    pairs = list(attempts)
+    if not pairs:
+        return set()
+    values = client.mget([keys.running_item(item_id) for item_id, _ in pairs])
+    return {
+        item_id
+        for (item_id, attempt), value in zip(pairs, values, strict=True)
+        if value is not None and int(value) == attempt
+    }
+
+
+def renew_caller(client: redis.Redis, item_id: int, ttl_s: float) -> None:
+    """The caller of the call ``item_id`` still waits, for ``ttl_s`` more."""
+    client.set(keys.call_caller(item_id), 1, px=max(1, int(ttl_s * 1000)))
+
+
+def drop_caller(client: redis.Redis, item_id: int) -> None:
+    """The caller has its answer (or its error): nobody waits any more."""
+    client.delete(keys.call_caller(item_id))
+
+
+def callers_waiting(client: redis.Redis, item_ids: Iterable[int]) -> set[int]:
+    """Of ``item_ids`` (synchronous calls), those whose caller still waits."""
+    ids = list(item_ids)
+    if not ids:
+        return set()
+    values = client.mget([keys.call_caller(item_id) for item_id in ids])
+    return {item_id for item_id, value in zip(ids, values, strict=True) if value is not None}

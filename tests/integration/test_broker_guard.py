@@ -1,0 +1,66 @@
+"""The Redis transport's restore of unacknowledged messages after the broker
+connection was collected (issue #27 item 10; app/worker/broker_guard.py).
+
+On a lost broker, Celery collects the connection (its transport's client becomes
+None) and then closes the channels still around; closing one drops its pool and
+restores its unacknowledged messages, which built a new pool from the collected
+connection: ``AttributeError: 'NoneType' object has no attribute 'hostname'`` ended
+the worker. Real Redis, a real kombu connection, channel and delivery.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+from kombu import Connection
+
+from batchgen.worker import broker_guard
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_collected_connection_restores_nothing_and_raises_nothing(services):
+    broker_guard.install()
+    broker_guard.install()  # once per process, however often it is called
+    queue_name = f"guard-{uuid.uuid4().hex[:8]}"
+    with Connection(services["REDIS_URL"]) as connection:
+        channel = connection.channel()
+        queue = connection.SimpleQueue(queue_name, channel=channel)
+        queue.put({"item": 1})
+        tag = queue.get(timeout=5).delivery_tag  # delivered, not acknowledged
+        assert len(channel.qos._delivered) == 1
+        # What Celery's consumer does at a lost broker connection, then a channel close:
+        channel._disconnect_pools()
+        connection.transport.client = None
+        assert broker_guard.connection_collected(channel)
+
+        channel.qos.restore_unacked()  # raised AttributeError ('hostname') unguarded
+
+        assert not channel.qos._delivered
+    # The message is still Redis's, for the transport's visibility time-out to restore.
+    client = redis.Redis.from_url(services["REDIS_URL"])
+    assert client.hexists("unacked", tag)
+    client.hdel("unacked", tag)
+    client.zrem("unacked_index", tag)
+    client.delete(queue_name)
+
+
+def test_other_attribute_errors_still_raise(services, monkeypatch):
+    """Only a collected connection is excused: the guard hides no other bug."""
+    from kombu.transport import redis as redis_transport
+
+    broker_guard.install()
+    with Connection(services["REDIS_URL"]) as connection:
+        channel = connection.channel()
+        qos = channel.qos
+        qos._delivered["tag"] = object()
+
+        def broken(self, tag, client=None, leftmost=False):  # type: ignore[no-untyped-def]
+            raise AttributeError("a bug")
+
+        monkeypatch.setattr(redis_transport.QoS, "restore_by_tag", broken)
+        with pytest.raises(AttributeError, match="a bug"):
+            qos.restore_unacked()
+        qos._delivered.clear()
