@@ -11,6 +11,7 @@
 │   ├── ``Conflict``           409
 │   ├── ``IdempotencyKeyReused`` 422 (the key names another request)
 │   └── ``OverQuota``          429 + Retry-After (the tenant's own limits)
+│       └── ``OverShare``      429 + Retry-After (its sync calls fill its share)
 ├── ``Overloaded``             503 + Retry-After (model backlog full)
 ├── ``Unavailable``            503 + Retry-After (PostgreSQL or Redis unreachable)
 ├── ``CallFailed``             a synchronous call ended without an answer (400/429/502/504…)
@@ -106,6 +107,13 @@ class OverQuota(ClientError, RetryAdvice):
     def __init__(self, message: str, *, retry_after_s: float):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class OverShare(OverQuota):
+    """The tenant's own synchronous calls on the model, at its share of the model's
+    slots, would hold a new call past its deadline (429: the tenant's own flood)."""
+
+    code = "tenant_over_share"
 
 
 class Overloaded(BatchgenError, RetryAdvice):

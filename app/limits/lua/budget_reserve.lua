@@ -42,6 +42,9 @@
 -- KEYS[10] bucket levels (hash)  KEYS[11] learned ratios (hash)
 -- KEYS[12] the model's concurrency slots (zset)  KEYS[13] the model's counters (hash)
 -- KEYS[14] synchronous calls waiting for a slot (zset, score: when the claim lapses)
+-- KEYS[15] the tenant of each sync call holding a slot (hash: holder -> 'tenant:weight')
+-- KEYS[16] sync calls asking for a slot (zset 'tenant:weight:item', score: lapse;
+--          lua/call_demand.lua adds them)
 -- ARGV: 1 id (one per item and attempt), 2 prompt_est, 3 rest, 4 tokens_limit,
 --       5 requests_limit, 6 tenant_tokens_limit (0 = none), 7 window_s, 8 guard_s,
 --       9 now_s (empty = Redis TIME), 10 waiter id (empty = none), 11 claim_ttl_s,
@@ -50,13 +53,15 @@
 --       18 count (0: nothing, 1: budget denials and waits, 2: a slot denial too),
 --       19..21 the counter fields: slot denials, budget denials, budget wait seconds,
 --       22 urgent ('1': a synchronous call, someone waits on it), 23 its claim's ttl_s,
---       24 the ratio before the model's first sample
+--       24 the ratio before the model's first sample,
+--       25 the sync call's tenant as 'tenant:weight' ('' = no share), 26 its tenant's
+--       share of the slots (app/domain/call_shares.py), 27 its demand entry in KEYS[16]
 -- Returns {status, wait_ms, reason, tokens, prompt_part, countdown_s, held}: status 1
 -- granted (tokens reserved, of which prompt_part is the scaled prompt; held: 1 if the
 -- reservation was on the books before this call, plus 2 if its slot was), 0 denied
 -- (reason 'cooldown', 'tokens', 'requests' or 'tenant', whichever needs the
 -- longest wait; countdown_s = wait + jitter), -1 never (tokens above a limit),
--- 2 no free slot.
+-- 2 no free slot (reason 'slot'; 'share': the tenant's sync calls hold its share).
 
 local id = ARGV[1]
 local prompt_est = tonumber(ARGV[2]) or 0
@@ -87,6 +92,30 @@ local token_rate, request_rate = tokens_limit / window_s, requests_limit / windo
 -- (or its claim lapses: it went away), other work sees that many slots fewer.
 local slot_now = slot_limit > 0 and clock() or 0
 local urgent, callers = ARGV[22] == '1', KEYS[14]
+local holders, demand = KEYS[15], KEYS[16]
+local tenant_key, share = ARGV[25] or '', tonumber(ARGV[26]) or 0
+-- A sync call's tenant may hold at most its share of the slots with its sync calls:
+-- over it, the call neither takes a slot nor claims the next one (another tenant's
+-- call, under its share, gets it). Holders whose lease ended no longer count.
+local function tenant_of(key) return string.match(key, '^([^:]*)') end
+if slot_limit > 0 and urgent and tenant_key ~= '' and share > 0
+        and not redis.call('ZSCORE', slots, id) then
+    local mine, held = tenant_of(tenant_key), 0
+    local entries = redis.call('HGETALL', holders)
+    for i = 1, #entries, 2 do
+        local lease = redis.call('ZSCORE', slots, entries[i])
+        if not lease or tonumber(lease) <= slot_now then
+            redis.call('HDEL', holders, entries[i])
+        elseif tenant_of(entries[i + 1]) == mine then
+            held = held + 1
+        end
+    end
+    if held >= share then
+        redis.call('ZREM', callers, id)
+        if count >= 2 then redis.call('HINCRBY', counters, ARGV[19], 1) end
+        return {2, 0, 'share', 0, 0, ''}
+    end
+end
 if slot_limit > 0 then
     redis.call('ZREMRANGEBYSCORE', callers, '-inf', slot_now)
     local claimed = 0
@@ -109,6 +138,11 @@ end
 local slot_held = slot_limit > 0 and redis.call('ZSCORE', slots, id) and 2 or 0
 local function take_slot()
     if slot_limit > 0 then redis.call('ZADD', slots, slot_now + slot_lease, id) end
+    if slot_limit > 0 and urgent and tenant_key ~= '' then
+        redis.call('HSET', holders, id, tenant_key)
+        redis.call('PEXPIRE', holders, math.ceil(slot_lease * 2000))
+        if (ARGV[27] or '') ~= '' then redis.call('ZREM', demand, ARGV[27]) end
+    end
 end
 
 local function leave_line(w)

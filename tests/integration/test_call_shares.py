@@ -1,0 +1,112 @@
+"""Fair shares of a model's slots between tenants' synchronous calls (#27, item 4).
+
+One tenant flooding parallel calls must not take every slot that frees: each
+tenant's sync calls hold at most its weighted share of the model's slots.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from batchgen.limits.backend import get_redis
+from batchgen.limits.call_shares import demand_entry
+from tests.helpers import make_tenant, sim_config, sim_in_flight
+
+pytestmark = pytest.mark.integration
+
+MODEL = "sim-large"  # 8 slots
+CALL_LATENCY_MS = 2000
+
+
+class _Ticket:
+    """What the gate reads of a sync call's item."""
+
+    prompt_tokens_est, max_tokens, tenant_tokens_per_min, urgent = 10, 10, None, True
+
+    def __init__(self, item_id: int, tenant_id: int, weight: int = 1) -> None:
+        self.item_id, self.attempt = item_id, 1
+        self.tenant_id, self.tenant_weight = tenant_id, weight
+
+
+def test_a_tenant_at_its_share_leaves_the_freed_slot_to_another(clean_db):
+    """Two slots, tenant 1's calls hold both and more wait: when one frees, tenant 1's
+    next call is denied it (its share, with tenant 2 asking, is one) and tenant 2's call
+    takes it; alone again, tenant 1 may use both."""
+    from batchgen.config import Settings
+    from batchgen.limits.gate import Gate, Pass, Wait
+    from tests.integration.test_budget import spec
+
+    gate = Gate(get_redis(), Settings(slot_wait_s=0.0))
+    s = spec(tpm=1_000_000, rpm=1000, key="shares")  # two slots
+    held = [gate.enter(s, _Ticket(n, tenant_id=1)) for n in (1, 2)]
+    assert all(isinstance(p, Pass) for p in held)
+    assert isinstance(gate.enter(s, _Ticket(3, tenant_id=1)), Wait)  # no slot free
+    assert isinstance(gate.enter(s, _Ticket(20, tenant_id=2)), Wait)  # asks: share 1
+    gate.settle(s, held[0], 1, 10)  # type: ignore[arg-type]
+    assert isinstance(gate.enter(s, _Ticket(3, tenant_id=1)), Wait)  # at its share
+    other = gate.enter(s, _Ticket(20, tenant_id=2))
+    assert isinstance(other, Pass)
+    gate.settle(s, other, 2, 10)
+    gate.demand.forget(s.name, demand_entry(2, 1, 20))  # its call ended (python_api)
+    assert isinstance(gate.enter(s, _Ticket(3, tenant_id=1)), Pass)  # alone: both
+
+
+def _call(client: httpx.Client, key: str, timeout_s: float | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"}
+    if timeout_s is not None:
+        headers["X-Request-Timeout"] = str(timeout_s)
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5,
+    }
+    return client.post("/v1/chat/completions", json=body, headers=headers, timeout=60)
+
+
+def test_a_flood_of_calls_leaves_another_tenant_its_share(
+    clean_db, simulator, api_server: Callable[..., str], workers
+):
+    """Tenant A keeps 40 calls in flight on an 8-slot model whose calls take 2 s; B's
+    calls, each with a 10 s deadline that the provider alone meets five times over, all
+    succeed (before shares, B's call won about one slot in 41: 504s)."""
+    worker = workers(concurrency=2, wait=False)
+    base_url = api_server()
+    flood_key, calm_key = make_tenant("flood"), make_tenant("calm")
+    worker.wait_ready()
+    sim_config(simulator.base_url, latency_base_ms=CALL_LATENCY_MS)
+    stop = threading.Event()
+    flood_status: list[int] = []
+
+    def flood() -> None:
+        with httpx.Client(base_url=base_url) as client:
+            while not stop.is_set():
+                flood_status.append(_call(client, flood_key).status_code)
+
+    try:
+        with ThreadPoolExecutor(40) as pool:
+            floods = [pool.submit(flood) for _ in range(40)]
+            deadline = time.monotonic() + 30
+            while sim_in_flight(simulator.base_url) < 8:  # the flood holds every slot
+                assert time.monotonic() < deadline, "the flood never filled the slots"
+                time.sleep(0.1)
+            calm: list[tuple[int, float]] = []
+            with httpx.Client(base_url=base_url) as client:
+                for _ in range(4):
+                    started = time.monotonic()
+                    answer = _call(client, calm_key, timeout_s=10)
+                    calm.append((answer.status_code, time.monotonic() - started))
+            stop.set()
+            for future in floods:
+                future.result()
+    finally:
+        stop.set()
+        sim_config(simulator.base_url, latency_base_ms=50)
+    assert [status for status, _ in calm] == [200] * 4, calm
+    assert flood_status and set(flood_status) == {200}  # the flood waits, no call is lost
