@@ -4,10 +4,12 @@ calls, and the fail-fast rule for a tenant over its share (pure).
 A synchronous call takes a slot the moment one frees (someone waits on it), so
 without a share the tenant with the most callers polling takes nearly every
 slot: 40 parallel calls of one tenant starved another's single call past its
-deadline. Each tenant's sync calls on a model may hold at most its share of the
-model's ``max_concurrency``, computed here from what every tenant asks for now
-(its calls running plus its calls waiting) and its weight, the way batches share
-the dispatch window (:file:`app/store/sql/dispatch_candidates.sql`).
+deadline, and starved other tenants' batches (a waiting call claims the next free
+slot before batch work). Each tenant's sync calls on a model may hold at most its
+share of the model's ``max_concurrency``, computed here from what every tenant
+asks for now (its sync calls and batch items holding a slot or waiting for one)
+and its weight, the way batches share the dispatch window
+(:file:`app/store/sql/dispatch_candidates.sql`).
 
 The share is weighted max-min (water-filling): slots go one at a time to the
 tenant furthest below its weighted share, and never beyond what a tenant asks
@@ -31,8 +33,8 @@ class Demand:
     """What one tenant asks of a model's slots now."""
 
     weight: int  # the tenant's weight (>= 1), as for batches
-    running: int  # its sync calls holding a slot
-    waiting: int  # its sync calls waiting for one
+    running: int  # its work holding a slot (sync calls and batch items)
+    waiting: int  # its work waiting for one
 
     @property
     def wanted(self) -> int:

@@ -210,7 +210,7 @@ class Budget:
         count_slot_denial: bool = False,
         urgent: bool = False,
         urgent_claim_s: float = 0.5,
-        share: tuple[str, int, str] | None = None,
+        share: tuple[str, int, str, float] | None = None,
         now_s: float | None = None,
     ) -> Grant:
         """One script: a slot (``slot_limit`` > 0) and ``prompt_tokens`` (scaled by the
@@ -219,11 +219,12 @@ class Budget:
         the attempt): when denied, it keeps its place in the budget's line. ``count``:
         add denials and waits (and, with ``count_slot_denial``, a slot denial) to the
         model's counters. ``urgent`` (a synchronous call): denied a slot, it claims the
-        next one for ``urgent_claim_s`` (renewed by each try). ``share`` (a synchronous
-        call's tenant key, its share of the slots and its demand entry,
-        :mod:`batchgen.limits.call_shares`): the tenant's sync calls hold no more slots
-        than that (denied: reason ``share``)."""
-        tenant_key, share_slots, demand_entry = share or ("", 0, "")
+        next one for ``urgent_claim_s`` (renewed by each try). ``share``
+        (:mod:`batchgen.limits.call_shares`): the caller's tenant key, its tenant's
+        share of the slots (0: no cap; a sync call's tenant holds no more, denied with
+        reason ``share``), and its demand entry with its ttl (added when denied a slot,
+        so sync calls' shares count this tenant)."""
+        tenant_key, share_slots, demand_entry, demand_ttl_s = share or ("", 0, "", 0.0)
         key = spec.budget_key
         reply = script(self.client, "budget_reserve")(
             keys=[
@@ -269,6 +270,7 @@ class Budget:
                 tenant_key,
                 share_slots,
                 demand_entry,
+                demand_ttl_s,
             ],
         )
         status, wait_ms, reason, tokens, part, countdown = reply[:6]

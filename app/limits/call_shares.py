@@ -1,10 +1,12 @@
-"""What the tenants making synchronous calls ask of a model's slots, over Redis.
+"""What the tenants ask of a model's slots, over Redis, for the shares of sync calls.
 
 Each try of a waiting sync call renews its entry (``tenant:weight:item``, lapsing
-after ``DEMAND_TTL_S``) and reads every tenant's calls waiting and holding a slot
-(one script, ``lua/call_demand.lua``); :func:`batchgen.domain.call_shares.share_of`
-turns that into the tenant's share, and the gate's entry script holds the tenant
-to it atomically with taking the slot (``lua/budget_reserve.lua``).
+after ``DEMAND_TTL_S``) and reads every tenant's work waiting and holding a slot
+(one script, ``lua/call_demand.lua``); batch work denied a slot adds its entry in
+the gate's own script, and every slot holder is recorded with its tenant.
+:func:`batchgen.domain.call_shares.share_of` turns that into the tenant's share,
+and the gate's entry script holds a sync call's tenant to it atomically with
+taking the slot (``lua/budget_reserve.lua``).
 """
 
 from __future__ import annotations

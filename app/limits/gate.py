@@ -29,7 +29,7 @@ from batchgen.domain.settlement import SettleAction, SettleCounter, decide_settl
 from batchgen.errors import ProviderError, RateLimited
 from batchgen.limits import counters
 from batchgen.limits.budget import Budget, SettleOps, countdown_s, reservation_tokens
-from batchgen.limits.call_shares import CallDemand, demand_entry, tenant_key
+from batchgen.limits.call_shares import DEMAND_TTL_S, CallDemand, demand_entry, tenant_key
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import ModelSpec
 
@@ -171,7 +171,8 @@ class Gate:
         everyone's (:class:`CallDemand`, one more script per try): its tenant's sync
         calls may hold only the tenant's weighted share of the model's slots
         (:func:`batchgen.domain.call_shares.share_of`), so a tenant flooding calls
-        leaves the slots that free to the others' calls.
+        leaves the slots that free to the others' calls and batches. Other work adds
+        its tenant to that demand (in the same one script) when it is denied a slot.
         """
         reservation_id = f"{item.item_id}:{item.attempt}"
         if not self.enabled:
@@ -181,14 +182,14 @@ class Gate:
         lease = self._slot_lease_s(spec)
         urgent = bool(getattr(item, "urgent", False))
         weight = int(getattr(item, "tenant_weight", 1) or 1)
-        entry = demand_entry(item.tenant_id, weight, item.item_id) if urgent else ""
+        entry = demand_entry(item.tenant_id, weight, item.item_id)
+        share = (tenant_key(item.tenant_id, weight), 0, entry, DEMAND_TTL_S)
         while True:
             last_try = time.monotonic() >= deadline
-            share: tuple[str, int, str] | None = None
             if urgent:
                 demand = self.demand.read(spec.name, entry)
                 slots = share_of(spec.max_concurrency, demand, item.tenant_id)
-                share = (tenant_key(item.tenant_id, weight), slots, entry)
+                share = (share[0], slots, entry, DEMAND_TTL_S)
             try:
                 grant = self.budget.enter(
                     spec,

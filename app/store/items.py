@@ -580,12 +580,19 @@ def _lock_model(session: Session, model: str) -> bool:
 
 
 def in_flight(session: Session, model: str) -> int:
-    """The model's items queued or running (its dispatch window in use)."""
+    """The model's items queued or running (its dispatch window in use). Synchronous
+    calls are left out: they skip the window, and a tenant's flood of them must not
+    close it to the other tenants' batches (the gate shares the slots between both,
+    :mod:`batchgen.domain.call_shares`)."""
     return (
         session.scalar(
             select(func.count())
             .select_from(Item)
-            .where(Item.model == model, Item.status.in_(values(IN_FLIGHT)))
+            .where(
+                Item.model == model,
+                Item.status.in_(values(IN_FLIGHT)),
+                Item.priority_rank != CALL_RANK,
+            )
         )
         or 0
     )

@@ -17,7 +17,8 @@ import pytest
 
 from batchgen.limits.backend import get_redis
 from batchgen.limits.call_shares import demand_entry
-from tests.helpers import make_tenant, sim_config, sim_in_flight
+from tests.helpers import chat_line, make_tenant, sim_config, sim_in_flight
+from tests.invariants import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +59,26 @@ def test_a_tenant_at_its_share_leaves_the_freed_slot_to_another(clean_db):
     assert isinstance(gate.enter(s, _Ticket(3, tenant_id=1)), Pass)  # alone: both
 
 
+def test_batch_work_denied_a_slot_shrinks_a_flooding_tenants_share(clean_db):
+    """Tenant 1's calls hold both slots; tenant 2's batch item, denied a slot, asks for
+    one: when a slot frees, tenant 1's waiting call is held to its share (one) and
+    claims nothing, so the batch item takes the slot."""
+    from batchgen.config import Settings
+    from batchgen.limits.gate import Gate, Pass, Wait
+    from tests.integration.test_budget import spec
+
+    gate = Gate(get_redis(), Settings(slot_wait_s=0.0))
+    s = spec(tpm=1_000_000, rpm=1000, key="batch-share")  # two slots
+    held = [gate.enter(s, _Ticket(n, tenant_id=1)) for n in (1, 2)]
+    assert all(isinstance(p, Pass) for p in held)
+    batch_item = _Ticket(30, tenant_id=2)
+    batch_item.urgent = False
+    assert isinstance(gate.enter(s, batch_item), Wait)  # denied: it asks for a slot
+    gate.settle(s, held[0], 1, 10)  # type: ignore[arg-type]
+    assert isinstance(gate.enter(s, _Ticket(3, tenant_id=1)), Wait)  # at its share
+    assert isinstance(gate.enter(s, batch_item), Pass)  # no claim stood in its way
+
+
 def _call(client: httpx.Client, key: str, timeout_s: float | None = None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"}
     if timeout_s is not None:
@@ -75,7 +96,11 @@ def test_a_flood_of_calls_leaves_another_tenant_its_share(
 ):
     """Tenant A keeps 40 calls in flight on an 8-slot model whose calls take 2 s; B's
     calls, each with a 10 s deadline that the provider alone meets five times over, all
-    succeed (before shares, B's call won about one slot in 41: 504s)."""
+    succeed (before shares, B's call won about one slot in 41: 504s), and B's batch
+    ends while the flood goes on (before, A's calls filled the dispatch window and
+    their claims took every slot that freed: B's batch never started)."""
+    from batchgen import python_api
+
     worker = workers(concurrency=2, wait=False)
     base_url = api_server()
     flood_key, calm_key = make_tenant("flood"), make_tenant("calm")
@@ -96,12 +121,20 @@ def test_a_flood_of_calls_leaves_another_tenant_its_share(
             while sim_in_flight(simulator.base_url) < 8:  # the flood holds every slot
                 assert time.monotonic() < deadline, "the flood never filled the slots"
                 time.sleep(0.1)
+            lines = [chat_line(f"b-{i}", model=MODEL, max_tokens=5) for i in range(8)]
+            batch = python_api.submit_batch(lines, tenant="calm")
             calm: list[tuple[int, float]] = []
             with httpx.Client(base_url=base_url) as client:
                 for _ in range(4):
                     started = time.monotonic()
                     answer = _call(client, calm_key, timeout_s=10)
                     calm.append((answer.status_code, time.monotonic() - started))
+            wait_until(
+                lambda: python_api.get_batch(batch["id"], tenant="calm")["status"] != "in_progress",
+                60,
+                "B's batch to end beside the flood",
+            )
+            flooding = _open_calls("flood")
             stop.set()
             for future in floods:
                 future.result()
@@ -109,4 +142,28 @@ def test_a_flood_of_calls_leaves_another_tenant_its_share(
         stop.set()
         sim_config(simulator.base_url, latency_base_ms=50)
     assert [status for status, _ in calm] == [200] * 4, calm
+    ended = python_api.get_batch(batch["id"], tenant="calm")
+    assert ended["status"] == "completed" and ended["request_counts"]["succeeded"] == 8
+    assert flooding >= 20  # the flood still had most of its calls open meanwhile
     assert flood_status and set(flood_status) == {200}  # the flood waits, no call is lost
+
+
+def _open_calls(tenant: str) -> int:
+    from sqlalchemy import func, select
+
+    from batchgen.domain.status import CALL_RANK
+    from batchgen.store import db
+    from batchgen.store.schema import Item, Tenant
+
+    with db.session_scope() as session:
+        query = (
+            select(func.count())
+            .select_from(Item)
+            .join(Tenant, Tenant.id == Item.tenant_id)
+            .where(
+                Tenant.name == tenant,
+                Item.priority_rank == CALL_RANK,
+                Item.status.in_(["pending", "queued", "running"]),
+            )
+        )
+        return int(session.scalar(query) or 0)

@@ -104,3 +104,22 @@ def test_demand_entries_parse_back_per_tenant():
     waiting = [demand_entry(1, 2, 10).encode(), demand_entry(1, 2, 11).encode(), b"junk"]
     running = [tenant_key(1, 2).encode(), tenant_key(3, 1), "x:y"]
     assert parse(waiting, running) == {1: Demand(2, 1, 2), 3: Demand(1, 1, 0)}
+
+
+def test_a_ticket_carries_its_tenants_weight():
+    from batchgen.store.items import Ticket
+
+    ticket = Ticket(
+        item_id=7,
+        batch_id="batch_x",
+        tenant_id=3,
+        attempt=1,
+        prompt_tokens_est=10,
+        max_tokens=20,
+        tenant_tokens_per_min=None,
+        urgent=True,
+        tenant_weight=4,
+    )
+    assert Ticket.from_message(7, ticket.to_message()) == ticket
+    plain = Ticket.from_message(7, {**ticket.to_message(), "weight": 1})
+    assert "weight" not in plain.to_message() and plain.tenant_weight == 1

@@ -42,9 +42,9 @@
 -- KEYS[10] bucket levels (hash)  KEYS[11] learned ratios (hash)
 -- KEYS[12] the model's concurrency slots (zset)  KEYS[13] the model's counters (hash)
 -- KEYS[14] synchronous calls waiting for a slot (zset, score: when the claim lapses)
--- KEYS[15] the tenant of each sync call holding a slot (hash: holder -> 'tenant:weight')
--- KEYS[16] sync calls asking for a slot (zset 'tenant:weight:item', score: lapse;
---          lua/call_demand.lua adds them)
+-- KEYS[15] the tenant of each slot holder (hash: holder -> 'tenant:weight')
+-- KEYS[16] work asking for a slot (zset 'tenant:weight:item', score: lapse; a sync
+--          call renews its entry by lua/call_demand.lua, other work when denied here)
 -- ARGV: 1 id (one per item and attempt), 2 prompt_est, 3 rest, 4 tokens_limit,
 --       5 requests_limit, 6 tenant_tokens_limit (0 = none), 7 window_s, 8 guard_s,
 --       9 now_s (empty = Redis TIME), 10 waiter id (empty = none), 11 claim_ttl_s,
@@ -54,8 +54,10 @@
 --       19..21 the counter fields: slot denials, budget denials, budget wait seconds,
 --       22 urgent ('1': a synchronous call, someone waits on it), 23 its claim's ttl_s,
 --       24 the ratio before the model's first sample,
---       25 the sync call's tenant as 'tenant:weight' ('' = no share), 26 its tenant's
---       share of the slots (app/domain/call_shares.py), 27 its demand entry in KEYS[16]
+--       25 the caller's tenant as 'tenant:weight' ('' = none), 26 a sync call's
+--       tenant's share of the slots (app/domain/call_shares.py; 0 = no cap), 27 its
+--       demand entry in KEYS[16] (added when denied a slot, dropped with the slot),
+--       28 that entry's ttl_s
 -- Returns {status, wait_ms, reason, tokens, prompt_part, countdown_s, held}: status 1
 -- granted (tokens reserved, of which prompt_part is the scaled prompt; held: 1 if the
 -- reservation was on the books before this call, plus 2 if its slot was), 0 denied
@@ -94,6 +96,7 @@ local slot_now = slot_limit > 0 and clock() or 0
 local urgent, callers = ARGV[22] == '1', KEYS[14]
 local holders, demand = KEYS[15], KEYS[16]
 local tenant_key, share = ARGV[25] or '', tonumber(ARGV[26]) or 0
+local demand_entry, demand_ttl = ARGV[27] or '', tonumber(ARGV[28]) or 0
 -- A sync call's tenant may hold at most its share of the slots with its sync calls:
 -- over it, the call neither takes a slot nor claims the next one (another tenant's
 -- call, under its share, gets it). Holders whose lease ended no longer count.
@@ -125,6 +128,11 @@ if slot_limit > 0 then
         claimed = redis.call('ZCARD', callers)
     end
     if not slot_free(slots, id, slot_limit - claimed, slot_now) then
+        -- Batch work denied a slot asks for one too: sync calls' shares count its tenant.
+        if demand_entry ~= '' and demand_ttl > 0 then
+            redis.call('ZADD', demand, slot_now + demand_ttl, demand_entry)
+            redis.call('PEXPIRE', demand, math.ceil(demand_ttl * 2000))
+        end
         if urgent then
             local ttl = tonumber(ARGV[23]) or 1
             redis.call('ZADD', callers, slot_now + ttl, id)
@@ -138,10 +146,10 @@ end
 local slot_held = slot_limit > 0 and redis.call('ZSCORE', slots, id) and 2 or 0
 local function take_slot()
     if slot_limit > 0 then redis.call('ZADD', slots, slot_now + slot_lease, id) end
-    if slot_limit > 0 and urgent and tenant_key ~= '' then
+    if slot_limit > 0 and tenant_key ~= '' then
         redis.call('HSET', holders, id, tenant_key)
         redis.call('PEXPIRE', holders, math.ceil(slot_lease * 2000))
-        if (ARGV[27] or '') ~= '' then redis.call('ZREM', demand, ARGV[27]) end
+        if demand_entry ~= '' then redis.call('ZREM', demand, demand_entry) end
     end
 end
 

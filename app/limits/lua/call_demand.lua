@@ -1,11 +1,11 @@
 --! include clock
--- What the tenants making synchronous calls on one model ask of its slots now: the
+-- What the tenants ask of one model's slots now, for the shares of sync calls: the
 -- calls waiting (each renews its entry on every try: one that went away lapses after
 -- ttl_s) and the calls holding a slot (their holders' tenants; a holder whose lease
 -- ended is dropped). app/domain/call_shares.py turns this into each tenant's share.
 --
 -- KEYS[1] sync calls asking for a slot (zset 'tenant:weight:item', score: lapse)
--- KEYS[2] the tenant of each sync call holding a slot (hash: holder -> 'tenant:weight')
+-- KEYS[2] the tenant of each slot holder (hash: holder -> 'tenant:weight')
 -- KEYS[3] the model's concurrency slots (zset, score: lease end)
 -- ARGV: 1 this call's entry ('' = only read), 2 ttl_s
 -- Returns {waiting entries, holders' 'tenant:weight' values}.
