@@ -31,10 +31,7 @@ import argparse
 import collections
 import contextlib
 import http.server
-import os
-import signal
 import socketserver
-import subprocess
 import sys
 import threading
 import time
@@ -47,8 +44,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import (
-    MODEL_TOML,
+    api_process,
     chat_requests,
+    live_model_env,
     process_tree,
     servers,
     simulator_process,
@@ -73,34 +71,6 @@ def _percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-@contextlib.contextmanager
-def _api_process(env: dict[str, str], log_path: Path) -> Iterator[tuple[str, int]]:
-    """``batchgen api`` on a free port; yields its URL and pid."""
-    from batchgen.embedded import free_port
-
-    port = free_port()
-    argv = [sys.executable, "-m", "batchgen.cli", "api", "--host", "127.0.0.1"]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [*argv, "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(400):
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=0.5).status_code == 200:
-                    break
-            time.sleep(0.05)
-        yield url, proc.pid
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
 
 
 class _Drip(http.server.BaseHTTPRequestHandler):
@@ -303,31 +273,13 @@ def main() -> None:
     parser.add_argument("--chunked-mib", type=int, default=300)
     args = parser.parse_args()
 
-    from batchgen.config import get_settings
     from batchgen.store import db, tenants
 
     sim_args = ("--latency-base-ms", str(args.latency_ms), "--per-token-ms", "0")
     with simulator_process(*sim_args) as sim, servers() as workdir, _drip_receiver() as hook:
-        models_file = workdir / "models.toml"
-        models_file.write_text(
-            MODEL_TOML.format(
-                name=MODEL,
-                base_url=sim,
-                tpm=1_000_000_000,
-                rpm=1_000_000_000,
-                concurrency=CONCURRENCY,
-            )
+        env = live_model_env(
+            workdir, MODEL, sim, CONCURRENCY, BATCHGEN_WEBHOOK_ALLOW_NETS=ALLOW_LOOPBACK
         )
-        env = {
-            "BATCHGEN_MODELS_FILE": str(models_file),
-            "BATCHGEN_SIMULATOR_KEY": "bench",
-            "BATCHGEN_WEBHOOK_ALLOW_NETS": ALLOW_LOOPBACK,
-            "DATABASE_URL": os.environ["DATABASE_URL"],
-            "REDIS_URL": os.environ.get("REDIS_URL", get_settings().redis_url or ""),
-            "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL", get_settings().broker_url),
-        }
-        os.environ.update(env)
-        get_settings.cache_clear()
         with db.session_scope() as s:
             _, calm_key = tenants.create_tenant(s, "calm")
             _, hostile_key = tenants.create_tenant(s, "hostile")
@@ -348,7 +300,7 @@ def main() -> None:
         try:
             for w in workers:
                 w.wait_ready()
-            with _api_process(env, workdir / "api.log") as (api, api_pid):
+            with api_process(env, workdir / "api.log") as (api, api_pid):
                 with httpx.Client(base_url=api, timeout=30) as client:
                     for _ in range(3):  # warm up
                         _call(client, calm_key, CALL_DEADLINE_S)
