@@ -114,35 +114,26 @@ def test_a_flood_of_calls_leaves_another_tenant_its_share(
             while not stop.is_set():
                 flood_status.append(_call(client, flood_key).status_code)
 
-    try:
-        with ThreadPoolExecutor(40) as pool:
-            floods = [pool.submit(flood) for _ in range(40)]
-            deadline = time.monotonic() + 30
-            while sim_in_flight(simulator.base_url) < 8:  # the flood holds every slot
-                assert time.monotonic() < deadline, "the flood never filled the slots"
-                time.sleep(0.1)
+    calm: list[tuple[int, float]] = []
+    with ThreadPoolExecutor(40) as pool:
+        floods = [pool.submit(flood) for _ in range(40)]
+        try:  # the flood stops whatever happens, so the pool's exit does not hang
+            wait_until(lambda: sim_in_flight(simulator.base_url) >= 8, 30, "a full model")
             lines = [chat_line(f"b-{i}", model=MODEL, max_tokens=5) for i in range(8)]
             batch = python_api.submit_batch(lines, tenant="calm")
-            calm: list[tuple[int, float]] = []
             with httpx.Client(base_url=base_url) as client:
                 for _ in range(4):
                     started = time.monotonic()
                     answer = _call(client, calm_key, timeout_s=10)
                     calm.append((answer.status_code, time.monotonic() - started))
-            wait_until(
-                lambda: python_api.get_batch(batch["id"], tenant="calm")["status"] != "in_progress",
-                60,
-                "B's batch to end beside the flood",
-            )
+            ended = _batch_end(python_api, batch["id"], timeout_s=60)
             flooding = _open_calls("flood")
+        finally:
             stop.set()
             for future in floods:
                 future.result()
-    finally:
-        stop.set()
-        sim_config(simulator.base_url, latency_base_ms=50)
+            sim_config(simulator.base_url, latency_base_ms=50)
     assert [status for status, _ in calm] == [200] * 4, calm
-    ended = python_api.get_batch(batch["id"], tenant="calm")
     assert ended["status"] == "completed" and ended["request_counts"]["succeeded"] == 8
     assert flooding >= 20  # the flood still had most of its calls open meanwhile
     assert flood_status and set(flood_status) == {200}  # the flood waits, no call is lost
@@ -167,3 +158,13 @@ def _open_calls(tenant: str) -> int:
             )
         )
         return int(session.scalar(query) or 0)
+
+
+def _batch_end(python_api: Any, batch_id: str, timeout_s: float) -> dict[str, Any]:
+    """The batch once it ended, or as it stands after ``timeout_s``."""
+    until = time.monotonic() + timeout_s
+    while True:
+        described: dict[str, Any] = python_api.get_batch(batch_id, tenant="calm")
+        if described["status"] != "in_progress" or time.monotonic() > until:
+            return described
+        time.sleep(0.2)
