@@ -168,3 +168,46 @@ def _batch_end(python_api: Any, batch_id: str, timeout_s: float) -> dict[str, An
         if described["status"] != "in_progress" or time.monotonic() > until:
             return described
         time.sleep(0.2)
+
+
+def test_a_tenant_whose_own_calls_fill_its_share_is_refused_at_once(clean_db, monkeypatch):
+    """Ten open calls of its own on an 8-slot model whose calls take 2 s: the tenant's
+    new call with a 3 s deadline would start after one round of its own calls, so it is
+    a 429 (``tenant_over_share``, Retry-After 2) at once and nothing is stored; another
+    tenant's call with the same deadline is taken."""
+    from sqlalchemy import select
+
+    from batchgen import python_api
+    from batchgen.config import get_settings
+    from batchgen.domain.admission import CHAT_COMPLETIONS
+    from batchgen.errors import OverShare
+    from batchgen.registry import get_registry
+    from batchgen.store import calls, db
+    from batchgen.store.schema import Tenant
+    from batchgen.worker.packs import CallPace
+
+    make_tenant("busy")
+    make_tenant("calm")
+    line = chat_line("call", model=MODEL, max_tokens=5)
+    with db.session_scope() as session:
+        busy = session.scalars(select(Tenant).where(Tenant.name == "busy")).one()
+        for _ in range(10):
+            calls.store_call(
+                session,
+                busy,
+                line,
+                deadline_s=600,
+                endpoint=CHAT_COMPLETIONS,
+                registry=get_registry(),
+                settings=get_settings(),
+            )
+    pace = CallPace()
+    pace.note(MODEL, 2.0)
+    monkeypatch.setattr(python_api, "_pace", pace)
+    with pytest.raises(OverShare) as refused:
+        python_api.start_call(line, tenant="busy", endpoint=CHAT_COMPLETIONS, deadline_s=3)
+    assert (refused.value.status_code, refused.value.retry_after_s) == (429, 2)
+    assert refused.value.code == "tenant_over_share"
+    assert _open_calls("busy") == 10  # nothing of the refused call was stored
+    spec = get_registry()[MODEL]
+    python_api._refuse_early(spec, "calm", 3.0)  # within its share: taken
