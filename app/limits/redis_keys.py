@@ -75,7 +75,8 @@ def slot_callers(model: str) -> str:
 
 
 def slot_tenants(model: str) -> str:
-    """Hash: a synchronous call's slot holder -> ``tenant:weight`` (its tenant's share)."""
+    """Hash: a slot holder -> ``tenant:weight`` (``:call`` after it for a synchronous
+    call): whose work holds the model's slots, for the shares of sync calls."""
     return f"{PREFIX}slots:{{{model}}}:tenants"
 
 

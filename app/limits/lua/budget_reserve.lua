@@ -42,7 +42,8 @@
 -- KEYS[10] bucket levels (hash)  KEYS[11] learned ratios (hash)
 -- KEYS[12] the model's concurrency slots (zset)  KEYS[13] the model's counters (hash)
 -- KEYS[14] synchronous calls waiting for a slot (zset, score: when the claim lapses)
--- KEYS[15] the tenant of each slot holder (hash: holder -> 'tenant:weight')
+-- KEYS[15] the tenant of each slot holder (hash: holder -> 'tenant:weight', and
+--          ':call' after it for a sync call)
 -- KEYS[16] work asking for a slot (zset 'tenant:weight:item', score: lapse; a sync
 --          call renews its entry by lua/call_demand.lua, other work when denied here)
 -- ARGV: 1 id (one per item and attempt), 2 prompt_est, 3 rest, 4 tokens_limit,
@@ -97,9 +98,10 @@ local urgent, callers = ARGV[22] == '1', KEYS[14]
 local holders, demand = KEYS[15], KEYS[16]
 local tenant_key, share = ARGV[25] or '', tonumber(ARGV[26]) or 0
 local demand_entry, demand_ttl = ARGV[27] or '', tonumber(ARGV[28]) or 0
--- A sync call's tenant may hold at most its share of the slots with its sync calls:
--- over it, the call neither takes a slot nor claims the next one (another tenant's
--- call, under its share, gets it). Holders whose lease ended no longer count.
+-- A sync call's tenant may hold at most its share of the slots with its sync calls
+-- (its batch work counts in the share's demand, not against its calls: they still go
+-- before it): over it, the call neither takes a slot nor claims the next one
+-- (another tenant's work gets it). Holders whose lease ended no longer count.
 local function tenant_of(key) return string.match(key, '^([^:]*)') end
 if slot_limit > 0 and urgent and tenant_key ~= '' and share > 0
         and not redis.call('ZSCORE', slots, id) then
@@ -109,7 +111,7 @@ if slot_limit > 0 and urgent and tenant_key ~= '' and share > 0
         local lease = redis.call('ZSCORE', slots, entries[i])
         if not lease or tonumber(lease) <= slot_now then
             redis.call('HDEL', holders, entries[i])
-        elseif tenant_of(entries[i + 1]) == mine then
+        elseif tenant_of(entries[i + 1]) == mine and string.sub(entries[i + 1], -5) == ':call' then
             held = held + 1
         end
     end
@@ -147,7 +149,7 @@ local slot_held = slot_limit > 0 and redis.call('ZSCORE', slots, id) and 2 or 0
 local function take_slot()
     if slot_limit > 0 then redis.call('ZADD', slots, slot_now + slot_lease, id) end
     if slot_limit > 0 and tenant_key ~= '' then
-        redis.call('HSET', holders, id, tenant_key)
+        redis.call('HSET', holders, id, urgent and (tenant_key .. ':call') or tenant_key)
         redis.call('PEXPIRE', holders, math.ceil(slot_lease * 2000))
         if demand_entry ~= '' then redis.call('ZREM', demand, demand_entry) end
     end

@@ -5,7 +5,7 @@
 -- ended is dropped). app/domain/call_shares.py turns this into each tenant's share.
 --
 -- KEYS[1] sync calls asking for a slot (zset 'tenant:weight:item', score: lapse)
--- KEYS[2] the tenant of each slot holder (hash: holder -> 'tenant:weight')
+-- KEYS[2] the tenant of each slot holder (hash: holder -> 'tenant:weight[:call]')
 -- KEYS[3] the model's concurrency slots (zset, score: lease end)
 -- ARGV: 1 this call's entry ('' = only read), 2 ttl_s
 -- Returns {waiting entries, holders' 'tenant:weight' values}.
