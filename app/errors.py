@@ -11,7 +11,8 @@
 │   ├── ``Conflict``           409
 │   ├── ``IdempotencyKeyReused`` 422 (the key names another request)
 │   └── ``OverQuota``          429 + Retry-After (the tenant's own limits)
-│       └── ``FileQuotaExceeded`` 429: its uploads fill its file quota
+│       ├── ``FileQuotaExceeded`` 429: its uploads fill its file quota
+│       └── ``OverShare``      429 + Retry-After (its sync calls fill its share)
 ├── ``Overloaded``             503 + Retry-After (model backlog full)
 ├── ``Unavailable``            503 + Retry-After (PostgreSQL or Redis unreachable)
 ├── ``CallFailed``             a synchronous call ended without an answer (400/429/502/504…)
@@ -114,6 +115,11 @@ class FileQuotaExceeded(OverQuota):
     is when its first file expires (deleting one frees room at once)."""
 
     code = "file_quota_exceeded"
+class OverShare(OverQuota):
+    """The tenant's own synchronous calls on the model, at its share of the model's
+    slots, would hold a new call past its deadline (429: the tenant's own flood)."""
+
+    code = "tenant_over_share"
 
 
 class Overloaded(BatchgenError, RetryAdvice):

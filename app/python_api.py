@@ -30,16 +30,24 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from batchgen.config import current_scope, get_settings
+from batchgen.domain import call_shares, message_batches
 from batchgen.domain import calls as call_rules
-from batchgen.domain import message_batches
 from batchgen.domain.admission import CHAT_COMPLETIONS
 from batchgen.domain.notifications import retry_delay_s
 from batchgen.domain.offload import OffloadMode, parse_offload
 from batchgen.domain.status import ItemStatus, Priority, parse_priority
-from batchgen.errors import CallFailed, ClientError, NotFound, Overloaded, ValidationFailed
+from batchgen.errors import (
+    CallFailed,
+    ClientError,
+    NotFound,
+    Overloaded,
+    OverShare,
+    ValidationFailed,
+)
 from batchgen.limits import counters, liveness
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
+from batchgen.limits.call_shares import CallDemand, demand_entry
 from batchgen.limits.gate import Gate
 from batchgen.registry import ModelSpec, get_registry
 from batchgen.store import batches, calls, files, items, notifications
@@ -50,6 +58,7 @@ from batchgen.store.schema import Tenant
 from batchgen.worker import publish, webhooks
 from batchgen.worker.cancellation import CancelWatcher, announce
 from batchgen.worker.execution import run_item
+from batchgen.worker.packs import CallPace
 
 log = logging.getLogger(__name__)
 CANCEL_TRIES = 3
@@ -587,26 +596,67 @@ class PendingCall:
     woken: threading.Event
 
 
+# How long this process's calls took, per model (the fail-fast rule's round of calls).
+_pace = CallPace()
+
+
+def _demand(model: str) -> dict[int, call_shares.Demand]:
+    """Every tenant's sync calls on ``model`` now ({} when Redis cannot say: the gate
+    will say so anyway)."""
+    try:
+        return CallDemand(get_redis()).read(model)
+    except Exception:
+        return {}
+
+
+def _refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> None:
+    """The fail-fast rule, before anything is stored: :class:`Overloaded` (503) when the
+    model's calls ahead need longer than ``deadline_s``; :class:`OverShare` (429) when
+    the tenant's own open calls, run at its share of the model's slots, do."""
+    with session_scope() as session:
+        owner = _tenant(session, tenant)
+        ahead = calls.calls_ahead_tokens(session, spec.name)
+        own_open = calls.open_calls(session, spec.name, owner.id)
+        weight = owner.weight
+    wait_s = call_rules.expected_wait_s(ahead, spec.tokens_per_min, _cooldown_left_s(spec))
+    demand = _demand(spec.name)
+    demand[owner.id] = call_shares.Demand(weight, running=0, waiting=own_open + 1)
+    refusal = call_shares.refuse_call(
+        open_calls=own_open,
+        share=call_shares.share_of(spec.max_concurrency, demand, owner.id),
+        call_s=_pace.call_s(spec.name) or 0.0,
+        model_wait_s=wait_s,
+        deadline_s=deadline_s,
+    )
+    if refusal is None:
+        return
+    if refusal.status == 429:
+        raise OverShare(
+            f"this tenant's {own_open} open calls on {spec.name}, at its share of the "
+            f"model's slots, need about {refusal.wait_s:.0f}s: more than this call's "
+            f"{deadline_s:g}s",
+            retry_after_s=refusal.retry_after_s,
+        )
+    raise Overloaded(
+        f"model {spec.name} cannot start this call within its {deadline_s:g}s: "
+        f"the calls ahead of it need about {refusal.wait_s:.0f}s",
+        retry_after_s=refusal.retry_after_s,
+    )
+
+
 def start_call(
     line: dict[str, Any], *, tenant: str | Tenant, endpoint: str, deadline_s: float
 ) -> PendingCall:
-    """Store a call (one item, priority ``call``) and send it to a worker, unless the
-    calls already waiting on its model cannot leave it time to start before
-    ``deadline_s``: then :class:`Overloaded` (503) with that wait as ``retry_after_s``."""
+    """Store a call (one item, priority ``call``) and send it to a worker, unless it
+    cannot start before ``deadline_s``: :class:`Overloaded` (503) when the model's
+    calls ahead need longer, :class:`OverShare` (429) when the tenant's own calls do
+    (its calls hold at most its weighted share of the model's slots), each with that
+    wait as ``retry_after_s``."""
     settings = get_settings()
     body = line.get("body")
     spec = get_registry().get(body.get("model", "")) if isinstance(body, dict) else None
     if spec is not None:
-        with session_scope() as session:
-            ahead = calls.calls_ahead_tokens(session, spec.name)
-        wait_s = call_rules.expected_wait_s(ahead, spec.tokens_per_min, _cooldown_left_s(spec))
-        refuse = call_rules.refuse_after_s(wait_s, deadline_s)
-        if refuse is not None:
-            raise Overloaded(
-                f"model {spec.name} cannot start this call within its {deadline_s:g}s: "
-                f"the calls ahead of it need about {wait_s:.0f}s",
-                retry_after_s=refuse,
-            )
+        _refuse_early(spec, tenant, deadline_s)
     started = time.monotonic()
     with session_scope() as session:
         stored = calls.store_call(
@@ -663,6 +713,8 @@ def _run_here(stored: calls.StoredCall, deadline_mono_s: float, woken: threading
             verdict = run_item(
                 stored.item_id, registry, settings, gate, watcher, model=stored.model, ticket=ticket
             )
+            if verdict.outcome == "succeeded" and verdict.call_s is not None:
+                _pace.note(stored.model, verdict.call_s)
             left_s = deadline_mono_s - time.monotonic()
             if left_s <= 0:
                 break
@@ -678,6 +730,10 @@ def _run_here(stored: calls.StoredCall, deadline_mono_s: float, woken: threading
         )
     finally:
         woken.set()
+        first = stored.queue_ticket
+        if first is not None:  # it asks for no slot now
+            entry = demand_entry(first.tenant_id, first.tenant_weight, first.item_id)
+            gate.demand.forget(stored.model, entry)
         wake_dispatcher()  # the call held a place in its model's window
 
 

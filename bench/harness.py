@@ -96,6 +96,67 @@ def simulator_process(*args: str) -> Iterator[str]:
         proc.wait(10)
 
 
+@contextlib.contextmanager
+def api_process(env: dict[str, str], log_path: Path) -> Iterator[tuple[str, int]]:
+    """``batchgen api`` on a free port with ``env``; yields its base URL and pid."""
+    import signal
+
+    from batchgen.embedded import free_port
+
+    port = free_port()
+    argv = [sys.executable, "-m", "batchgen.cli", "api", "--host", "127.0.0.1"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [*argv, "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(400):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=0.5).status_code == 200:
+                    break
+            time.sleep(0.05)
+        yield url, proc.pid
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+
+
+def live_model_env(
+    workdir: Path, model: str, sim_url: str, concurrency: int, **extra: str
+) -> dict[str, str]:
+    """Write a registry of one unlimited model on the simulator (``concurrency`` slots)
+    and put the environment every process of the bench shares into ``os.environ``
+    (``extra``: more variables); returns that environment."""
+    from batchgen.config import get_settings
+
+    models_file = workdir / "models.toml"
+    models_file.write_text(
+        MODEL_TOML.format(
+            name=model,
+            base_url=sim_url,
+            tpm=1_000_000_000,
+            rpm=1_000_000_000,
+            concurrency=concurrency,
+        )
+    )
+    env = {
+        "BATCHGEN_MODELS_FILE": str(models_file),
+        "BATCHGEN_SIMULATOR_KEY": "bench",
+        "DATABASE_URL": os.environ["DATABASE_URL"],
+        "REDIS_URL": os.environ.get("REDIS_URL", get_settings().redis_url or ""),
+        "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL", get_settings().broker_url),
+        **extra,
+    }
+    os.environ.update(env)
+    get_settings.cache_clear()
+    return env
+
+
 def reset_state(sim_url: str) -> None:
     """Empty tables, an empty Redis and a fresh simulator between runs.
 

@@ -21,22 +21,22 @@ backlog ≤ 2× idle.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import MODEL_TOML, chat_requests, servers, simulator_process, start_celery_worker
+from bench.harness import (
+    api_process,
+    chat_requests,
+    live_model_env,
+    servers,
+    simulator_process,
+    start_celery_worker,
+)
 
 MODEL = "live"
 CONCURRENCY = 16
@@ -51,41 +51,6 @@ def _percentile(values: list[float], q: float) -> float:
 def _summary(values_s: list[float]) -> dict[str, float]:
     ms = [v * 1000 for v in values_s]
     return {"p50": _percentile(ms, 0.5), "p99": _percentile(ms, 0.99), "mean": statistics.fmean(ms)}
-
-
-@contextlib.contextmanager
-def _api_process(env: dict[str, str], log_path: Path) -> Iterator[str]:
-    from batchgen.embedded import free_port
-
-    port = free_port()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "batchgen.cli",
-                "api",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(400):
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=0.5).status_code == 200:
-                    break
-            time.sleep(0.05)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
 
 
 def _calls(client: Any, model: str, n: int) -> list[float]:
@@ -113,30 +78,11 @@ def main() -> None:
     import openai
 
     from batchgen import python_api
-    from batchgen.config import get_settings
     from batchgen.store import db, tenants
 
     sim_args = ("--latency-base-ms", str(args.latency_ms), "--per-token-ms", "0")
     with simulator_process(*sim_args) as sim, servers() as workdir:
-        models_file = workdir / "models.toml"
-        models_file.write_text(
-            MODEL_TOML.format(
-                name=MODEL,
-                base_url=sim,
-                tpm=1_000_000_000,
-                rpm=1_000_000_000,
-                concurrency=CONCURRENCY,
-            )
-        )
-        env = {
-            "BATCHGEN_MODELS_FILE": str(models_file),
-            "BATCHGEN_SIMULATOR_KEY": "bench",
-            "DATABASE_URL": os.environ["DATABASE_URL"],
-            "REDIS_URL": os.environ.get("REDIS_URL", get_settings().redis_url or ""),
-            "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL", get_settings().broker_url),
-        }
-        os.environ.update(env)
-        get_settings.cache_clear()
+        env = live_model_env(workdir, MODEL, sim, CONCURRENCY)
         with db.session_scope() as s:
             _, key = tenants.create_tenant(s, "caller")
             tenants.create_tenant(s, "bulk")
@@ -160,7 +106,7 @@ def main() -> None:
         try:
             for w in workers:
                 w.wait_ready()
-            with _api_process(env, workdir / "api.log") as api:
+            with api_process(env, workdir / "api.log") as (api, _):
                 ours = openai.OpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0)
                 _calls(ours, MODEL, 10)
                 idle_s = _calls(ours, MODEL, args.calls)

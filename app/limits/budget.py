@@ -106,7 +106,8 @@ class Grant:
     wait_s: float = 0.0
     never: bool = False  # larger than the limit itself: can never be granted
     # Why it was denied: "cooldown", "tokens", "requests" or "tenant" (the longest
-    # wait), or "slot" when no concurrency slot was free.
+    # wait), "slot" when no concurrency slot was free, or "share" when the sync call's
+    # tenant holds its share of the slots.
     reason: str = ""
     # Granted: the tokens reserved (the ratio applied), of them the prompt part.
     tokens: int = 0
@@ -120,7 +121,7 @@ class Grant:
 
     @property
     def slot_denied(self) -> bool:
-        return self.reason == "slot"
+        return self.reason in ("slot", "share")
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,7 @@ class Budget:
         count_slot_denial: bool = False,
         urgent: bool = False,
         urgent_claim_s: float = 0.5,
+        share: tuple[str, int, str, float] | None = None,
         now_s: float | None = None,
     ) -> Grant:
         """One script: a slot (``slot_limit`` > 0) and ``prompt_tokens`` (scaled by the
@@ -217,7 +219,12 @@ class Budget:
         the attempt): when denied, it keeps its place in the budget's line. ``count``:
         add denials and waits (and, with ``count_slot_denial``, a slot denial) to the
         model's counters. ``urgent`` (a synchronous call): denied a slot, it claims the
-        next one for ``urgent_claim_s`` (renewed by each try)."""
+        next one for ``urgent_claim_s`` (renewed by each try). ``share``
+        (:mod:`batchgen.limits.call_shares`): the caller's tenant key, its tenant's
+        share of the slots (0: no cap; a sync call's tenant holds no more, denied with
+        reason ``share``), and its demand entry with its ttl (added when denied a slot,
+        so sync calls' shares count this tenant)."""
+        tenant_key, share_slots, demand_entry, demand_ttl_s = share or ("", 0, "", 0.0)
         key = spec.budget_key
         reply = script(self.client, "budget_reserve")(
             keys=[
@@ -232,6 +239,8 @@ class Budget:
                 keys.slots(spec.name),
                 keys.counters(spec.name),
                 keys.slot_callers(spec.name),
+                keys.slot_tenants(spec.name),
+                keys.call_demand(spec.name),
             ],
             args=[
                 reservation_id,
@@ -258,6 +267,10 @@ class Budget:
                 "1" if urgent else "0",
                 urgent_claim_s,
                 self.ratio_start,
+                tenant_key,
+                share_slots,
+                demand_entry,
+                demand_ttl_s,
             ],
         )
         status, wait_ms, reason, tokens, part, countdown = reply[:6]
@@ -274,7 +287,7 @@ class Budget:
         if status == -1:
             return Grant(False, never=True, reason="never")
         if status == 2:
-            return Grant(False, reason="slot")
+            return Grant(False, reason=why if why == "share" else "slot")
         wait_s = int(wait_ms) / 1000.0
         text = countdown.decode() if isinstance(countdown, bytes) else str(countdown)
         return Grant(False, wait_s=wait_s, reason=why, countdown_s=float(text or wait_s))

@@ -23,11 +23,13 @@ from typing import Protocol
 import redis
 
 from batchgen.config import Settings
+from batchgen.domain.call_shares import share_of
 from batchgen.domain.rate_limits import RateLimitState
 from batchgen.domain.settlement import SettleAction, SettleCounter, decide_settlement
 from batchgen.errors import ProviderError, RateLimited
 from batchgen.limits import counters
 from batchgen.limits.budget import Budget, SettleOps, countdown_s, reservation_tokens
+from batchgen.limits.call_shares import DEMAND_TTL_S, CallDemand, demand_entry, tenant_key
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import ModelSpec
 
@@ -144,6 +146,7 @@ class Gate:
         self.settings = settings
         self.budget = Budget(client, settings)
         self.slots = Slots(client)
+        self.demand = CallDemand(client)
         self.enabled = settings.budget_enabled
 
     def _slot_lease_s(self, spec: ModelSpec) -> float:
@@ -163,6 +166,13 @@ class Gate:
         call that never happens. An entry that finds the reservation already held
         (``Pass.adopted``) gives back nothing if its claim then finds nothing: the
         reservation belongs to the delivery whose call is in flight.
+
+        A synchronous call (``urgent``) first renews its tenant's demand and reads
+        everyone's (:class:`CallDemand`, one more script per try): its tenant's sync
+        calls may hold only the tenant's weighted share of the model's slots
+        (:func:`batchgen.domain.call_shares.share_of`), so a tenant flooding calls
+        leaves the slots that free to the others' calls and batches. Other work adds
+        its tenant to that demand (in the same one script) when it is denied a slot.
         """
         reservation_id = f"{item.item_id}:{item.attempt}"
         if not self.enabled:
@@ -170,8 +180,16 @@ class Gate:
             return Pass(reservation_id, tokens, item.prompt_tokens_est)
         deadline = time.monotonic() + self.settings.slot_wait_s
         lease = self._slot_lease_s(spec)
+        urgent = bool(getattr(item, "urgent", False))
+        weight = int(getattr(item, "tenant_weight", 1) or 1)
+        entry = demand_entry(item.tenant_id, weight, item.item_id)
+        share = (tenant_key(item.tenant_id, weight), 0, entry, DEMAND_TTL_S)
         while True:
             last_try = time.monotonic() >= deadline
+            if urgent:
+                demand = self.demand.read(spec.name, entry)
+                slots = share_of(spec.max_concurrency, demand, item.tenant_id)
+                share = (share[0], slots, entry, DEMAND_TTL_S)
             try:
                 grant = self.budget.enter(
                     spec,
@@ -186,8 +204,9 @@ class Gate:
                     jitter_u=random.random(),
                     count=True,
                     count_slot_denial=last_try,
-                    urgent=getattr(item, "urgent", False),
+                    urgent=urgent,
                     urgent_claim_s=URGENT_CLAIM_S,
+                    share=share,
                 )
             except BaseException:
                 # The reply may have been lost after the script ran: the slot is not

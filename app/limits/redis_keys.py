@@ -74,6 +74,18 @@ def slot_callers(model: str) -> str:
     return f"{PREFIX}slots:{{{model}}}:callers"
 
 
+def slot_tenants(model: str) -> str:
+    """Hash: a slot holder -> ``tenant:weight`` (``:call`` after it for a synchronous
+    call): whose work holds the model's slots, for the shares of sync calls."""
+    return f"{PREFIX}slots:{{{model}}}:tenants"
+
+
+def call_demand(model: str) -> str:
+    """Zset of synchronous calls asking for one of the model's slots
+    (``tenant:weight:item``, scored by when the entry lapses)."""
+    return f"{PREFIX}slots:{{{model}}}:demand"
+
+
 def counters(model: str) -> str:
     """Hash of per-model event counters (denials, waits, cooldowns, 429s, errors)."""
     return f"{PREFIX}counters:{model}"

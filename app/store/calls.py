@@ -59,6 +59,17 @@ def calls_ahead_tokens(session: Session, model: str) -> int:
     return int(session.scalar(query) or 0)
 
 
+def open_calls(session: Session, model: str, tenant_id: int) -> int:
+    """The tenant's calls still open on ``model`` (waiting for a slot, or running)."""
+    query = select(func.count()).where(
+        Item.model == model,
+        Item.tenant_id == tenant_id,
+        Item.priority_rank == CALL_RANK,
+        Item.status.in_(values(OPEN)),
+    )
+    return int(session.scalar(query) or 0)
+
+
 def store_call(
     session: Session,
     tenant: Tenant,

@@ -129,6 +129,8 @@ class Ticket:
     tenant_tokens_per_min: int | None
     # A synchronous call's item: someone waits on it (it claims the next free slot).
     urgent: bool = False
+    # The tenant's weight: a synchronous call's tenant gets that share of the slots.
+    tenant_weight: int = 1
     # The tenant's name, for an operator finding a tenant's tasks in Flower (an
     # identifier, never request text).
     tenant_name: str | None = None
@@ -145,6 +147,8 @@ class Ticket:
         }
         if self.urgent:
             message["urgent"] = True
+        if self.tenant_weight != 1:
+            message["weight"] = self.tenant_weight
         if self.tenant_name is not None:
             message["tenant_name"] = self.tenant_name
         return message
@@ -163,6 +167,7 @@ class Ticket:
                 max_tokens=int(data["max_tokens"]),
                 tenant_tokens_per_min=None if tpm is None else int(tpm),
                 urgent=data.get("urgent") is True,
+                tenant_weight=int(data.get("weight", 1)),
                 tenant_name=None if data.get("tenant_name") is None else str(data["tenant_name"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -575,12 +580,19 @@ def _lock_model(session: Session, model: str) -> bool:
 
 
 def in_flight(session: Session, model: str) -> int:
-    """The model's items queued or running (its dispatch window in use)."""
+    """The model's items queued or running (its dispatch window in use). Synchronous
+    calls are left out: they skip the window, and a tenant's flood of them must not
+    close it to the other tenants' batches (the gate shares the slots between both,
+    :mod:`batchgen.domain.call_shares`)."""
     return (
         session.scalar(
             select(func.count())
             .select_from(Item)
-            .where(Item.model == model, Item.status.in_(values(IN_FLIGHT)))
+            .where(
+                Item.model == model,
+                Item.status.in_(values(IN_FLIGHT)),
+                Item.priority_rank != CALL_RANK,
+            )
         )
         or 0
     )
@@ -671,6 +683,7 @@ _TICKET_COLUMNS = (
     Tenant.tokens_per_min,
     Item.priority_rank,
     Tenant.name,
+    Tenant.weight,
 )
 
 
@@ -684,6 +697,7 @@ def _ticket(row: Any) -> Ticket:
         max_tokens=row.max_tokens,
         tenant_tokens_per_min=row.tokens_per_min,
         urgent=row.priority_rank == CALL_RANK,
+        tenant_weight=row.weight,
         tenant_name=row.name,
     )
 

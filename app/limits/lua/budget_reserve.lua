@@ -42,6 +42,10 @@
 -- KEYS[10] bucket levels (hash)  KEYS[11] learned ratios (hash)
 -- KEYS[12] the model's concurrency slots (zset)  KEYS[13] the model's counters (hash)
 -- KEYS[14] synchronous calls waiting for a slot (zset, score: when the claim lapses)
+-- KEYS[15] the tenant of each slot holder (hash: holder -> 'tenant:weight', and
+--          ':call' after it for a sync call)
+-- KEYS[16] work asking for a slot (zset 'tenant:weight:item', score: lapse; a sync
+--          call renews its entry by lua/call_demand.lua, other work when denied here)
 -- ARGV: 1 id (one per item and attempt), 2 prompt_est, 3 rest, 4 tokens_limit,
 --       5 requests_limit, 6 tenant_tokens_limit (0 = none), 7 window_s, 8 guard_s,
 --       9 now_s (empty = Redis TIME), 10 waiter id (empty = none), 11 claim_ttl_s,
@@ -50,13 +54,17 @@
 --       18 count (0: nothing, 1: budget denials and waits, 2: a slot denial too),
 --       19..21 the counter fields: slot denials, budget denials, budget wait seconds,
 --       22 urgent ('1': a synchronous call, someone waits on it), 23 its claim's ttl_s,
---       24 the ratio before the model's first sample
+--       24 the ratio before the model's first sample,
+--       25 the caller's tenant as 'tenant:weight' ('' = none), 26 a sync call's
+--       tenant's share of the slots (app/domain/call_shares.py; 0 = no cap), 27 its
+--       demand entry in KEYS[16] (added when denied a slot, dropped with the slot),
+--       28 that entry's ttl_s
 -- Returns {status, wait_ms, reason, tokens, prompt_part, countdown_s, held}: status 1
 -- granted (tokens reserved, of which prompt_part is the scaled prompt; held: 1 if the
 -- reservation was on the books before this call, plus 2 if its slot was), 0 denied
 -- (reason 'cooldown', 'tokens', 'requests' or 'tenant', whichever needs the
 -- longest wait; countdown_s = wait + jitter), -1 never (tokens above a limit),
--- 2 no free slot.
+-- 2 no free slot (reason 'slot'; 'share': the tenant's sync calls hold its share).
 
 local id = ARGV[1]
 local prompt_est = tonumber(ARGV[2]) or 0
@@ -87,6 +95,32 @@ local token_rate, request_rate = tokens_limit / window_s, requests_limit / windo
 -- (or its claim lapses: it went away), other work sees that many slots fewer.
 local slot_now = slot_limit > 0 and clock() or 0
 local urgent, callers = ARGV[22] == '1', KEYS[14]
+local holders, demand = KEYS[15], KEYS[16]
+local tenant_key, share = ARGV[25] or '', tonumber(ARGV[26]) or 0
+local demand_entry, demand_ttl = ARGV[27] or '', tonumber(ARGV[28]) or 0
+-- A sync call's tenant may hold at most its share of the slots with its sync calls
+-- (its batch work counts in the share's demand, not against its calls: they still go
+-- before it): over it, the call neither takes a slot nor claims the next one
+-- (another tenant's work gets it). Holders whose lease ended no longer count.
+local function tenant_of(key) return string.match(key, '^([^:]*)') end
+if slot_limit > 0 and urgent and tenant_key ~= '' and share > 0
+        and not redis.call('ZSCORE', slots, id) then
+    local mine, held = tenant_of(tenant_key), 0
+    local entries = redis.call('HGETALL', holders)
+    for i = 1, #entries, 2 do
+        local lease = redis.call('ZSCORE', slots, entries[i])
+        if not lease or tonumber(lease) <= slot_now then
+            redis.call('HDEL', holders, entries[i])
+        elseif tenant_of(entries[i + 1]) == mine and string.sub(entries[i + 1], -5) == ':call' then
+            held = held + 1
+        end
+    end
+    if held >= share then
+        redis.call('ZREM', callers, id)
+        if count >= 2 then redis.call('HINCRBY', counters, ARGV[19], 1) end
+        return {2, 0, 'share', 0, 0, ''}
+    end
+end
 if slot_limit > 0 then
     redis.call('ZREMRANGEBYSCORE', callers, '-inf', slot_now)
     local claimed = 0
@@ -96,6 +130,11 @@ if slot_limit > 0 then
         claimed = redis.call('ZCARD', callers)
     end
     if not slot_free(slots, id, slot_limit - claimed, slot_now) then
+        -- Batch work denied a slot asks for one too: sync calls' shares count its tenant.
+        if demand_entry ~= '' and demand_ttl > 0 then
+            redis.call('ZADD', demand, slot_now + demand_ttl, demand_entry)
+            redis.call('PEXPIRE', demand, math.ceil(demand_ttl * 2000))
+        end
         if urgent then
             local ttl = tonumber(ARGV[23]) or 1
             redis.call('ZADD', callers, slot_now + ttl, id)
@@ -109,6 +148,11 @@ end
 local slot_held = slot_limit > 0 and redis.call('ZSCORE', slots, id) and 2 or 0
 local function take_slot()
     if slot_limit > 0 then redis.call('ZADD', slots, slot_now + slot_lease, id) end
+    if slot_limit > 0 and tenant_key ~= '' then
+        redis.call('HSET', holders, id, urgent and (tenant_key .. ':call') or tenant_key)
+        redis.call('PEXPIRE', holders, math.ceil(slot_lease * 2000))
+        if demand_entry ~= '' then redis.call('ZREM', demand, demand_entry) end
+    end
 end
 
 local function leave_line(w)
