@@ -115,6 +115,8 @@ class FileQuotaExceeded(OverQuota):
     is when its first file expires (deleting one frees room at once)."""
 
     code = "file_quota_exceeded"
+
+
 class OverShare(OverQuota):
     """The tenant's own synchronous calls on the model, at its share of the model's
     slots, would hold a new call past its deadline (429: the tenant's own flood)."""
