@@ -5,6 +5,22 @@ from __future__ import annotations
 from batchgen.providers.base import Provider
 from batchgen.registry import ModelSpec, ProviderKind
 
+# (provider, base URL, key env) of the clients this process has built: a first call
+# builds its SDK client (imports, TLS context, pool) before its item is marked sent.
+_WARMED: set[tuple[str, str, str | None]] = set()
+
+
+def warmed_provider(spec: ModelSpec) -> Provider:
+    """The adapter for ``spec`` with its client built once per process (``warm``), so
+    what a first call would build (the SDK's imports and client: seconds in a fresh
+    process) never sits between an item being marked sent and its request leaving."""
+    provider = get_provider(spec)
+    key = (spec.provider.value, spec.base_url, spec.api_key_env)
+    if key not in _WARMED:
+        provider.warm(spec)
+        _WARMED.add(key)
+    return provider
+
 
 def get_provider(spec: ModelSpec) -> Provider:
     """The adapter for ``spec.provider``."""

@@ -33,8 +33,8 @@ from batchgen.errors import (
     TransientProviderError,
 )
 from batchgen.limits.gate import Gate, Never, Pass, Wait, running_lease_s
-from batchgen.providers import get_provider
-from batchgen.providers.base import ProviderRequest, ProviderResponse
+from batchgen.providers import warmed_provider
+from batchgen.providers.base import Provider, ProviderRequest, ProviderResponse
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store import batches, db, items
 from batchgen.store.batches import Progress
@@ -103,6 +103,10 @@ def _run_ticket(
         return _wait(item, decision, settings)
     settlement = Settlement()
     try:
+        # Built before the claim marks the item sent: a first call's client (seconds of
+        # SDK imports in a fresh process) is no window in which a process killed would
+        # leave an item marked sent that never left.
+        provider = warmed_provider(spec)
         # Watching before the claim: a cancel that commits after it is heard at once.
         with watcher.watch(ticket.batch_id) if watcher else nullcontext(Event()) as cancel:
             item = _claim_sent(ticket, lease_s, settings)
@@ -112,7 +116,7 @@ def _run_ticket(
                 give_back(item, settings)
                 return Verdict("skipped")
             with heartbeat().hold(item, lease_s):  # renewed until its outcome is recorded
-                return _call(item, spec, settings, cancel, settlement)
+                return _call(item, spec, provider, settings, cancel, settlement)
     finally:
         _settle(gate, spec, decision, ticket, settlement)
 
@@ -251,6 +255,7 @@ def _settle(
 def _call(
     item: Claimed,
     spec: ModelSpec,
+    provider: Provider,
     settings: Settings,
     cancel: Event,
     settlement: Settlement,
@@ -270,7 +275,7 @@ def _call(
     started = time.monotonic()
     settlement.error = MAYBE_SENT
     try:
-        response = get_provider(spec).complete(request)
+        response = provider.complete(request)
     except ProviderError as exc:
         settlement.error = exc
         call_s = time.monotonic() - started

@@ -110,6 +110,39 @@ FOR EACH ROW WHEN (NEW.sent_at IS NOT NULL) EXECUTE FUNCTION refuse_sent_at();
 """
 
 
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_a_first_calls_client_is_built_before_its_item_is_marked_sent(
+    clean_db, simulator, monkeypatch, kind
+):
+    """A fresh process builds its SDK client on its first call (seconds of imports in
+    an API process): that must happen before the item is marked sent, or a process
+    killed meanwhile leaves a worker_lost waste row for a request that never left."""
+    from batchgen import providers
+    from batchgen.providers import anthropic as anthropic_adapter
+    from batchgen.providers import openai as openai_adapter
+
+    adapter = {"openai": openai_adapter, "anthropic": anthropic_adapter}[kind]
+    registry = _registry()
+    spec = registry[MODEL_OF_KIND[kind]]
+    item_id = _queue_one(registry, spec.name, f"first-call-{kind}")
+    monkeypatch.setattr(providers, "_WARMED", set(), raising=False)  # nothing built yet
+    adapter.sdk_client.cache_clear()
+    built = adapter.sdk_client
+    sent_when_built: list[object] = []
+
+    def building(*args: Any) -> Any:
+        with db.session_scope() as s:
+            item = s.get(Item, item_id)
+            assert item is not None
+            sent_when_built.append(item.sent_at)
+        return built(*args)
+
+    monkeypatch.setattr(adapter, "sdk_client", building)
+    verdict = run_item(item_id, registry, get_settings(), Gate(get_redis(), get_settings()))
+    assert verdict.outcome == "succeeded"
+    assert sent_when_built and sent_when_built[0] is None, sent_when_built
+
+
 @pytest.fixture
 def sent_at_fails(clean_db) -> Iterator[None]:
     """Every claim that marks the item sent gets a real connection-class error."""
