@@ -148,7 +148,10 @@ PLANNED = {
     "dispatch candidates": ("dispatch_candidates", {"model": MODEL, "limit": 16}),
     "deferred items due": ("item_ready_due", {"model": MODEL, "limit": 1000}),
     "sweep: expired deadlines": ("sweep_expire", {}),
-    "sweep: lost leases": ("sweep_requeue_lost", {"max_attempts": 3, "attempt_caps": "{}"}),
+    "sweep: lost leases": (
+        "sweep_requeue_lost",
+        {"max_attempts": 3, "attempt_caps": "{}", "alive": [], "callers_gone": []},
+    ),
     "sweep: batches left open": ("unfinished_batches", {}),
     "totals: finished": ("totals_finished", {"since": "now"}),
     "totals: open": (
