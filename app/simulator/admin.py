@@ -55,7 +55,8 @@ async def _sim_log(request: web.Request) -> web.Response:
 
 
 async def _sim_last_request(request: web.Request) -> web.Response:
-    """The last chat request body the simulator got on ``?api=openai|anthropic``."""
+    """The last request body the simulator got on ``?api=openai|anthropic`` (a chat
+    call) or ``?api=anthropic_batch`` (a Message Batch's creation)."""
     body = request.app[STATE].last_request.get(request.query.get("api", "openai"))
     return web.json_response(body)
 
