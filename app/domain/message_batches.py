@@ -117,12 +117,32 @@ def _blocks_text(content: Any, index: int, field: str) -> str | list[dict[str, s
     return parts or ""
 
 
+def _chat_tools(tools: Any, index: int) -> list[dict[str, Any]]:
+    """Messages ``tools`` as chat ``tools`` (what admission counts, and what a
+    non-Anthropic provider is sent); a server tool (one with a ``type`` and no
+    ``input_schema``, e.g. web search) has no chat form and is left out."""
+    if not isinstance(tools, list):
+        raise _fail(index, "params.tools", "must be a list of tools")
+    out: list[dict[str, Any]] = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise _fail(index, f"params.tools[{i}]", "must be a tool with a 'name'")
+        if "input_schema" not in tool:
+            continue
+        function = {"name": tool["name"], "parameters": tool["input_schema"]}
+        if isinstance(tool.get("description"), str):
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
 def to_chat_line(index: int, request: Any) -> dict[str, Any]:
     """One Message Batch request as a line of the OpenAI Batch input format; raises
     :class:`ValidationFailed` naming ``requests[index]`` and the field.
 
-    The line's ``body`` has the request's text as chat ``messages`` (what admission
-    counts) and the request's parameters whole under :data:`NATIVE_PARAMS`."""
+    The line's ``body`` has the request's text as chat ``messages`` and its tools as
+    chat ``tools`` (what admission counts), and the request's parameters whole under
+    :data:`NATIVE_PARAMS`."""
     if not isinstance(request, dict):
         raise ValidationFailed(f"requests[{index}] must be an object", line=index + 1)
     params = request.get("params")
@@ -149,6 +169,9 @@ def to_chat_line(index: int, request: Any) -> dict[str, Any]:
     stop = params.get("stop_sequences")
     if stop:
         body["stop"] = stop
+    tools = params.get("tools")
+    if tools is not None:
+        body["tools"] = _chat_tools(tools, index)
     body[NATIVE_PARAMS] = {k: v for k, v in params.items() if k != "model"}
     line: dict[str, Any] = {"method": "POST", "url": CHAT_COMPLETIONS, "body": body}
     if "custom_id" in request:

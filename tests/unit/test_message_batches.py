@@ -84,6 +84,17 @@ def test_tools_images_thinking_cache_control_and_a_list_system_travel_whole():
         {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
         {"role": "user", "content": [{"type": "text", "text": "what?"}]},
     ]
+    assert body["tools"] == [
+        {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    ]
+
+
+@pytest.mark.parametrize("tools", [{"name": "x"}, [{"input_schema": {}}], ["lookup"]])
+def test_malformed_tools_are_refused_by_name(tools):
+    params = {"max_tokens": 5, "tools": tools, "messages": [{"role": "user", "content": "x"}]}
+    with pytest.raises(ValidationFailed) as raised:
+        to_chat_line(0, {"custom_id": "a", "params": params})
+    assert (raised.value.field or "").startswith("params.tools")
 
 
 @pytest.mark.parametrize(
