@@ -20,8 +20,9 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-# Top-level chunk fields that are not the answer's own: the chunk's object name and choices.
-_CHUNK_ONLY = frozenset({"object", "choices", "usage"})
+# Top-level chunk fields that are not the answer's own: the chunk's object name, its
+# choices and usage (merged on their own), and OpenAI's per-chunk padding.
+_CHUNK_ONLY = frozenset({"object", "choices", "usage", "obfuscation"})
 
 
 def _merge_strings(into: dict[str, Any], delta: dict[str, Any]) -> None:

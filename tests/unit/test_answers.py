@@ -63,7 +63,10 @@ def _chunk(index: int, delta: dict[str, Any], **more: Any) -> dict[str, Any]:
 
 def test_chunks_as_a_provider_sends_them_merge_into_every_choice_call_and_logprob():
     chunks = [
-        _chunk(0, {"role": "assistant", "content": "", "refusal": None}, logprobs=None),
+        {
+            **_chunk(0, {"role": "assistant", "content": "", "refusal": None}, logprobs=None),
+            "obfuscation": "pad",
+        },
         _chunk(1, {"role": "assistant", "content": None, "refusal": None}, logprobs=None),
         _chunk(0, {"content": "Hi"}, logprobs={"content": [LOGPROB], "refusal": None}),
         _chunk(
