@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from batchgen.domain import answers
 from batchgen.domain.admission import CHAT_COMPLETIONS
 from batchgen.domain.deadlines import parse_duration_s
 from batchgen.errors import CallFailed, ValidationFailed
@@ -105,55 +106,19 @@ def _sse(data: Any, event: str | None = None) -> bytes:
 
 
 def openai_stream(completion: dict[str, Any], include_usage: bool) -> Iterator[bytes]:
-    """A chat completion as the ``chat.completion.chunk`` events of a stream: the role
-    and content, then the finish reason, the usage (when asked for) and ``[DONE]``."""
-    choice = (completion.get("choices") or [{}])[0]
-    head = {
-        "id": completion.get("id", ""),
-        "object": "chat.completion.chunk",
-        "created": completion.get("created", 0),
-        "model": completion.get("model", ""),
-    }
-    message = choice.get("message") or {}
-    delta = {"role": "assistant", "content": message.get("content") or ""}
-    yield _sse({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-    finish: dict[str, Any] = {
-        "index": 0,
-        "delta": {},
-        "finish_reason": choice.get("finish_reason") or "stop",
-    }
-    yield _sse({**head, "choices": [finish]})
-    if include_usage:
-        yield _sse({**head, "choices": [], "usage": completion.get("usage")})
+    """A chat completion as the ``chat.completion.chunk`` events of a stream (every
+    choice, its content, logprobs, refusal and tool calls, then its finish reason), the
+    usage when asked for, and ``[DONE]``: :func:`batchgen.domain.answers.openai_chunks`."""
+    for chunk in answers.openai_chunks(completion, include_usage):
+        yield _sse(chunk)
     yield b"data: [DONE]\n\n"
 
 
 def anthropic_stream(message: dict[str, Any]) -> Iterator[bytes]:
-    """An Anthropic ``Message`` as the events of a Messages stream."""
-    usage = message["usage"]
-    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 0}}
-    yield _sse({"type": "message_start", "message": start}, "message_start")
-    text = "".join(block.get("text", "") for block in message["content"])
-    block = {
-        "type": "content_block_start",
-        "index": 0,
-        "content_block": {"type": "text", "text": ""},
-    }
-    yield _sse(block, "content_block_start")
-    delta = {
-        "type": "content_block_delta",
-        "index": 0,
-        "delta": {"type": "text_delta", "text": text},
-    }
-    yield _sse(delta, "content_block_delta")
-    yield _sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-    end = {
-        "type": "message_delta",
-        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-        "usage": {"output_tokens": usage["output_tokens"]},
-    }
-    yield _sse(end, "message_delta")
-    yield _sse({"type": "message_stop"}, "message_stop")
+    """An Anthropic ``Message`` as the events of a Messages stream (every content
+    block: :func:`batchgen.domain.answers.anthropic_events`)."""
+    for event, data in answers.anthropic_events(message):
+        yield _sse(data, event)
 
 
 # While a streamed call waits, a comment line keeps the connection alive (and finds out

@@ -7,8 +7,12 @@ the Anthropic adapter turns it back into a Messages request when it is called.
 Its result (a chat completion, whatever the provider) comes back out as an
 Anthropic ``Message`` inside a ``MessageBatchIndividualResponse``.
 
-Only text is carried (a string or ``text`` blocks); any other block (images, tool
-use) is refused at submission, naming the request and the field.
+The request's own parameters travel with the line whole (``body.anthropic_params``,
+:data:`NATIVE_PARAMS`): tools, tool_choice, thinking, ``cache_control`` blocks, a
+system prompt given as a list, image and document blocks reach an Anthropic provider
+as the caller wrote them, and its ``Message`` is the result of record, returned as it
+came. The line's chat ``messages`` (the text of the text blocks) are what admission
+counts, and what a non-Anthropic provider is sent.
 """
 
 from __future__ import annotations
@@ -23,16 +27,11 @@ from batchgen.errors import ValidationFailed
 MESSAGES = "/v1/messages"
 # Messages parameters carried over as they are (both APIs read them the same).
 SAME_PARAMS = ("model", "max_tokens", "temperature", "top_p", "metadata")
-# Parameters of the Messages API the item format has no place for.
-UNSUPPORTED_PARAMS = (
-    "tools",
-    "tool_choice",
-    "thinking",
-    "stream",
-    "top_k",
-    "container",
-    "mcp_servers",
-)
+# The line body field that carries the Messages request's parameters as they were sent.
+NATIVE_PARAMS = "anthropic_params"
+# Parameters batchgen owns: a batch request is never streamed (a call's ``stream`` is
+# taken off before it gets here).
+UNSUPPORTED_PARAMS = ("stream",)
 STOP_REASONS = {
     "stop": "end_turn",
     "length": "max_tokens",
@@ -100,25 +99,50 @@ def _fail(index: int, field: str, message: str) -> ValidationFailed:
     return ValidationFailed(f"requests[{index}].{field}: {message}", line=index + 1, field=field)
 
 
-def _text(content: Any, index: int, field: str) -> str | list[dict[str, str]]:
-    """A Messages content (a string or text blocks) as chat content."""
+def _blocks_text(content: Any, index: int, field: str) -> str | list[dict[str, str]]:
+    """The text of a Messages content as chat content (a string, or its text blocks
+    as text parts); any block type is accepted, each an object with a ``type``."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list) or not content:
-        raise _fail(index, field, "must be a string or a non-empty list of text blocks")
+        raise _fail(index, field, "must be a string or a non-empty list of content blocks")
     parts: list[dict[str, str]] = []
     for i, block in enumerate(content):
-        if not isinstance(block, dict) or block.get("type") != "text":
-            raise _fail(index, f"{field}[{i}]", "only text blocks are supported")
-        if not isinstance(block.get("text"), str):
-            raise _fail(index, f"{field}[{i}].text", "must be a string")
-        parts.append({"type": "text", "text": block["text"]})
-    return parts
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise _fail(index, f"{field}[{i}]", "must be a content block with a 'type'")
+        if block["type"] == "text":
+            if not isinstance(block.get("text"), str):
+                raise _fail(index, f"{field}[{i}].text", "must be a string")
+            parts.append({"type": "text", "text": block["text"]})
+    return parts or ""
+
+
+def _chat_tools(tools: Any, index: int) -> list[dict[str, Any]]:
+    """Messages ``tools`` as chat ``tools`` (what admission counts, and what a
+    non-Anthropic provider is sent); a server tool (one with a ``type`` and no
+    ``input_schema``, e.g. web search) has no chat form and is left out."""
+    if not isinstance(tools, list):
+        raise _fail(index, "params.tools", "must be a list of tools")
+    out: list[dict[str, Any]] = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise _fail(index, f"params.tools[{i}]", "must be a tool with a 'name'")
+        if "input_schema" not in tool:
+            continue
+        function = {"name": tool["name"], "parameters": tool["input_schema"]}
+        if isinstance(tool.get("description"), str):
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+    return out
 
 
 def to_chat_line(index: int, request: Any) -> dict[str, Any]:
     """One Message Batch request as a line of the OpenAI Batch input format; raises
-    :class:`ValidationFailed` naming ``requests[index]`` and the field."""
+    :class:`ValidationFailed` naming ``requests[index]`` and the field.
+
+    The line's ``body`` has the request's text as chat ``messages`` and its tools as
+    chat ``tools`` (what admission counts), and the request's parameters whole under
+    :data:`NATIVE_PARAMS`."""
     if not isinstance(request, dict):
         raise ValidationFailed(f"requests[{index}] must be an object", line=index + 1)
     params = request.get("params")
@@ -133,22 +157,22 @@ def to_chat_line(index: int, request: Any) -> dict[str, Any]:
     chat: list[dict[str, Any]] = []
     system = params.get("system")
     if system is not None:
-        chat.append({"role": "system", "content": _text(system, index, "params.system")})
+        chat.append({"role": "system", "content": _blocks_text(system, index, "params.system")})
     for i, message in enumerate(messages):
         field = f"params.messages[{i}]"
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
             raise _fail(index, f"{field}.role", "must be 'user' or 'assistant'")
-        chat.append(
-            {
-                "role": message["role"],
-                "content": _text(message.get("content"), index, f"{field}.content"),
-            }
-        )
+        content = _blocks_text(message.get("content"), index, f"{field}.content")
+        chat.append({"role": message["role"], "content": content})
     body: dict[str, Any] = {k: params[k] for k in SAME_PARAMS if k in params}
     body["messages"] = chat
     stop = params.get("stop_sequences")
     if stop:
         body["stop"] = stop
+    tools = params.get("tools")
+    if tools is not None:
+        body["tools"] = _chat_tools(tools, index)
+    body[NATIVE_PARAMS] = {k: v for k, v in params.items() if k != "model"}
     line: dict[str, Any] = {"method": "POST", "url": CHAT_COMPLETIONS, "body": body}
     if "custom_id" in request:
         line["custom_id"] = request["custom_id"]
@@ -156,9 +180,29 @@ def to_chat_line(index: int, request: Any) -> dict[str, Any]:
 
 
 def to_message(completion: dict[str, Any]) -> dict[str, Any]:
-    """A chat completion (a result of record) as Anthropic's ``Message``."""
+    """A result of record as Anthropic's ``Message``: an Anthropic provider's
+    ``Message`` as it came; a chat completion's first choice translated (its text
+    and tool calls)."""
+    if completion.get("type") == "message":
+        return completion
     choice = (completion.get("choices") or [{}])[0]
-    text = (choice.get("message") or {}).get("content") or ""
+    message = choice.get("message") or {}
+    text = message.get("content") or ""
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        try:
+            arguments = json.loads(function.get("arguments") or "{}")
+        except ValueError:
+            arguments = {"arguments": function.get("arguments")}
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id"),
+                "name": function.get("name"),
+                "input": arguments,
+            }
+        )
     usage = completion.get("usage") or {}
     finish = choice.get("finish_reason")
     return {
@@ -166,7 +210,7 @@ def to_message(completion: dict[str, Any]) -> dict[str, Any]:
         "type": "message",
         "role": "assistant",
         "model": completion.get("model") or "",
-        "content": [{"type": "text", "text": text}],
+        "content": content or [{"type": "text", "text": ""}],
         "stop_reason": STOP_REASONS.get(finish or "", "end_turn") if finish else None,
         "stop_sequence": None,
         "usage": {

@@ -2,7 +2,11 @@
 
 Batch lines are in OpenAI chat format; this adapter translates them to a
 Messages request and translates the answer back, so the results file has
-one format whatever the provider.
+one format whatever the provider. A line made from a Messages request (Anthropic's
+API or Message Batches: its ``body.anthropic_params``) is sent as the caller wrote
+it, every parameter unchanged but the model (the registry's name), and its answer
+is the ``Message`` JSON as the provider returned it (a stream's events merged into
+it: :class:`batchgen.domain.answers.AnthropicMerge`).
 
 The SDK raises raw ``json.JSONDecodeError`` for an unreadable body and raw
 ``httpx2`` errors (``RemoteProtocolError``, ``ReadTimeout``) when a stream is
@@ -20,6 +24,8 @@ import anthropic
 import httpx2
 import pydantic
 
+from batchgen.domain.answers import AnthropicMerge
+from batchgen.domain.message_batches import NATIVE_PARAMS
 from batchgen.errors import MalformedResponse, ProviderError
 from batchgen.providers.base import (
     ProviderRequest,
@@ -129,8 +135,31 @@ def _max_tokens(request: ProviderRequest) -> int:
     return int(value or request.spec.max_output_tokens)
 
 
+# Messages parameters batchgen sets itself on a native request.
+_OWN_NATIVE = ("model", "stream")
+
+
+def native_params(request: ProviderRequest) -> dict[str, Any] | None:
+    """A Messages request's own parameters as the SDK call's arguments (all but the
+    model and ``stream`` in ``extra_body``, so each reaches the provider unchanged),
+    or None when the line was not made from one."""
+    native = request.body.get(NATIVE_PARAMS)
+    if not isinstance(native, dict):
+        return None
+    extra = {k: v for k, v in native.items() if k not in (*_OWN_NATIVE, "messages", "max_tokens")}
+    fields = {
+        "messages": native["messages"],
+        "max_tokens": native.get("max_tokens") or _max_tokens(request),
+        "extra_body": extra or None,
+    }
+    return chat_params(request, fields)
+
+
 def _params(request: ProviderRequest) -> dict[str, Any]:
     """The body as Messages parameters (:func:`to_messages_request`) with the call's own."""
+    native = native_params(request)
+    if native is not None:
+        return native
     return chat_params(request, to_messages_request(request.body, _max_tokens(request)))
 
 
@@ -184,19 +213,22 @@ class AnthropicProvider:
         try:
             if request.stream:
                 return self._stream(client, request, params)
-            return self._plain(client, params)
+            return self._plain(client, params, native=NATIVE_PARAMS in request.body)
         except ProviderError:
             raise
         except _SDK_ERRORS as exc:  # before any answer: the connect may have failed
             raise translate(exc) from None
 
-    def _plain(self, client: anthropic.Anthropic, params: dict[str, Any]) -> ProviderResponse:
+    def _plain(
+        self, client: anthropic.Anthropic, params: dict[str, Any], *, native: bool
+    ) -> ProviderResponse:
         raw = client.messages.with_raw_response.create(**params)
         message = raw.parse()
         try:
             text = "".join(getattr(b, "text", "") for b in message.content)
             prompt, done = input_tokens(message.usage), message.usage.output_tokens
             finish = finish_reason(message.stop_reason)
+            body = json.loads(raw.http_response.text) if native else None
         except (AttributeError, TypeError) as exc:
             raise MalformedResponse(
                 f"answer without content or usage ({type(exc).__name__})",
@@ -209,7 +241,7 @@ class AnthropicProvider:
             completion_tokens=done,
             finish_reason=finish,
             request_id=raw.headers.get("request-id") or message.id,
-            body=chat_completion(message.id, message.model, text, finish, prompt, done),
+            body=body or chat_completion(message.id, message.model, text, finish, prompt, done),
             rate_limits=anthropic_rate_limits(raw.headers),
         )
 
@@ -220,41 +252,43 @@ class AnthropicProvider:
         stream = client.messages.create(**params, stream=True)
         headers = stream.response.headers
         limits = anthropic_rate_limits(headers)  # as of now, the start of the stream
-        message_id = model = stop_reason = None
-        output_tokens: int | None = None
-        stopped = False
+        merge = AnthropicMerge()
         try:
             watch.check()
             for event in stream:
+                data = event.model_dump(mode="json", exclude_unset=True)
+                merge.add(data)
                 if event.type == "message_start":
-                    message_id, model = event.message.id, event.message.model
                     watch.prompt_tokens = input_tokens(event.message.usage)
                 elif event.type == "content_block_delta" and event.delta.type == "text_delta":
                     watch.add(event.delta.text)
-                elif event.type == "message_delta":
-                    stop_reason = event.delta.stop_reason or stop_reason
-                    output_tokens = event.usage.output_tokens
-                    if event.usage.input_tokens is not None:
-                        watch.prompt_tokens = input_tokens(event.usage)
-                elif event.type == "message_stop":
-                    stopped = True
+                elif event.type == "message_delta" and event.usage.input_tokens is not None:
+                    watch.prompt_tokens = input_tokens(event.usage)
                 watch.check()
         except _SDK_ERRORS as exc:  # the answer had started: it may be billed
             raise translate(exc, in_stream=True) from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MalformedResponse(
+                f"malformed stream event ({type(exc).__name__})", status=200, billed=True
+            ) from None
         finally:
             stream.close()
-        if message_id is None or output_tokens is None or not stopped:
+        message = merge.result()
+        usage = (message or {}).get("usage") or {}
+        if message is None or usage.get("output_tokens") is None or not merge.stopped:
             raise MalformedResponse("stream ended before message_stop", status=200, billed=True)
-        text, finish = watch.text, finish_reason(stop_reason)
-        prompt = watch.prompt_tokens or 0
+        message_id, model = message.get("id") or "", message.get("model") or request.spec.name
+        text, finish = merge.text(), finish_reason(message.get("stop_reason"))
+        prompt, output_tokens = watch.prompt_tokens or 0, int(usage["output_tokens"])
+        native = NATIVE_PARAMS in request.body
         return ProviderResponse(
             text=text,
             prompt_tokens=prompt,
             completion_tokens=output_tokens,
             finish_reason=finish,
             request_id=headers.get("request-id") or message_id,
-            body=chat_completion(
-                message_id, model or request.spec.name, text, finish, prompt, output_tokens
-            ),
+            body=message
+            if native
+            else chat_completion(message_id, model, text, finish, prompt, output_tokens),
             rate_limits=limits,
         )

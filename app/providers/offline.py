@@ -27,6 +27,7 @@ import anthropic
 import openai
 
 from batchgen.domain.admission import per_choice_max_tokens
+from batchgen.domain.message_batches import NATIVE_PARAMS
 from batchgen.providers import anthropic as anthropic_adapter
 from batchgen.providers import openai as openai_adapter
 from batchgen.providers.base import ProviderResponse, safe_code
@@ -37,14 +38,24 @@ TAG_KEY = "batchgen_job"
 FIND_LIMIT = 100
 
 
-def custom_id(tag: str, item_id: int) -> str:
-    return f"{tag}:{item_id}"
+# The mark of a row sent as the Messages request it came as (its answer is kept whole).
+NATIVE_MARK = "n"
+
+
+def custom_id(tag: str, item_id: int, *, native: bool = False) -> str:
+    return f"{tag}:{NATIVE_MARK if native else ''}{item_id}"
 
 
 def item_of(custom: str, tag: str) -> int | None:
     """The item id of a row of the job ``tag`` (None: the row is another job's)."""
     prefix, _, item = custom.rpartition(":")
+    item = item.removeprefix(NATIVE_MARK)
     return int(item) if prefix == tag and item.isdigit() else None
+
+
+def is_native(custom: str) -> bool:
+    """Whether the row was sent as its own Messages request (:func:`custom_id`)."""
+    return custom.rpartition(":")[2].startswith(NATIVE_MARK)
 
 
 @dataclass(frozen=True)
@@ -146,7 +157,7 @@ class OpenAIJobs:
                 "method": "POST",
                 "url": "/v1/chat/completions",
                 "body": {
-                    **row.body,
+                    **{k: v for k, v in row.body.items() if k != NATIVE_PARAMS},
                     "model": spec.name,
                     "max_tokens": per_choice_max_tokens(row.body, row.max_tokens),
                 },
@@ -237,6 +248,16 @@ class AnthropicJobs:
     def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
         requests = []
         for row in rows:
+            native = row.body.get(NATIVE_PARAMS)
+            if isinstance(native, dict):  # the Messages request as the caller sent it
+                params = {k: v for k, v in native.items() if k != "stream"}
+                requests.append(
+                    {
+                        "custom_id": custom_id(tag, row.item_id, native=True),
+                        "params": {**params, "model": spec.name},
+                    }
+                )
+                continue
             params = anthropic_adapter.to_messages_request(
                 row.body, per_choice_max_tokens(row.body, row.max_tokens)
             )
@@ -278,6 +299,18 @@ class AnthropicJobs:
                 message = result.message
                 text = "".join(getattr(block, "text", "") for block in message.content)
                 finish = anthropic_adapter.finish_reason(message.stop_reason)
+                if is_native(entry.custom_id):  # the Message whole, as the provider sent it
+                    whole = message.model_dump(mode="json", exclude_unset=True)
+                    answer = ProviderResponse(
+                        text=text,
+                        prompt_tokens=anthropic_adapter.input_tokens(message.usage),
+                        completion_tokens=message.usage.output_tokens,
+                        finish_reason=finish,
+                        request_id=message.id,
+                        body=whole,
+                    )
+                    yield RowResult(item_id, RowKind.SUCCEEDED, answer)
+                    continue
                 body = anthropic_adapter.chat_completion(
                     message.id,
                     spec.name,

@@ -23,6 +23,7 @@ import pydantic
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from batchgen.config import get_settings
+from batchgen.domain.answers import OpenAIMerge
 from batchgen.domain.tokens import count_messages, count_text
 from batchgen.errors import MalformedResponse, ProviderError
 from batchgen.providers import lean_http
@@ -44,8 +45,9 @@ from batchgen.registry import ModelSpec
 
 __all__ = ["ITEM_HEADER", "OpenAIProvider", "classify_status", "translate"]
 
-# Body fields the adapter sets itself.
-_OWN_FIELDS = ("model", "messages", "stream", "stream_options")
+# Body fields the adapter sets itself, and an Anthropic request's own parameters
+# (kept for the Anthropic adapter: message_batches.NATIVE_PARAMS).
+_OWN_FIELDS = ("model", "messages", "stream", "stream_options", "anthropic_params")
 _MALFORMED = (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError)
 _SDK_ERRORS: tuple[type[BaseException], ...] = (
     openai.OpenAIError,
@@ -124,6 +126,14 @@ def _stream_body(request: ProviderRequest) -> dict[str, Any]:
     return body
 
 
+def _raw_json(raw: Any) -> dict[str, Any]:
+    """The answer's JSON as the provider sent it (every field, nulls included)."""
+    body = json.loads(raw.text)
+    if not isinstance(body, dict):
+        raise TypeError("answer is not an object")
+    return body
+
+
 def _usage_dict(prompt: int, completion: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt,
@@ -165,7 +175,7 @@ class OpenAIProvider:
                 raise TypeError("no usage")
             prompt, done = usage.prompt_tokens, usage.completion_tokens
             text, finish = choice.message.content or "", choice.finish_reason
-            body = completion.model_dump(mode="json", exclude_none=True)
+            body = _raw_json(raw)
         except (AttributeError, IndexError, TypeError) as exc:
             raise MalformedResponse(
                 f"answer without choices or usage ({type(exc).__name__})",
@@ -188,45 +198,33 @@ class OpenAIProvider:
         try:
             limits = openai_rate_limits(raw.headers)  # as of now, the start of the stream
             try:
-                first, finish, usage = self._read_events(raw, watch)
+                merge = self._read_events(raw, watch)
             except _SDK_ERRORS as exc:  # the answer had started: it may be billed
                 raise translate(exc, in_stream=True) from None
         finally:
             raw.close()
         headers = raw.headers
-        if first is None or finish is None:
+        finish = merge.finish_reason()
+        if not merge.head or finish is None:
             raise MalformedResponse(
                 "stream ended before its finish reason", status=200, billed=True
             )
-        text = watch.text
+        body = merge.completion()
+        text, usage = merge.text(), merge.usage
         if usage is not None:
             prompt, done, estimated = usage["prompt_tokens"], usage["completion_tokens"], False
         else:  # server ignored stream_options.include_usage: count locally
             enc = request.spec.encoding
             prompt = count_messages(request.body["messages"], enc)
             done, estimated = count_text(text, enc), True
-        body: dict[str, Any] = {
-            "id": first.get("id"),
-            "object": "chat.completion",
-            "created": first.get("created") or int(time.time()),
-            "model": first.get("model"),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": finish,
-                }
-            ],
-            "usage": _usage_dict(prompt, done),
-        }
-        if first.get("system_fingerprint"):
-            body["system_fingerprint"] = first["system_fingerprint"]
+            body["usage"] = _usage_dict(prompt, done)
+        body.setdefault("created", int(time.time()))
         return ProviderResponse(
             text=text,
             prompt_tokens=prompt,
             completion_tokens=done,
             finish_reason=finish,
-            request_id=headers.get("x-request-id") or first.get("id"),
+            request_id=headers.get("x-request-id") or body.get("id"),
             body=body,
             rate_limits=limits,
             usage_estimated=estimated,
@@ -257,14 +255,11 @@ class OpenAIProvider:
         return stream.response
 
     @staticmethod
-    def _read_events(
-        raw: Any, watch: StreamWatch
-    ) -> tuple[dict[str, Any] | None, str | None, dict[str, Any] | None]:
-        """Read the server-sent events to the end of the body: the first chunk, the
-        first choice's finish reason and the usage (the text goes to ``watch``)."""
-        first: dict[str, Any] | None = None
-        finish: str | None = None
-        usage: dict[str, Any] | None = None
+    def _read_events(raw: Any, watch: StreamWatch) -> OpenAIMerge:
+        """Read the server-sent events to the end of the body, merged into one answer
+        (every choice, tool call and logprob: :mod:`batchgen.domain.answers`); the first
+        choice's text goes to ``watch`` as it comes."""
+        merge = OpenAIMerge()
         watch.check()
         for data in sse_data(raw.iter_bytes()):  # an httpx response, read to its end
             if data == b"[DONE]":
@@ -274,14 +269,12 @@ class OpenAIProvider:
                 raise MalformedResponse("a stream chunk that is not an object", billed=True)
             if chunk.get("error"):
                 raise openai.APIError("error event in the stream", raw.request, body=chunk["error"])
-            first = first or chunk
             try:
                 for choice in chunk.get("choices") or ():
-                    if choice.get("index") == 0:  # the batch output carries the first choice
-                        delta = choice.get("delta") or {}
-                        watch.add(delta.get("content"))
-                        finish = choice.get("finish_reason") or finish
-                usage = chunk.get("usage") or usage
+                    if choice.get("index") == 0:
+                        watch.add((choice.get("delta") or {}).get("content"))
+                merge.add(chunk)
+                usage = merge.usage
                 if usage is not None:
                     int(usage["prompt_tokens"]), int(usage["completion_tokens"])
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -289,4 +282,4 @@ class OpenAIProvider:
                     f"malformed stream chunk ({type(exc).__name__})", status=200, billed=True
                 ) from None
             watch.check()
-        return first, finish, usage
+        return merge

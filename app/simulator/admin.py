@@ -54,6 +54,13 @@ async def _sim_log(request: web.Request) -> web.Response:
     return web.json_response(entries)
 
 
+async def _sim_last_request(request: web.Request) -> web.Response:
+    """The last request body the simulator got on ``?api=openai|anthropic`` (a chat
+    call) or ``?api=anthropic_batch`` (a Message Batch's creation)."""
+    body = request.app[STATE].last_request.get(request.query.get("api", "openai"))
+    return web.json_response(body)
+
+
 async def _sim_reset(request: web.Request) -> web.Response:
     request.app[STATE].reset()
     request.app[JOBS].reset()
@@ -79,5 +86,6 @@ def add_admin_routes(app: web.Application) -> None:
     app.router.add_get("/_sim/stats", _sim_stats)
     app.router.add_get("/_sim/log", _sim_log)
     app.router.add_post("/_sim/reset", _sim_reset)
+    app.router.add_get("/_sim/last_request", _sim_last_request)
     app.router.add_get("/_sim/config", _sim_config)
     app.router.add_post("/_sim/config", _sim_config)

@@ -409,7 +409,9 @@ def _anthropic_rows(body: Any) -> list[dict[str, Any]]:
 async def _anthropic_create(request: web.Request) -> web.Response:
     jobs, state = _jobs(request)
     try:
-        rows = _anthropic_rows(await request.json())
+        body = await request.json()
+        rows = _anthropic_rows(body)
+        state.last_request["anthropic_batch"] = body  # GET /_sim/last_request
     except (ValueError, KeyError, TypeError):
         return web.json_response(fmt.error_body("anthropic", 400, "invalid requests"), status=400)
     job = _new_job(jobs, state, "anthropic", _key(request), rows)

@@ -8,7 +8,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from batchgen.simulator.limits import Admission
@@ -34,6 +34,8 @@ class ChatRequest:
     max_tokens: int
     stream: bool
     include_usage: bool
+    # The whole body (tools, n, logprobs, cache_control...: simulator.rich reads it).
+    body: Mapping[str, Any] = field(default_factory=dict)
 
 
 def go_duration(seconds: float) -> str:
@@ -117,7 +119,12 @@ def parse_openai(body: Any, default_max_tokens: int) -> ChatRequest:
     if not isinstance(options, Mapping):
         raise BadRequest("'stream_options' must be an object", param="stream_options")
     return ChatRequest(
-        model, messages, max_tokens, _stream_flag(body), bool(options.get("include_usage", False))
+        model,
+        messages,
+        max_tokens,
+        _stream_flag(body),
+        bool(options.get("include_usage", False)),
+        body,
     )
 
 
@@ -132,7 +139,12 @@ def parse_anthropic(body: Any) -> ChatRequest:
     if not (system is None or isinstance(system, str | list)):
         raise BadRequest("'system' must be a string or an array of text blocks", "system")
     return ChatRequest(
-        model, anthropic_prompt_messages(system, messages), max_tokens, _stream_flag(body), True
+        model,
+        anthropic_prompt_messages(system, messages),
+        max_tokens,
+        _stream_flag(body),
+        True,
+        body,
     )
 
 

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from aiohttp import web
 
 from batchgen.domain.tokens import count_messages, count_text, get_encoding
 from batchgen.simulator import formats as fmt
+from batchgen.simulator import rich
 from batchgen.simulator.admin import add_admin_routes
 from batchgen.simulator.batch_jobs import add_batch_routes
 from batchgen.simulator.config import SimulatorConfig
@@ -138,6 +140,7 @@ async def _serve(
         return _error(call, 400, "request body is not valid UTF-8 JSON")
     if model is not None and isinstance(body, dict):  # Azure: the deployment is the model
         body["model"] = model
+    state.last_request[call.api] = body
     try:
         req = _parse(call, state, body)
     except BadRequest as exc:
@@ -211,6 +214,33 @@ async def _admit_and_answer(
         return _error(
             call, status, "The server had an error while processing your request (simulated)."
         )
+    cached = (
+        rich.openai_cached_tokens(state.prompt_cache, req.body, cfg.encoding)
+        if call.api == "openai"
+        else 0
+    )
+    if fault not in ("reset", "malformed") and rich.wants_rich(
+        call.api, req.body, req.model, cached
+    ):
+        answer = rich.RichAnswer(
+            call.api,
+            req.body,
+            call.rid,
+            req.model,
+            (text, ctoks, finish),
+            call.prompt_tokens,
+            state.prompt_cache,
+            cfg.encoding,
+            cached,
+        )
+        call.entry["finish_reason"] = answer.finish
+        await asyncio.sleep(first_s + (0 if req.stream else tokens_s))
+        call.delivered_tokens = ctoks
+        if req.stream:
+            return await _stream_rich(request, call, req, answer)
+        if call.api == "anthropic":
+            return _json(call, 200, answer.anthropic_message())
+        return _json(call, 200, answer.openai_completion(int(time.time())))
     if req.stream:
         return await _stream(request, state, call, req, (text, ctoks, finish), first_s, fault)
     if fault == "reset":
@@ -311,7 +341,11 @@ async def _stream(
                 await emit(fmt.sse(api, name, data))
         else:
             first = fmt.openai_chunk(
-                rid, model, {"role": "assistant", "content": ""}, None, req.include_usage
+                rid,
+                model,
+                {"role": "assistant", "content": "", "refusal": None},
+                None,
+                req.include_usage,
             )
             await emit(fmt.sse(api, "", first))
             delta_event = fmt.openai_delta_events(rid, model, req.include_usage)
@@ -351,6 +385,31 @@ async def _stream(
         await resp.write_eof()
         call.entry["completed"] = True
     except ConnectionResetError:  # client closed the stream (no handler cancellation)
+        call.entry["completed"] = False
+    return resp
+
+
+async def _stream_rich(
+    request: web.Request, call: _Call, req: ChatRequest, answer: rich.RichAnswer
+) -> web.StreamResponse:
+    """A rich answer (:mod:`batchgen.simulator.rich`) as its stream, chunk by chunk."""
+    resp = web.StreamResponse(
+        status=200,
+        headers={**call.headers, "content-type": "text/event-stream", "cache-control": "no-cache"},
+    )
+    try:
+        await resp.prepare(request)
+        call.entry["status"] = 200
+        if call.api == "anthropic":
+            for name, data in answer.anthropic_events():
+                await resp.write(fmt.sse("anthropic", name, data))
+        else:
+            for chunk in answer.openai_chunks(int(time.time()), req.include_usage):
+                await resp.write(fmt.sse("openai", "", chunk))
+            await resp.write(fmt.sse("openai", "", "[DONE]"))
+        await resp.write_eof()
+        call.entry["completed"] = True
+    except ConnectionResetError:  # client closed the stream
         call.entry["completed"] = False
     return resp
 

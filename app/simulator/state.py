@@ -42,6 +42,10 @@ class SimState:
         self.counters: Counter[str] = Counter()
         self.in_flight = 0
         self.max_in_flight = 0
+        # Prompt prefixes seen (cached-token usage, simulator.rich) and each API's last
+        # request body (for tests: ``GET /_sim/last_request``; never logged).
+        self.prompt_cache: dict[str, None] = {}
+        self.last_request: dict[str, Any] = {}
 
     # -- configuration ---------------------------------------------------------
     @staticmethod
@@ -83,6 +87,8 @@ class SimState:
         self.tokens.clear()
         self.log.clear()
         self.counters.clear()
+        self.prompt_cache.clear()
+        self.last_request.clear()
         self.max_in_flight = self.in_flight
         cfg = self.config
         self.faults = FaultInjector(cfg.fault_rate, cfg.fault_kinds, cfg.seed)

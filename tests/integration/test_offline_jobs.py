@@ -8,13 +8,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
+from batchgen.domain.message_batches import to_chat_line
 from batchgen.providers.offline import (
     JobStatus,
     OfflineRow,
     RowKind,
     custom_id,
+    is_native,
     item_of,
     jobs_for,
 )
@@ -65,6 +68,43 @@ def test_custom_ids_name_the_job_and_the_item():
     assert item_of(custom_id("job-1", 42), "job-1") == 42
     assert item_of(custom_id("job-1", 42), "job-2") is None
     assert item_of("not-ours", "job-1") is None
+    native = custom_id("job-1", 42, native=True)
+    assert item_of(native, "job-1") == 42 and is_native(native)
+    assert not is_native(custom_id("job-1", 42))
+
+
+def test_a_messages_request_is_offloaded_whole_and_its_message_kept(sim):
+    """A line made from a Messages request goes to Anthropic's batch API with its own
+    parameters (list system, cache_control, tools, images), and its row is the Message."""
+    params = {
+        "model": "sim-claude",
+        "max_tokens": 30,
+        "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": "lookup", "input_schema": {"type": "object"}}],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "source": {"type": "url", "url": "https://x.test/a.png"}},
+                    {"type": "text", "text": "What is this?"},
+                ],
+            }
+        ],
+    }
+    body = to_chat_line(0, {"custom_id": "m", "params": params})["body"]
+    spec = _spec(sim, "sim-claude")
+    jobs = jobs_for(spec)
+    job_id = jobs.create(spec, [OfflineRow(7, body, 30)], "tag-native")
+    sent = httpx.get(f"{sim.base_url}/_sim/last_request", params={"api": "anthropic_batch"})
+    [request] = sent.json()["requests"]
+    assert request["params"] == {**params, "model": spec.name}
+    _ended(jobs, spec, job_id)
+    assert jobs.find(spec, "tag-native") == job_id
+    [row] = jobs.results(spec, job_id, "tag-native")
+    assert row.item_id == 7 and row.kind is RowKind.SUCCEEDED and row.response is not None
+    message = row.response.body
+    assert message["type"] == "message" and message["content"][0]["type"] == "text"
+    assert row.response.completion_tokens == message["usage"]["output_tokens"] > 0
 
 
 @pytest.mark.parametrize("model", MODELS)

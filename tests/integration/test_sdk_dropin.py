@@ -343,10 +343,10 @@ def test_anthropic_message_batches_flow(claude_run: anthropic.Anthropic):
 
 
 def test_anthropic_message_batch_errors(claude_run: anthropic.Anthropic):
-    """A request the item format cannot carry is a BadRequestError naming it, nothing is
-    stored; another tenant's batch is a NotFoundError."""
-    bad = _request("img")
-    bad["params"]["messages"][0]["content"] = [{"type": "image", "source": {}}]
+    """A malformed request is a BadRequestError naming it, nothing is stored; another
+    tenant's batch is a NotFoundError."""
+    bad = _request("untyped")
+    bad["params"]["messages"][0]["content"] = [{"source": {}}]  # a block without a type
     with pytest.raises(anthropic.BadRequestError) as raised:
         claude_run.messages.batches.create(requests=[_request("ok"), bad])  # type: ignore[list-item]
     assert "requests[1].params.messages[0].content[0]" in raised.value.message

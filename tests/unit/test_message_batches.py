@@ -47,8 +47,54 @@ def test_a_request_becomes_a_chat_line_with_its_system_prompt_first():
                 {"role": "user", "content": "hi"},
                 {"role": "assistant", "content": [{"type": "text", "text": "yes?"}]},
             ],
+            "anthropic_params": {
+                "max_tokens": 10,
+                "system": "be brief",
+                "stop_sequences": ["END"],
+                "temperature": 0.2,
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": [{"type": "text", "text": "yes?"}]},
+                ],
+            },
         },
     }
+
+
+def test_tools_images_thinking_cache_control_and_a_list_system_travel_whole():
+    """Everything a Messages request says reaches the Anthropic adapter as it was sent
+    (the model aside: the registry maps it); the chat messages carry its text only."""
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "AA=="},
+    }
+    params = {
+        "model": "m",
+        "max_tokens": 10,
+        "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": "lookup", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "auto"},
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "top_k": 5,
+        "messages": [{"role": "user", "content": [image, {"type": "text", "text": "what?"}]}],
+    }
+    body = to_chat_line(0, {"custom_id": "a", "params": params})["body"]
+    assert body["anthropic_params"] == {k: v for k, v in params.items() if k != "model"}
+    assert body["messages"] == [
+        {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "user", "content": [{"type": "text", "text": "what?"}]},
+    ]
+    assert body["tools"] == [
+        {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    ]
+
+
+@pytest.mark.parametrize("tools", [{"name": "x"}, [{"input_schema": {}}], ["lookup"]])
+def test_malformed_tools_are_refused_by_name(tools):
+    params = {"max_tokens": 5, "tools": tools, "messages": [{"role": "user", "content": "x"}]}
+    with pytest.raises(ValidationFailed) as raised:
+        to_chat_line(0, {"custom_id": "a", "params": params})
+    assert (raised.value.field or "").startswith("params.tools")
 
 
 @pytest.mark.parametrize(
@@ -57,10 +103,10 @@ def test_a_request_becomes_a_chat_line_with_its_system_prompt_first():
         ({"messages": []}, "params.messages"),
         ({"messages": [{"role": "system", "content": "x"}]}, "params.messages[0].role"),
         (
-            {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
+            {"messages": [{"role": "user", "content": [{"text": "no type"}]}]},
             "params.messages[0].content[0]",
         ),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [{}]}, "params.tools"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "params.stream"),
         ({"messages": [{"role": "user", "content": "x"}], "system": 3}, "params.system"),
     ],
 )
@@ -79,6 +125,38 @@ COMPLETION = {
     ],
     "usage": {"prompt_tokens": 12, "completion_tokens": 3},
 }
+
+
+def test_a_providers_message_is_returned_as_it_came():
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude",
+        "content": [{"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"q": 1}}],
+        "stop_reason": "tool_use",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 5, "cache_read_input_tokens": 40, "output_tokens": 2},
+    }
+    assert to_message(message) == message
+
+
+def test_a_completions_tool_calls_become_tool_use_blocks():
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    completion = {
+        **COMPLETION,
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                "finish_reason": "tool_calls",
+            }
+        ],
+    }
+    message = to_message(completion)
+    assert message["content"] == [
+        {"type": "tool_use", "id": "call_1", "name": "f", "input": {"a": 1}}
+    ]
+    assert message["stop_reason"] == "tool_use"
 
 
 def test_a_completion_becomes_a_message():
