@@ -217,7 +217,8 @@ class OpenAIProvider:
                     "finish_reason": finish,
                 }
             ],
-            "usage": _usage_dict(prompt, done),
+            # The provider's own usage whole: its token details are priced by kind.
+            "usage": dict(usage) if usage is not None else _usage_dict(prompt, done),
         }
         if first.get("system_fingerprint"):
             body["system_fingerprint"] = first["system_fingerprint"]
