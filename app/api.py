@@ -171,7 +171,7 @@ def _create_from_file(tenant: Tenant, body: dict[str, Any]) -> tuple[dict[str, A
         completion_window=body.get("completion_window", "24h"),
         metadata=metadata,
         idempotency_key=request.headers.get("Idempotency-Key"),
-        priority=extra.get("priority", request.args.get("priority", Priority.INTERACTIVE)),
+        priority=extra.get("priority", request.args.get("priority")),
         offload=extra.get("offload", request.args.get("offload", OffloadMode.AUTO)),
         **told,
     )
@@ -341,7 +341,7 @@ def create_message_batch() -> Response:
         body.get("requests"),  # type: ignore[arg-type]
         tenant=tenant,
         idempotency_key=request.headers.get("Idempotency-Key"),
-        priority=body.get("priority", Priority.INTERACTIVE),
+        priority=body.get("priority"),
         offload=body.get("offload", OffloadMode.AUTO),
         **{k: body.get(k) for k in python_api.TOLD},
     )

@@ -32,9 +32,10 @@ from batchgen.config import current_scope, get_settings
 from batchgen.domain import calls as call_rules
 from batchgen.domain import message_batches
 from batchgen.domain.admission import CHAT_COMPLETIONS
+from batchgen.domain.deadlines import parse_duration_s
 from batchgen.domain.notifications import retry_delay_s
 from batchgen.domain.offload import OffloadMode, parse_offload
-from batchgen.domain.status import ItemStatus, Priority, parse_priority
+from batchgen.domain.status import ItemStatus, Priority, parse_priority, sdk_priority
 from batchgen.errors import CallFailed, ClientError, NotFound, Overloaded, ValidationFailed
 from batchgen.limits import counters
 from batchgen.limits import redis_keys as keys
@@ -433,15 +434,16 @@ def create_batch(
     completion_window: str | float = "24h",
     metadata: dict[str, Any] | None = None,
     idempotency_key: str | None = None,
-    priority: Priority | str = Priority.INTERACTIVE,
+    priority: Priority | str | None = None,
     offload: OffloadMode | str = OffloadMode.AUTO,
     **told: str | None,
 ) -> tuple[dict[str, Any], bool]:
     """A batch of the requests of an uploaded file (``client.batches.create``); returns
-    its description and ``created`` (False: the idempotency key replayed a batch)."""
+    its description and ``created`` (False: the idempotency key replayed a batch).
+    Without ``priority``, a window of 24 h or more makes it bulk (Batch API eligible)."""
     if endpoint != CHAT_COMPLETIONS:
         raise ValidationFailed(f"endpoint must be {CHAT_COMPLETIONS!r}", field="endpoint")
-    chosen = parse_priority(priority)
+    chosen = sdk_priority(priority, parse_duration_s(completion_window))
     with session_scope() as session:
         lines = list(files.input_lines(session, _tenant(session, tenant), input_file_id))
     options = SubmitOptions(
@@ -473,7 +475,7 @@ def create_message_batch(
     *,
     tenant: str | Tenant,
     idempotency_key: str | None = None,
-    priority: Priority | str = Priority.INTERACTIVE,
+    priority: Priority | str | None = None,
     completion_window: str | float | None = None,
     metadata: dict[str, Any] | None = None,
     offload: OffloadMode | str = OffloadMode.AUTO,
@@ -481,11 +483,17 @@ def create_message_batch(
 ) -> tuple[dict[str, Any], bool]:
     """A batch of Message Batch requests (``client.messages.batches.create``), stored
     all or nothing like any other; returns Anthropic's ``MessageBatch`` and ``created``.
-    ``completion_window`` and ``metadata`` are ours (the SDK has neither)."""
+    ``completion_window`` and ``metadata`` are ours (the SDK has neither); without
+    ``priority``, a window of 24 h or more (the default) makes it bulk."""
     if not isinstance(requests, list) or not requests:
         raise ValidationFailed("requests must be a non-empty list", field="requests")
     lines = [message_batches.to_chat_line(i, r) for i, r in enumerate(requests)]
-    chosen = parse_priority(priority)
+    window_s = (
+        parse_duration_s(completion_window)
+        if completion_window is not None
+        else get_settings().default_completion_window_s
+    )
+    chosen = sdk_priority(priority, window_s)
     options = SubmitOptions(
         completion_window=completion_window,
         metadata=metadata,
