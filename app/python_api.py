@@ -12,6 +12,7 @@ tenant it found. All raise the project's typed exceptions (:mod:`batchgen.errors
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -36,10 +37,17 @@ from batchgen.domain.deadlines import parse_duration_s
 from batchgen.domain.notifications import retry_delay_s
 from batchgen.domain.offload import OffloadMode, parse_offload
 from batchgen.domain.status import ItemStatus, Priority, parse_priority, sdk_priority
-from batchgen.errors import CallFailed, ClientError, NotFound, Overloaded, ValidationFailed
+from batchgen.errors import (
+    CallFailed,
+    ClientError,
+    NotFound,
+    Overloaded,
+    Unavailable,
+    ValidationFailed,
+)
 from batchgen.limits import counters
 from batchgen.limits import redis_keys as keys
-from batchgen.limits.backend import get_redis
+from batchgen.limits.backend import REDIS_DOWN, get_redis
 from batchgen.limits.gate import Gate
 from batchgen.registry import ModelSpec, get_registry
 from batchgen.store import batches, calls, files, items, notifications
@@ -574,13 +582,22 @@ def _call_waiter() -> CallWaiter:
         return _waiters[url]
 
 
+def _redis_unavailable() -> Unavailable:
+    return Unavailable(
+        "redis_unavailable",
+        "Redis is unavailable; retry later",
+        retry_after_s=get_settings().unavailable_retry_after_s,
+    )
+
+
 def _cooldown_left_s(spec: ModelSpec) -> float:
-    """The provider's cooldown on the model's budget (0 when none, or Redis is down:
-    the gate will say so anyway)."""
+    """The provider's cooldown on the model's budget (0 when none). Redis unreachable
+    (refused, or silent past the client's socket timeout): :class:`Unavailable` now,
+    before the call is stored, rather than a call that cannot pass the gate."""
     try:
         left_ms = get_redis().pttl(keys.cooldown(spec.budget_key))
-    except Exception:
-        return 0.0
+    except REDIS_DOWN:
+        raise _redis_unavailable() from None
     return max(0.0, float(left_ms) / 1000.0) if isinstance(left_ms, int) else 0.0
 
 
@@ -592,6 +609,9 @@ class PendingCall:
     tenant: str | Tenant
     deadline_mono_s: float
     woken: threading.Event
+    # What stopped the run in this process before the item ended (Redis went away):
+    # the waiter answers it at once instead of waiting out the deadline.
+    failures: list[BaseException] = dataclasses.field(default_factory=list)
 
 
 def start_call(
@@ -626,16 +646,16 @@ def start_call(
             settings=settings,
         )
     woken = _call_waiter().register(stored.item_id)
-    deadline_mono_s = started + deadline_s
+    pending = PendingCall(stored, tenant, started + deadline_s, woken)
     # The thread runs in this context (a host app's settings scope goes with it).
     runner = threading.Thread(
         target=contextvars.copy_context().run,
-        args=(_run_here, stored, deadline_mono_s, woken),
+        args=(_run_here, stored, pending.deadline_mono_s, woken, pending.failures),
         name=f"batchgen-call-{stored.item_id}",
         daemon=True,
     )
     runner.start()
-    return PendingCall(stored, tenant, deadline_mono_s, woken)
+    return pending
 
 
 @functools.cache
@@ -654,7 +674,12 @@ def _call_runtime() -> tuple[Gate, CancelWatcher]:
     )
 
 
-def _run_here(stored: calls.StoredCall, deadline_mono_s: float, woken: threading.Event) -> None:
+def _run_here(
+    stored: calls.StoredCall,
+    deadline_mono_s: float,
+    woken: threading.Event,
+    failures: list[BaseException] | None = None,
+) -> None:
     """Run a call's item in this process, as a worker runs one (the same gate, claim,
     recording and ledger), with no broker in between. A wait for a slot or the budget
     is slept here as a worker's retry would be; an attempt that failed and may be
@@ -682,6 +707,8 @@ def _run_here(stored: calls.StoredCall, deadline_mono_s: float, woken: threading
         log.warning(
             "call item %d: %s; its lease will hand it on", stored.item_id, type(exc).__name__
         )
+        if failures is not None and isinstance(exc, REDIS_DOWN):
+            failures.append(exc)
     finally:
         woken.set()
         wake_dispatcher()  # the call held a place in its model's window
@@ -722,6 +749,10 @@ def wait_call(
             if not still_there():
                 _cancel_call(pending)
                 raise CallFailed(499, "client_closed", "the caller went away; call cancelled")
+            if pending.failures:  # Redis went away: nothing here can pass the gate
+                with contextlib.suppress(Exception):
+                    cancel_batch(pending.stored.batch_id, tenant=pending.tenant)
+                raise _redis_unavailable()
         _cancel_call(pending)
         raise call_rules.call_error("expired", "the call's deadline passed")
     finally:
@@ -795,9 +826,10 @@ def list_models() -> list[dict[str, Any]]:
 def get_model(name: str, *, anthropic: bool = False) -> dict[str, Any]:
     """One model of the registry (OpenAI's shape, or Anthropic's); :class:`NotFound` for
     a name it does not have."""
-    spec = get_registry().get(name)
+    registry = get_registry()
+    spec = registry.get(name)
     if spec is None:
-        raise NotFound(f"model {name!r} is not in the registry", field="model")
+        raise NotFound(registry.unknown(name), field="model")
     shape = _anthropic_model if anthropic else _openai_model
     return shape(spec, _registry_created())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import re
@@ -15,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, V
 from batchgen.errors import ConfigError
 
 QUEUE_PREFIX = "llm."
+# The most model names an "unknown model" error lists.
+LISTED_MODELS = 20
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -185,6 +188,18 @@ class Registry:
     @property
     def names(self) -> list[str]:
         return sorted(self.models)
+
+    def unknown(self, name: str) -> str:
+        """What to tell a caller who named a model the registry does not have: the
+        closest names first (a typo), then the available ones (at most
+        ``LISTED_MODELS``)."""
+        names = self.names
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+        listed = ", ".join(names[:LISTED_MODELS])
+        if len(names) > LISTED_MODELS:
+            listed += f" and {len(names) - LISTED_MODELS} more (GET /v1/models)"
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?);" if close else ";"
+        return f"unknown model {name!r}{hint} available models: {listed}"
 
     @property
     def groups(self) -> list[str]:

@@ -285,7 +285,7 @@ def validate_line(
         raise _fail(line_no, "body.model", "is required")
     spec = registry.get(model_name)
     if spec is None:
-        raise _fail(line_no, "body.model", f"unknown model {model_name!r}")
+        raise _fail(line_no, "body.model", registry.unknown(model_name))
     if body.get("stream"):
         raise _fail(line_no, "body.stream", "streaming is not available in batches")
     messages = _messages(body, line_no)
