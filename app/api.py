@@ -65,7 +65,7 @@ from batchgen.errors import (
 )
 from batchgen.store import batches
 from batchgen.store.batches import SubmitOptions
-from batchgen.store.db import session_scope
+from batchgen.store.db import UNMIGRATED_SQLSTATES, session_scope
 from batchgen.store.schema import Tenant
 from batchgen.store.tenants import authenticate
 
@@ -171,7 +171,7 @@ def _create_from_file(tenant: Tenant, body: dict[str, Any]) -> tuple[dict[str, A
         completion_window=body.get("completion_window", "24h"),
         metadata=metadata,
         idempotency_key=request.headers.get("Idempotency-Key"),
-        priority=extra.get("priority", request.args.get("priority", Priority.INTERACTIVE)),
+        priority=extra.get("priority", request.args.get("priority")),
         offload=extra.get("offload", request.args.get("offload", OffloadMode.AUTO)),
         **told,
     )
@@ -341,7 +341,7 @@ def create_message_batch() -> Response:
         body.get("requests"),  # type: ignore[arg-type]
         tenant=tenant,
         idempotency_key=request.headers.get("Idempotency-Key"),
-        priority=body.get("priority", Priority.INTERACTIVE),
+        priority=body.get("priority"),
         offload=body.get("offload", OffloadMode.AUTO),
         **{k: body.get(k) for k in python_api.TOLD},
     )
@@ -603,12 +603,20 @@ def unavailable(exc: BaseException, retry_after_s: float) -> Unavailable | None:
 
     Pure. Pool time-outs (no free connection), refused or dropped connections
     and a server shutting down are the database's; connection errors and
-    time-outs are Redis's.
+    time-outs are Redis's. A table or column that does not exist means the
+    database was not migrated: the answer names the command that does it.
     """
     if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError):
         return Unavailable(
             "database_unavailable",
             "the database is unavailable; retry later",
+            retry_after_s=retry_after_s,
+        )
+    if isinstance(exc, sa_exc.ProgrammingError) and _sqlstate(exc) in UNMIGRATED_SQLSTATES:
+        return Unavailable(
+            "database_not_migrated",
+            "the database schema is not at this batchgen's newest migration: "
+            "run `batchgen db upgrade`",
             retry_after_s=retry_after_s,
         )
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError | redis.BusyLoadingError):
@@ -698,7 +706,37 @@ def create_app() -> Flask:
     app.register_blueprint(dashboard)
     install_error_handlers(app)
     load_encodings()
+    warm_providers()
+    check_schema()
     return app
+
+
+def warm_providers() -> None:
+    """Import the provider SDKs and build their clients now (seconds, once per
+    process), not inside the first synchronous call."""
+    from batchgen.providers import get_provider
+    from batchgen.registry import get_registry
+
+    with contextlib.suppress(Exception):  # a broken registry: the requests report it
+        for spec in get_registry():
+            with contextlib.suppress(Exception):  # a missing key: its calls report it
+                get_provider(spec).warm(spec)
+
+
+def check_schema() -> None:
+    """Log, at start, a database that is not at the newest migration (its requests then
+    answer 503 ``database_not_migrated``); an unreachable one is its requests' 503."""
+    from batchgen.store import db
+
+    if not get_settings().database_url:
+        return
+    try:
+        behind = db.schema_behind()
+    except Exception as exc:
+        log.warning("database not checked at start (%s)", type(exc).__name__)
+        return
+    if behind is not None:
+        log.error("%s", behind)
 
 
 def load_encodings() -> None:

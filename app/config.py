@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     max_tokenize_bytes: int = 64 * 1024 * 1024
     # Retry-After of a 503 when PostgreSQL or Redis is unreachable.
     unavailable_retry_after_s: float = 5.0
+    # How long a Redis command (and a connect) may take before the caller gets a 503:
+    # a Redis that is down or silent never holds a request longer than this per call.
+    redis_socket_timeout_s: float = Field(default=5.0, gt=0)
 
     # Synchronous calls (POST /v1/chat/completions, /v1/messages): how long a caller
     # waits, queueing included, when it names no timeout (X-Request-Timeout, the body's

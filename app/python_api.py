@@ -33,20 +33,22 @@ from batchgen.config import current_scope, get_settings
 from batchgen.domain import call_shares, message_batches
 from batchgen.domain import calls as call_rules
 from batchgen.domain.admission import CHAT_COMPLETIONS
+from batchgen.domain.deadlines import parse_duration_s
 from batchgen.domain.notifications import retry_delay_s
 from batchgen.domain.offload import OffloadMode, parse_offload
-from batchgen.domain.status import ItemStatus, Priority, parse_priority
+from batchgen.domain.status import ItemStatus, Priority, parse_priority, sdk_priority
 from batchgen.errors import (
     CallFailed,
     ClientError,
     NotFound,
     Overloaded,
     OverShare,
+    Unavailable,
     ValidationFailed,
 )
 from batchgen.limits import counters, liveness
 from batchgen.limits import redis_keys as keys
-from batchgen.limits.backend import get_redis
+from batchgen.limits.backend import REDIS_DOWN, get_redis
 from batchgen.limits.call_shares import CallDemand, demand_entry
 from batchgen.limits.gate import Gate
 from batchgen.registry import ModelSpec, get_registry
@@ -443,15 +445,16 @@ def create_batch(
     completion_window: str | float = "24h",
     metadata: dict[str, Any] | None = None,
     idempotency_key: str | None = None,
-    priority: Priority | str = Priority.INTERACTIVE,
+    priority: Priority | str | None = None,
     offload: OffloadMode | str = OffloadMode.AUTO,
     **told: str | None,
 ) -> tuple[dict[str, Any], bool]:
     """A batch of the requests of an uploaded file (``client.batches.create``); returns
-    its description and ``created`` (False: the idempotency key replayed a batch)."""
+    its description and ``created`` (False: the idempotency key replayed a batch).
+    Without ``priority``, a window of 24 h or more makes it bulk (Batch API eligible)."""
     if endpoint != CHAT_COMPLETIONS:
         raise ValidationFailed(f"endpoint must be {CHAT_COMPLETIONS!r}", field="endpoint")
-    chosen = parse_priority(priority)
+    chosen = sdk_priority(priority, parse_duration_s(completion_window))
     with session_scope() as session:
         lines = list(files.input_lines(session, _tenant(session, tenant), input_file_id))
     options = SubmitOptions(
@@ -483,7 +486,7 @@ def create_message_batch(
     *,
     tenant: str | Tenant,
     idempotency_key: str | None = None,
-    priority: Priority | str = Priority.INTERACTIVE,
+    priority: Priority | str | None = None,
     completion_window: str | float | None = None,
     metadata: dict[str, Any] | None = None,
     offload: OffloadMode | str = OffloadMode.AUTO,
@@ -491,11 +494,17 @@ def create_message_batch(
 ) -> tuple[dict[str, Any], bool]:
     """A batch of Message Batch requests (``client.messages.batches.create``), stored
     all or nothing like any other; returns Anthropic's ``MessageBatch`` and ``created``.
-    ``completion_window`` and ``metadata`` are ours (the SDK has neither)."""
+    ``completion_window`` and ``metadata`` are ours (the SDK has neither); without
+    ``priority``, a window of 24 h or more (the default) makes it bulk."""
     if not isinstance(requests, list) or not requests:
         raise ValidationFailed("requests must be a non-empty list", field="requests")
     lines = [message_batches.to_chat_line(i, r) for i, r in enumerate(requests)]
-    chosen = parse_priority(priority)
+    window_s = (
+        parse_duration_s(completion_window)
+        if completion_window is not None
+        else get_settings().default_completion_window_s
+    )
+    chosen = sdk_priority(priority, window_s)
     options = SubmitOptions(
         completion_window=completion_window,
         metadata=metadata,
@@ -576,13 +585,22 @@ def _call_waiter() -> CallWaiter:
         return _waiters[url]
 
 
+def _redis_unavailable() -> Unavailable:
+    return Unavailable(
+        "redis_unavailable",
+        "Redis is unavailable; retry later",
+        retry_after_s=get_settings().unavailable_retry_after_s,
+    )
+
+
 def _cooldown_left_s(spec: ModelSpec) -> float:
-    """The provider's cooldown on the model's budget (0 when none, or Redis is down:
-    the gate will say so anyway)."""
+    """The provider's cooldown on the model's budget (0 when none). Redis unreachable
+    (refused, or silent past the client's socket timeout): :class:`Unavailable` now,
+    before the call is stored, rather than a call that cannot pass the gate."""
     try:
         left_ms = get_redis().pttl(keys.cooldown(spec.budget_key))
-    except Exception:
-        return 0.0
+    except REDIS_DOWN:
+        raise _redis_unavailable() from None
     return max(0.0, float(left_ms) / 1000.0) if isinstance(left_ms, int) else 0.0
 
 
@@ -594,6 +612,9 @@ class PendingCall:
     tenant: str | Tenant
     deadline_mono_s: float
     woken: threading.Event
+    # What stopped the run in this process before the item ended (Redis went away):
+    # the waiter answers it at once instead of waiting out the deadline.
+    failures: list[BaseException] = dataclasses.field(default_factory=list)
 
 
 # How long this process's calls took, per model (the fail-fast rule's round of calls).
@@ -670,16 +691,16 @@ def start_call(
         )
     woken = _call_waiter().register(stored.item_id)
     _caller_waits(stored.item_id, settings.caller_lease_s)
-    deadline_mono_s = started + deadline_s
+    pending = PendingCall(stored, tenant, started + deadline_s, woken)
     # The thread runs in this context (a host app's settings scope goes with it).
     runner = threading.Thread(
         target=contextvars.copy_context().run,
-        args=(_run_here, stored, deadline_mono_s, woken),
+        args=(_run_here, stored, pending.deadline_mono_s, woken, pending.failures),
         name=f"batchgen-call-{stored.item_id}",
         daemon=True,
     )
     runner.start()
-    return PendingCall(stored, tenant, deadline_mono_s, woken)
+    return pending
 
 
 @functools.cache
@@ -698,7 +719,12 @@ def _call_runtime() -> tuple[Gate, CancelWatcher]:
     )
 
 
-def _run_here(stored: calls.StoredCall, deadline_mono_s: float, woken: threading.Event) -> None:
+def _run_here(
+    stored: calls.StoredCall,
+    deadline_mono_s: float,
+    woken: threading.Event,
+    failures: list[BaseException] | None = None,
+) -> None:
     """Run a call's item in this process, as a worker runs one (the same gate, claim,
     recording and ledger), with no broker in between. A wait for a slot or the budget
     is slept here as a worker's retry would be; an attempt that failed and may be
@@ -728,6 +754,8 @@ def _run_here(stored: calls.StoredCall, deadline_mono_s: float, woken: threading
         log.warning(
             "call item %d: %s; its lease will hand it on", stored.item_id, type(exc).__name__
         )
+        if failures is not None and isinstance(exc, REDIS_DOWN):
+            failures.append(exc)
     finally:
         woken.set()
         first = stored.queue_ticket
@@ -776,6 +804,10 @@ def wait_call(
             if not still_there():
                 _cancel_call(pending)
                 raise CallFailed(499, "client_closed", "the caller went away; call cancelled")
+            if pending.failures:  # Redis went away: nothing here can pass the gate
+                with contextlib.suppress(Exception):
+                    cancel_batch(pending.stored.batch_id, tenant=pending.tenant)
+                raise _redis_unavailable()
         _cancel_call(pending)
         raise call_rules.call_error("expired", "the call's deadline passed")
     finally:
@@ -860,9 +892,10 @@ def list_models() -> list[dict[str, Any]]:
 def get_model(name: str, *, anthropic: bool = False) -> dict[str, Any]:
     """One model of the registry (OpenAI's shape, or Anthropic's); :class:`NotFound` for
     a name it does not have."""
-    spec = get_registry().get(name)
+    registry = get_registry()
+    spec = registry.get(name)
     if spec is None:
-        raise NotFound(f"model {name!r} is not in the registry", field="model")
+        raise NotFound(registry.unknown(name), field="model")
     shape = _anthropic_model if anthropic else _openai_model
     return shape(spec, _registry_created())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import re
@@ -15,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, V
 from batchgen.errors import ConfigError
 
 QUEUE_PREFIX = "llm."
+# The most model names an "unknown model" error lists.
+LISTED_MODELS = 20
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -42,6 +45,39 @@ class LimitShape(StrEnum):
     # window (OpenAI's and Anthropic's documented limiters): capacity freed by a
     # call returns a little every second, not all at once a minute later.
     BUCKET = "bucket"
+
+
+class Tier(StrEnum):
+    """The provider's service tier a call was served at (each has its own prices)."""
+
+    STANDARD = "standard"
+    BATCH = "batch"  # the providers' Batch APIs (about half price)
+    FLEX = "flex"  # OpenAI's service_tier="flex" (slower, batch prices)
+
+
+# What a tier costs against the standard prices when the registry names no price of its
+# own (OpenAI and Anthropic both document half price for Batch, OpenAI the same for Flex).
+DEFAULT_TIER_MULTIPLIER = {Tier.STANDARD: 1.0, Tier.BATCH: 0.5, Tier.FLEX: 0.5}
+# Cached input (a prompt-cache read) and a cache write against the input price, by
+# provider, when the model names no price of its own: Anthropic bills reads at 0.1x
+# and 5-minute writes at 1.25x; OpenAI bills cached input at 0.5x (newer models lower:
+# set cached_input_usd_per_1m) and nothing extra for a write.
+DEFAULT_CACHE_READ_MULTIPLIER = {"openai": 0.5, "anthropic": 0.1}
+DEFAULT_CACHE_WRITE_MULTIPLIER = {"openai": 1.0, "anthropic": 1.25}
+
+
+class TierPrices(BaseModel):
+    """One tier's prices (``[models."<name>".tiers.<tier>]``): a ``multiplier`` of the
+    standard prices, and/or explicit per-1M prices of some token kinds (they win)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    multiplier: float | None = Field(default=None, ge=0)
+    input_usd_per_1m: float | None = Field(default=None, ge=0)
+    cached_input_usd_per_1m: float | None = Field(default=None, ge=0)
+    cache_write_usd_per_1m: float | None = Field(default=None, ge=0)
+    output_usd_per_1m: float | None = Field(default=None, ge=0)
+    reasoning_usd_per_1m: float | None = Field(default=None, ge=0)
 
 
 class OfflineRoute(BaseModel):
@@ -86,6 +122,13 @@ class ModelSpec(BaseModel):
     max_concurrency: PositiveInt
     input_usd_per_1m: float = Field(ge=0)
     output_usd_per_1m: float = Field(ge=0)
+    # Prices of the other token kinds (None: derived, see DEFAULT_CACHE_*_MULTIPLIER;
+    # reasoning tokens are billed as output unless priced here).
+    cached_input_usd_per_1m: float | None = Field(default=None, ge=0)
+    cache_write_usd_per_1m: float | None = Field(default=None, ge=0)
+    reasoning_usd_per_1m: float | None = Field(default=None, ge=0)
+    # Per-tier prices (None or missing: DEFAULT_TIER_MULTIPLIER of the standard ones).
+    tiers: dict[Tier, TierPrices] = Field(default_factory=dict)
     encoding: str = "cl100k_base"
     charge_policy: ChargePolicy = ChargePolicy.RESERVE
     limit_shape: LimitShape = LimitShape.WINDOW
@@ -145,6 +188,18 @@ class Registry:
     @property
     def names(self) -> list[str]:
         return sorted(self.models)
+
+    def unknown(self, name: str) -> str:
+        """What to tell a caller who named a model the registry does not have: the
+        closest names first (a typo), then the available ones (at most
+        ``LISTED_MODELS``)."""
+        names = self.names
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+        listed = ", ".join(names[:LISTED_MODELS])
+        if len(names) > LISTED_MODELS:
+            listed += f" and {len(names) - LISTED_MODELS} more (GET /v1/models)"
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?);" if close else ";"
+        return f"unknown model {name!r}{hint} available models: {listed}"
 
     @property
     def groups(self) -> list[str]:

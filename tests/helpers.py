@@ -83,8 +83,12 @@ def status_summary() -> dict[str, int]:
         return dict(session.execute(select(Item.status, func.count()).group_by(Item.status)).all())
 
 
+TOKEN_KINDS = ("cached_tokens", "cache_write_tokens", "reasoning_tokens")
+
+
 def usage_totals(table: Any, *where: Any) -> tuple:
-    """(rows, prompt tokens, completion tokens, cost) of ``results`` or ``usage_ledger``."""
+    """(rows, prompt tokens, completion tokens, cost, cached, cache write and reasoning
+    tokens) of ``results`` or ``usage_ledger``."""
     with db.session_scope() as session:
         return tuple(
             session.execute(
@@ -93,6 +97,7 @@ def usage_totals(table: Any, *where: Any) -> tuple:
                     func.coalesce(func.sum(table.prompt_tokens), 0),
                     func.coalesce(func.sum(table.completion_tokens), 0),
                     func.coalesce(func.sum(table.cost_usd), 0),
+                    *(func.coalesce(func.sum(getattr(table, k)), 0) for k in TOKEN_KINDS),
                 ).where(*where)
             ).one()
         )
@@ -124,6 +129,7 @@ def assert_daily_usage_matches_ledger() -> None:
                     func.sum(table.prompt_tokens),
                     func.sum(table.completion_tokens),
                     func.sum(table.cost_usd),
+                    *(func.sum(getattr(table, k)) for k in TOKEN_KINDS),
                 ).group_by(table.tenant_id, table.model)
             ).all()
         return {(r[0], r[1]): tuple(r[2:]) for r in rows}

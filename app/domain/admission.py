@@ -27,7 +27,7 @@ from typing import Any
 from batchgen.domain import tokens
 from batchgen.domain.deadlines import parse_duration_s
 from batchgen.errors import PayloadTooLarge, ValidationFailed
-from batchgen.registry import ModelSpec, Registry
+from batchgen.registry import ModelSpec, ProviderKind, Registry
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
 MAX_CUSTOM_ID_CHARS = 512
@@ -216,21 +216,27 @@ def _messages(body: dict[str, Any], line_no: int) -> list[dict[str, Any]]:
 
 
 def _check_fits(
+    body: dict[str, Any],
     messages: list[dict[str, Any]],
     line_no: int,
     spec: ModelSpec,
     max_tokens: int,
     budget: TokenizeBudget,
 ) -> int:
-    """The prompt's tokens; refuses a prompt that cannot fit the context window,
-    cheaply by its byte length first, and counts no further than the window."""
+    """The prompt's tokens (its text, and its images, tools and response_format schema
+    the provider's way); refuses a prompt that cannot fit the context window, cheaply by
+    its byte length first, and counts no further than the window."""
     allowed = spec.context_window - max_tokens
+    extras = tokens.count_extras(
+        body, messages, spec.encoding, spec.provider is ProviderKind.ANTHROPIC
+    )
     size = tokens.text_bytes(messages)
-    floor = tokens.min_tokens(size, spec.encoding)
+    floor = tokens.min_tokens(size, spec.encoding) + extras
     prompt_tokens = floor
     if floor <= allowed:
         budget.spend(size, line_no)
-        prompt_tokens = tokens.count_messages(messages, spec.encoding, limit=allowed)
+        left = allowed - extras
+        prompt_tokens = extras + tokens.count_messages(messages, spec.encoding, limit=left)
     if prompt_tokens > allowed:
         raise _fail(
             line_no,
@@ -279,14 +285,16 @@ def validate_line(
         raise _fail(line_no, "body.model", "is required")
     spec = registry.get(model_name)
     if spec is None:
-        raise _fail(line_no, "body.model", f"unknown model {model_name!r}")
+        raise _fail(line_no, "body.model", registry.unknown(model_name))
     if body.get("stream"):
         raise _fail(line_no, "body.stream", "streaming is not available in batches")
     messages = _messages(body, line_no)
     max_tokens = _max_tokens(body, line_no, spec.max_output_tokens, model_name)
     n = choices(body, line_no)
     # The context window holds the prompt and one choice; the budget pays for all n.
-    prompt_tokens = _check_fits(messages, line_no, spec, max_tokens, budget or TokenizeBudget(None))
+    prompt_tokens = _check_fits(
+        body, messages, line_no, spec, max_tokens, budget or TokenizeBudget(None)
+    )
     timeout_s = None
     if "timeout" in obj:  # our extension of the Batch format: a per-item deadline
         try:

@@ -69,6 +69,20 @@ CALL_RANK = -1
 _RANKS = {Priority.CALL: CALL_RANK, Priority.INTERACTIVE: 0, Priority.BULK: 1}
 
 
+# A batch whose caller names no priority and allows it at least this long is bulk: a
+# 24 h batch (the providers' Batch API window, the SDKs' only completion_window) may
+# then go to the half-price Batch APIs without the caller asking for priority=bulk.
+BULK_WINDOW_S = 24 * 3600
+
+
+def sdk_priority(value: str | Priority | None, window_s: float) -> Priority:
+    """The priority of an SDK batch: the caller's (:func:`parse_priority`), else bulk
+    when its completion window is at least ``BULK_WINDOW_S``, else interactive."""
+    if value is not None:
+        return parse_priority(value)
+    return Priority.BULK if window_s >= BULK_WINDOW_S else Priority.INTERACTIVE
+
+
 def parse_priority(value: str | Priority) -> Priority:
     """A batch's priority from the caller (``interactive`` or ``bulk``);
     :class:`ValidationFailed` naming the field otherwise."""

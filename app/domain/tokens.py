@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import tiktoken
+
+from batchgen.domain.image_size import data_url_head, data_url_size, image_size
 
 log = logging.getLogger(__name__)
 
@@ -204,3 +207,205 @@ def count_messages(
         if key == "name":
             total += TOKENS_PER_NAME
     return total
+
+
+# --- what a request carries beside its message text: images, tools, response_format ---
+#
+# OpenAI (platform.openai.com, "Images and vision" / "Calculating costs"): an image of
+# detail "low" costs 85 tokens; "high" (and "auto", taken as high here: the larger) is
+# scaled to fit 2048 x 2048, then its shortest side down to 768, and costs 85 + 170 per
+# 512 px tile. Anthropic ("Vision"): an image whose long edge passes 1568 px, or that
+# would pass ~1 600 tokens, is scaled down first; it costs (width x height) / 750.
+OPENAI_IMAGE_BASE_TOKENS = 85
+OPENAI_IMAGE_TILE_TOKENS = 170
+OPENAI_IMAGE_TILE_PX = 512
+OPENAI_IMAGE_FIT_PX = 2048
+OPENAI_IMAGE_SHORT_SIDE_PX = 768
+ANTHROPIC_IMAGE_PX_PER_TOKEN = 750
+ANTHROPIC_IMAGE_LONG_EDGE_PX = 1568
+ANTHROPIC_IMAGE_MAX_TOKENS = 1600
+# Tool definitions (OpenAI's cookbook, "How to count tokens with tiktoken", fitted to
+# the API's counts): per function, per property, per enum value, and once at the end.
+# gpt-4o-family models (o200k_base) start a function at 7 tokens, older ones at 10.
+TOOL_FUNC_INIT = {"o200k_base": 7}
+TOOL_FUNC_INIT_DEFAULT = 10
+TOOL_PROP_INIT = 3
+TOOL_PROP_KEY = 3
+TOOL_ENUM_INIT = -3
+TOOL_ENUM_ITEM = 3
+TOOL_FUNC_END = 12
+# Anthropic adds a tool-use system prompt when tools are given (its "Tool use" pricing
+# table: 346 tokens with tool_choice auto or none, 313 with any or a named tool).
+ANTHROPIC_TOOL_PROMPT_TOKENS = {"auto": 346, "none": 346, "any": 313, "tool": 313}
+# A json_schema response_format is rendered into the prompt: a heading, its name, its
+# schema as JSON (a few tokens of framing around them).
+RESPONSE_FORMAT_FRAMING_TOKENS = 6
+
+
+def openai_image_tokens(size: tuple[int, int] | None, detail: str = "auto") -> int:
+    """OpenAI's tokens for an image of ``size`` (None: unknown, the most it may cost)."""
+    if detail == "low":
+        return OPENAI_IMAGE_BASE_TOKENS
+    if size is None:  # the most tiles a fitted image can have: 768 x 2048
+        size = (OPENAI_IMAGE_SHORT_SIDE_PX, OPENAI_IMAGE_FIT_PX)
+    width, height = (max(1, v) for v in size)
+    if max(width, height) > OPENAI_IMAGE_FIT_PX:
+        ratio = OPENAI_IMAGE_FIT_PX / max(width, height)
+        width, height = int(width * ratio), int(height * ratio)
+    if min(width, height) > OPENAI_IMAGE_SHORT_SIDE_PX:
+        ratio = OPENAI_IMAGE_SHORT_SIDE_PX / min(width, height)
+        width, height = int(width * ratio), int(height * ratio)
+    tiles = math.ceil(width / OPENAI_IMAGE_TILE_PX) * math.ceil(height / OPENAI_IMAGE_TILE_PX)
+    return OPENAI_IMAGE_BASE_TOKENS + OPENAI_IMAGE_TILE_TOKENS * tiles
+
+
+def anthropic_image_tokens(size: tuple[int, int] | None) -> int:
+    """Anthropic's tokens for an image of ``size`` (None: unknown, the most it may cost)."""
+    if size is None:
+        return ANTHROPIC_IMAGE_MAX_TOKENS
+    width, height = (max(1, v) for v in size)
+    scale = min(1.0, ANTHROPIC_IMAGE_LONG_EDGE_PX / max(width, height))
+    max_area = ANTHROPIC_IMAGE_MAX_TOKENS * ANTHROPIC_IMAGE_PX_PER_TOKEN
+    scale = min(scale, math.sqrt(max_area / (width * height)))
+    area = int(width * scale) * int(height * scale)
+    return min(ANTHROPIC_IMAGE_MAX_TOKENS, math.ceil(area / ANTHROPIC_IMAGE_PX_PER_TOKEN))
+
+
+def _images(messages: Iterable[Mapping[str, Any]]) -> Iterator[tuple[tuple[int, int] | None, str]]:
+    """``(size, detail)`` of every image part of the messages (OpenAI ``image_url`` parts,
+    Anthropic ``image`` blocks with a base64 source)."""
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if not isinstance(part, Mapping):
+                continue
+            if part.get("type") == "image_url":
+                image = part.get("image_url")
+                url = image.get("url") if isinstance(image, Mapping) else image
+                detail = image.get("detail", "auto") if isinstance(image, Mapping) else "auto"
+                size = data_url_size(url) if isinstance(url, str) else None
+                yield size, detail if isinstance(detail, str) else "auto"
+            elif part.get("type") == "image":
+                source = part.get("source")
+                data = source.get("data") if isinstance(source, Mapping) else None
+                head = data_url_head("data:," + data) if isinstance(data, str) else None
+                yield (image_size(head) if head is not None else None), "auto"
+
+
+def count_images(messages: Iterable[Mapping[str, Any]], anthropic: bool = False) -> int:
+    """Tokens of the images of a request, by the provider's formula."""
+    return sum(
+        anthropic_image_tokens(size) if anthropic else openai_image_tokens(size, detail)
+        for size, detail in _images(messages)
+    )
+
+
+def _function(tool: Mapping[str, Any]) -> Mapping[str, Any]:
+    function = tool.get("function")
+    return function if isinstance(function, Mapping) else tool
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else json.dumps(value)
+
+
+def _prop_type(prop: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A property's type as the prompt writes it (``string[]`` for an array of a plain
+    type), and what of it the flat recipe leaves to count as JSON."""
+    items = prop.get("items")
+    if prop.get("type") == "array" and isinstance(items, Mapping) and set(items) == {"type"}:
+        return f"{_text(items['type'])}[]", {}
+    return _text(prop.get("type")), {k: prop[k] for k in ("properties", "items") if k in prop}
+
+
+def _openai_tools(tools: list[Any], encoding_name: str) -> int:
+    total = 0
+    for tool in tools:
+        if not isinstance(tool, Mapping):
+            continue
+        function = _function(tool)
+        total += TOOL_FUNC_INIT.get(encoding_name, TOOL_FUNC_INIT_DEFAULT)
+        description = _text(function.get("description")).removesuffix(".")
+        total += count_text(f"{_text(function.get('name'))}:{description}", encoding_name)
+        parameters = function.get("parameters")
+        properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
+        if not isinstance(properties, Mapping) or not properties:
+            continue
+        total += TOOL_PROP_INIT
+        for key, prop in properties.items():
+            prop = prop if isinstance(prop, Mapping) else {}
+            total += TOOL_PROP_KEY
+            enum = prop.get("enum")
+            if isinstance(enum, list):
+                total += TOOL_ENUM_INIT
+                for item in enum:
+                    total += TOOL_ENUM_ITEM + count_text(_text(item), encoding_name)
+            p_desc = _text(prop.get("description")).removesuffix(".")
+            p_type, nested = _prop_type(prop)
+            line = f"{key}:{p_type}:{p_desc}" if p_desc else f"{key}:{p_type}"
+            total += count_text(line, encoding_name)
+            if nested:  # the cookbook's recipe is flat: count nested schemas as JSON
+                total += count_text(json.dumps(nested), encoding_name)
+    return total + TOOL_FUNC_END
+
+
+def _anthropic_tools(tools: list[Any], encoding_name: str, tool_choice: Any) -> int:
+    choice = tool_choice.get("type") if isinstance(tool_choice, Mapping) else tool_choice
+    if choice in ("required", "function"):  # OpenAI's words for Anthropic's any / tool
+        choice = "any"
+    total = ANTHROPIC_TOOL_PROMPT_TOKENS.get(choice if isinstance(choice, str) else "auto", 346)
+    for tool in tools:
+        if not isinstance(tool, Mapping):
+            continue
+        function = _function(tool)
+        schema = function.get("parameters", function.get("input_schema"))
+        definition = {
+            "name": function.get("name"),
+            "description": function.get("description"),
+            "input_schema": schema,
+        }
+        total += count_text(json.dumps(definition), encoding_name)
+    return total
+
+
+def count_tools(
+    tools: Any, encoding_name: str, anthropic: bool = False, tool_choice: Any = None
+) -> int:
+    """Prompt tokens of a request's tool definitions (0 without tools)."""
+    if not isinstance(tools, list) or not tools:
+        return 0
+    if anthropic:
+        return _anthropic_tools(tools, encoding_name, tool_choice)
+    return _openai_tools(tools, encoding_name)
+
+
+def count_response_format(response_format: Any, encoding_name: str) -> int:
+    """Prompt tokens of a ``json_schema`` response_format (its schema is in the prompt)."""
+    if not isinstance(response_format, Mapping) or response_format.get("type") != "json_schema":
+        return 0
+    named = response_format.get("json_schema")
+    if not isinstance(named, Mapping):
+        return 0
+    schema = named.get("schema", named)
+    return (
+        RESPONSE_FORMAT_FRAMING_TOKENS
+        + count_text(_text(named.get("name")), encoding_name)
+        + count_text(json.dumps(schema), encoding_name)
+    )
+
+
+def count_extras(
+    body: Mapping[str, Any],
+    messages: Sequence[Mapping[str, Any]],
+    encoding_name: str,
+    anthropic: bool = False,
+) -> int:
+    """Prompt tokens of a chat request beside its message text: images, tools and a
+    response_format schema, each the provider's way."""
+    return (
+        count_images(messages, anthropic)
+        + count_tools(body.get("tools"), encoding_name, anthropic, body.get("tool_choice"))
+        + count_response_format(body.get("response_format"), encoding_name)
+    )

@@ -24,10 +24,15 @@ from redis.commands.core import Script
 
 from batchgen.config import current_scope, get_settings
 
+# What a Redis that is down or silent raises (refused, dropped, past the socket timeout,
+# still loading its data).
+REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
 
 def _make_client(url: str) -> redis.Redis:
+    timeout_s = get_settings().redis_socket_timeout_s
     return redis.Redis.from_url(
-        url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
+        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=30
     )
 
 

@@ -167,10 +167,31 @@ def finish_reason(stop_reason: str | None) -> str | None:
     return FINISH_REASONS.get(stop_reason or "", stop_reason)
 
 
+def cache_usage(usage: Any) -> dict[str, Any]:
+    """Anthropic's prompt-cache counts of ``usage`` as usage keys of the OpenAI form
+    (``prompt_tokens_details.cached_tokens``) beside Anthropic's own, which the ledger
+    prices (:func:`batchgen.domain.cost.usage_of`); empty when the cache was not used."""
+    read = getattr(usage, "cache_read_input_tokens", None) or 0
+    written = getattr(usage, "cache_creation_input_tokens", None) or 0
+    if not (read or written):
+        return {}
+    return {
+        "prompt_tokens_details": {"cached_tokens": read},
+        "cache_read_input_tokens": read,
+        "cache_creation_input_tokens": written,
+    }
+
+
 def chat_completion(
-    message_id: str, model: str, text: str, finish: str | None, prompt: int, completion: int
+    message_id: str,
+    model: str,
+    text: str,
+    finish: str | None,
+    prompt: int,
+    completion: int,
+    cache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The answer in OpenAI ``chat.completion`` form (pure)."""
+    """The answer in OpenAI ``chat.completion`` form (pure); ``cache``: :func:`cache_usage`."""
     return {
         "id": message_id,
         "object": "chat.completion",
@@ -187,6 +208,7 @@ def chat_completion(
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            **(cache or {}),
         },
     }
 
@@ -241,7 +263,10 @@ class AnthropicProvider:
             completion_tokens=done,
             finish_reason=finish,
             request_id=raw.headers.get("request-id") or message.id,
-            body=body or chat_completion(message.id, message.model, text, finish, prompt, done),
+            body=body
+            or chat_completion(
+                message.id, message.model, text, finish, prompt, done, cache_usage(message.usage)
+            ),
             rate_limits=anthropic_rate_limits(raw.headers),
         )
 
@@ -253,6 +278,7 @@ class AnthropicProvider:
         headers = stream.response.headers
         limits = anthropic_rate_limits(headers)  # as of now, the start of the stream
         merge = AnthropicMerge()
+        cache: dict[str, Any] = {}
         try:
             watch.check()
             for event in stream:
@@ -260,6 +286,7 @@ class AnthropicProvider:
                 merge.add(data)
                 if event.type == "message_start":
                     watch.prompt_tokens = input_tokens(event.message.usage)
+                    cache = cache_usage(event.message.usage)
                 elif event.type == "content_block_delta" and event.delta.type == "text_delta":
                     watch.add(event.delta.text)
                 elif event.type == "message_delta" and event.usage.input_tokens is not None:
@@ -289,6 +316,6 @@ class AnthropicProvider:
             request_id=headers.get("request-id") or message_id,
             body=message
             if native
-            else chat_completion(message_id, model, text, finish, prompt, output_tokens),
+            else chat_completion(message_id, model, text, finish, prompt, output_tokens, cache),
             rate_limits=limits,
         )

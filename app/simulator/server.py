@@ -22,9 +22,9 @@ from typing import Any
 
 from aiohttp import web
 
-from batchgen.domain.tokens import count_messages, count_text, get_encoding
+from batchgen.domain.tokens import count_text, get_encoding
+from batchgen.simulator import counting, rich
 from batchgen.simulator import formats as fmt
-from batchgen.simulator import rich
 from batchgen.simulator.admin import add_admin_routes
 from batchgen.simulator.batch_jobs import add_batch_routes
 from batchgen.simulator.config import SimulatorConfig
@@ -152,7 +152,10 @@ async def _serve(
     state.models.setdefault(req.model)
     call.key = (key_id(_api_key(request)), req.model)
     entry["key"] = call.key[0]
-    call.prompt_tokens = entry["prompt_tokens"] = count_messages(req.prompt_messages, cfg.encoding)
+    # Counted the providers' way: message text, and images, tools and response_format.
+    call.prompt_tokens = entry["prompt_tokens"] = counting.prompt_tokens(
+        call.api, body, req.prompt_messages, cfg.encoding
+    )
     try:
         fault = state.faults.choose(request.headers.get("x-sim-fault"))
     except ValueError as exc:

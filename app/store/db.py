@@ -288,3 +288,30 @@ def upgrade(url: str | None = None, revision: str = "head") -> None:
     from alembic import command
 
     command.upgrade(alembic_config(url), revision)
+
+
+# SQLSTATEs of a statement that names a table or column the database does not have:
+# on a database batchgen's migrations have not (all) been applied to.
+UNMIGRATED_SQLSTATES = frozenset({"42P01", "42703"})  # undefined_table, undefined_column
+
+
+def schema_revisions(url: str | None = None) -> tuple[str | None, str]:
+    """``(the database's Alembic revision, the newest migration's)``; the first is None
+    on a database no migration has been applied to."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    with get_engine(url).connect() as connection:
+        current = MigrationContext.configure(connection).get_current_revision()
+    return current, head or ""
+
+
+def schema_behind(url: str | None = None) -> str | None:
+    """What to tell an operator when the database is not at the newest migration (the
+    command that fixes it), or None when it is."""
+    current, head = schema_revisions(url)
+    if current == head:
+        return None
+    at = f"at migration {current}" if current else "not migrated"
+    return f"the database schema is {at}, this batchgen needs {head}: run `batchgen db upgrade`"

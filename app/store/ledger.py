@@ -17,7 +17,7 @@ from sqlalchemy import Connection, TextClause, bindparam
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
-from batchgen.domain.cost import cost_usd
+from batchgen.domain.cost import TokenUsage, cost_usd, price_usage, tier_of, usage_of
 from batchgen.domain.offload import Route
 from batchgen.domain.status import TERMINAL, ItemStatus
 from batchgen.registry import ModelSpec, Registry
@@ -45,6 +45,20 @@ class CallOutcome:
     upstream_latency_ms: int = 0
     queue_wait_ms: int = 0
 
+    @property
+    def usage(self) -> TokenUsage:
+        """The call's tokens by kind, as the provider's answer reports them."""
+        return usage_of(self.prompt_tokens, self.completion_tokens, self.response)
+
+    def kinds(self) -> dict[str, int]:
+        """The token kinds beside prompt and completion, as the ledger's columns."""
+        usage = self.usage
+        return {
+            "cached_tokens": usage.cached_tokens,
+            "cache_write_tokens": usage.cache_write_tokens,
+            "reasoning_tokens": usage.reasoning_tokens,
+        }
+
 
 # Waste rows written without the provider's answer, because the worker that sent
 # the call was lost (its lease ran out) or another attempt finished the item while
@@ -70,12 +84,14 @@ class Priced:
 
 
 def price(outcome: CallOutcome, spec: ModelSpec, route: Route = Route.ONLINE) -> Priced:
-    """The price of ``outcome``'s usage by ``route``."""
-    online = cost_usd(outcome.prompt_tokens, outcome.completion_tokens, spec)
+    """The price of ``outcome``'s usage by ``route``, at the tier it was served at (an
+    offline row at batch; ``online_cost`` then at the standard tier)."""
+    usage = outcome.usage
+    tier = tier_of(route is Route.OFFLINE, outcome.response)
+    billed = price_usage(usage, spec, tier)
     if route is Route.ONLINE:
-        return Priced(online)
-    batch = cost_usd(outcome.prompt_tokens, outcome.completion_tokens, spec.offline_prices())
-    return Priced(batch, Route.OFFLINE, online)
+        return Priced(billed)
+    return Priced(billed, Route.OFFLINE, price_usage(usage, spec))
 
 
 def _params(item: LockedItem, outcome: CallOutcome, cost: Decimal, waste: str | None) -> dict:
@@ -88,6 +104,7 @@ def _params(item: LockedItem, outcome: CallOutcome, cost: Decimal, waste: str | 
         "shard": _shard(item.id),
         "prompt_tokens": outcome.prompt_tokens,
         "completion_tokens": outcome.completion_tokens,
+        **outcome.kinds(),
         "cost_usd": cost,
         "waste_reason": waste,
     }
@@ -154,7 +171,7 @@ def record_answer(
     """The common case of :func:`record_success` in one statement (autocommit): this
     attempt is still running, nothing of it ledgered. ``recorded`` False: nothing was
     written, and :func:`record_success` decides what the answer is."""
-    cost = cost_usd(outcome.prompt_tokens, outcome.completion_tokens, spec)
+    cost = price(outcome, spec).cost
     return items.succeed_answered(
         connection,
         {
@@ -166,6 +183,7 @@ def record_answer(
             "shard": _shard(item.item_id),
             "prompt_tokens": outcome.prompt_tokens,
             "completion_tokens": outcome.completion_tokens,
+            **outcome.kinds(),
             "cost_usd": cost,
             "response": outcome.response,
             "provider_request_id": outcome.provider_request_id,
@@ -219,6 +237,7 @@ def record_success(
             "provider_request_id": outcome.provider_request_id,
             "prompt_tokens": outcome.prompt_tokens,
             "completion_tokens": outcome.completion_tokens,
+            **outcome.kinds(),
             "cost_usd": cost,
             "upstream_latency_ms": outcome.upstream_latency_ms,
             "queue_wait_ms": outcome.queue_wait_ms,

@@ -328,6 +328,10 @@ class Result(Base):
     provider_request_id: Mapped[str | None] = mapped_column(String(200))
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     completion_tokens: Mapped[int] = mapped_column(Integer)
+    # The kinds of token in them, each billed at its own price (migration 0012).
+    cached_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
+    cache_write_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
+    reasoning_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
     cost_usd: Mapped[Decimal] = mapped_column(USD)
     upstream_latency_ms: Mapped[int] = mapped_column(Integer)
     queue_wait_ms: Mapped[int] = mapped_column(Integer)
@@ -347,6 +351,10 @@ class UsageLedger(Base):
     model: Mapped[str] = mapped_column(String(200))
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     completion_tokens: Mapped[int] = mapped_column(Integer)
+    # The kinds of token in them, each billed at its own price (migration 0012).
+    cached_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
+    cache_write_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
+    reasoning_tokens: Mapped[int] = mapped_column(Integer, server_default="0")
     cost_usd: Mapped[Decimal] = mapped_column(USD)
     # Set when the call produced no result of record (a duplicate run, a lost race).
     waste_reason: Mapped[str | None] = mapped_column(String(64))
@@ -384,6 +392,10 @@ class TenantDailyUsage(Base):
     requests: Mapped[int] = mapped_column(BigInteger)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger)
     completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    # The kinds of token in them, each billed at its own price (migration 0012).
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    cache_write_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
     cost_usd: Mapped[Decimal] = mapped_column(USD)
     # The part of it bought through the providers' Batch APIs, and what that saved
     # against the online prices (migration 0007).

@@ -64,6 +64,9 @@ def report(
             func.sum(d.offline_completion_tokens),
             func.sum(d.offline_cost_usd),
             func.sum(d.saved_usd),
+            func.sum(d.cached_tokens),
+            func.sum(d.cache_write_tokens),
+            func.sum(d.reasoning_tokens),
         )
         .join(Tenant, Tenant.id == d.tenant_id)
         .where(d.day >= first, d.day <= last)
@@ -78,6 +81,11 @@ def report(
             "requests": int(r[1]),
             "prompt_tokens": int(r[2]),
             "completion_tokens": int(r[3]),
+            # The kinds of token in them that are billed at their own prices: cached
+            # input and cache writes (of prompt_tokens), reasoning (of completion_tokens).
+            "cached_tokens": int(r[10]),
+            "cache_write_tokens": int(r[11]),
+            "reasoning_tokens": int(r[12]),
             "cost_usd": str(r[4]),
             "wasted_requests": 0,
             "wasted_cost_usd": "0",

@@ -11,7 +11,7 @@ from batchgen.api import create_app
 from batchgen.simulator import request_digest
 from batchgen.store import db
 from batchgen.store.schema import Item, Result, TenantDailyUsage, UsageLedger
-from tests.helpers import chat_line, jsonl, make_tenant, usage_totals, wait_batches
+from tests.helpers import TOKEN_KINDS, chat_line, jsonl, make_tenant, usage_totals, wait_batches
 
 pytestmark = pytest.mark.integration
 
@@ -71,6 +71,7 @@ def test_three_tenants_two_models_200_items(clean_db, simulator, workers):
                 func.sum(TenantDailyUsage.prompt_tokens),
                 func.sum(TenantDailyUsage.completion_tokens),
                 func.sum(TenantDailyUsage.cost_usd),
+                *(func.sum(getattr(TenantDailyUsage, k)) for k in TOKEN_KINDS),
             )
         ).one()
         assert tuple(daily) == tuple(results)

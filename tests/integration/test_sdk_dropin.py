@@ -61,7 +61,8 @@ def test_models_list_and_retrieve(oai: openai.OpenAI):
     assert raised.value.code == "not_found"
     assert raised.value.body == {  # OpenAI's shape: the error object, our code in it
         "code": "not_found",
-        "message": "model 'no-such-model' is not in the registry",
+        "message": "unknown model 'no-such-model'; available models: "
+        "sim-claude, sim-large, sim-small",
         "param": "model",
     }
 

@@ -99,6 +99,10 @@ class Result(models.Model):
     provider_request_id = models.CharField(max_length=200, null=True)
     prompt_tokens = models.IntegerField()
     completion_tokens = models.IntegerField()
+    # The kinds of token in them priced apart (docs/cost.md).
+    cached_tokens = models.IntegerField()
+    cache_write_tokens = models.IntegerField()
+    reasoning_tokens = models.IntegerField()
     cost_usd = models.DecimalField(max_digits=20, decimal_places=10)
     upstream_latency_ms = models.IntegerField()
     queue_wait_ms = models.IntegerField()
@@ -124,6 +128,10 @@ class Usage(models.Model):
     model = models.CharField(max_length=200)
     prompt_tokens = models.IntegerField()
     completion_tokens = models.IntegerField()
+    # The kinds of token in them priced apart (docs/cost.md).
+    cached_tokens = models.IntegerField()
+    cache_write_tokens = models.IntegerField()
+    reasoning_tokens = models.IntegerField()
     cost_usd = models.DecimalField(max_digits=20, decimal_places=10)
     waste_reason = models.CharField(max_length=64, null=True)
     route = models.CharField(max_length=10)

@@ -13,9 +13,11 @@ WITH locked AS (
     FOR UPDATE
 ), ledgered AS (
     INSERT INTO usage_ledger (item_id, attempt, tenant_id, batch_id, model,
-                              prompt_tokens, completion_tokens, cost_usd, waste_reason)
-    SELECT locked.id, :attempt, :tenant_id, :batch_id, :model,
-           :prompt_tokens, :completion_tokens, :cost_usd, NULL
+                              prompt_tokens, completion_tokens, cached_tokens,
+                              cache_write_tokens, reasoning_tokens, cost_usd, waste_reason)
+    SELECT locked.id, :attempt, :tenant_id, :batch_id, :model, :prompt_tokens,
+           :completion_tokens, :cached_tokens, :cache_write_tokens, :reasoning_tokens,
+           :cost_usd, NULL
     FROM locked
     ON CONFLICT (item_id, attempt) DO NOTHING
     RETURNING item_id, created_at
@@ -23,10 +25,11 @@ WITH locked AS (
 --! include daily_totals
 , resulted AS (
     INSERT INTO results (item_id, batch_id, tenant_id, attempt, response, provider_request_id,
-                         prompt_tokens, completion_tokens, cost_usd, upstream_latency_ms,
-                         queue_wait_ms)
+                         prompt_tokens, completion_tokens, cached_tokens, cache_write_tokens,
+                         reasoning_tokens, cost_usd, upstream_latency_ms, queue_wait_ms)
     SELECT ledgered.item_id, :batch_id, :tenant_id, :attempt, :response, :provider_request_id,
-           :prompt_tokens, :completion_tokens, :cost_usd, :upstream_latency_ms, :queue_wait_ms
+           :prompt_tokens, :completion_tokens, :cached_tokens, :cache_write_tokens,
+           :reasoning_tokens, :cost_usd, :upstream_latency_ms, :queue_wait_ms
     FROM ledgered
     ON CONFLICT (item_id) DO NOTHING
     RETURNING item_id

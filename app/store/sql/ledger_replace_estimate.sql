@@ -4,7 +4,8 @@
 -- day follow the difference, in one statement. No row when (item, attempt) has
 -- no estimated row.
 WITH old AS (
-    SELECT id, prompt_tokens, completion_tokens, cost_usd,
+    SELECT id, prompt_tokens, completion_tokens, cost_usd, cached_tokens,
+           cache_write_tokens, reasoning_tokens,
            CAST(timezone('UTC', created_at) AS date) AS day
     FROM usage_ledger
     WHERE item_id = :item_id AND attempt = :attempt
@@ -14,6 +15,9 @@ WITH old AS (
     UPDATE usage_ledger AS u
     SET prompt_tokens = :prompt_tokens,
         completion_tokens = :completion_tokens,
+        cached_tokens = :cached_tokens,
+        cache_write_tokens = :cache_write_tokens,
+        reasoning_tokens = :reasoning_tokens,
         cost_usd = :cost_usd,
         waste_reason = :waste_reason
     FROM old
@@ -23,13 +27,19 @@ WITH old AS (
     -- An upsert: the estimate's totals may sit in another shard (rows ledgered before
     -- the shards existed are shard 0); the sum over the shards is what counts.
     INSERT INTO tenant_daily_usage AS d
-        (tenant_id, day, model, shard, requests, prompt_tokens, completion_tokens, cost_usd)
+        (tenant_id, day, model, shard, requests, prompt_tokens, completion_tokens, cost_usd,
+         cached_tokens, cache_write_tokens, reasoning_tokens)
     SELECT :tenant_id, old.day, :model, :shard, 0, :prompt_tokens - old.prompt_tokens,
-           :completion_tokens - old.completion_tokens, :cost_usd - old.cost_usd
+           :completion_tokens - old.completion_tokens, :cost_usd - old.cost_usd,
+           :cached_tokens - old.cached_tokens, :cache_write_tokens - old.cache_write_tokens,
+           :reasoning_tokens - old.reasoning_tokens
     FROM old
     ON CONFLICT (tenant_id, day, model, shard) DO UPDATE
     SET prompt_tokens = d.prompt_tokens + EXCLUDED.prompt_tokens,
         completion_tokens = d.completion_tokens + EXCLUDED.completion_tokens,
-        cost_usd = d.cost_usd + EXCLUDED.cost_usd
+        cost_usd = d.cost_usd + EXCLUDED.cost_usd,
+        cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens,
+        cache_write_tokens = d.cache_write_tokens + EXCLUDED.cache_write_tokens,
+        reasoning_tokens = d.reasoning_tokens + EXCLUDED.reasoning_tokens
 )
 SELECT id FROM updated

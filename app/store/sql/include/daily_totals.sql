@@ -5,11 +5,11 @@ daily AS (
     -- against the online price (:online_cost_usd).
     INSERT INTO tenant_daily_usage AS d
         (tenant_id, day, model, shard, requests, prompt_tokens, completion_tokens, cost_usd,
-         offline_requests, offline_prompt_tokens, offline_completion_tokens,
+         cached_tokens, cache_write_tokens, reasoning_tokens, offline_requests, offline_prompt_tokens, offline_completion_tokens,
          offline_cost_usd, saved_usd)
     SELECT :tenant_id, CAST(timezone('UTC', ledgered.created_at) AS date), :model, :shard, 1,
            :prompt_tokens, :completion_tokens, :cost_usd,
-           o.requests, o.requests * :prompt_tokens, o.requests * :completion_tokens,
+           :cached_tokens, :cache_write_tokens, :reasoning_tokens, o.requests, o.requests * :prompt_tokens, o.requests * :completion_tokens,
            o.requests * :cost_usd, o.requests * (COALESCE(:online_cost_usd, :cost_usd) - :cost_usd)
     FROM ledgered, (SELECT CASE WHEN :route = 'offline' THEN 1 ELSE 0 END AS requests) AS o
     ON CONFLICT (tenant_id, day, model, shard) DO UPDATE
@@ -17,6 +17,9 @@ daily AS (
         prompt_tokens = d.prompt_tokens + EXCLUDED.prompt_tokens,
         completion_tokens = d.completion_tokens + EXCLUDED.completion_tokens,
         cost_usd = d.cost_usd + EXCLUDED.cost_usd,
+        cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens,
+        cache_write_tokens = d.cache_write_tokens + EXCLUDED.cache_write_tokens,
+        reasoning_tokens = d.reasoning_tokens + EXCLUDED.reasoning_tokens,
         offline_requests = d.offline_requests + EXCLUDED.offline_requests,
         offline_prompt_tokens = d.offline_prompt_tokens + EXCLUDED.offline_prompt_tokens,
         offline_completion_tokens = d.offline_completion_tokens
