@@ -46,6 +46,25 @@ def alive(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
     }
 
 
+def mark_unsent(client: redis.Redis, item_id: int, attempt: int, ttl_s: float) -> None:
+    """The worker that may have claimed ``attempt`` of the item (its claim's reply was
+    lost) never sent its request: for ``ttl_s``, the sweep is told so."""
+    client.set(keys.unsent_attempt(item_id), attempt, px=max(1, int(ttl_s * 1000)))
+
+
+def unsent(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
+    """Of ``(item_id, attempt)``, the items whose attempt a worker marked never sent."""
+    pairs = list(attempts)
+    if not pairs:
+        return set()
+    values = client.mget([keys.unsent_attempt(item_id) for item_id, _ in pairs])
+    return {
+        item_id
+        for (item_id, attempt), value in zip(pairs, values, strict=True)
+        if value is not None and int(value) == attempt
+    }
+
+
 def renew_caller(client: redis.Redis, item_id: int, ttl_s: float) -> None:
     """The caller of the call ``item_id`` still waits, for ``ttl_s`` more."""
     client.set(keys.call_caller(item_id), 1, px=max(1, int(ttl_s * 1000)))

@@ -102,6 +102,12 @@ def running_item(item_id: int) -> str:
     return f"{PREFIX}running:{item_id}"
 
 
+def unsent_attempt(item_id: int) -> str:
+    """String: an attempt whose claim's reply was lost, so its request never left this
+    worker (app/worker/execution.py); the sweep ledgers no waste for it."""
+    return f"{PREFIX}unsent:{item_id}"
+
+
 def call_caller(item_id: int) -> str:
     """String: a synchronous call's caller still waits for it, renewed by the API
     process it waits in (app/python_api.py), expiring ``BATCHGEN_CALLER_LEASE_S`` after."""

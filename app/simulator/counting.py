@@ -94,7 +94,7 @@ def _png_or_jpeg_size(data: bytes) -> tuple[int, int] | None:
 def _decoded_size(b64: str) -> tuple[int, int] | None:
     try:
         return _png_or_jpeg_size(base64.b64decode(b64))
-    except ValueError:
+    except (ValueError, IndexError, struct.error):  # not base64, or a cut-off header
         return None
 
 

@@ -160,7 +160,7 @@ class RichAnswer:
             if not _has_cache_control(self.body):
                 return 0, 0
             head = {"system": self.body.get("system"), "tools": self.body.get("tools")}
-            texts = json.dumps(head, ensure_ascii=False)
+            texts = json.dumps(head, ensure_ascii=False, sort_keys=True)  # not the key order
             tokens = min(self.prompt - 1, max(1, count_text(texts, encoding)))
             key = _prefix_key("anthropic", head)
             if key in cache:

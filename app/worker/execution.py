@@ -32,6 +32,8 @@ from batchgen.errors import (
     RateLimited,
     TransientProviderError,
 )
+from batchgen.limits import liveness
+from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate, Never, Pass, Wait, running_lease_s
 from batchgen.providers import warmed_provider
 from batchgen.providers.base import Provider, ProviderRequest, ProviderResponse
@@ -164,6 +166,7 @@ def _claim_sent(ticket: Ticket, lease_s: float, settings: Settings) -> Claimed |
             if not db.is_transient(exc):
                 raise
             maybe = _MaybeClaimed(ticket.item_id, ticket.attempt, read_mono_s + lease_s)
+            _mark_unsent(maybe, lease_s)
             give_back(maybe, settings)
             if last_try:
                 raise
@@ -173,6 +176,23 @@ def _claim_sent(ticket: Ticket, lease_s: float, settings: Settings) -> Claimed |
                 type(exc).__name__,
             )
     raise AssertionError("unreachable")
+
+
+# How long a lost claim's "never sent" mark outlives it: past any outage after which
+# the sweep could find the attempt marked sent in PostgreSQL.
+UNSENT_MARK_S = 24 * 3600.0
+
+
+def _mark_unsent(maybe: _MaybeClaimed, lease_s: float) -> None:
+    """The claim that marks the item sent may have committed with its reply lost; this
+    worker sends nothing for it. Told in Redis, the sweep then ledgers no waste for an
+    attempt whose request never left (PostgreSQL itself may be away now)."""
+    try:
+        liveness.mark_unsent(get_redis(), maybe.item_id, maybe.attempt, UNSENT_MARK_S + lease_s)
+    except Exception as exc:  # noqa: BLE001 - Redis away too: the sweep over-counts, safely
+        log.warning(
+            "item %d: could not mark its lost claim unsent (%s)", maybe.item_id, type(exc).__name__
+        )
 
 
 def _not_claimed(item_id: int, model: str | None) -> Verdict:

@@ -72,6 +72,20 @@ def _callers_gone(session: Session) -> set[int]:
     return set(ran_out) - waiting
 
 
+def _never_left(lost: list[items.LostAttempt]) -> set[int]:
+    """Of the attempts marked sent, those whose worker lost its claim's reply and so
+    sent nothing (:func:`batchgen.worker.execution._mark_unsent`). Redis unreachable:
+    none (a waste row too many, never a paid call missing)."""
+    sent = [(a.item_id, a.attempts) for a in lost if a.was_sent]
+    if not sent:
+        return set()
+    try:
+        return liveness.unsent(get_redis(), sent)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("sweep: cannot read unsent claims (%s)", type(exc).__name__)
+        return set()
+
+
 def sweep(session: Session, settings: Settings, registry: Registry | None = None) -> SweepReport:
     """One sweep pass in the caller's transaction."""
     registry = registry or get_registry()
@@ -83,6 +97,7 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
     lost = items.sweep_lost(
         session, settings.max_attempts, caps, alive=alive, callers_gone=gone - alive
     )
+    never_left = _never_left(lost)
     for attempt in lost:
         log.info(
             "item %d: its %s lease ran out on attempt %d (request sent: %s); now %s",
@@ -92,7 +107,13 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
             "yes" if attempt.was_sent else "no",
             attempt.status.value,
         )
-        if attempt.was_sent:
+        if attempt.was_sent and attempt.item_id in never_left:
+            log.info(
+                "item %d: attempt %d never left its worker: no waste",
+                attempt.item_id,
+                attempt.attempts,
+            )
+        elif attempt.was_sent:
             record_lost_call(session, attempt.item_id, attempt.attempts, registry)
     files_deleted = files.delete_expired(session)
     notifications.delete_old(session, settings.notification_retention_s)

@@ -128,6 +128,19 @@ def test_a_worker_killed_mid_pack_loses_nothing(sim, workers):
     held = wait_until(partly_run_packs, 60, "a pack partly run", poll_s=0.01)
     victim.kill()
     assert victim.process.poll() is not None
+    # Untried at the kill: still queued once the victim is dead (between the look
+    # above and the kill, its pack may have begun one more of them).
+    with db.session_scope() as s:
+        still_queued = set(
+            s.scalars(
+                select(Item.id).where(
+                    Item.id.in_([i for _, queued in held for i in queued]),
+                    Item.status == "queued",
+                )
+            )
+        )
+    held = [(pack, [i for i in queued if i in still_queued]) for pack, queued in held]
+    assert any(queued for _, queued in held), "the kill left no pack item untried"
     workers(concurrency=4, env=FAULT_ENV, name="survivor")
     wait_batches([batch_id], timeout_s=120)
 

@@ -611,3 +611,48 @@ def test_killed_worker_sent_calls_are_ledgered(clean_db, simulator, workers):
 
 def _in_flight(sim_url: str) -> int:
     return sum(1 for e in httpx.get(f"{sim_url}/_sim/log").json() if e["end_ts"] is None)
+
+
+def test_a_lost_claim_reply_marks_its_attempt_unsent(sent_at_fails, simulator):
+    """The claim that marks the item sent fails (its reply may be lost with it
+    committed): the worker sends nothing and says so in Redis, for the sweep."""
+    from batchgen.limits import liveness
+
+    registry = _registry()
+    spec = registry["sim-small"]
+    item_id = _queue_one(registry, spec.name, "claim-lost")
+    with pytest.raises(OperationalError):
+        run_item(item_id, registry, get_settings(), Gate(get_redis(), get_settings()))
+    marked = get_redis().get(keys.unsent_attempt(item_id))
+    assert marked is not None
+    assert liveness.unsent(get_redis(), [(item_id, int(marked))]) == {item_id}
+
+
+@pytest.mark.parametrize("marked", [True, False], ids=["never-left", "maybe-sent"])
+def test_the_sweep_ledgers_no_waste_for_an_attempt_that_never_left(clean_db, marked):
+    """A running item marked sent whose lease ran out: waste (worker_lost) unless its
+    worker marked the attempt unsent (a claim whose reply was lost, PostgreSQL away)."""
+    from batchgen.limits import liveness
+
+    registry = _registry()
+    item_id = _queue_one(registry, "sim-small", f"sweep-unsent-{marked}")
+    with db.session_scope() as s:
+        s.execute(
+            update(Item)
+            .where(Item.id == item_id)
+            .values(
+                status="running",
+                attempts=1,
+                started_at=func.now(),
+                sent_at=func.now(),
+                lease_expires_at=func.now() - dt.timedelta(seconds=1),
+            )
+        )
+    if marked:
+        liveness.mark_unsent(get_redis(), item_id, 1, 60)
+    with db.session_scope() as s:
+        sweep(s, get_settings(), registry)
+    with db.session_scope() as s:
+        item = s.get(Item, item_id)
+        assert item is not None and item.status == "pending"
+    assert _count(UsageLedger, UsageLedger.item_id == item_id) == (0 if marked else 1)
