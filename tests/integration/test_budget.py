@@ -661,6 +661,25 @@ def test_before_the_first_sample_prompts_are_reserved_at_the_start_ratio(budget)
     assert budget.reserve(s, "2:1", 1000 + 10, prompt_tokens=1000, now_s=1.0).tokens == 900 + 10
 
 
+def test_a_bucket_with_token_headers_never_learns_from_the_usage(budget):
+    """A bucket whose provider sends token headers learns its ratio from them alone:
+    an answer settled after its header has gone stale (a slow stream, a loaded worker)
+    carries the usage of the provider's tokenizer, which is not what its limiter
+    counts, and must not move the ratio. Without headers, the usage is learned from."""
+    from batchgen.limits.budget import SettleOps
+
+    s = spec(tpm=100_000, rpm=1000, key="ratio-stale", shape=BUCKET)
+    assert budget.reserve(s, "1:1", 1000 + 10, prompt_tokens=1000, now_s=0.0).granted
+    header = RateLimitState(remaining_tokens=50_000, reset_tokens_s=WINDOW_S)
+    usage = {"usage_prompt_tokens": 900, "prompt_tokens_est": 1000}
+    ops = SettleOps("reconcile", 1000 + 10, 10, rate_limits=header, **usage)
+    stale = WINDOW_S + GUARD_S + 5  # older than the span: the header is not read
+    assert budget.settle(s, "1:1", ops, now_s=stale + 1, age_s=stale).ratio == 1.3
+    assert budget.reserve(s, "2:1", 1000 + 10, prompt_tokens=1000, now_s=stale + 2).granted
+    plain = SettleOps("reconcile", 1000 + 10, 10, **usage)
+    assert budget.settle(s, "2:1", plain, now_s=stale + 3).ratio == pytest.approx(0.9)
+
+
 def test_the_learned_ratio_converges_and_the_429s_stop(budget):
     """A provider whose limiter is a token bucket with our limits but counts each prompt
     26 % (± 5 %) above our estimate (as OpenAI's four bytes a token against tiktoken),

@@ -27,7 +27,8 @@
 --     requests. Two token headers far enough apart give a ratio sample: what
 --     the provider consumed between them over what we estimated for the calls
 --     we granted in between (app/domain/rate_limits.py, interval_ratio_sample).
--- Ratio from the usage (window shape, or no token header): usage_prompt / prompt_est.
+-- Ratio from the usage (window shape, or a bucket without token headers):
+-- usage_prompt / prompt_est.
 --
 -- KEYS[1] model log  KEYS[2] model amounts  KEYS[3] tenant log  KEYS[4] tenant amounts
 -- KEYS[5] reservations' meta  KEYS[6] bucket levels  KEYS[7] learned ratios
@@ -256,7 +257,12 @@ if is_bucket and bucket_changed then
     bucket_write(bucket, token_level, request_level, bucket_now, tokens_limit, token_rate, span)
 end
 
--- The ratio from the answer's usage (the provider's own count of the prompt).
+-- The ratio from the answer's usage (the provider's own count of the prompt). A
+-- bucket that sent a token header learns from headers alone, even from one that
+-- came too late to read: its limiter counts its own way, which the usage need not
+-- show (OpenAI's counts bytes, its usage tokens), and a usage sample taken while
+-- the headers were late would pull the ratio to the usage's count.
+if is_bucket and remaining_tokens ~= nil then header_ratio = true end
 if not header_ratio and weight > 0 and usage_prompt ~= nil and prompt_est ~= nil
     and prompt_est >= 32 and usage_prompt > 0 then
     ratio_learn(ratios, model, usage_prompt / prompt_est, weight, ratio_low, ratio_high)
