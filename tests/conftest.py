@@ -1,8 +1,16 @@
 """Real servers for the tests.
 
 With ``DATABASE_URL`` / ``REDIS_URL`` set, the tests use those servers but a
-database of their own (``batchgen_test_<pid>``, dropped at the end) and Redis
-database 15. Without them, they start embedded PostgreSQL and Redis.
+database of their own (``batchgen_test_<pid>``, dropped at the end) and a Redis
+database of their own (15, then 14, 13 … for each further pytest-xdist worker).
+Without them, each worker starts embedded PostgreSQL and Redis of its own.
+
+The suite runs on pytest-xdist workers (``-n auto`` in pyproject.toml; how many:
+:func:`pytest_xdist_auto_num_workers`). A file's tests run on one worker, one after
+another (``--dist loadfile``): a module's servers are set up once, and a module that
+uses something outside its worker (test_multihost's network namespaces,
+test_rabbitmq's broker) is never run twice at once. The files likely to take longest
+go first (:func:`pytest_collection_modifyitems`), so that no long file starts last.
 """
 
 from __future__ import annotations
@@ -17,6 +25,10 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 TEST_REDIS_DB = 15
+# Most tests wait on servers, workers and the simulator rather than compute: more
+# pytest-xdist workers than cores keeps both cores busy. BATCHGEN_TEST_WORKERS sets it.
+WORKERS_PER_CORE = 2
+MAX_WORKERS = 8
 # The folders' names on disk. Installed, they are batchgen, batchgen.tasks,
 # batchgen.migrations and batchgen.celeryconfig; a module loaded under one of these
 # names (the repo root is on sys.path) would be a second copy of ours.
@@ -40,10 +52,56 @@ def _no_module_under_an_old_name() -> Iterator[None]:
     assert not loaded, f"modules loaded under their on-disk names: {loaded}"
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers per core (at most eight), or BATCHGEN_TEST_WORKERS."""
+    if os.environ.get("BATCHGEN_TEST_WORKERS"):
+        return int(os.environ["BATCHGEN_TEST_WORKERS"])
+    return min(MAX_WORKERS, WORKERS_PER_CORE * (os.cpu_count() or 1))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker starts with ``COLUMNS=80`` and ``LINES=24`` of its own making,
+    which the CLI's consoles (made at import) would keep: a worker's environment is
+    put back to what a run without workers has."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
+
+
+# Rough seconds of a test, to order files by: slow (tests/integration/conftest.py),
+# other integration tests, unit tests.
+SECONDS_SLOW, SECONDS_INTEGRATION, SECONDS_UNIT = 10.0, 0.5, 0.05
+
+
+def _expected_s(item: pytest.Item) -> float:
+    if item.get_closest_marker("slow"):
+        return SECONDS_SLOW
+    return SECONDS_INTEGRATION if item.get_closest_marker("integration") else SECONDS_UNIT
+
+
+@pytest.hookimpl(trylast=True)  # after the integration folder's hook marks slow tests
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files in order of their expected length (:func:`_expected_s`), each file's tests
+    in their own order: xdist hands whole files out in this order."""
+    weight: dict[str, float] = {}
+    for item in items:
+        path = str(item.path)
+        weight[path] = weight.get(path, 0.0) + _expected_s(item)
+    first_seen = {path: n for n, path in enumerate(dict.fromkeys(str(i.path) for i in items))}
+    items.sort(key=lambda i: (-weight[str(i.path)], first_seen[str(i.path)]))
+
+
+def worker_index() -> int:
+    """This pytest-xdist worker's number (0 for ``gw0`` and for a run without xdist)."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(name.removeprefix("gw") or 0)
+
+
 def _redis_test_url(url: str) -> str:
-    """The same Redis server, database 15, so the shared database 0 is left alone."""
+    """The same Redis server, a database of this worker's (15, 14, …), so the shared
+    database 0 and the other workers' are left alone."""
     parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{TEST_REDIS_DB}"))
+    return urlunsplit(parts._replace(path=f"/{TEST_REDIS_DB - worker_index()}"))
 
 
 @pytest.fixture(scope="session")

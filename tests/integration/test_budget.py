@@ -793,9 +793,16 @@ def test_one_script_to_enter_and_one_to_settle(clean_db):
 def client_commands(action):  # type: ignore[no-untyped-def]
     """``action()``'s result and the commands clients sent Redis meanwhile (MONITOR; a
     script's own commands show as ``lua`` and are left out)."""
+    import redis
+
+    from batchgen.config import get_settings
+
     marker = "batchgen-test-marker"
     client = get_redis()
-    with client.monitor() as monitor:
+    # MONITOR on a client of its own: taken from the action's pool, it could leave the
+    # action a new connection to open (HELLO, PING), which is not the hot path's.
+    watcher = redis.Redis.from_url(get_settings().redis_url)
+    with watcher.monitor() as monitor:
         result = action()
         client.echo(marker)
         sent: list[str] = []

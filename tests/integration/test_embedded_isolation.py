@@ -24,7 +24,7 @@ INNER = "BATCHGEN_TEST_INNER_RUN"
 
 def _pytest(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n0", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
