@@ -33,7 +33,7 @@ from flask import (
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge
 
 from batchgen import python_api
 from batchgen.bodies import (
@@ -48,7 +48,7 @@ from batchgen.bodies import (
 from batchgen.config import get_settings
 from batchgen.domain import calls as call_rules
 from batchgen.domain import message_batches
-from batchgen.domain.admission import CHAT_COMPLETIONS
+from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES, unknown_path
 from batchgen.domain.message_batches import MESSAGES
 from batchgen.domain.offload import OffloadMode, parse_offload
 from batchgen.domain.status import Priority, parse_priority
@@ -129,6 +129,7 @@ def _submit_options() -> SubmitOptions:
         metadata=metadata,
         idempotency_key=request.headers.get("Idempotency-Key"),
         priority=priority,
+        endpoint=args.get("endpoint"),
         offload=parse_offload(args.get("offload")),
         on_finished=args.get("on_finished"),
         on_finished_queue=args.get("on_finished_queue"),
@@ -167,7 +168,7 @@ def _create_from_file(tenant: Tenant, body: dict[str, Any]) -> tuple[dict[str, A
     return python_api.create_batch(
         tenant=tenant,
         input_file_id=body["input_file_id"],
-        endpoint=body.get("endpoint", "/v1/chat/completions"),
+        endpoint=body.get("endpoint"),
         completion_window=body.get("completion_window", "24h"),
         metadata=metadata,
         idempotency_key=request.headers.get("Idempotency-Key"),
@@ -459,6 +460,26 @@ def messages() -> Response:
     return jsonify(message)
 
 
+@blueprint.post("/v1/responses")
+def responses() -> Response:
+    """OpenAI's Responses API through the scheduler (as a chat completion is): the
+    provider's Response whole, or, with ``stream``, the events of its stream."""
+    body = _call_body()
+    line, stream, _ = call_rules.as_line(body, RESPONSES)
+    answer = _run_call(line, RESPONSES, body.get("timeout"))
+    if stream:
+        return _event_stream(call_rules.responses_stream(answer))
+    return jsonify(answer)
+
+
+@blueprint.post("/v1/embeddings")
+def embeddings() -> Response:
+    """Embeddings through the scheduler: the provider's list of embeddings whole."""
+    body = _call_body()
+    line, _, _ = call_rules.as_line(body, EMBEDDINGS)
+    return jsonify(_run_call(line, EMBEDDINGS, body.get("timeout")))
+
+
 def _anthropic_client() -> bool:
     """The Anthropic SDK sends ``anthropic-version`` on every request; OpenAI's does not."""
     return "anthropic-version" in request.headers
@@ -644,9 +665,12 @@ def _http_error(prefix: str, host_handler: Handler | None, exc: HTTPException) -
     code = exc.code or 500
     if isinstance(exc, RequestEntityTooLarge):  # a read passed the body's cap
         return handle_error(too_large())
+    message = exc.description or exc.name
+    path = request.path[len(prefix) :]
+    if isinstance(exc, NotFound) and path.startswith("/v1/"):  # an endpoint we do not serve
+        message = unknown_path(request.method, path)
     response, status = _error_response(
-        code,
-        {"code": HTTP_CODES.get(code, "http_error"), "message": exc.description or exc.name},
+        code, {"code": HTTP_CODES.get(code, "http_error"), "message": message}
     )
     allow = getattr(exc, "valid_methods", None)
     if allow:

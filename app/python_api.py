@@ -32,8 +32,8 @@ from sqlalchemy.orm import Session
 from batchgen.config import current_scope, get_settings
 from batchgen.domain import call_shares, message_batches
 from batchgen.domain import calls as call_rules
-from batchgen.domain.admission import CHAT_COMPLETIONS
 from batchgen.domain.deadlines import parse_duration_s
+from batchgen.domain.endpoints import BATCH_ENDPOINTS, unknown_endpoint
 from batchgen.domain.notifications import retry_delay_s
 from batchgen.domain.offload import OffloadMode, parse_offload
 from batchgen.domain.status import ItemStatus, Priority, parse_priority, sdk_priority
@@ -441,7 +441,7 @@ def create_batch(
     *,
     tenant: str | Tenant,
     input_file_id: str,
-    endpoint: str = CHAT_COMPLETIONS,
+    endpoint: str | None = None,
     completion_window: str | float = "24h",
     metadata: dict[str, Any] | None = None,
     idempotency_key: str | None = None,
@@ -451,9 +451,11 @@ def create_batch(
 ) -> tuple[dict[str, Any], bool]:
     """A batch of the requests of an uploaded file (``client.batches.create``); returns
     its description and ``created`` (False: the idempotency key replayed a batch).
+    ``endpoint`` (``/v1/chat/completions``, ``/v1/responses`` or ``/v1/embeddings``) is
+    the one every line's ``url`` must name (None: the one they name).
     Without ``priority``, a window of 24 h or more makes it bulk (Batch API eligible)."""
-    if endpoint != CHAT_COMPLETIONS:
-        raise ValidationFailed(f"endpoint must be {CHAT_COMPLETIONS!r}", field="endpoint")
+    if endpoint is not None and endpoint not in BATCH_ENDPOINTS:
+        raise ValidationFailed(unknown_endpoint(endpoint), field="endpoint")
     chosen = sdk_priority(priority, parse_duration_s(completion_window))
     with session_scope() as session:
         lines = list(files.input_lines(session, _tenant(session, tenant), input_file_id))
@@ -463,6 +465,7 @@ def create_batch(
         idempotency_key=idempotency_key,
         priority=chosen,
         input_file_id=input_file_id,
+        endpoint=endpoint,
         offload=parse_offload(offload),
         on_finished=_told(told).get("on_finished"),
         on_finished_queue=told.get("on_finished_queue"),
@@ -879,7 +882,7 @@ def _anthropic_model(spec: ModelSpec, created: int) -> dict[str, Any]:
         "created_at": dt.datetime.fromtimestamp(created, dt.UTC).isoformat().replace("+00:00", "Z"),
         "lifecycle": "active",
         "max_input_tokens": spec.context_window,
-        "max_tokens": spec.max_output_tokens,
+        "max_tokens": spec.output_cap,
     }
 
 

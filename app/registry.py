@@ -11,7 +11,15 @@ from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 from batchgen.errors import ConfigError
 
@@ -24,6 +32,27 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 class ProviderKind(StrEnum):
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
+
+
+class Endpoint(StrEnum):
+    """An OpenAI API a model may serve (a batch line's ``url``, a batch's ``endpoint``)."""
+
+    CHAT_COMPLETIONS = "/v1/chat/completions"
+    RESPONSES = "/v1/responses"
+    EMBEDDINGS = "/v1/embeddings"
+
+
+# What a model serves when the registry does not say: a chat model of an OpenAI-format
+# server serves chat completions and the Responses API; Anthropic's serve chat (as
+# Messages). Embeddings are served only by a model that names them.
+DEFAULT_ENDPOINTS = {
+    "openai": (Endpoint.CHAT_COMPLETIONS, Endpoint.RESPONSES),
+    "anthropic": (Endpoint.CHAT_COMPLETIONS,),
+}
+# What the Anthropic adapter can call.
+ANTHROPIC_ENDPOINTS = frozenset({Endpoint.CHAT_COMPLETIONS})
+# The endpoints that generate text (their requests reserve output tokens).
+GENERATING = frozenset({Endpoint.CHAT_COMPLETIONS, Endpoint.RESPONSES})
 
 
 class ChargePolicy(StrEnum):
@@ -116,7 +145,8 @@ class ModelSpec(BaseModel):
     group: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
     budget_key: str
     context_window: PositiveInt
-    max_output_tokens: PositiveInt
+    # Required for a model that generates (chat, responses); an embedding model has none.
+    max_output_tokens: PositiveInt | None = None
     tokens_per_min: PositiveInt
     requests_per_min: PositiveInt
     max_concurrency: PositiveInt
@@ -140,6 +170,43 @@ class ModelSpec(BaseModel):
     # The provider's Batch API for bulk work whose deadline allows it (half price).
     offload: bool = False
     offline: OfflineRoute = OfflineRoute()
+    # The APIs the model serves (None: DEFAULT_ENDPOINTS of its provider kind); a request
+    # to another is a 400 naming these.
+    endpoints: tuple[Endpoint, ...] | None = None
+    # An embedding model's vector length (the most a request's ``dimensions`` may ask).
+    dimensions: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _check_endpoints(self) -> ModelSpec:
+        served = self.served
+        if not served:
+            raise ValueError("endpoints: name at least one endpoint")
+        if self.provider is ProviderKind.ANTHROPIC and not set(served) <= ANTHROPIC_ENDPOINTS:
+            raise ValueError(
+                "endpoints: an anthropic model serves only /v1/chat/completions "
+                "(and Anthropic's Messages)"
+            )
+        if self.max_output_tokens is None and GENERATING & set(served):
+            raise ValueError("max_output_tokens: required by a model that serves chat or responses")
+        if self.dimensions is None and Endpoint.EMBEDDINGS in served:
+            raise ValueError("dimensions: required for a model that serves /v1/embeddings")
+        return self
+
+    @property
+    def served(self) -> tuple[Endpoint, ...]:
+        """The endpoints the model serves."""
+        if self.endpoints is not None:
+            return self.endpoints
+        return DEFAULT_ENDPOINTS[self.provider.value]
+
+    def serves(self, endpoint: str) -> bool:
+        """Whether a request to ``endpoint`` (e.g. ``/v1/embeddings``) may name this model."""
+        return endpoint in self.served
+
+    @property
+    def output_cap(self) -> int:
+        """The most output tokens one answer may take (0: a model that generates none)."""
+        return self.max_output_tokens or 0
 
     @property
     def offline_route(self) -> OfflineRoute | None:

@@ -1,5 +1,10 @@
 """Validation of an OpenAI Batch API input file, one line at a time.
 
+A line's ``url`` names its endpoint (:mod:`batchgen.domain.endpoints`): chat
+completions (validated here), the Responses API
+(:mod:`batchgen.domain.responses_api`) or embeddings
+(:mod:`batchgen.domain.embeddings_api`); every line of a batch names the same one.
+
 Pure: no database, no network. :func:`parse_lines` streams a binary JSONL
 body and yields one :class:`ItemDraft` per line, raising a
 :class:`ValidationFailed` that names the line and the field at the first bad
@@ -24,12 +29,19 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgen.domain import tokens
+from batchgen.domain import embeddings_api, responses_api, tokens
 from batchgen.domain.deadlines import parse_duration_s
+from batchgen.domain.endpoints import (
+    BATCH_ENDPOINTS,
+    CHAT_COMPLETIONS,
+    EMBEDDINGS,
+    RESPONSES,
+    not_served,
+    unknown_endpoint,
+)
 from batchgen.errors import PayloadTooLarge, ValidationFailed
 from batchgen.registry import ModelSpec, ProviderKind, Registry
 
-CHAT_COMPLETIONS = "/v1/chat/completions"
 MAX_CUSTOM_ID_CHARS = 512
 
 
@@ -45,6 +57,8 @@ class ItemDraft:
     # The output tokens reserved for the item: n (choices) times one choice's bound.
     max_tokens: int
     timeout_s: float | None = None  # optional per-item deadline, from admission
+    # The line's url: the endpoint its request goes to (one for a whole batch).
+    endpoint: str = CHAT_COMPLETIONS
     # The body as canonical JSON, once RequestFingerprint.track has spelled it (what
     # the store writes: the body is serialized once).
     body_json: str | None = None
@@ -144,6 +158,8 @@ class RequestFingerprint:
             # The canonical spelling of [custom_id, body, timeout_s], the body's part kept.
             d.body_json = _canonical_text(d.body)
             line = f"[{_canonical_text(d.custom_id)},{d.body_json},{_canonical_text(d.timeout_s)}]"
+            if d.endpoint != CHAT_COMPLETIONS:  # a chat line is spelled as it always was
+                line += _canonical_text(d.endpoint)
             self._hash.update(line.encode() + b"\n")
             yield d
 
@@ -176,10 +192,18 @@ def _token_field(body: dict[str, Any], key: str, line_no: int, limit: int, model
     return value
 
 
-def _max_tokens(body: dict[str, Any], line_no: int, limit: int, model: str) -> int:
+def _max_tokens(
+    body: dict[str, Any],
+    line_no: int,
+    limit: int,
+    model: str,
+    fields: tuple[str, ...] = MAX_TOKENS_FIELDS,
+) -> int:
     """The most output tokens one choice may take: the larger of the fields given (each
-    checked), else the model's maximum, as the provider would allow."""
-    given = [_token_field(body, k, line_no, limit, model) for k in MAX_TOKENS_FIELDS if k in body]
+    checked; null is not given), else the model's maximum, as the provider would allow."""
+    given = [
+        _token_field(body, k, line_no, limit, model) for k in fields if body.get(k) is not None
+    ]
     return max(given, default=limit)
 
 
@@ -222,6 +246,7 @@ def _check_fits(
     spec: ModelSpec,
     max_tokens: int,
     budget: TokenizeBudget,
+    field: str = "body.messages",
 ) -> int:
     """The prompt's tokens (its text, and its images, tools and response_format schema
     the provider's way); refuses a prompt that cannot fit the context window, cheaply by
@@ -240,17 +265,58 @@ def _check_fits(
     if prompt_tokens > allowed:
         raise _fail(
             line_no,
-            "body.messages",
+            field,
             f"a prompt of more than {max(allowed, 0)} tokens plus max_tokens {max_tokens} "
             f"exceeds the context window of {spec.context_window} for {spec.name}",
         )
     return prompt_tokens
 
 
+def _chat(
+    body: dict[str, Any], line_no: int, spec: ModelSpec, budget: TokenizeBudget
+) -> tuple[int, int]:
+    """A chat request's prompt tokens and reserved output tokens."""
+    messages = _messages(body, line_no)
+    max_tokens = _max_tokens(body, line_no, spec.output_cap, spec.name)
+    n = choices(body, line_no)
+    # The context window holds the prompt and one choice; the budget pays for all n.
+    return _check_fits(body, messages, line_no, spec, max_tokens, budget), n * max_tokens
+
+
+def _responses(
+    body: dict[str, Any], line_no: int, spec: ModelSpec, budget: TokenizeBudget
+) -> tuple[int, int]:
+    """A Responses request's prompt tokens (``input``, ``instructions``, tools) and its
+    output bound (``max_output_tokens``, else the model's)."""
+    responses_api.check_body(body)
+    max_tokens = _max_tokens(body, line_no, spec.output_cap, spec.name, ("max_output_tokens",))
+    prompt = responses_api.prompt(body)
+    messages, extras = prompt.messages, prompt.extras
+    fits = _check_fits(extras, messages, line_no, spec, max_tokens, budget, "body.input")
+    return fits, max_tokens
+
+
+def _embeddings(
+    body: dict[str, Any], line_no: int, spec: ModelSpec, budget: TokenizeBudget
+) -> tuple[int, int]:
+    """An embeddings request's input tokens; it reserves no output."""
+    inputs = embeddings_api.inputs(body)
+    embeddings_api.check_options(body, spec)
+    return embeddings_api.count(inputs, spec, lambda size: budget.spend(size, line_no)), 0
+
+
+_KINDS = {CHAT_COMPLETIONS: _chat, RESPONSES: _responses, EMBEDDINGS: _embeddings}
+
+
 def validate_line(
-    raw: bytes, line_no: int, registry: Registry, budget: TokenizeBudget | None = None
+    raw: bytes,
+    line_no: int,
+    registry: Registry,
+    budget: TokenizeBudget | None = None,
+    endpoint: str | None = None,
 ) -> ItemDraft:
-    """Validate one JSONL line; raises :class:`ValidationFailed`."""
+    """Validate one JSONL line; raises :class:`ValidationFailed`. ``endpoint``: the one
+    its ``url`` must name (None: any endpoint batchgen runs)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -275,8 +341,15 @@ def validate_line(
     if method != "POST":
         raise _fail(line_no, "method", "must be POST")
     url = obj.get("url")
-    if url != CHAT_COMPLETIONS:
-        raise _fail(line_no, "url", f"must be {CHAT_COMPLETIONS!r}, got {url!r}")
+    if url not in BATCH_ENDPOINTS:
+        raise _fail(line_no, "url", unknown_endpoint(url))
+    if endpoint is not None and url != endpoint:
+        raise _fail(
+            line_no,
+            "url",
+            f"{url!r} is not the batch's endpoint {endpoint!r}: "
+            "the requests of a batch all go to its endpoint",
+        )
     body = obj.get("body")
     if not isinstance(body, dict):
         raise _fail(line_no, "body", "is required and must be an object")
@@ -286,22 +359,26 @@ def validate_line(
     spec = registry.get(model_name)
     if spec is None:
         raise _fail(line_no, "body.model", registry.unknown(model_name))
+    refused = not_served(spec, url)
+    if refused is not None:
+        raise _fail(line_no, "body.model", refused)
     if body.get("stream"):
         raise _fail(line_no, "body.stream", "streaming is not available in batches")
-    messages = _messages(body, line_no)
-    max_tokens = _max_tokens(body, line_no, spec.max_output_tokens, model_name)
-    n = choices(body, line_no)
-    # The context window holds the prompt and one choice; the budget pays for all n.
-    prompt_tokens = _check_fits(
-        body, messages, line_no, spec, max_tokens, budget or TokenizeBudget(None)
-    )
+    try:
+        prompt_tokens, max_tokens = _KINDS[url](body, line_no, spec, budget or TokenizeBudget(None))
+    except ValidationFailed as exc:
+        if exc.line is not None:
+            raise
+        raise _fail(line_no, exc.field, exc.message) from None
     timeout_s = None
     if "timeout" in obj:  # our extension of the Batch format: a per-item deadline
         try:
             timeout_s = parse_duration_s(obj["timeout"], "timeout")
         except ValidationFailed as exc:
             raise _fail(line_no, "timeout", exc.message) from exc
-    return ItemDraft(line_no, custom_id, model_name, body, prompt_tokens, n * max_tokens, timeout_s)
+    return ItemDraft(
+        line_no, custom_id, model_name, body, prompt_tokens, max_tokens, timeout_s, url
+    )
 
 
 def iter_lines(stream: Iterable[bytes], limits: Limits) -> Iterator[tuple[int, bytes]]:
@@ -322,14 +399,18 @@ def iter_lines(stream: Iterable[bytes], limits: Limits) -> Iterator[tuple[int, b
         yield line_no, raw.rstrip(b"\r\n")
 
 
-def parse_lines(stream: Iterable[bytes], registry: Registry, limits: Limits) -> Iterator[ItemDraft]:
-    """Validate a JSONL body line by line; duplicates of custom_id are rejected."""
+def parse_lines(
+    stream: Iterable[bytes], registry: Registry, limits: Limits, endpoint: str | None = None
+) -> Iterator[ItemDraft]:
+    """Validate a JSONL body line by line; duplicates of custom_id are rejected. Every
+    line's ``url`` must be ``endpoint`` (None: the first line's)."""
     seen: set[str] = set()
     any_line = False
     budget = TokenizeBudget(limits.max_tokenize_bytes)
     for line_no, raw in iter_lines(stream, limits):
         any_line = True
-        draft = validate_line(raw, line_no, registry, budget)
+        draft = validate_line(raw, line_no, registry, budget, endpoint)
+        endpoint = draft.endpoint
         if draft.custom_id in seen:
             raise _fail(line_no, "custom_id", f"duplicate custom_id {draft.custom_id!r}")
         seen.add(draft.custom_id)

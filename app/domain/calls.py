@@ -1,4 +1,5 @@
-"""Synchronous calls (``POST /v1/chat/completions``, ``POST /v1/messages``): their
+"""Synchronous calls (``POST /v1/chat/completions``, ``/v1/responses``, ``/v1/embeddings``,
+``/v1/messages``): their
 deadline, the fail-fast rule, and their answer as either SDK reads it (pure).
 
 A call is a one-item batch of priority ``call``: it is validated, budgeted, run and
@@ -15,9 +16,9 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from batchgen.domain import answers
-from batchgen.domain.admission import CHAT_COMPLETIONS
+from batchgen.domain import answers, response_stream
 from batchgen.domain.deadlines import parse_duration_s
+from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS
 from batchgen.errors import CallFailed, ValidationFailed
 
 CALL_CUSTOM_ID = "call"
@@ -66,16 +67,19 @@ def refuse_after_s(wait_s: float, deadline_s: float) -> int | None:
     return max(1, math.ceil(wait_s))
 
 
-def as_line(body: Any) -> tuple[dict[str, Any], bool, bool]:
-    """A chat request body as the one line of a call's batch, and whether the caller
-    asked for a stream (and for the usage chunk at its end)."""
+def as_line(body: Any, endpoint: str = CHAT_COMPLETIONS) -> tuple[dict[str, Any], bool, bool]:
+    """A request body of ``endpoint`` (chat, by default) as the one line of a call's
+    batch, and whether the caller asked for a stream (and, of a chat, for the usage
+    chunk at its end). Embeddings have no stream."""
     if not isinstance(body, dict):
         raise ValidationFailed("the body must be a JSON object", field="body")
     stream = bool(body.get("stream"))
+    if stream and endpoint == EMBEDDINGS:
+        raise ValidationFailed(f"{EMBEDDINGS} does not stream", field="stream")
     options = body.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
     kept = {k: v for k, v in body.items() if k not in STREAM_FIELDS and k != "timeout"}
-    line = {"custom_id": CALL_CUSTOM_ID, "method": "POST", "url": CHAT_COMPLETIONS, "body": kept}
+    line = {"custom_id": CALL_CUSTOM_ID, "method": "POST", "url": endpoint, "body": kept}
     return line, stream, include_usage
 
 
@@ -119,6 +123,13 @@ def anthropic_stream(message: dict[str, Any]) -> Iterator[bytes]:
     block: :func:`batchgen.domain.answers.anthropic_events`)."""
     for event, data in answers.anthropic_events(message):
         yield _sse(data, event)
+
+
+def responses_stream(response: dict[str, Any]) -> Iterator[bytes]:
+    """A Responses API ``Response`` as the events of its stream
+    (:func:`batchgen.domain.response_stream.response_events`)."""
+    for kind, data in response_stream.response_events(response):
+        yield response_stream.sse(kind, data)
 
 
 # While a streamed call waits, a comment line keeps the connection alive (and finds out

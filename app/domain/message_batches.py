@@ -21,10 +21,12 @@ import json
 import re
 from typing import Any
 
-from batchgen.domain.admission import CHAT_COMPLETIONS
+from batchgen.domain import endpoints
+from batchgen.domain.endpoints import CHAT_COMPLETIONS
 from batchgen.errors import ValidationFailed
 
-MESSAGES = "/v1/messages"
+MESSAGES = endpoints.MESSAGES
+
 # Messages parameters carried over as they are (both APIs read them the same).
 SAME_PARAMS = ("model", "max_tokens", "temperature", "top_p", "metadata")
 # The line body field that carries the Messages request's parameters as they were sent.

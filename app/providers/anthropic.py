@@ -25,8 +25,9 @@ import httpx2
 import pydantic
 
 from batchgen.domain.answers import AnthropicMerge
+from batchgen.domain.endpoints import CHAT_COMPLETIONS
 from batchgen.domain.message_batches import NATIVE_PARAMS
-from batchgen.errors import MalformedResponse, ProviderError
+from batchgen.errors import MalformedResponse, PermanentProviderError, ProviderError
 from batchgen.providers.base import (
     ProviderRequest,
     ProviderResponse,
@@ -132,7 +133,7 @@ def translate(exc: BaseException, *, in_stream: bool = False) -> ProviderError:
 def _max_tokens(request: ProviderRequest) -> int:
     body = request.body
     value = body.get("max_completion_tokens") or body.get("max_tokens")
-    return int(value or request.spec.max_output_tokens)
+    return int(value or request.spec.output_cap)
 
 
 # Messages parameters batchgen sets itself on a native request.
@@ -230,6 +231,8 @@ class AnthropicProvider:
 
     def complete(self, request: ProviderRequest) -> ProviderResponse:
         cancelled_before_call(request)
+        if request.endpoint != CHAT_COMPLETIONS:  # the registry lets no such request in
+            raise PermanentProviderError(f"an anthropic model does not serve {request.endpoint}")
         client = sdk_client(request.spec.base_url, request.spec.api_key())
         params = _params(request)
         try:

@@ -24,6 +24,7 @@ import httpcore2
 import httpx2
 import urllib3.exceptions
 
+from batchgen.domain.endpoints import CHAT_COMPLETIONS
 from batchgen.domain.rate_limits import RateLimitState
 from batchgen.domain.retry import parse_retry_after_s
 from batchgen.domain.tokens import count_text
@@ -62,7 +63,8 @@ _NEVER_SENT: tuple[type[BaseException], ...] = (
 
 @dataclass(frozen=True)
 class ProviderRequest:
-    """One chat request. ``body`` is the OpenAI-format request body from the batch line.
+    """One request. ``body`` is the OpenAI-format request body from the batch line, of
+    ``endpoint`` (chat completions; or the Responses API, embeddings).
 
     ``timeout_s`` bounds the whole call (for a stream: until the last chunk).
     ``cancel`` is checked before the call and between stream chunks.
@@ -76,6 +78,7 @@ class ProviderRequest:
     cancel: threading.Event = field(default_factory=threading.Event)
     stream: bool = False
     extra_headers: Mapping[str, str] | None = None
+    endpoint: str = CHAT_COMPLETIONS
 
     def headers(self) -> dict[str, str]:
         """HTTP headers of the call: the item id plus ``extra_headers``."""
@@ -109,7 +112,8 @@ class ProviderResponse:
     completion_tokens: int
     finish_reason: str | None
     request_id: str | None
-    # The answer in OpenAI chat.completion form, as the batch output file carries it.
+    # The answer as the batch output file carries it: an OpenAI chat.completion (or an
+    # Anthropic Message), a Responses API Response, an embeddings list.
     body: dict[str, Any]
     rate_limits: RateLimitState = RateLimitState()
     # True when the provider reported no usage and the counts are local tiktoken counts.

@@ -7,8 +7,11 @@ names the job on our side: OpenAI's jobs also carry it in their metadata
 creation answer was lost; Anthropic's have no metadata, so there a job is found by
 the custom ids of its rows once it has ended.
 
-Rows come back normalised: an answer as a :class:`ProviderResponse` in OpenAI
-``chat.completion`` form (Anthropic's translated, as the online adapter does),
+A job holds requests to one endpoint (its batch's): chat completions, or, at OpenAI,
+the Responses API or embeddings, each line's body as the item has it (the model
+mapped). Rows come back normalised: an answer as a :class:`ProviderResponse` (a
+chat answer in OpenAI ``chat.completion`` form, Anthropic's translated as the online
+adapter does; a Response or an embeddings list as it came),
 anything else as a row kind (``errored``, ``expired``, ``cancelled``) with a code
 and a message that never quotes the request. Nothing here writes to the database:
 the worker layer records what it reads.
@@ -27,6 +30,7 @@ import anthropic
 import openai
 
 from batchgen.domain.admission import per_choice_max_tokens
+from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES
 from batchgen.domain.message_batches import NATIVE_PARAMS
 from batchgen.providers import anthropic as anthropic_adapter
 from batchgen.providers import openai as openai_adapter
@@ -60,11 +64,13 @@ def is_native(custom: str) -> bool:
 
 @dataclass(frozen=True)
 class OfflineRow:
-    """One request of a job: an item's chat body (OpenAI form) and its max_tokens."""
+    """One request of a job: an item's body (OpenAI form), its reserved output tokens,
+    and the endpoint it goes to (every row of a job the same)."""
 
     item_id: int
     body: dict[str, Any]
     max_tokens: int
+    endpoint: str = CHAT_COMPLETIONS
 
 
 class JobStatus(StrEnum):
@@ -104,7 +110,8 @@ class OfflineJobs(Protocol):
     lists_running: bool
 
     def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
-        """Create a job of ``rows`` (named by ``tag``); returns the provider's job id."""
+        """Create a job of ``rows`` (named by ``tag``; requests to their endpoint);
+        returns the provider's job id."""
         ...
 
     def find(self, spec: ModelSpec, tag: str) -> str | None:
@@ -142,6 +149,8 @@ def _response(body: dict[str, Any], request_id: str | None) -> ProviderResponse:
 
 _OPENAI_RUNNING = {"validating", "in_progress", "finalizing", "cancelling"}
 _OPENAI_ERROR_KINDS = {"batch_expired": RowKind.EXPIRED, "batch_cancelled": RowKind.CANCELLED}
+# The endpoint of an answer by its ``object`` (a chat completion's is the default).
+_ENDPOINT_OF_OBJECT = {"response": RESPONSES, "list": EMBEDDINGS}
 
 
 class OpenAIJobs:
@@ -151,16 +160,13 @@ class OpenAIJobs:
         return openai_adapter.sdk_client(spec.base_url, spec.api_key())
 
     def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
+        endpoint = rows[0].endpoint if rows else CHAT_COMPLETIONS  # one batch's: one
         lines = [
             {
                 "custom_id": custom_id(tag, row.item_id),
                 "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": {
-                    **{k: v for k, v in row.body.items() if k != NATIVE_PARAMS},
-                    "model": spec.name,
-                    "max_tokens": per_choice_max_tokens(row.body, row.max_tokens),
-                },
+                "url": endpoint,
+                "body": _job_body(spec, row, endpoint),
             }
             for row in rows
         ]
@@ -169,7 +175,7 @@ class OpenAIJobs:
         upload = client.files.create(file=(f"{tag}.jsonl", io.BytesIO(data)), purpose="batch")
         job = client.batches.create(
             input_file_id=upload.id,
-            endpoint="/v1/chat/completions",
+            endpoint=endpoint,  # type: ignore[arg-type]
             completion_window="24h",
             metadata={TAG_KEY: tag},
         )
@@ -211,6 +217,24 @@ class OpenAIJobs:
         self._client(spec).batches.cancel(job_id)
 
 
+def _job_body(spec: ModelSpec, row: OfflineRow, endpoint: str) -> dict[str, Any]:
+    """A row's request body in the job: the item's, the model mapped; a chat request's
+    output bound is one choice's (what the item reserved over ``n``)."""
+    body = {k: v for k, v in row.body.items() if k != NATIVE_PARAMS}
+    body["model"] = spec.name
+    if endpoint == CHAT_COMPLETIONS:
+        body["max_tokens"] = per_choice_max_tokens(row.body, row.max_tokens)
+    return body
+
+
+def _openai_answer(body: dict[str, Any], request_id: str | None) -> ProviderResponse:
+    """A row's answer by what it is: a Response, an embeddings list, a chat completion."""
+    endpoint = _ENDPOINT_OF_OBJECT.get(str(body.get("object")))
+    if endpoint is None:
+        return _response(body, request_id)
+    return openai_adapter.endpoint_answer(endpoint, body, request_id)
+
+
 def _openai_row(line: dict[str, Any], tag: str) -> RowResult | None:
     item_id = item_of(str(line.get("custom_id", "")), tag)
     if item_id is None:
@@ -218,9 +242,8 @@ def _openai_row(line: dict[str, Any], tag: str) -> RowResult | None:
     response = line.get("response") or {}
     error = line.get("error")
     if not error and response.get("status_code") == 200:
-        return RowResult(
-            item_id, RowKind.SUCCEEDED, _response(response["body"], response.get("request_id"))
-        )
+        answer = _openai_answer(response["body"], response.get("request_id"))
+        return RowResult(item_id, RowKind.SUCCEEDED, answer)
     if error:
         code = safe_code(error.get("code")) or "batch_error"
         kind = _OPENAI_ERROR_KINDS.get(code, RowKind.ERRORED)

@@ -24,6 +24,8 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from batchgen.config import get_settings
 from batchgen.domain.answers import OpenAIMerge
+from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, provider_path
+from batchgen.domain.rate_limits import RateLimitState
 from batchgen.domain.tokens import count_messages, count_text
 from batchgen.errors import MalformedResponse, ProviderError
 from batchgen.providers import lean_http
@@ -43,11 +45,13 @@ from batchgen.providers.base import (
 from batchgen.providers.headers import openai_rate_limits
 from batchgen.registry import ModelSpec
 
-__all__ = ["ITEM_HEADER", "OpenAIProvider", "classify_status", "translate"]
+__all__ = ["ITEM_HEADER", "OpenAIProvider", "classify_status", "endpoint_answer", "translate"]
 
 # Body fields the adapter sets itself, and an Anthropic request's own parameters
 # (kept for the Anthropic adapter: message_batches.NATIVE_PARAMS).
 _OWN_FIELDS = ("model", "messages", "stream", "stream_options", "anthropic_params")
+# Body fields of a Responses or embeddings request the adapter sets itself.
+_ENDPOINT_OWN_FIELDS = ("model", "stream", "stream_options")
 _MALFORMED = (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError)
 _SDK_ERRORS: tuple[type[BaseException], ...] = (
     openai.OpenAIError,
@@ -142,8 +146,54 @@ def _usage_dict(prompt: int, completion: int) -> dict[str, int]:
     }
 
 
+def _output_text(response: dict[str, Any]) -> str:
+    """The text of a Response's message items (its ``output_text``)."""
+    return "".join(
+        part.get("text") or ""
+        for item in response.get("output") or ()
+        if isinstance(item, dict) and item.get("type") == "message"
+        for part in item.get("content") or ()
+        if isinstance(part, dict) and part.get("type") == "output_text"
+    )
+
+
+def endpoint_answer(
+    endpoint: str,
+    body: dict[str, Any],
+    request_id: str | None,
+    rate_limits: RateLimitState | None = None,
+) -> ProviderResponse:
+    """A Responses API ``Response`` or an embeddings list, as it came, with the tokens
+    its ``usage`` reports (an embedding has no output tokens); raises
+    :class:`MalformedResponse` (billed) for an answer without them."""
+    usage = body.get("usage")
+    finish: Any = "stop"
+    try:
+        if not isinstance(usage, dict):
+            raise TypeError("no usage")
+        if endpoint == EMBEDDINGS:
+            prompt, done, text = int(usage["prompt_tokens"]), 0, ""
+        else:
+            prompt, done = int(usage["input_tokens"]), int(usage["output_tokens"])
+            text, finish = _output_text(body), body.get("status")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MalformedResponse(
+            f"answer without usage ({type(exc).__name__})", status=200, billed=True
+        ) from None
+    return ProviderResponse(
+        text=text,
+        prompt_tokens=prompt,
+        completion_tokens=done,
+        finish_reason=finish if isinstance(finish, str) else None,
+        request_id=request_id or body.get("id"),
+        body=body,
+        rate_limits=rate_limits or RateLimitState(),
+    )
+
+
 class OpenAIProvider:
-    """Chat completions against any OpenAI-compatible server (plain or streaming)."""
+    """Chat completions against any OpenAI-compatible server (plain or streaming), and
+    its Responses API and embeddings (plain)."""
 
     def warm(self, spec: ModelSpec) -> None:
         client = sdk_client(spec.base_url, spec.api_key())
@@ -157,6 +207,8 @@ class OpenAIProvider:
         cancelled_before_call(request)
         client = sdk_client(request.spec.base_url, request.spec.api_key())
         try:
+            if request.endpoint != CHAT_COMPLETIONS:
+                return self._endpoint(client, request)
             if request.stream:
                 return self._stream(client, request)
             return self._plain(client, request)
@@ -190,6 +242,24 @@ class OpenAIProvider:
             request_id=raw.headers.get("x-request-id") or completion.id,
             body=body,
             rate_limits=openai_rate_limits(raw.headers),
+        )
+
+    def _endpoint(self, client: openai.OpenAI, request: ProviderRequest) -> ProviderResponse:
+        """A Responses or embeddings call, its body as the batch line has it (the model
+        mapped), its answer kept as the provider sent it."""
+        body = {k: v for k, v in request.body.items() if k not in _ENDPOINT_OWN_FIELDS}
+        body["model"] = request.spec.name
+        raw = client.post(
+            provider_path(request.endpoint),
+            body=body,
+            cast_to=httpx2.Response,
+            options={"headers": request.headers(), "timeout": request.timeout_s},
+        )
+        return endpoint_answer(
+            request.endpoint,
+            _raw_json(raw),
+            raw.headers.get("x-request-id"),
+            openai_rate_limits(raw.headers),
         )
 
     def _stream(self, client: openai.OpenAI, request: ProviderRequest) -> ProviderResponse:

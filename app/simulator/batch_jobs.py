@@ -16,6 +16,10 @@ of its rows, beside the other open jobs of the same key and model) exceed
 ``token_limit_exceeded``; Anthropic: a 429). ``batch_fail`` fails every new job.
 ``batch_create_delay_s`` answers a create that long after the job exists.
 
+An OpenAI job holds requests to its ``endpoint``: ``/v1/chat/completions``,
+``/v1/responses`` or ``/v1/embeddings`` (every line's ``url``; a line naming another
+is a 400 at creation), each row answered as that endpoint answers online.
+
 Self-contained like the rest of the simulator: no batchgen code but the token
 counter. Nothing here logs a prompt or an answer.
 """
@@ -34,9 +38,13 @@ from typing import Any
 from aiohttp import web
 
 from batchgen.domain.tokens import count_messages
+from batchgen.simulator import endpoints as other
 from batchgen.simulator import formats as fmt
+from batchgen.simulator.formats import BadRequest, ChatRequest
 from batchgen.simulator.state import STATE, SimState, key_id
 from batchgen.simulator.text import completion_text
+
+CHAT_URL, RESPONSES_URL, EMBEDDINGS_URL = "/v1/chat/completions", "/v1/responses", "/v1/embeddings"
 
 JOBS: web.AppKey[BatchJobs] = web.AppKey("batch_jobs")
 
@@ -47,7 +55,7 @@ class Job:
     api: str  # "openai" or "anthropic"
     key: str
     created_s: float
-    rows: list[dict[str, Any]]  # {custom_id, model, messages, max_tokens}
+    rows: list[dict[str, Any]]  # {custom_id, model, messages, max_tokens[, url, request]}
     metadata: dict[str, Any] | None = None
     input_file_id: str | None = None
     expire: bool = False
@@ -59,6 +67,7 @@ class Job:
     output_file_id: str | None = None
     error_file_id: str | None = None
     turnaround_s: float = 0.0  # the setting when it was created
+    endpoint: str = CHAT_URL
 
 
 class BatchJobs:
@@ -138,6 +147,8 @@ def _key(request: web.Request) -> str:
 
 
 def _tokens(row: dict[str, Any], state: SimState) -> int:
+    if row.get("url") == EMBEDDINGS_URL:
+        return other.embeddings_prompt_tokens(row["request"].body, state.config.encoding)
     return count_messages(row["messages"], state.config.encoding) + row["max_tokens"]
 
 
@@ -221,12 +232,34 @@ async def _file_content(request: web.Request) -> web.Response:
     return web.Response(body=stored[2], content_type="application/octet-stream")
 
 
-def _openai_rows(data: bytes) -> list[dict[str, Any]]:
+def _other_row(line: dict[str, Any], default_max_tokens: int) -> dict[str, Any]:
+    """A Responses or embeddings row: parsed as the endpoint parses it online."""
+    body, url = line["body"], line["url"]
+    if url == RESPONSES_URL:
+        request = other.parse_responses(body, default_max_tokens)
+    else:
+        request = other.parse_embeddings(body)
+    return {
+        "custom_id": line["custom_id"],
+        "model": request.model,
+        "messages": request.prompt_messages,
+        "max_tokens": request.max_tokens,
+        "url": url,
+        "request": request,
+    }
+
+
+def _openai_rows(data: bytes, endpoint: str, default_max_tokens: int) -> list[dict[str, Any]]:
     rows = []
     for raw in data.splitlines():
         if not raw.strip():
             continue
         line = json.loads(raw)
+        if line.get("url", CHAT_URL) != endpoint:
+            raise BadRequest(f"a line's url is not the batch's endpoint {endpoint}", "url")
+        if endpoint != CHAT_URL:
+            rows.append(_other_row(line, default_max_tokens))
+            continue
         body = line["body"]
         rows.append(
             {
@@ -247,9 +280,12 @@ async def _openai_create(request: web.Request) -> web.Response:
     stored = jobs.files.get(str(body.get("input_file_id")))
     if stored is None or stored[0] != _key(request):
         return web.json_response(fmt.error_body("openai", 404, "no such file"), status=404)
+    endpoint = body.get("endpoint", CHAT_URL)
+    if endpoint not in (CHAT_URL, RESPONSES_URL, EMBEDDINGS_URL):
+        return web.json_response(fmt.error_body("openai", 400, "invalid endpoint"), status=400)
     try:
-        rows = _openai_rows(stored[2])
-    except (ValueError, KeyError, TypeError):
+        rows = _openai_rows(stored[2], endpoint, state.config.default_max_tokens)
+    except (ValueError, KeyError, TypeError, BadRequest):
         return web.json_response(fmt.error_body("openai", 400, "invalid input file"), status=400)
     job = _new_job(
         jobs,
@@ -259,6 +295,7 @@ async def _openai_create(request: web.Request) -> web.Response:
         rows,
         metadata=body.get("metadata"),
         input_file_id=body["input_file_id"],
+        endpoint=endpoint,
     )
     await asyncio.sleep(state.config.batch_create_delay_s)
     return web.json_response(_openai_batch(jobs, state, job))
@@ -276,7 +313,7 @@ def _openai_batch(jobs: BatchJobs, state: SimState, job: Job) -> dict[str, Any]:
     return {
         "id": job.id,
         "object": "batch",
-        "endpoint": "/v1/chat/completions",
+        "endpoint": job.endpoint,
         "errors": (
             {"object": "list", "data": [{"code": job.failed_code, "message": job.failed}]}
             if job.failed
@@ -301,6 +338,20 @@ def _openai_batch(jobs: BatchJobs, state: SimState, job: Job) -> dict[str, Any]:
     }
 
 
+def _row_answer(rid: str, row: dict[str, Any], state: SimState) -> dict[str, Any]:
+    """A row's answer, as its endpoint answers online."""
+    encoding = state.config.encoding
+    request: ChatRequest | None = row.get("request")
+    if request is None:
+        text, prompt, completion, finish = _answer(row, state)
+        return fmt.openai_completion(rid, row["model"], text, finish, prompt, completion)
+    if row["url"] == EMBEDDINGS_URL:
+        return other.embedding_list(request, other.embeddings_prompt_tokens(request.body, encoding))
+    answer = completion_text(request.prompt_messages, request.max_tokens, encoding)
+    prompt = other.responses_prompt_tokens(request.body, request.prompt_messages, encoding)
+    return other.response_object(other.new_response_id(), request, answer, prompt, 0)
+
+
 def _write_openai_files(jobs: BatchJobs, state: SimState, job: Job) -> None:
     out, err = [], []
     for i, row in enumerate(job.rows):
@@ -320,10 +371,7 @@ def _write_openai_files(jobs: BatchJobs, state: SimState, job: Job) -> None:
                 }
             )
         else:
-            text, prompt, completion, finish = _answer(row, state)
-            completion_body = fmt.openai_completion(
-                rid, row["model"], text, finish, prompt, completion
-            )
+            completion_body = _row_answer(rid, row, state)
             out.append(
                 {
                     **base,

@@ -1,5 +1,6 @@
-"""The simulator's aiohttp application: OpenAI and Anthropic chat endpoints, their batch
-APIs (:mod:`batchgen.simulator.batch_jobs`), plus /_sim.
+"""The simulator's aiohttp application: OpenAI and Anthropic chat endpoints, OpenAI's
+Responses API and embeddings (:mod:`batchgen.simulator.endpoints`), their batch APIs
+(:mod:`batchgen.simulator.batch_jobs`), plus /_sim.
 
 Limits are enforced per (API key, model), by a sliding window (charge: tiktoken
 prompt tokens + max_tokens) or a token bucket (charge: ceil(body bytes / 4) +
@@ -24,6 +25,7 @@ from aiohttp import web
 
 from batchgen.domain.tokens import count_text, get_encoding
 from batchgen.simulator import counting, rich
+from batchgen.simulator import endpoints as other
 from batchgen.simulator import formats as fmt
 from batchgen.simulator.admin import add_admin_routes
 from batchgen.simulator.batch_jobs import add_batch_routes
@@ -37,16 +39,22 @@ from batchgen.simulator.text import completion_text, split_chunks
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+JSON = "application/json"
+
+
+# What a request to each endpoint is (its API's formats; chat, responses, embeddings).
+CHAT, RESPONSES, EMBEDDINGS = "chat", "responses", "embeddings"
 
 
 @dataclass
 class _Call:
-    """One chat request in progress."""
+    """One request in progress (chat, or OpenAI's responses or embeddings)."""
 
     api: str
     rid: str
     entry: dict[str, Any]
     headers: dict[str, str]
+    endpoint: str = CHAT
     key: LimitKey | None = None
     prompt_tokens: int = 0
     body_bytes: int = 0
@@ -83,20 +91,37 @@ def _rl_headers(state: SimState, call: _Call, req: Admission, tok: Admission) ->
 
 
 def _parse(call: _Call, state: SimState, body: Any) -> ChatRequest:
+    if call.endpoint == RESPONSES:
+        return other.parse_responses(body, state.config.default_max_tokens)
+    if call.endpoint == EMBEDDINGS:
+        return other.parse_embeddings(body)
     if call.api == "anthropic":
         return fmt.parse_anthropic(body)
     return fmt.parse_openai(body, state.config.default_max_tokens)
 
 
-async def _chat(request: web.Request, api: str, model: str | None = None) -> web.StreamResponse:
+def _prompt_tokens(call: _Call, body: Any, req: ChatRequest, encoding: str) -> int:
+    """The request's prompt as its provider counts it."""
+    if call.endpoint == RESPONSES:
+        return other.responses_prompt_tokens(body, req.prompt_messages, encoding)
+    if call.endpoint == EMBEDDINGS:
+        return other.embeddings_prompt_tokens(body, encoding)
+    return counting.prompt_tokens(call.api, body, req.prompt_messages, encoding)
+
+
+async def _chat(
+    request: web.Request, api: str, model: str | None = None, endpoint: str = CHAT
+) -> web.StreamResponse:
     state = request.app[STATE]
-    rid = fmt.new_id(api)
+    rid = other.new_response_id() if endpoint == RESPONSES else fmt.new_id(api)
     call = _Call(
         api,
         rid,
         state.start(api, rid, request.headers.get("x-batchgen-item"), request.remote),
         {"request-id" if api == "anthropic" else "x-request-id": rid},
+        endpoint,
     )
+    call.entry["endpoint"] = endpoint
     try:
         return await _serve(request, state, call, model)
     except asyncio.CancelledError:  # the client went away (handler cancellation)
@@ -140,7 +165,7 @@ async def _serve(
         return _error(call, 400, "request body is not valid UTF-8 JSON")
     if model is not None and isinstance(body, dict):  # Azure: the deployment is the model
         body["model"] = model
-    state.last_request[call.api] = body
+    state.last_request[call.api if call.endpoint == CHAT else call.endpoint] = body
     try:
         req = _parse(call, state, body)
     except BadRequest as exc:
@@ -153,9 +178,7 @@ async def _serve(
     call.key = (key_id(_api_key(request)), req.model)
     entry["key"] = call.key[0]
     # Counted the providers' way: message text, and images, tools and response_format.
-    call.prompt_tokens = entry["prompt_tokens"] = counting.prompt_tokens(
-        call.api, body, req.prompt_messages, cfg.encoding
-    )
+    call.prompt_tokens = entry["prompt_tokens"] = _prompt_tokens(call, body, req, cfg.encoding)
     try:
         fault = state.faults.choose(request.headers.get("x-sim-fault"))
     except ValueError as exc:
@@ -204,7 +227,10 @@ async def _admit_and_answer(
     state.counters["admitted"] += 1
     state.counters["tokens_admitted"] += amount
     cfg = state.config
-    text, ctoks, finish = completion_text(req.prompt_messages, req.max_tokens, cfg.encoding)
+    if call.endpoint == EMBEDDINGS:  # no output
+        text, ctoks, finish = "", 0, "stop"
+    else:
+        text, ctoks, finish = completion_text(req.prompt_messages, req.max_tokens, cfg.encoding)
     call.entry["finish_reason"] = finish
     first_s = (cfg.latency_base_ms + state.faults.jitter_ms(cfg.latency_jitter_ms)) / 1000
     tokens_s = cfg.latency_per_token_ms * ctoks / 1000
@@ -217,6 +243,9 @@ async def _admit_and_answer(
         return _error(
             call, status, "The server had an error while processing your request (simulated)."
         )
+    if call.endpoint != CHAT:
+        delay_s = first_s + tokens_s
+        return await _other_answer(request, state, call, req, (text, ctoks, finish), fault, delay_s)
     cached = (
         rich.openai_cached_tokens(state.prompt_cache, req.body, cfg.encoding)
         if call.api == "openai"
@@ -263,6 +292,38 @@ async def _admit_and_answer(
         )
     build = fmt.anthropic_message if call.api == "anthropic" else fmt.openai_completion
     return _json(call, 200, build(call.rid, req.model, text, finish, call.prompt_tokens, ctoks))
+
+
+async def _other_answer(
+    request: web.Request,
+    state: SimState,
+    call: _Call,
+    req: ChatRequest,
+    answer: tuple[str, int, str],
+    fault: str | None,
+    delay_s: float,
+) -> web.StreamResponse:
+    """A Response or an embeddings list, after its latency (or the fault asked for)."""
+    if fault == "reset":
+        await asyncio.sleep(delay_s)
+        state.counters["errors"] += 1
+        return _abort(request, call)
+    await asyncio.sleep(delay_s)
+    call.delivered_tokens = answer[1]
+    if fault == "malformed":
+        state.counters["errors"] += 1
+        call.entry.update(status=200, completed=True)
+        cut = '{"id": "' + call.rid + '", "object": "respo'
+        return web.Response(
+            status=200, headers=call.headers, content_type="application/json", text=cut
+        )
+    if call.endpoint == EMBEDDINGS:
+        return _json(call, 200, other.embedding_list(req, call.prompt_tokens))
+    cached = rich.openai_cached_tokens(
+        state.prompt_cache, {"messages": req.prompt_messages}, state.config.encoding
+    )
+    body = other.response_object(call.rid, req, answer, call.prompt_tokens, cached)
+    return _json(call, 200, body)
 
 
 def _rate_limited(
@@ -425,6 +486,14 @@ async def _anthropic_messages(request: web.Request) -> web.StreamResponse:
     return await _chat(request, "anthropic")
 
 
+async def _openai_responses(request: web.Request) -> web.StreamResponse:
+    return await _chat(request, "openai", endpoint=RESPONSES)
+
+
+async def _openai_embeddings(request: web.Request) -> web.StreamResponse:
+    return await _chat(request, "openai", endpoint=EMBEDDINGS)
+
+
 async def _azure_chat(request: web.Request) -> web.StreamResponse:
     """Azure OpenAI's classic route: the deployment names the model; ``api-version`` required."""
     if not request.query.get("api-version"):
@@ -441,6 +510,8 @@ def create_app(config: SimulatorConfig | None = None) -> web.Application:
     get_encoding(app[STATE].config.encoding)  # loaded now, not inside the first answer
     app.router.add_post("/v1/chat/completions", _openai_chat)
     app.router.add_post("/v1/messages", _anthropic_messages)
+    app.router.add_post("/v1/responses", _openai_responses)
+    app.router.add_post("/v1/embeddings", _openai_embeddings)
     app.router.add_post("/openai/deployments/{deployment}/chat/completions", _azure_chat)
     add_batch_routes(app)
     add_admin_routes(app)

@@ -9,6 +9,7 @@ may read every tenant's batches (:func:`get_readable_batch`); changing a batch
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import re
 import uuid
@@ -23,7 +24,6 @@ from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
 from batchgen.domain.admission import (
-    CHAT_COMPLETIONS,
     UNSTORABLE,
     ItemDraft,
     Limits,
@@ -32,6 +32,13 @@ from batchgen.domain.admission import (
     unstorable_path,
 )
 from batchgen.domain.deadlines import format_duration, parse_duration_s
+from batchgen.domain.endpoints import (
+    BATCH_ENDPOINTS,
+    CHAT_COMPLETIONS,
+    MESSAGES,
+    line_endpoint,
+    unknown_endpoint,
+)
 from batchgen.domain.notifications import (
     DEFAULT_CALLBACK_QUEUE,
     check_callback,
@@ -69,9 +76,10 @@ class SubmitOptions:
     priority: Priority = Priority.INTERACTIVE
     # The upload the lines come from (POST /v1/batches with input_file_id).
     input_file_id: str | None = None
-    # The API the batch was submitted to: OpenAI's Batch API (the lines as they are),
-    # or Anthropic's Message Batches (MESSAGES: the lines translated from its requests).
-    endpoint: str = CHAT_COMPLETIONS
+    # The API the batch was submitted to: an endpoint of OpenAI's Batch API (every line's
+    # url; None: the one the lines name), or Anthropic's Message Batches (MESSAGES: the
+    # lines translated from its requests, chat lines).
+    endpoint: str | None = None
     # May its bulk items go to the provider's own Batch API (batchgen.domain.offload)?
     offload: OffloadMode | str = OffloadMode.AUTO
     # Told when it ends (batchgen.domain.notifications): a Celery task of the host's by
@@ -229,6 +237,8 @@ def _check_options(options: SubmitOptions, default_window_s: int) -> float:
             raise ValidationFailed(
                 "Idempotency-Key must be printable characters", field="Idempotency-Key"
             )
+    if options.endpoint is not None and options.endpoint not in (*BATCH_ENDPOINTS, MESSAGES):
+        raise ValidationFailed(unknown_endpoint(options.endpoint), field="endpoint")
     window_s = (
         float(default_window_s)
         if options.completion_window is None
@@ -279,6 +289,7 @@ def store_batch(
     nor sent row by row.
     """
     window_s = _check_options(options, settings.default_completion_window_s)
+    endpoint = options.endpoint
     priority = Priority(options.priority)
     offload = parse_offload(options.offload)
     on_finished = check_task_name(options.on_finished)
@@ -295,7 +306,7 @@ def store_batch(
     key = options.idempotency_key or None
     fingerprint = RequestFingerprint(
         {
-            "endpoint": options.endpoint,
+            "endpoint": endpoint or CHAT_COMPLETIONS,
             "completion_window_s": window_s,
             "metadata": options.metadata,
             "priority": priority.value,
@@ -304,7 +315,11 @@ def store_batch(
             **({"input_file_id": options.input_file_id} if options.input_file_id else {}),
         }
     )
-    drafts = fingerprint.track(parse_lines(lines, registry, submission_limits(settings)))
+    limits = submission_limits(settings)
+    expected = line_endpoint(endpoint) if endpoint is not None else None
+    drafts = fingerprint.track(parse_lines(lines, registry, limits, expected))
+    first = next(drafts)  # the lines name the batch's endpoint when the caller did not
+    drafts = itertools.chain([first], drafts)
     if key is not None:
         existing = _find_idempotent(session, tenant.id, key)
         if existing is not None:
@@ -315,7 +330,7 @@ def store_batch(
         id=new_batch_id(),
         tenant_id=tenant.id,
         status=BatchStatus.IN_PROGRESS.value,
-        endpoint=options.endpoint,
+        endpoint=endpoint or first.endpoint,
         priority=priority.value,
         completion_window_s=int(window_s),
         deadline_at=now + dt.timedelta(seconds=window_s),

@@ -198,6 +198,8 @@ class Claimed:
     tenant_tokens_per_min: int | None
     lease_expires_at: dt.datetime
     rate_limited: int  # the provider's 429s for this item so far
+    # Its batch's endpoint (every item of a batch goes to it; Messages: chat).
+    endpoint: str
     now: dt.datetime
     # time.monotonic() taken no later than the start of the claiming transaction
     # (whose now() is ``now``), so that :meth:`db_now` never runs behind.
@@ -250,6 +252,7 @@ def _claimed(row: Any, read_mono_s: float) -> Claimed:
         tenant_tokens_per_min=row.tokens_per_min,
         lease_expires_at=row.lease_expires_at,
         rate_limited=row.rate_limited,
+        endpoint=row.endpoint,
         now=row.now,
         read_mono_s=read_mono_s,
     )
@@ -455,6 +458,7 @@ class Waiting:
     max_tokens: int
     deadline_at: dt.datetime
     offload: str  # its batch's mode
+    endpoint: str  # its batch's endpoint
 
 
 def offload_waiting(session: Session, model: str, limit: int) -> list[Waiting]:
@@ -463,7 +467,7 @@ def offload_waiting(session: Session, model: str, limit: int) -> list[Waiting]:
         text(
             """
             SELECT i.id, i.batch_id, i.body, i.prompt_tokens_est, i.max_tokens,
-                   i.deadline_at, b.offload
+                   i.deadline_at, b.offload, b.endpoint
             FROM items AS i JOIN batches AS b ON b.id = i.batch_id
             WHERE i.model = :model AND i.status = 'offloaded' AND i.job_id IS NULL
             ORDER BY i.batch_id, i.id
@@ -481,6 +485,7 @@ def offload_waiting(session: Session, model: str, limit: int) -> list[Waiting]:
             max_tokens=r.max_tokens,
             deadline_at=r.deadline_at,
             offload=r.offload,
+            endpoint=r.endpoint,
         )
         for r in rows
     ]

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from batchgen.config import Settings
 from batchgen.domain import retry
 from batchgen.domain.deadlines import call_timeout_s, time_left_s
+from batchgen.domain.endpoints import line_endpoint
 from batchgen.domain.status import ItemStatus
 from batchgen.errors import (
     CallCancelled,
@@ -291,6 +292,7 @@ def _call(
         item_id=item.item_id,
         cancel=cancel,
         stream=settings.stream_calls,
+        endpoint=line_endpoint(item.endpoint),
     )
     started = time.monotonic()
     settlement.error = MAYBE_SENT

@@ -43,6 +43,7 @@ import openai
 from sqlalchemy import text
 
 from batchgen.config import Settings
+from batchgen.domain.endpoints import line_endpoint
 from batchgen.domain.offload import (
     JobBounds,
     OfflineWindow,
@@ -450,7 +451,12 @@ def _create(
     job, attempts = recorded
     by_id = {w.item_id: w for w in group}
     requests = [
-        OfflineRow(item_id, by_id[item_id].body, by_id[item_id].max_tokens)
+        OfflineRow(
+            item_id,
+            by_id[item_id].body,
+            by_id[item_id].max_tokens,
+            line_endpoint(by_id[item_id].endpoint),
+        )
         for item_id in sorted(attempts)
     ]
     try:

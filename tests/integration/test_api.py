@@ -63,7 +63,7 @@ BAD_BODIES = [
         id="missing-id",
     ),
     pytest.param(GOOD + b"\n" + GOOD, 400, "duplicate custom_id", id="duplicate-id"),
-    pytest.param(_line(url="/v1/embeddings"), 400, "'url'", id="wrong-url"),
+    pytest.param(_line(url="/v1/completions"), 400, "'url'", id="wrong-url"),
     pytest.param(_line(body={"model": "gpt-nope"}), 400, "unknown model", id="unknown-model"),
     pytest.param(
         json.dumps(

@@ -62,7 +62,7 @@ def test_models_list_and_retrieve(oai: openai.OpenAI):
     assert raised.value.body == {  # OpenAI's shape: the error object, our code in it
         "code": "not_found",
         "message": "unknown model 'no-such-model'; available models: "
-        "sim-claude, sim-large, sim-small",
+        "sim-claude, sim-large, sim-small, text-embedding-3-large, text-embedding-3-small",
         "param": "model",
     }
 

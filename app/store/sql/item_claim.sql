@@ -4,10 +4,10 @@
 UPDATE items AS i
 SET status = :target, attempts = i.attempts + 1, started_at = now(),
     lease_expires_at = now() + make_interval(secs => :lease_s)
-FROM tenants AS t
+FROM tenants AS t, batches AS b
 WHERE i.id = :item_id AND i.status = ANY(:sources) AND i.deadline_at > now()
   AND (CAST(:attempt AS integer) IS NULL OR i.attempts = CAST(:attempt AS integer) - 1)
-  AND t.id = i.tenant_id
+  AND t.id = i.tenant_id AND b.id = i.batch_id
 RETURNING i.id, i.batch_id, i.tenant_id, i.model, i.body, i.attempts, i.deadline_at,
           i.created_at, i.started_at, i.prompt_tokens_est, i.max_tokens,
-          t.tokens_per_min, i.lease_expires_at, i.rate_limited, now() AS now
+          t.tokens_per_min, i.lease_expires_at, i.rate_limited, b.endpoint, now() AS now
