@@ -77,9 +77,11 @@ class _Drip(http.server.BaseHTTPRequestHandler):
     """A webhook receiver that reads the POST, then answers one byte every 3 s."""
 
     stop = threading.Event()
+    posts = 0  # deliveries that reached it: the attack did hit
 
     def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        _Drip.posts += 1
         with contextlib.suppress(OSError):
             self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
             for _ in range(100):
@@ -261,6 +263,11 @@ def _report(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
                 f"{'':4}hostile: {args.chunked_mib} MiB chunked body, no key: "
                 f"{attacks['chunked'] or 'not sent'}; API memory peak {phase['peak_mib']:.0f} MiB"
             )
+            if "drip_posts" in attacks:
+                print(
+                    f"{'':4}hostile: webhook deliveries the drip receiver held: "
+                    f"{attacks['drip_posts']}"
+                )
     print("targets: p99 beside the hostile tenant <= 2x alone; no 504 for calm's calls")
 
 
@@ -274,6 +281,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from batchgen.store import db, tenants
+    from batchgen.worker.names import CONTROL_QUEUE, NOTIFY_QUEUE
 
     sim_args = ("--latency-base-ms", str(args.latency_ms), "--per-token-ms", "0")
     with simulator_process(*sim_args) as sim, servers() as workdir, _drip_receiver() as hook:
@@ -287,7 +295,9 @@ def main() -> None:
         workers = [
             start_celery_worker(
                 "batchgen.tasks",
-                [f"llm.{MODEL}", "batchgen.control"],
+                # As `batchgen worker` runs: the model's queue and the notifications'
+                # (webhooks are sent there, never on the dispatcher's threads).
+                [f"llm.{MODEL}", CONTROL_QUEUE, NOTIFY_QUEUE],
                 log_dir=workdir / "logs",
                 concurrency=WORKER_THREADS,
                 beat=i == 0,
@@ -317,6 +327,8 @@ def main() -> None:
                     phase = _calm(api, calm_key, time.monotonic() + args.phase_s)
                     if finish is not None:
                         phase["attacks"] = finish()
+                        if drip:
+                            phase["attacks"]["drip_posts"] = _Drip.posts
                     watching.set()
                     phase["peak_mib"] = memory.get("peak_mib", 0.0)
                     results.append(phase)

@@ -26,6 +26,10 @@ import pytest
 from tests.helpers import chat_line, jsonl, make_tenant, sim_config
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
+# On a fresh machine the first test also pays for apt-get installing Chromium (the
+# fixture's set-up counts toward the test's time-out), as the host-project test does
+# for its wheelhouse.
+pytestmark = pytest.mark.timeout(900)
 
 
 def _install_chromium() -> str | None:

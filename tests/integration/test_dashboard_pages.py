@@ -8,13 +8,13 @@ import re
 
 import pytest
 from flask import Blueprint, Flask, render_template
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from batchgen import python_api as client
 from batchgen.api import create_app
 from batchgen.integrations.flask import BatchGen
 from batchgen.store import db
-from batchgen.store.schema import Result
+from batchgen.store.schema import Item, Result
 from tests.helpers import chat_line, dashboard_sign_in, make_tenant, wait_batches
 
 pytestmark = pytest.mark.integration
@@ -137,3 +137,45 @@ def test_batch_page_bars_and_charts(clean_db, simulator, workers):
     assert [name for name, _ in bars] == ["acme"] and MONEY.match(bars[0][1])
     cost_cell = re.search(r'<td class="num cost">(.*?)</td>', charts)
     assert cost_cell and MONEY.match(cost_cell.group(1))
+
+
+def _series(page: str, chart: str) -> set[str]:
+    """The names of the lines a line chart of the page draws."""
+    figure = re.search(
+        rf'<figure class="chart" data-chart="{re.escape(chart)}">(.*?)</figure>', page, re.S
+    )
+    assert figure, f"no chart {chart!r}"
+    return set(re.findall(r'<path class="line c\d" data-series="([^"]+)"', figure.group(1)))
+
+
+def test_the_charts_draw_items_and_errors_per_minute(clean_db):
+    """Items that ended lately, per model, and the failed or expired ones per error code:
+    a tenant's charts count its own items, an admin's every tenant's."""
+    key = make_tenant("acme")
+    make_tenant("globex")
+    admin = make_tenant("ops", is_admin=True)
+    ended = {  # custom id -> (status, error code), as the worker leaves them
+        "a0": ("succeeded", None),
+        "a1": ("failed", "server_error"),
+        "a2": ("expired", None),
+        "g0": ("failed", "rate_limited"),
+    }
+    acme = client.submit_batch([chat_line(f"a{i}") for i in range(4)], tenant="acme")
+    globex = client.submit_batch([chat_line("g0", model="sim-large")], tenant="globex")
+    with db.session_scope() as session:
+        for custom_id, (status, code) in ended.items():
+            session.execute(
+                update(Item)
+                .where(Item.batch_id.in_([acme["id"], globex["id"]]), Item.custom_id == custom_id)
+                .values(status=status, error_code=code, finished_at=func.now())
+            )
+    app = create_app()
+    errors = "Errors per minute (failed, expired)"
+
+    own = _signed_in(app, key).get("/dashboard").text
+    assert _series(own, "Items finished per minute") == {"sim-small"}
+    assert _series(own, errors) == {"server_error", "expired"}
+
+    every = _signed_in(app, admin).get("/dashboard").text
+    assert _series(every, "Items finished per minute") == {"sim-small", "sim-large"}
+    assert _series(every, errors) == {"server_error", "expired", "rate_limited"}

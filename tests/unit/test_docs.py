@@ -93,6 +93,19 @@ def test_the_readme_is_a_front_door() -> None:
         assert (ROOT / link).exists(), link
 
 
+def test_the_security_pages_name_only_settings_that_exist() -> None:
+    """What an operator sets, as the README's security section and docs/security.md name
+    it: each ``BATCHGEN_*`` variable is one the settings object reads (a renamed or
+    invented setting would be a claim no deployment can follow)."""
+    from tests.unit.test_compose import settings_variables
+
+    known = settings_variables()
+    for page in (readme.README, ROOT / "docs" / "security.md"):
+        named = set(re.findall(r"\bBATCHGEN_[A-Z0-9_]+", page.read_text()))
+        assert named, page
+        assert named <= known, (page.name, sorted(named - known))
+
+
 def test_the_readme_test_command_is_what_ci_runs() -> None:
     lines = [c.line for c in readme.sh_commands("The two commands")]
     assert readme.ci_test_command() in lines
