@@ -12,6 +12,13 @@ attribute 'hostname'`` escapes, and the worker ends ("Unrecoverable error"). Iss
 the messages stay in Redis's ``unacked`` hash, which the transport restores after the
 visibility time-out, and the sweep re-releases every item whose lease runs out from
 PostgreSQL anyway. Any other error is raised as before.
+
+The same holds for a message acknowledged (or rejected) after its connection was
+collected: a task that ended on its thread while the broker was away is acknowledged
+later, from the event loop, on its dead channel (``AttributeError: 'NoneType' object
+has no attribute 'client'``, which also ended a worker). That acknowledgement is
+dropped: the item's outcome is in PostgreSQL already, and a redelivery of the
+message is claimed by nobody.
 """
 
 from __future__ import annotations
@@ -34,15 +41,17 @@ def connection_collected(channel: Any) -> bool:
 
 
 def install() -> None:
-    """Guard ``kombu.transport.redis.QoS.restore_unacked`` (once per process)."""
-    original = redis_transport.QoS.restore_unacked
-    if getattr(original, _GUARDED, False):
+    """Guard ``kombu.transport.redis.QoS``'s ``restore_unacked``, ``ack`` and
+    ``reject`` (once per process)."""
+    qos = redis_transport.QoS
+    original_restore = qos.restore_unacked
+    if getattr(original_restore, _GUARDED, False):
         return
 
-    @functools.wraps(original)
+    @functools.wraps(original_restore)
     def restore_unacked(self: Any, client: Any = None) -> Any:
         try:
-            return original(self, client)
+            return original_restore(self, client)
         except AttributeError:
             if not connection_collected(self.channel):
                 raise
@@ -55,4 +64,21 @@ def install() -> None:
             return None
 
     setattr(restore_unacked, _GUARDED, True)
-    redis_transport.QoS.restore_unacked = restore_unacked  # type: ignore[method-assign]
+    qos.restore_unacked = restore_unacked  # type: ignore[method-assign]
+    qos.ack = _dropped_when_collected(qos.ack, "acknowledgement")  # type: ignore[method-assign]
+    qos.reject = _dropped_when_collected(qos.reject, "rejection")  # type: ignore[method-assign]
+
+
+def _dropped_when_collected(method: Any, what: str) -> Any:
+    """``method`` (``QoS.ack`` or ``QoS.reject``), doing nothing on a channel whose
+    connection was collected: the delivery belongs to a connection that is gone."""
+
+    @functools.wraps(method)
+    def guarded(self: Any, delivery_tag: Any, *args: Any, **kwargs: Any) -> Any:
+        if connection_collected(self.channel):
+            log.warning("broker connection lost: a message's %s dropped", what)
+            self._delivered.pop(delivery_tag, None)
+            return None
+        return method(self, delivery_tag, *args, **kwargs)
+
+    return guarded

@@ -64,3 +64,31 @@ def test_other_attribute_errors_still_raise(services, monkeypatch):
         with pytest.raises(AttributeError, match="a bug"):
             qos.restore_unacked()
         qos._delivered.clear()
+
+
+@pytest.mark.parametrize("settle", ["ack", "reject"])
+def test_a_message_settled_after_its_connection_was_collected_raises_nothing(services, settle):
+    """A task that ended while the broker was away is acknowledged later, from the event
+    loop, on its dead channel: ``AttributeError: 'NoneType' object has no attribute
+    'client'`` ended the worker. Dropped now; the message stays Redis's."""
+    broker_guard.install()
+    queue_name = f"guard-{uuid.uuid4().hex[:8]}"
+    with Connection(services["REDIS_URL"]) as connection:
+        channel = connection.channel()
+        queue = connection.SimpleQueue(queue_name, channel=channel)
+        queue.put({"item": 1})
+        message = queue.get(timeout=5)
+        tag = message.delivery_tag
+        channel._disconnect_pools()
+        connection.transport.client = None
+        channel.connection = None  # as a closed channel has it
+        assert broker_guard.connection_collected(channel)
+
+        getattr(message, settle)()  # raised AttributeError ('client') unguarded
+
+        assert tag not in channel.qos._delivered
+    client = redis.Redis.from_url(services["REDIS_URL"])
+    assert client.hexists("unacked", tag)
+    client.hdel("unacked", tag)
+    client.zrem("unacked_index", tag)
+    client.delete(queue_name)
