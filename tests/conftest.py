@@ -20,6 +20,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -155,7 +156,8 @@ def _environment(**values: str) -> Iterator[None]:
 
 @pytest.fixture
 def clean_db(services: dict[str, str]) -> dict[str, str]:
-    """Empty tables and an empty Redis database before the test."""
+    """Empty tables and an empty Redis database (the broker's bindings kept) before the
+    test."""
     import redis
     from sqlalchemy import text
 
@@ -172,8 +174,22 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
             )
         )
         conn.execute(text("UPDATE totals_watermark SET rolled_up_before = NULL"))
-    redis.Redis.from_url(services["REDIS_URL"]).flushdb()
+    clear_redis(redis.Redis.from_url(services["REDIS_URL"]))
     return services
+
+
+# kombu's Redis transport keeps each exchange's queue bindings under this prefix. A
+# process declares them once (kombu remembers what it declared): without them its
+# messages would go to no queue, so a worker or API process that outlives a test
+# (module_workers, module_api_server) needs them kept.
+KOMBU_BINDINGS = b"_kombu.binding."
+
+
+def clear_redis(client: Any) -> None:
+    """Delete every key of the database but the broker's bindings."""
+    doomed = [k for k in client.scan_iter(count=1000) if not k.startswith(KOMBU_BINDINGS)]
+    for start in range(0, len(doomed), 1000):
+        client.delete(*doomed[start : start + 1000])
 
 
 @pytest.fixture(scope="session")

@@ -127,9 +127,10 @@ def simulator() -> Iterator[object]:
         load_registry.cache_clear()
 
 
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """Start worker processes on demand; all are stopped (or killed) after the test."""
+@contextlib.contextmanager
+def worker_processes(log_dir: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start worker processes on demand (logs in ``log_dir``); all are stopped (or
+    killed) at the end of the block."""
     started: list[WorkerProcess] = []
 
     def start(
@@ -147,7 +148,7 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         qs = queues or [*get_registry().queues, CONTROL_QUEUE, NOTIFY_QUEUE]
         w = start_worker(
             qs,
-            log_dir=tmp_path / "logs",
+            log_dir=log_dir,
             concurrency=concurrency,
             beat=beat,
             env=env,
@@ -157,8 +158,27 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         started.append(w)
         return w.wait_ready() if wait else w
 
-    yield start
-    stop_all(started)
+    try:
+        yield start
+    finally:
+        stop_all(started)
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """:func:`worker_processes` for one test."""
+    with worker_processes(tmp_path / "logs") as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def module_workers(
+    services: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., WorkerProcess]]:
+    """:func:`worker_processes` for a module's tests. They outlive each test's
+    ``clean_db``, which keeps the broker's bindings for them."""
+    with worker_processes(tmp_path_factory.mktemp("workers") / "logs") as start:
+        yield start
 
 
 @pytest.fixture

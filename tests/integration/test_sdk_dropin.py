@@ -10,7 +10,7 @@ import json
 import socket
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,9 +34,19 @@ from tests.invariants import cut_calls, simulator_log, wait_until
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(scope="module")
+def stack(simulator, module_api_server, module_workers) -> str:
+    """One API process and one worker draining into the simulator for the module's
+    tests (each test still starts on empty tables); the API's URL."""
+    worker = module_workers(concurrency=8, wait=False)  # starts while the API process does
+    base_url = module_api_server()
+    worker.wait_ready()
+    return base_url
+
+
 @pytest.fixture
-def oai(clean_db, api_server: Callable[..., str]) -> Iterator[openai.OpenAI]:
-    base_url = api_server()
+def oai(clean_db, stack: str) -> Iterator[openai.OpenAI]:
+    base_url = stack
     key = make_tenant("sdk")
     with openai.OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0) as client:
         yield client
@@ -74,8 +84,8 @@ def test_a_wrong_key_is_the_sdk_authentication_error(oai: openai.OpenAI):
 
 
 @pytest.fixture
-def claude(clean_db, api_server: Callable[..., str]) -> Iterator[anthropic.Anthropic]:
-    base_url = api_server()
+def claude(clean_db, stack: str) -> Iterator[anthropic.Anthropic]:
+    base_url = stack
     key = make_tenant("sdk-anthropic")
     with anthropic.Anthropic(base_url=base_url, api_key=key, max_retries=0) as client:
         yield client
@@ -153,12 +163,10 @@ def _strict_dump(model: openai.BaseModel) -> dict[str, Any]:
 
 
 @pytest.fixture
-def oai_run(clean_db, simulator, api_server, workers) -> Iterator[openai.OpenAI]:
+def oai_run(clean_db, stack: str) -> Iterator[openai.OpenAI]:
     """The SDK against an API process, with a worker draining into the simulator."""
-    worker = workers(concurrency=8, wait=False)  # starts while the API process does
-    base_url = api_server()
+    base_url = stack
     key = make_tenant("sdk-files")
-    worker.wait_ready()
     with openai.OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0) as client:
         yield client
 
@@ -271,11 +279,9 @@ def test_openai_batch_cancel_and_file_errors(oai_run: openai.OpenAI):
 
 
 @pytest.fixture
-def claude_run(clean_db, simulator, api_server, workers) -> Iterator[anthropic.Anthropic]:
-    worker = workers(concurrency=8, wait=False)  # starts while the API process does
-    base_url = api_server()
+def claude_run(clean_db, stack: str) -> Iterator[anthropic.Anthropic]:
+    base_url = stack
     key = make_tenant("sdk-claude")
-    worker.wait_ready()
     with anthropic.Anthropic(base_url=base_url, api_key=key, max_retries=0) as client:
         yield client
 
