@@ -42,6 +42,8 @@ from batchgen.store.batches import SubmitOptions
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
 from batchgen.worker import cancellation, publish, webhooks
+from batchgen.worker.call_answers import StreamPart as StreamPart
+from batchgen.worker.call_answers import stream_call as stream_call
 from batchgen.worker.call_answers import wait_call as wait_call
 from batchgen.worker.calls import PendingCall as PendingCall
 from batchgen.worker.calls import start_call as start_call
@@ -526,8 +528,8 @@ def iter_message_batch_results(batch_id: str, *, tenant: str | Tenant) -> Iterat
 
 
 # --- synchronous calls (POST /v1/chat/completions, /v1/messages) --------------------
-# Run in this process (batchgen.worker.calls) and waited for
-# (batchgen.worker.call_answers): start_call, wait_call.
+# Run in this process (batchgen.worker.calls) and waited for, whole or as a stream
+# (batchgen.worker.call_answers): start_call, wait_call, stream_call.
 
 
 def usage(

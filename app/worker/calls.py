@@ -8,8 +8,11 @@ in between: a wait for a slot or the budget is slept here as a worker's retry wo
 be, and an attempt that failed and may be retried is released here again once its
 backoff has passed. Its caller waits in :mod:`batchgen.worker.call_answers`.
 
-If this process dies, the caller is gone with it: the sweep cancels the call (its
-caller's presence in Redis lapses) instead of handing it to a worker.
+A streamed call hands its provider's chunks to its caller as they arrive
+(:mod:`batchgen.worker.relay`); once the caller has part of an answer, an attempt
+that fails is not retried (no retry could finish that answer). If this process
+dies, the caller is gone with it: the sweep cancels the call (its caller's presence
+in Redis lapses) instead of handing it to a worker.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from batchgen.worker import publish
 from batchgen.worker.cancellation import CancelWatcher, cancel_batch
 from batchgen.worker.execution import run_item
 from batchgen.worker.packs import CallPace
+from batchgen.worker.relay import ChunkRelay, Wake
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,8 @@ class PendingCall:
     # What stopped the run in this process before the item ended (Redis went away):
     # the waiter answers it at once instead of waiting out the deadline.
     failures: list[BaseException] = dataclasses.field(default_factory=list)
+    # A streamed call's chunks as they arrive (None: the caller waits for the end).
+    relay: ChunkRelay | None = None
 
 
 # How long this process's calls took, per model (the fail-fast rule's round of calls).
@@ -144,13 +150,15 @@ def start_call(
     tenant: str | Tenant,
     endpoint: str,
     deadline_s: float,
+    stream: bool = False,
 ) -> PendingCall:
     """Store a call (one item, priority ``call``) and run it in this process, unless it
     cannot start before ``deadline_s``: :class:`Overloaded` (503) when the model's
     calls ahead need longer, :class:`OverShare` (429) when the tenant's own calls do
     (its calls hold at most its weighted share of the model's slots), each with that
     wait as ``retry_after_s`` (:func:`refuse_early`). Wait for its answer with
-    :func:`batchgen.worker.call_answers.wait_call`."""
+    :func:`batchgen.worker.call_answers.wait_call`; with ``stream``, read its provider's
+    chunks as they arrive with :func:`batchgen.worker.call_answers.stream_call`."""
     settings = get_settings()
     body = line.get("body")
     spec = get_registry().get(body.get("model", "")) if isinstance(body, dict) else None
@@ -167,13 +175,14 @@ def start_call(
             registry=get_registry(),
             settings=settings,
         )
-    woken = call_waiter().register(stored.item_id)
+    relay = ChunkRelay() if stream else None
+    woken = call_waiter().register(stored.item_id, event=Wake(relay) if relay else None)
     caller_waits(stored.item_id, settings.caller_lease_s)
-    pending = PendingCall(stored, tenant, started + deadline_s, woken)
+    pending = PendingCall(stored, tenant, started + deadline_s, woken, relay=relay)
     # The thread runs in this context (a host app's settings scope goes with it).
     runner = threading.Thread(
         target=contextvars.copy_context().run,
-        args=(_run_here, stored, pending.deadline_mono_s, woken, pending.failures),
+        args=(_run_here, stored, pending.deadline_mono_s, woken, pending.failures, relay),
         name=f"batchgen-call-{stored.item_id}",
         daemon=True,
     )
@@ -203,22 +212,33 @@ def _run_here(
     deadline_mono_s: float,
     woken: threading.Event,
     failures: list[BaseException] | None = None,
+    relay: ChunkRelay | None = None,
 ) -> None:
     """Run a call's item in this process, attempt after attempt, until it ends, its
     time is up, or a dispatcher took it (see the module's docstring)."""
     gate, watcher = call_runtime()
     registry, settings = get_registry(), get_settings()
     ticket = stored.queue_ticket
+    on_chunk = relay.chunk if relay is not None else None
     try:
         while ticket is not None:
             verdict = run_item(
-                stored.item_id, registry, settings, gate, watcher, model=stored.model, ticket=ticket
+                stored.item_id,
+                registry,
+                settings,
+                gate,
+                watcher,
+                model=stored.model,
+                ticket=ticket,
+                on_chunk=on_chunk,
             )
+            if relay is not None:
+                relay.ended(verdict.outcome)
             if verdict.outcome == "succeeded" and verdict.call_s is not None:
                 pace.note(stored.model, verdict.call_s)
             left_s = deadline_mono_s - time.monotonic()
-            if left_s <= 0:
-                break
+            if left_s <= 0 or (relay is not None and relay.produced):
+                break  # the caller has the start of an answer: no retry can finish it
             if verdict.countdown_s is not None:
                 time.sleep(min(verdict.countdown_s, left_s))
             elif verdict.outcome in ("retry", "deferred"):
@@ -232,6 +252,8 @@ def _run_here(
         if failures is not None and isinstance(exc, REDIS_DOWN):
             failures.append(exc)
     finally:
+        if relay is not None:
+            relay.ended(None)
         woken.set()
         first = stored.queue_ticket
         if first is not None:  # it asks for no slot now
