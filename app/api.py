@@ -16,7 +16,7 @@ import logging
 import math
 import select
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import redis
@@ -46,8 +46,8 @@ from batchgen.bodies import (
     too_large,
 )
 from batchgen.config import get_settings
+from batchgen.domain import call_streams, message_batches
 from batchgen.domain import calls as call_rules
-from batchgen.domain import message_batches
 from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES, unknown_path
 from batchgen.domain.message_batches import MESSAGES
 from batchgen.domain.offload import OffloadMode, parse_offload
@@ -411,22 +411,69 @@ def _call_body() -> Any:
     return json_body(get_settings().max_call_body_bytes)
 
 
-def _run_call(line: dict[str, Any], endpoint: str, body_timeout: Any) -> Any:
+def _deadline_s(body_timeout: Any) -> float:
     settings = get_settings()
-    deadline_s = call_rules.call_deadline_s(
+    return call_rules.call_deadline_s(
         body_timeout,
         {name.lower(): value for name, value in request.headers.items()},
         settings.call_default_timeout_s,
         settings.call_max_timeout_s,
     )
+
+
+def _run_call(line: dict[str, Any], endpoint: str, body_timeout: Any) -> Any:
     pending = python_api.start_call(
-        line, tenant=_caller(), endpoint=endpoint, deadline_s=deadline_s
+        line, tenant=_caller(), endpoint=endpoint, deadline_s=_deadline_s(body_timeout)
     )
     return python_api.wait_call(pending, _caller_connected).response
 
 
-def _event_stream(chunks: Iterator[bytes]) -> Response:
-    response = Response(stream_with_context(chunks), mimetype="text/event-stream")
+def _stream_call(
+    line: dict[str, Any], endpoint: str, body_timeout: Any
+) -> Generator[python_api.StreamPart, None, None]:
+    """A streamed call's parts, once its first one is in: until then, an error is the
+    answer's status (a 429, a 503, a 504...); after it, an error event of the stream."""
+    pending = python_api.start_call(
+        line,
+        tenant=_caller(),
+        endpoint=endpoint,
+        deadline_s=_deadline_s(body_timeout),
+        stream=True,
+    )
+    parts = python_api.stream_call(pending, _caller_connected)
+    try:
+        first = next(parts)
+    except StopIteration:  # never: a stream ends with its answer or an error
+        raise CallFailed(502, "upstream_error", "the call ended without an answer") from None
+
+    def started() -> Generator[python_api.StreamPart, None, None]:
+        try:
+            yield first
+            yield from parts
+        finally:
+            parts.close()  # also when closed before the first part was written
+
+    return started()
+
+
+def _event_stream(
+    chunks: Iterator[bytes], parts: Generator[python_api.StreamPart, None, None] | None = None
+) -> Response:
+    """The server-sent events ``chunks`` makes of the call's ``parts`` (if it streams
+    them), closed (the call cancelled, if it was not over) when the response is, also
+    when the caller hung up. Without ``parts``, ``chunks`` replays a finished answer."""
+
+    def guarded() -> Iterator[bytes]:
+        try:
+            yield from chunks
+        except CallFailed as exc:  # mid-stream: the status line is long gone
+            body = _error_body(exc.status_code, exc.to_dict())
+            yield call_rules.sse(body, "error" if _anthropic_client() else None)
+        finally:
+            if parts is not None:
+                parts.close()
+
+    response = Response(stream_with_context(guarded()), mimetype="text/event-stream")
     response.headers["Cache-Control"] = "no-cache"
     return response
 
@@ -434,13 +481,13 @@ def _event_stream(chunks: Iterator[bytes]) -> Response:
 @blueprint.post("/v1/chat/completions")
 def chat_completions() -> Response:
     """A chat completion through the scheduler: queued, budgeted, recorded like an item;
-    answered when it ends (whole, or as the stream of chunks its answer makes)."""
+    answered when it ends, or, streamed, with the provider's chunks as they arrive."""
     body = _call_body()
     line, stream, include_usage = call_rules.as_line(body)
-    completion = _run_call(line, CHAT_COMPLETIONS, body.get("timeout"))
     if stream:
-        return _event_stream(call_rules.openai_stream(completion, include_usage))
-    return jsonify(completion)
+        parts = _stream_call(line, CHAT_COMPLETIONS, body.get("timeout"))
+        return _event_stream(call_streams.openai_sse(parts, include_usage), parts)
+    return jsonify(_run_call(line, CHAT_COMPLETIONS, body.get("timeout")))
 
 
 @blueprint.post("/v1/messages")
@@ -454,10 +501,10 @@ def messages() -> Response:
     line = message_batches.to_chat_line(
         0, {"custom_id": call_rules.CALL_CUSTOM_ID, "params": params}
     )
-    message = message_batches.to_message(_run_call(line, MESSAGES, body.get("timeout")))
     if stream:
-        return _event_stream(call_rules.anthropic_stream(message))
-    return jsonify(message)
+        parts = _stream_call(line, MESSAGES, body.get("timeout"))
+        return _event_stream(call_streams.anthropic_sse(parts), parts)
+    return jsonify(message_batches.to_message(_run_call(line, MESSAGES, body.get("timeout"))))
 
 
 @blueprint.post("/v1/responses")

@@ -12,72 +12,49 @@ tenant it found. All raise the project's typed exceptions (:mod:`batchgen.errors
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
-import functools
 import json
 import logging
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from batchgen.config import current_scope, get_settings
-from batchgen.domain import call_shares, message_batches
-from batchgen.domain import calls as call_rules
+from batchgen.config import get_settings
+from batchgen.domain import message_batches
 from batchgen.domain.deadlines import parse_duration_s
 from batchgen.domain.endpoints import BATCH_ENDPOINTS, unknown_endpoint
 from batchgen.domain.notifications import retry_delay_s
 from batchgen.domain.offload import OffloadMode, parse_offload
-from batchgen.domain.status import ItemStatus, Priority, parse_priority, sdk_priority
+from batchgen.domain.status import Priority, parse_priority, sdk_priority
 from batchgen.errors import (
-    CallFailed,
     ClientError,
     NotFound,
     Overloaded,
-    OverShare,
-    Unavailable,
     ValidationFailed,
 )
-from batchgen.limits import counters, liveness
-from batchgen.limits import redis_keys as keys
-from batchgen.limits.backend import REDIS_DOWN, get_redis
-from batchgen.limits.call_shares import CallDemand, demand_entry
-from batchgen.limits.gate import Gate
+from batchgen.limits import counters
+from batchgen.limits.backend import get_redis
 from batchgen.registry import ModelSpec, get_registry
-from batchgen.store import batches, calls, files, items, notifications
+from batchgen.store import batches, files, notifications, tenants
 from batchgen.store.batches import SubmitOptions
-from batchgen.store.calls import CallWaiter
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
-from batchgen.worker import publish, webhooks
-from batchgen.worker.cancellation import CancelWatcher, announce
-from batchgen.worker.execution import run_item
-from batchgen.worker.packs import CallPace
+from batchgen.worker import cancellation, publish, webhooks
+from batchgen.worker.call_answers import StreamPart as StreamPart
+from batchgen.worker.call_answers import stream_call as stream_call
+from batchgen.worker.call_answers import wait_call as wait_call
+from batchgen.worker.calls import PendingCall as PendingCall
+from batchgen.worker.calls import start_call as start_call
 
 log = logging.getLogger(__name__)
-CANCEL_TRIES = 3
 
 RequestLines = Iterable[bytes] | Iterable[Mapping[str, Any]] | str | Path
 
 
 def _tenant(session: Session, tenant: str | Tenant) -> Tenant:
-    if isinstance(tenant, Tenant):
-        found = session.get(Tenant, tenant.id)
-    elif "\x00" in tenant:  # no stored name has one; PostgreSQL would refuse the query
-        found = None
-    else:
-        found = session.scalar(select(Tenant).where(Tenant.name == tenant))
-    if found is None:
-        raise NotFound(f"no tenant named {tenant!r}")
-    return found
+    return tenants.find(session, tenant)
 
 
 def as_lines(requests: RequestLines) -> Iterator[bytes]:
@@ -177,13 +154,7 @@ def wake_dispatcher() -> None:
     The batch is committed already and the beat tick releases it anyway, so a
     failure here (the broker down) is logged, never answered.
     """
-    try:
-        publish.wake_dispatcher()
-    except Exception as exc:
-        log.warning(
-            "could not wake the dispatcher (%s); the next beat tick will release the batch",
-            type(exc).__name__,
-        )
+    publish.wake_dispatcher_quietly()
 
 
 def submit_batch(
@@ -321,20 +292,7 @@ def iter_results(batch_id: str, *, tenant: str | Tenant) -> Iterator[dict[str, A
 def cancel_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
     """Cancel one of the tenant's own batches (an admin key, too, cancels only its own):
     items not yet running end now; running calls are stopped."""
-    for attempt in range(1, CANCEL_TRIES + 1):
-        try:
-            with session_scope() as session:
-                batch = batches.cancel(session, _tenant(session, tenant), batch_id)
-                described = batches.describe(session, batch)
-            break
-        except OperationalError:  # a deadlock with a concurrent sweep: PostgreSQL chose us
-            if attempt == CANCEL_TRIES:
-                raise
-    try:  # committed: the answer stands; workers also poll for cancels
-        announce(get_redis(), batch_id)
-    except Exception as exc:
-        log.warning("could not announce a cancel (%s); workers will poll", type(exc).__name__)
-    return described
+    return cancellation.cancel_batch(batch_id, tenant)
 
 
 # --- files, and batches created from them (the OpenAI Files and Batches flow) -------
@@ -573,267 +531,8 @@ def iter_message_batch_results(batch_id: str, *, tenant: str | Tenant) -> Iterat
 
 
 # --- synchronous calls (POST /v1/chat/completions, /v1/messages) --------------------
-
-_waiters: dict[str, CallWaiter] = {}
-_waiters_lock = threading.Lock()
-
-
-def _call_waiter() -> CallWaiter:
-    """The process's listener for the ends of calls (one per database), on a direct
-    connection (BATCHGEN_DATABASE_DIRECT_URL): LISTEN needs a session of its own."""
-    url = get_settings().direct_sqlalchemy_url
-    with _waiters_lock:
-        if url not in _waiters:
-            _waiters[url] = CallWaiter(url.replace("postgresql+psycopg://", "postgresql://", 1))
-        return _waiters[url]
-
-
-def _redis_unavailable() -> Unavailable:
-    return Unavailable(
-        "redis_unavailable",
-        "Redis is unavailable; retry later",
-        retry_after_s=get_settings().unavailable_retry_after_s,
-    )
-
-
-def _cooldown_left_s(spec: ModelSpec) -> float:
-    """The provider's cooldown on the model's budget (0 when none). Redis unreachable
-    (refused, or silent past the client's socket timeout): :class:`Unavailable` now,
-    before the call is stored, rather than a call that cannot pass the gate."""
-    try:
-        left_ms = get_redis().pttl(keys.cooldown(spec.budget_key))
-    except REDIS_DOWN:
-        raise _redis_unavailable() from None
-    return max(0.0, float(left_ms) / 1000.0) if isinstance(left_ms, int) else 0.0
-
-
-@dataclass(frozen=True)
-class PendingCall:
-    """A call stored and released; :func:`wait_call` waits for its end."""
-
-    stored: calls.StoredCall
-    tenant: str | Tenant
-    deadline_mono_s: float
-    woken: threading.Event
-    # What stopped the run in this process before the item ended (Redis went away):
-    # the waiter answers it at once instead of waiting out the deadline.
-    failures: list[BaseException] = dataclasses.field(default_factory=list)
-
-
-# How long this process's calls took, per model (the fail-fast rule's round of calls).
-_pace = CallPace()
-
-
-def _demand(model: str) -> dict[int, call_shares.Demand]:
-    """Every tenant's sync calls on ``model`` now ({} when Redis cannot say: the gate
-    will say so anyway)."""
-    try:
-        return CallDemand(get_redis()).read(model)
-    except Exception:
-        return {}
-
-
-def _refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> None:
-    """The fail-fast rule, before anything is stored: :class:`Overloaded` (503) when the
-    model's calls ahead need longer than ``deadline_s``; :class:`OverShare` (429) when
-    the tenant's own open calls, run at its share of the model's slots, do."""
-    with session_scope() as session:
-        owner = _tenant(session, tenant)
-        ahead = calls.calls_ahead_tokens(session, spec.name)
-        own_open = calls.open_calls(session, spec.name, owner.id)
-        weight = owner.weight
-    wait_s = call_rules.expected_wait_s(ahead, spec.tokens_per_min, _cooldown_left_s(spec))
-    demand = _demand(spec.name)
-    demand[owner.id] = call_shares.Demand(weight, running=0, waiting=own_open + 1)
-    refusal = call_shares.refuse_call(
-        open_calls=own_open,
-        share=call_shares.share_of(spec.max_concurrency, demand, owner.id),
-        call_s=_pace.call_s(spec.name) or 0.0,
-        model_wait_s=wait_s,
-        deadline_s=deadline_s,
-    )
-    if refusal is None:
-        return
-    if refusal.status == 429:
-        raise OverShare(
-            f"this tenant's {own_open} open calls on {spec.name}, at its share of the "
-            f"model's slots, need about {refusal.wait_s:.0f}s: more than this call's "
-            f"{deadline_s:g}s",
-            retry_after_s=refusal.retry_after_s,
-        )
-    raise Overloaded(
-        f"model {spec.name} cannot start this call within its {deadline_s:g}s: "
-        f"the calls ahead of it need about {refusal.wait_s:.0f}s",
-        retry_after_s=refusal.retry_after_s,
-    )
-
-
-def start_call(
-    line: dict[str, Any], *, tenant: str | Tenant, endpoint: str, deadline_s: float
-) -> PendingCall:
-    """Store a call (one item, priority ``call``) and send it to a worker, unless it
-    cannot start before ``deadline_s``: :class:`Overloaded` (503) when the model's
-    calls ahead need longer, :class:`OverShare` (429) when the tenant's own calls do
-    (its calls hold at most its weighted share of the model's slots), each with that
-    wait as ``retry_after_s``."""
-    settings = get_settings()
-    body = line.get("body")
-    spec = get_registry().get(body.get("model", "")) if isinstance(body, dict) else None
-    if spec is not None:
-        _refuse_early(spec, tenant, deadline_s)
-    started = time.monotonic()
-    with session_scope() as session:
-        stored = calls.store_call(
-            session,
-            _tenant(session, tenant),
-            line,
-            deadline_s=deadline_s,
-            endpoint=endpoint,
-            registry=get_registry(),
-            settings=settings,
-        )
-    woken = _call_waiter().register(stored.item_id)
-    _caller_waits(stored.item_id, settings.caller_lease_s)
-    pending = PendingCall(stored, tenant, started + deadline_s, woken)
-    # The thread runs in this context (a host app's settings scope goes with it).
-    runner = threading.Thread(
-        target=contextvars.copy_context().run,
-        args=(_run_here, stored, pending.deadline_mono_s, woken, pending.failures),
-        name=f"batchgen-call-{stored.item_id}",
-        daemon=True,
-    )
-    runner.start()
-    return pending
-
-
-@functools.cache
-def _process_call_runtime() -> tuple[Gate, CancelWatcher]:
-    return Gate(get_redis(), get_settings()), CancelWatcher(get_redis())
-
-
-def _call_runtime() -> tuple[Gate, CancelWatcher]:
-    scope = current_scope()
-    if scope is None:
-        return _process_call_runtime()
-    return scope.resource(
-        ("call_runtime",),
-        lambda: (Gate(get_redis(), get_settings()), CancelWatcher(get_redis())),
-        lambda _: None,  # its Redis client is the scope's
-    )
-
-
-def _run_here(
-    stored: calls.StoredCall,
-    deadline_mono_s: float,
-    woken: threading.Event,
-    failures: list[BaseException] | None = None,
-) -> None:
-    """Run a call's item in this process, as a worker runs one (the same gate, claim,
-    recording and ledger), with no broker in between. A wait for a slot or the budget
-    is slept here as a worker's retry would be; an attempt that failed and may be
-    retried is released here again once its backoff has passed (unless a dispatcher
-    took it first). If this process dies, the item's lease runs out and a worker
-    takes it."""
-    gate, watcher = _call_runtime()
-    registry, settings = get_registry(), get_settings()
-    ticket = stored.queue_ticket
-    try:
-        while ticket is not None:
-            verdict = run_item(
-                stored.item_id, registry, settings, gate, watcher, model=stored.model, ticket=ticket
-            )
-            if verdict.outcome == "succeeded" and verdict.call_s is not None:
-                _pace.note(stored.model, verdict.call_s)
-            left_s = deadline_mono_s - time.monotonic()
-            if left_s <= 0:
-                break
-            if verdict.countdown_s is not None:
-                time.sleep(min(verdict.countdown_s, left_s))
-            elif verdict.outcome in ("retry", "deferred"):
-                ticket = _release_again(stored, deadline_mono_s, settings.queued_lease_s)
-            else:
-                break
-    except Exception as exc:
-        log.warning(
-            "call item %d: %s; its lease will hand it on", stored.item_id, type(exc).__name__
-        )
-        if failures is not None and isinstance(exc, REDIS_DOWN):
-            failures.append(exc)
-    finally:
-        woken.set()
-        first = stored.queue_ticket
-        if first is not None:  # it asks for no slot now
-            entry = demand_entry(first.tenant_id, first.tenant_weight, first.item_id)
-            gate.demand.forget(stored.model, entry)
-        wake_dispatcher()  # the call held a place in its model's window
-
-
-def _release_again(
-    stored: calls.StoredCall, deadline_mono_s: float, queued_lease_s: float
-) -> items.Ticket | None:
-    """After the item's backoff (its ``not_before``), release it again here; None when
-    it is no longer pending (a dispatcher released it, or it ended) or time is up."""
-    with session_scope() as session:
-        wait_s = calls.backoff_left_s(session, stored.item_id)
-    if wait_s is None or time.monotonic() + wait_s >= deadline_mono_s:
-        return None
-    time.sleep(wait_s)
-    with session_scope() as session:
-        return calls.release_again(session, stored.item_id, queued_lease_s)
-
-
-def wait_call(
-    pending: PendingCall, still_there: Callable[[], bool] = lambda: True
-) -> calls.CallOutcome:
-    """Wait for a call's end; its answer, or :class:`CallFailed` (the deadline passed,
-    the item failed, or the caller went away: then the call is cancelled, and no
-    provider call starts after that; one under way stops at its next chunk)."""
-    settings = get_settings()
-    item_id, waiter = pending.stored.item_id, _call_waiter()
-    # The item's own deadline ends it (the sweep expires it); a little longer here.
-    until = pending.deadline_mono_s + settings.sweep_interval_s + 1.0
-    renewed_mono_s = time.monotonic()
-    try:
-        for _ in CallWaiter.wait_ticks(pending.woken, until, settings.call_poll_s, first=True):
-            if time.monotonic() - renewed_mono_s >= settings.caller_lease_s / 3:
-                renewed_mono_s = time.monotonic()
-                _caller_waits(item_id, settings.caller_lease_s)
-            with session_scope() as session:
-                ended = calls.outcome(session, item_id)
-            if ended is not None:
-                if ended.status is ItemStatus.SUCCEEDED and ended.response is not None:
-                    return ended
-                raise call_rules.call_error(ended.error_code, ended.error_message)
-            if not still_there():
-                _cancel_call(pending)
-                raise CallFailed(499, "client_closed", "the caller went away; call cancelled")
-            if pending.failures:  # Redis went away: nothing here can pass the gate
-                with contextlib.suppress(Exception):
-                    cancel_batch(pending.stored.batch_id, tenant=pending.tenant)
-                raise _redis_unavailable()
-        _cancel_call(pending)
-        raise call_rules.call_error("expired", "the call's deadline passed")
-    finally:
-        waiter.forget(item_id)
-        with contextlib.suppress(Exception):  # the key expires by itself
-            liveness.drop_caller(get_redis(), item_id)
-
-
-def _caller_waits(item_id: int, lease_s: float) -> None:
-    """Renew the caller's presence in Redis: if this process dies, the sweep cancels the
-    call instead of handing it to a worker (best effort: a Redis error is no call's end)."""
-    try:
-        liveness.renew_caller(get_redis(), item_id, lease_s)
-    except Exception as exc:  # noqa: BLE001
-        log.debug("call item %d: could not renew its caller (%s)", item_id, type(exc).__name__)
-
-
-def _cancel_call(pending: PendingCall) -> None:
-    """Cancel a call's batch; a provider call this process runs for it stops at its next
-    chunk at once, not when the announcement comes back (a worker's call hears that)."""
-    batch_id = pending.stored.batch_id
-    cancel_batch(batch_id, tenant=pending.tenant)
-    _call_runtime()[1].cancel(batch_id)
+# Run in this process (batchgen.worker.calls) and waited for, whole or as a stream
+# (batchgen.worker.call_answers): start_call, wait_call, stream_call.
 
 
 def usage(

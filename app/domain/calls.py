@@ -104,7 +104,7 @@ def call_error(error_code: str | None, message: str | None) -> CallFailed:
 # --- the answer, streamed --------------------------------------------------------
 
 
-def _sse(data: Any, event: str | None = None) -> bytes:
+def sse(data: Any, event: str | None = None) -> bytes:
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
@@ -114,7 +114,7 @@ def openai_stream(completion: dict[str, Any], include_usage: bool) -> Iterator[b
     choice, its content, logprobs, refusal and tool calls, then its finish reason), the
     usage when asked for, and ``[DONE]``: :func:`batchgen.domain.answers.openai_chunks`."""
     for chunk in answers.openai_chunks(completion, include_usage):
-        yield _sse(chunk)
+        yield sse(chunk)
     yield b"data: [DONE]\n\n"
 
 
@@ -122,7 +122,7 @@ def anthropic_stream(message: dict[str, Any]) -> Iterator[bytes]:
     """An Anthropic ``Message`` as the events of a Messages stream (every content
     block: :func:`batchgen.domain.answers.anthropic_events`)."""
     for event, data in answers.anthropic_events(message):
-        yield _sse(data, event)
+        yield sse(data, event)
 
 
 def responses_stream(response: dict[str, Any]) -> Iterator[bytes]:

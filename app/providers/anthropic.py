@@ -214,6 +214,44 @@ def chat_completion(
     }
 
 
+class ChatChunks:
+    """A Messages stream's events as the ``chat.completion.chunk`` objects of the answer
+    an OpenAI-format line gets (:func:`chat_completion`): the role, each text delta, the
+    finish reason, then the usage (pure)."""
+
+    def __init__(self, model: str, created: int) -> None:
+        self.created = created
+        self.head: dict[str, Any] = {"id": "", "object": "chat.completion.chunk", "model": model}
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return {**self.head, "created": self.created, "choices": [choice]}
+
+    def of(self, event: dict[str, Any], prompt: int, cache: dict[str, Any]) -> list[dict[str, Any]]:
+        """The chunks ``event`` makes (``prompt``: the input tokens so far; ``cache``:
+        :func:`cache_usage` of the stream's start)."""
+        kind = event.get("type")
+        if kind == "message_start":
+            message = event.get("message") or {}
+            self.head["id"] = message.get("id") or ""
+            self.head["model"] = message.get("model") or self.head["model"]
+            return [self._chunk({"role": "assistant", "content": ""})]
+        delta = event.get("delta") or {}
+        if kind == "content_block_delta" and delta.get("type") == "text_delta":
+            return [self._chunk({"content": delta.get("text") or ""})]
+        if kind == "message_delta":
+            done = int((event.get("usage") or {}).get("output_tokens") or 0)
+            usage = {
+                "prompt_tokens": prompt,
+                "completion_tokens": done,
+                "total_tokens": prompt + done,
+                **cache,
+            }
+            last = {**self.head, "created": self.created, "choices": [], "usage": usage}
+            return [self._chunk({}, finish_reason(delta.get("stop_reason"))), last]
+        return []
+
+
 def input_tokens(usage: Any) -> int:
     """All input tokens: uncached plus cache writes and reads (``None`` counts 0)."""
     return sum(
@@ -277,6 +315,10 @@ class AnthropicProvider:
         self, client: anthropic.Anthropic, request: ProviderRequest, params: dict[str, Any]
     ) -> ProviderResponse:
         watch = StreamWatch(request)
+        native = NATIVE_PARAMS in request.body
+        relay = request.on_chunk
+        # A line in OpenAI form is answered as a chat completion: so are its chunks.
+        chat = ChatChunks(request.spec.name, int(time.time())) if not native else None
         stream = client.messages.create(**params, stream=True)
         headers = stream.response.headers
         limits = anthropic_rate_limits(headers)  # as of now, the start of the stream
@@ -294,6 +336,11 @@ class AnthropicProvider:
                     watch.add(event.delta.text)
                 elif event.type == "message_delta" and event.usage.input_tokens is not None:
                     watch.prompt_tokens = input_tokens(event.usage)
+                if relay is not None and chat is None:
+                    relay(data)
+                elif relay is not None and chat is not None:
+                    for chunk in chat.of(data, watch.prompt_tokens or 0, cache):
+                        relay(chunk)
                 watch.check()
         except _SDK_ERRORS as exc:  # the answer had started: it may be billed
             raise translate(exc, in_stream=True) from None
@@ -310,15 +357,17 @@ class AnthropicProvider:
         message_id, model = message.get("id") or "", message.get("model") or request.spec.name
         text, finish = merge.text(), finish_reason(message.get("stop_reason"))
         prompt, output_tokens = watch.prompt_tokens or 0, int(usage["output_tokens"])
-        native = NATIVE_PARAMS in request.body
+        if chat is None:
+            body = message
+        else:
+            body = chat_completion(message_id, model, text, finish, prompt, output_tokens, cache)
+            body["created"] = chat.created  # as its chunks said
         return ProviderResponse(
             text=text,
             prompt_tokens=prompt,
             completion_tokens=output_tokens,
             finish_reason=finish,
             request_id=headers.get("request-id") or message_id,
-            body=message
-            if native
-            else chat_completion(message_id, model, text, finish, prompt, output_tokens, cache),
+            body=body,
             rate_limits=limits,
         )

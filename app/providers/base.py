@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -69,6 +69,9 @@ class ProviderRequest:
     ``timeout_s`` bounds the whole call (for a stream: until the last chunk).
     ``cancel`` is checked before the call and between stream chunks.
     ``extra_headers`` are sent as they are (e.g. ``x-sim-fault`` in tests).
+    ``on_chunk``, for a stream, is handed each chunk as soon as it is read, in the
+    form of the answer of record: OpenAI ``chat.completion.chunk`` objects, or the
+    Anthropic events of a Messages request's own ``Message``.
     """
 
     spec: ModelSpec
@@ -79,6 +82,7 @@ class ProviderRequest:
     stream: bool = False
     extra_headers: Mapping[str, str] | None = None
     endpoint: str = CHAT_COMPLETIONS
+    on_chunk: Callable[[dict[str, Any]], None] | None = None
 
     def headers(self) -> dict[str, str]:
         """HTTP headers of the call: the item id plus ``extra_headers``."""

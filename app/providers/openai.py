@@ -330,6 +330,7 @@ class OpenAIProvider:
         (every choice, tool call and logprob: :mod:`batchgen.domain.answers`); the first
         choice's text goes to ``watch`` as it comes."""
         merge = OpenAIMerge()
+        relay = watch.request.on_chunk
         watch.check()
         for data in sse_data(raw.iter_bytes()):  # an httpx response, read to its end
             if data == b"[DONE]":
@@ -351,5 +352,7 @@ class OpenAIProvider:
                 raise MalformedResponse(
                     f"malformed stream chunk ({type(exc).__name__})", status=200, billed=True
                 ) from None
+            if relay is not None:
+                relay(chunk)
             watch.check()
         return merge

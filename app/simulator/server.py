@@ -269,7 +269,7 @@ async def _admit_and_answer(
         await asyncio.sleep(first_s + (0 if req.stream else tokens_s))
         call.delivered_tokens = ctoks
         if req.stream:
-            return await _stream_rich(request, call, req, answer)
+            return await _stream_rich(request, call, req, answer, tokens_s)
         if call.api == "anthropic":
             return _json(call, 200, answer.anthropic_message())
         return _json(call, 200, answer.openai_completion(int(time.time())))
@@ -454,23 +454,29 @@ async def _stream(
 
 
 async def _stream_rich(
-    request: web.Request, call: _Call, req: ChatRequest, answer: rich.RichAnswer
+    request: web.Request, call: _Call, req: ChatRequest, answer: rich.RichAnswer, tokens_s: float
 ) -> web.StreamResponse:
-    """A rich answer (:mod:`batchgen.simulator.rich`) as its stream, chunk by chunk."""
+    """A rich answer (:mod:`batchgen.simulator.rich`) as its stream, chunk by chunk: the
+    first event at once (the base latency is spent), the answer's per-token time spread
+    evenly over the gaps between the rest, as a provider's tokens come."""
     resp = web.StreamResponse(
         status=200,
         headers={**call.headers, "content-type": "text/event-stream", "cache-control": "no-cache"},
     )
+    if call.api == "anthropic":
+        events = [fmt.sse("anthropic", name, data) for name, data in answer.anthropic_events()]
+    else:
+        chunks = answer.openai_chunks(int(time.time()), req.include_usage)
+        events = [fmt.sse("openai", "", chunk) for chunk in chunks]
+        events.append(fmt.sse("openai", "", "[DONE]"))
+    gap_s = tokens_s / max(1, len(events) - 1)
     try:
         await resp.prepare(request)
         call.entry["status"] = 200
-        if call.api == "anthropic":
-            for name, data in answer.anthropic_events():
-                await resp.write(fmt.sse("anthropic", name, data))
-        else:
-            for chunk in answer.openai_chunks(int(time.time()), req.include_usage):
-                await resp.write(fmt.sse("openai", "", chunk))
-            await resp.write(fmt.sse("openai", "", "[DONE]"))
+        for i, event in enumerate(events):
+            if i and gap_s > 0:
+                await asyncio.sleep(gap_s)
+            await resp.write(event)
         await resp.write_eof()
         call.entry["completed"] = True
     except ConnectionResetError:  # client closed the stream

@@ -185,10 +185,13 @@ class CallWaiter:
         if event is not None:
             event.set()
 
-    def register(self, item_id: int, ready_timeout_s: float = 2.0) -> threading.Event:
-        """Start listening for ``item_id`` (before its end can commit)."""
+    def register(
+        self, item_id: int, ready_timeout_s: float = 2.0, event: threading.Event | None = None
+    ) -> threading.Event:
+        """Start listening for ``item_id`` (before its end can commit); the event set
+        at its end is ``event`` when given."""
         self._start()
-        event = threading.Event()
+        event = event if event is not None else threading.Event()
         with self._lock:
             self._events[item_id] = event
         self._listening.wait(ready_timeout_s)

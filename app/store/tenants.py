@@ -103,6 +103,20 @@ def authenticate(session: Session, key: str | None) -> Tenant:
     return tenant
 
 
+def find(session: Session, tenant: str | Tenant) -> Tenant:
+    """The tenant named ``tenant`` (or ``tenant`` itself, read in this session);
+    :class:`NotFound` when there is none."""
+    if isinstance(tenant, Tenant):
+        found = session.get(Tenant, tenant.id)
+    elif "\x00" in tenant:  # no stored name has one; PostgreSQL would refuse the query
+        found = None
+    else:
+        found = session.scalar(select(Tenant).where(Tenant.name == tenant))
+    if found is None:
+        raise NotFound(f"no tenant named {tenant!r}")
+    return found
+
+
 def get_active(session: Session, tenant_id: int) -> Tenant | None:
     """The tenant with this id, None if there is none or its key was revoked."""
     tenant = session.get(Tenant, tenant_id)

@@ -16,17 +16,22 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import redis
+from sqlalchemy.exc import OperationalError
 
 from batchgen.limits import redis_keys as keys
-from batchgen.store import batches
+from batchgen.limits.backend import get_redis
+from batchgen.store import batches, tenants
 from batchgen.store.db import session_scope
+from batchgen.store.schema import Tenant
 
 log = logging.getLogger(__name__)
 
 CHANNEL = keys.CANCEL_CHANNEL
 POLL_S = 1.0
+CANCEL_TRIES = 3
 
 
 def announce(client: redis.Redis, batch_id: str) -> None:
@@ -35,6 +40,26 @@ def announce(client: redis.Redis, batch_id: str) -> None:
         client.publish(CHANNEL, batch_id)
     except redis.RedisError:
         log.warning("could not announce the cancel of %s; workers will poll", batch_id)
+
+
+def cancel_batch(batch_id: str, tenant: str | Tenant) -> dict[str, Any]:
+    """Cancel one of ``tenant``'s own batches: items not yet sent end now (a deadlock
+    with a concurrent sweep is tried again), then calls under way are told to stop.
+    Returns the batch's description."""
+    for attempt in range(1, CANCEL_TRIES + 1):
+        try:
+            with session_scope() as session:
+                batch = batches.cancel(session, tenants.find(session, tenant), batch_id)
+                described = batches.describe(session, batch)
+            break
+        except OperationalError:  # a deadlock with a concurrent sweep: PostgreSQL chose us
+            if attempt == CANCEL_TRIES:
+                raise
+    try:  # committed: the answer stands; workers also poll for cancels
+        announce(get_redis(), batch_id)
+    except Exception as exc:
+        log.warning("could not announce a cancel (%s); workers will poll", type(exc).__name__)
+    return described
 
 
 def cancelled_batches_in(batch_ids: list[str]) -> set[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from threading import Event
@@ -59,6 +60,7 @@ from batchgen.worker.verdict import Verdict
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+OnChunk = Callable[[dict[str, Any]], None]
 
 
 def run_item(
@@ -69,11 +71,14 @@ def run_item(
     watcher: CancelWatcher | None = None,
     model: str | None = None,
     ticket: Ticket | None = None,
+    on_chunk: OnChunk | None = None,
 ) -> Verdict:
     """Run one delivery of an item end to end.
 
     ``model`` and ``ticket`` come with the message (its routing hint, and what the
     gate decides on); a message without them costs one lookup of the item first.
+    ``on_chunk`` is handed each chunk of a streamed provider answer as it is read (a
+    synchronous call relays them to its caller: :mod:`batchgen.worker.relay`).
     """
     spec = registry.get(model) if model else None
     if ticket is None or spec is None or ticket.item_id != item_id:
@@ -85,7 +90,8 @@ def run_item(
         spec = registry.get(model_name)
         if spec is None:
             return Verdict("skipped")
-    return replace(_run_ticket(ticket, spec, settings, gate, watcher), model=spec.name)
+    verdict = _run_ticket(ticket, spec, settings, gate, watcher, on_chunk)
+    return replace(verdict, model=spec.name)
 
 
 def _run_ticket(
@@ -94,6 +100,7 @@ def _run_ticket(
     settings: Settings,
     gate: Gate,
     watcher: CancelWatcher | None,
+    on_chunk: OnChunk | None = None,
 ) -> Verdict:
     """Gate first, then claim: on the gate's yes, one statement claims the item and
     marks it sent; on a wait, the item is claimed and handed back for later."""
@@ -119,7 +126,7 @@ def _run_ticket(
                 give_back(item, settings)
                 return Verdict("skipped")
             with heartbeat().hold(item, lease_s):  # renewed until its outcome is recorded
-                return _call(item, spec, provider, settings, cancel, settlement)
+                return _call(item, spec, provider, settings, cancel, settlement, on_chunk)
     finally:
         _settle(gate, spec, decision, ticket, settlement)
 
@@ -280,6 +287,7 @@ def _call(
     settings: Settings,
     cancel: Event,
     settlement: Settlement,
+    on_chunk: OnChunk | None = None,
 ) -> Verdict:
     # Time left on PostgreSQL's clock (where the deadline was set), not this host's.
     timeout = call_timeout_s(
@@ -293,6 +301,7 @@ def _call(
         cancel=cancel,
         stream=settings.stream_calls,
         endpoint=line_endpoint(item.endpoint),
+        on_chunk=on_chunk,
     )
     started = time.monotonic()
     settlement.error = MAYBE_SENT

@@ -10,6 +10,7 @@ name and a date.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -64,6 +65,7 @@ celery_app = BatchgenCelery(
 )
 celery_app.config_from_object("batchgen.celeryconfig")
 
+log = logging.getLogger(__name__)
 # A wake-up is worthless later: the beat tick does the same work.
 WAKE_EXPIRES_S = 10
 
@@ -102,6 +104,19 @@ def generate_many(
 def wake_dispatcher() -> None:
     """Ask a dispatcher to run soon (after a submit, or once a slot freed)."""
     celery_app.send_task(DISPATCH_TASK, expires=WAKE_EXPIRES_S)
+
+
+def wake_dispatcher_quietly() -> None:
+    """:func:`wake_dispatcher`, best effort: it never raises. The work is committed
+    already and the beat tick releases it anyway, so a failure here (the broker down)
+    is logged, never answered."""
+    try:
+        wake_dispatcher()
+    except Exception as exc:
+        log.warning(
+            "could not wake the dispatcher (%s); the next beat tick will release the work",
+            type(exc).__name__,
+        )
 
 
 def collect_later(job_name: str, day: str, countdown_s: float) -> None:

@@ -184,6 +184,7 @@ def test_a_tenant_whose_own_calls_fill_its_share_is_refused_at_once(clean_db, mo
     from batchgen.registry import get_registry
     from batchgen.store import calls, db
     from batchgen.store.schema import Tenant
+    from batchgen.worker import calls as call_runner
     from batchgen.worker.packs import CallPace
 
     make_tenant("busy")
@@ -203,11 +204,11 @@ def test_a_tenant_whose_own_calls_fill_its_share_is_refused_at_once(clean_db, mo
             )
     pace = CallPace()
     pace.note(MODEL, 2.0)
-    monkeypatch.setattr(python_api, "_pace", pace)
+    monkeypatch.setattr(call_runner, "pace", pace)
     with pytest.raises(OverShare) as refused:
         python_api.start_call(line, tenant="busy", endpoint=CHAT_COMPLETIONS, deadline_s=3)
     assert (refused.value.status_code, refused.value.retry_after_s) == (429, 2)
     assert refused.value.code == "tenant_over_share"
     assert _open_calls("busy") == 10  # nothing of the refused call was stored
     spec = get_registry()[MODEL]
-    python_api._refuse_early(spec, "calm", 3.0)  # within its share: taken
+    call_runner.refuse_early(spec, "calm", 3.0)  # within its share: taken

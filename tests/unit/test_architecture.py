@@ -207,6 +207,16 @@ def test_tasks_do_not_import_each_other():
     assert offenders == []
 
 
+def test_items_are_run_by_the_worker_layer_only():
+    """Running an item (gate, claim, provider call, recording) is the worker layer's: an
+    interface starts a synchronous call through ``batchgen.worker.calls`` and waits on
+    ``batchgen.worker.call_answers``; it runs no item, and no retry loop, itself."""
+    runner = "batchgen.worker.execution"
+    users = sorted(name for name, targets in GRAPH.items() if runner in targets)
+    assert "batchgen.worker.calls" in users
+    assert [name for name in users if _group(name)[0] not in ("worker", "tasks")] == []
+
+
 def test_simulator_imports_nothing_of_the_product_but_the_token_counter():
     offenders = [
         f"{source} -> {target}"

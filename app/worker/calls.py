@@ -1,0 +1,293 @@
+"""Synchronous calls (``POST /v1/chat/completions``, ``/v1/messages``), run in the
+process their caller is connected to.
+
+A call is refused at once when it cannot start in time (the fail-fast rule), else
+stored as a one-item batch of priority ``call`` and run here in a thread of its own,
+as a worker runs an item (the same gate, claim, recording and ledger), with no broker
+in between: a wait for a slot or the budget is slept here as a worker's retry would
+be, and an attempt that failed and may be retried is released here again once its
+backoff has passed. Its caller waits in :mod:`batchgen.worker.call_answers`.
+
+A streamed call hands its provider's chunks to its caller as they arrive
+(:mod:`batchgen.worker.relay`); once the caller has part of an answer, an attempt
+that fails is not retried (no retry could finish that answer). If this process
+dies, the caller is gone with it: the sweep cancels the call (its caller's presence
+in Redis lapses) instead of handing it to a worker.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import functools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from batchgen.config import current_scope, get_settings
+from batchgen.domain import call_shares
+from batchgen.domain import calls as call_rules
+from batchgen.errors import Overloaded, OverShare, Unavailable
+from batchgen.limits import liveness
+from batchgen.limits import redis_keys as keys
+from batchgen.limits.backend import REDIS_DOWN, get_redis
+from batchgen.limits.call_shares import CallDemand, demand_entry
+from batchgen.limits.gate import Gate
+from batchgen.registry import ModelSpec, get_registry
+from batchgen.store import calls, items, tenants
+from batchgen.store.calls import CallWaiter
+from batchgen.store.db import session_scope
+from batchgen.store.schema import Tenant
+from batchgen.worker import publish
+from batchgen.worker.cancellation import CancelWatcher, cancel_batch
+from batchgen.worker.execution import run_item
+from batchgen.worker.packs import CallPace
+from batchgen.worker.relay import ChunkRelay, Wake
+
+log = logging.getLogger(__name__)
+
+_waiters: dict[str, CallWaiter] = {}
+_waiters_lock = threading.Lock()
+
+
+def call_waiter() -> CallWaiter:
+    """The process's listener for the ends of calls (one per database), on a direct
+    connection (BATCHGEN_DATABASE_DIRECT_URL): LISTEN needs a session of its own."""
+    url = get_settings().direct_sqlalchemy_url
+    with _waiters_lock:
+        if url not in _waiters:
+            _waiters[url] = CallWaiter(url.replace("postgresql+psycopg://", "postgresql://", 1))
+        return _waiters[url]
+
+
+def redis_unavailable() -> Unavailable:
+    return Unavailable(
+        "redis_unavailable",
+        "Redis is unavailable; retry later",
+        retry_after_s=get_settings().unavailable_retry_after_s,
+    )
+
+
+def _cooldown_left_s(spec: ModelSpec) -> float:
+    """The provider's cooldown on the model's budget (0 when none). Redis unreachable
+    (refused, or silent past the client's socket timeout): :class:`Unavailable` now,
+    before the call is stored, rather than a call that cannot pass the gate."""
+    try:
+        left_ms = get_redis().pttl(keys.cooldown(spec.budget_key))
+    except REDIS_DOWN:
+        raise redis_unavailable() from None
+    return max(0.0, float(left_ms) / 1000.0) if isinstance(left_ms, int) else 0.0
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """A call stored and released; :mod:`batchgen.worker.call_answers` waits for its end."""
+
+    stored: calls.StoredCall
+    tenant: str | Tenant
+    deadline_mono_s: float
+    woken: threading.Event
+    # What stopped the run in this process before the item ended (Redis went away):
+    # the waiter answers it at once instead of waiting out the deadline.
+    failures: list[BaseException] = dataclasses.field(default_factory=list)
+    # A streamed call's chunks as they arrive (None: the caller waits for the end).
+    relay: ChunkRelay | None = None
+
+
+# How long this process's calls took, per model (the fail-fast rule's round of calls).
+pace = CallPace()
+
+
+def _demand(model: str) -> dict[int, call_shares.Demand]:
+    """Every tenant's sync calls on ``model`` now ({} when Redis cannot say: the gate
+    will say so anyway)."""
+    try:
+        return CallDemand(get_redis()).read(model)
+    except Exception:
+        return {}
+
+
+def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> None:
+    """The fail-fast rule, before anything is stored: :class:`Overloaded` (503) when the
+    model's calls ahead need longer than ``deadline_s``; :class:`OverShare` (429) when
+    the tenant's own open calls, run at its share of the model's slots, do."""
+    with session_scope() as session:
+        owner = tenants.find(session, tenant)
+        ahead = calls.calls_ahead_tokens(session, spec.name)
+        own_open = calls.open_calls(session, spec.name, owner.id)
+        weight = owner.weight
+    wait_s = call_rules.expected_wait_s(ahead, spec.tokens_per_min, _cooldown_left_s(spec))
+    demand = _demand(spec.name)
+    demand[owner.id] = call_shares.Demand(weight, running=0, waiting=own_open + 1)
+    refusal = call_shares.refuse_call(
+        open_calls=own_open,
+        share=call_shares.share_of(spec.max_concurrency, demand, owner.id),
+        call_s=pace.call_s(spec.name) or 0.0,
+        model_wait_s=wait_s,
+        deadline_s=deadline_s,
+    )
+    if refusal is None:
+        return
+    if refusal.status == 429:
+        raise OverShare(
+            f"this tenant's {own_open} open calls on {spec.name}, at its share of the "
+            f"model's slots, need about {refusal.wait_s:.0f}s: more than this call's "
+            f"{deadline_s:g}s",
+            retry_after_s=refusal.retry_after_s,
+        )
+    raise Overloaded(
+        f"model {spec.name} cannot start this call within its {deadline_s:g}s: "
+        f"the calls ahead of it need about {refusal.wait_s:.0f}s",
+        retry_after_s=refusal.retry_after_s,
+    )
+
+
+def start_call(
+    line: dict[str, Any],
+    *,
+    tenant: str | Tenant,
+    endpoint: str,
+    deadline_s: float,
+    stream: bool = False,
+) -> PendingCall:
+    """Store a call (one item, priority ``call``) and run it in this process, unless it
+    cannot start before ``deadline_s``: :class:`Overloaded` (503) when the model's
+    calls ahead need longer, :class:`OverShare` (429) when the tenant's own calls do
+    (its calls hold at most its weighted share of the model's slots), each with that
+    wait as ``retry_after_s`` (:func:`refuse_early`). Wait for its answer with
+    :func:`batchgen.worker.call_answers.wait_call`; with ``stream``, read its provider's
+    chunks as they arrive with :func:`batchgen.worker.call_answers.stream_call`."""
+    settings = get_settings()
+    body = line.get("body")
+    spec = get_registry().get(body.get("model", "")) if isinstance(body, dict) else None
+    if spec is not None:
+        refuse_early(spec, tenant, deadline_s)
+    started = time.monotonic()
+    with session_scope() as session:
+        stored = calls.store_call(
+            session,
+            tenants.find(session, tenant),
+            line,
+            deadline_s=deadline_s,
+            endpoint=endpoint,
+            registry=get_registry(),
+            settings=settings,
+        )
+    relay = ChunkRelay() if stream else None
+    woken = call_waiter().register(stored.item_id, event=Wake(relay) if relay else None)
+    caller_waits(stored.item_id, settings.caller_lease_s)
+    pending = PendingCall(stored, tenant, started + deadline_s, woken, relay=relay)
+    # The thread runs in this context (a host app's settings scope goes with it).
+    runner = threading.Thread(
+        target=contextvars.copy_context().run,
+        args=(_run_here, stored, pending.deadline_mono_s, woken, pending.failures, relay),
+        name=f"batchgen-call-{stored.item_id}",
+        daemon=True,
+    )
+    runner.start()
+    return pending
+
+
+@functools.cache
+def _process_call_runtime() -> tuple[Gate, CancelWatcher]:
+    return Gate(get_redis(), get_settings()), CancelWatcher(get_redis())
+
+
+def call_runtime() -> tuple[Gate, CancelWatcher]:
+    """The gate and cancel watcher of this process's calls (a host app's scope's own)."""
+    scope = current_scope()
+    if scope is None:
+        return _process_call_runtime()
+    return scope.resource(
+        ("call_runtime",),
+        lambda: (Gate(get_redis(), get_settings()), CancelWatcher(get_redis())),
+        lambda _: None,  # its Redis client is the scope's
+    )
+
+
+def _run_here(
+    stored: calls.StoredCall,
+    deadline_mono_s: float,
+    woken: threading.Event,
+    failures: list[BaseException] | None = None,
+    relay: ChunkRelay | None = None,
+) -> None:
+    """Run a call's item in this process, attempt after attempt, until it ends, its
+    time is up, or a dispatcher took it (see the module's docstring)."""
+    gate, watcher = call_runtime()
+    registry, settings = get_registry(), get_settings()
+    ticket = stored.queue_ticket
+    on_chunk = relay.chunk if relay is not None else None
+    try:
+        while ticket is not None:
+            verdict = run_item(
+                stored.item_id,
+                registry,
+                settings,
+                gate,
+                watcher,
+                model=stored.model,
+                ticket=ticket,
+                on_chunk=on_chunk,
+            )
+            if relay is not None:
+                relay.ended(verdict.outcome)
+            if verdict.outcome == "succeeded" and verdict.call_s is not None:
+                pace.note(stored.model, verdict.call_s)
+            left_s = deadline_mono_s - time.monotonic()
+            if left_s <= 0 or (relay is not None and relay.produced):
+                break  # the caller has the start of an answer: no retry can finish it
+            if verdict.countdown_s is not None:
+                time.sleep(min(verdict.countdown_s, left_s))
+            elif verdict.outcome in ("retry", "deferred"):
+                ticket = _release_again(stored, deadline_mono_s, settings.queued_lease_s)
+            else:
+                break
+    except Exception as exc:
+        log.warning(
+            "call item %d: %s; its lease will hand it on", stored.item_id, type(exc).__name__
+        )
+        if failures is not None and isinstance(exc, REDIS_DOWN):
+            failures.append(exc)
+    finally:
+        if relay is not None:
+            relay.ended(None)
+        woken.set()
+        first = stored.queue_ticket
+        if first is not None:  # it asks for no slot now
+            entry = demand_entry(first.tenant_id, first.tenant_weight, first.item_id)
+            gate.demand.forget(stored.model, entry)
+        publish.wake_dispatcher_quietly()  # the call held a place in its model's window
+
+
+def _release_again(
+    stored: calls.StoredCall, deadline_mono_s: float, queued_lease_s: float
+) -> items.Ticket | None:
+    """After the item's backoff (its ``not_before``), release it again here; None when
+    it is no longer pending (a dispatcher released it, or it ended) or time is up."""
+    with session_scope() as session:
+        wait_s = calls.backoff_left_s(session, stored.item_id)
+    if wait_s is None or time.monotonic() + wait_s >= deadline_mono_s:
+        return None
+    time.sleep(wait_s)
+    with session_scope() as session:
+        return calls.release_again(session, stored.item_id, queued_lease_s)
+
+
+def caller_waits(item_id: int, lease_s: float) -> None:
+    """Renew the caller's presence in Redis: if this process dies, the sweep cancels the
+    call instead of handing it to a worker (best effort: a Redis error is no call's end)."""
+    try:
+        liveness.renew_caller(get_redis(), item_id, lease_s)
+    except Exception as exc:  # noqa: BLE001
+        log.debug("call item %d: could not renew its caller (%s)", item_id, type(exc).__name__)
+
+
+def cancel_call(pending: PendingCall) -> None:
+    """Cancel a call's batch; a provider call this process runs for it stops at its next
+    chunk at once, not when the announcement comes back (a worker's call hears that)."""
+    batch_id = pending.stored.batch_id
+    cancel_batch(batch_id, pending.tenant)
+    call_runtime()[1].cancel(batch_id)
