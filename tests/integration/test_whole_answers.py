@@ -94,13 +94,20 @@ def _same(answer: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in answer.items() if k not in VOLATILE}
 
 
-@pytest.fixture
-def runtime(clean_db, simulator, api_server, workers) -> str:
-    """An API process and a worker draining into the simulator; the API's URL."""
-    worker = workers(concurrency=4, wait=False)  # starts while the API process does
-    base_url = api_server()
+@pytest.fixture(scope="module")
+def stack(simulator, module_api_server, module_workers) -> str:
+    """An API process and a worker draining into the simulator, for the module's tests;
+    the API's URL."""
+    worker = module_workers(concurrency=4, wait=False)  # starts while the API process does
+    base_url = module_api_server()
     worker.wait_ready()
     return base_url
+
+
+@pytest.fixture
+def runtime(clean_db, stack: str) -> str:
+    """The module's API process and worker, on empty tables; the API's URL."""
+    return stack
 
 
 @pytest.fixture
