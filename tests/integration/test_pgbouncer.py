@@ -38,6 +38,7 @@ from batchgen.registry import load_registry
 from batchgen.store import db
 from batchgen.store.calls import CHANNEL, listener_name
 from batchgen.store.schema import Item, Result, UsageLedger
+from batchgen.worker.calls import call_waiter
 from batchgen.worker.offload import TICK_LOCK, single_flight
 from tests.helpers import (
     assert_ledger_is_results_plus_waste,
@@ -490,7 +491,7 @@ def test_listen_and_the_offload_lock_bypass_pgbouncer(
             return int(row[0]) if row else 0
 
         before = listening()
-        waiter = client._call_waiter()
+        waiter = call_waiter()
         assert waiter.dsn == _labelled(direct, DIRECT_LABEL)
         item_id = 2_000_000_001
         woken = waiter.register(item_id, ready_timeout_s=10)
