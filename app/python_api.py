@@ -741,6 +741,7 @@ def _run_here(
             )
             if verdict.outcome == "succeeded" and verdict.call_s is not None:
                 _pace.note(stored.model, verdict.call_s)
+            ticket = verdict.ticket or ticket  # failed over: the next attempt's ticket
             left_s = deadline_mono_s - time.monotonic()
             if left_s <= 0:
                 break

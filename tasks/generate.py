@@ -161,7 +161,11 @@ def _hand_back(
     """The pack's untried items go to other threads, one per message: its calls turned
     slow, or an item raised. Best effort: an item whose message is lost waits for the
     sweep."""
-    why = "an item failed" if outcome.error is not None else f"ran past {settings.pack_max_s} s"
+    why = (
+        "an item failed"
+        if outcome.error is not None
+        else f"ran past {settings.pack_max_s} s or failed over"
+    )
     log.info(
         "pack of %d items from item %d %s: %d items handed back",
         size,
