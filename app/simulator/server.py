@@ -206,6 +206,7 @@ async def _admit_and_answer(
     request: web.Request, state: SimState, call: _Call, req: ChatRequest, fault: str | None
 ) -> web.StreamResponse:
     amount = state.charge(call.prompt_tokens, call.body_bytes, req.max_tokens, call.lane)
+    call.entry["requested_tokens"] = amount
     req_adm, tok_adm = state.admit(call.key, amount, call.rid, call.lane)  # type: ignore[arg-type]
     _rl_headers(state, call, req_adm, tok_adm)
     if not (req_adm.ok and tok_adm.ok):

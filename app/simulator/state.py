@@ -211,6 +211,8 @@ class SimState:
             "prompt_tokens": 0,
             "completion_tokens": 0,
             "charged_tokens": 0,
+            # What the call asked of the token limit when it reached it (admitted or not).
+            "requested_tokens": 0,
         }
         self.log.append(entry)
         self.counters["requests"] += 1
