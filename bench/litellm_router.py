@@ -57,21 +57,32 @@ async def main() -> None:
     errors: dict[str, int] = {}
     first_error: dict[str, str] = {}
 
+    retries = 0
+    until = time.monotonic() + job["retry_for_s"]
+
     async def one(request: dict) -> None:
-        nonlocal ok, failed
-        async with gate:
-            try:
-                await router.acompletion(
-                    model="pool",
-                    messages=request["messages"],
-                    max_tokens=request["max_tokens"],
-                    extra_headers={"x-batchgen-item": request["id"]},
-                )
-                ok += 1
-            except Exception as exc:  # noqa: BLE001 - counted by kind
+        # With retry_for_s, the caller tries a failed item again every retry_wait_s
+        # (what a batch job on the Router would have to do), for that long at most.
+        nonlocal ok, failed, retries
+        while True:
+            async with gate:
+                try:
+                    await router.acompletion(
+                        model="pool",
+                        messages=request["messages"],
+                        max_tokens=request["max_tokens"],
+                        extra_headers={"x-batchgen-item": request["id"]},
+                    )
+                    ok += 1
+                    return
+                except Exception as exc:  # noqa: BLE001 - counted by kind
+                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                    first_error.setdefault(type(exc).__name__, str(exc)[:300])
+            if time.monotonic() + job["retry_wait_s"] > until:
                 failed += 1
-                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
-                first_error.setdefault(type(exc).__name__, str(exc)[:300])
+                return
+            retries += 1
+            await asyncio.sleep(job["retry_wait_s"])
 
     # The simulated deployments afresh (empty windows, the fault's time starting now),
     # once the Router is built: its start-up is not the run's.
@@ -83,6 +94,7 @@ async def main() -> None:
             {
                 "succeeded": ok,
                 "failed": failed,
+                "caller_retries": retries,
                 "errors": errors,
                 "first_error": first_error,
                 "elapsed_s": time.monotonic() - started,

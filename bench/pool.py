@@ -9,9 +9,11 @@ with a 5xx for the first ``--fault-s`` seconds):
       a deployment with room in one script, failed calls fail over, a failing
       deployment cools down;
   (b) LiteLLM's Router on the same deployments (usage-based routing v2 on each
-      deployment's tpm / rpm, cooldowns, retries), when ``litellm`` runs in the
-      interpreter given by ``--litellm-python`` (a virtual environment of its own;
-      say how to make one when it does not).
+      deployment's tpm / rpm, cooldowns, 5 retries), 16 calls at a time, when
+      ``litellm`` runs in the interpreter given by ``--litellm-python`` (a virtual
+      environment of its own; the output says how to make one when there is none);
+  (c) the same Router, the caller trying each failed item again every 5 s until
+      it succeeds (what a batch job on the Router has to add: it queues nothing).
 
 Each run gets fresh deployments (their windows empty, the fault's minute starting).
 Printed per run: items succeeded / failed, items answered more than once, the
@@ -133,6 +135,7 @@ def measure(sim_url: str, window_s: float, fault_s: float, elapsed_s: float) -> 
     windows = int((last - first) // window_s)
     whole = sum(e["charged_tokens"] for e in answered if e["start_ts"] < first + windows * window_s)
     in_fault = sum(e["charged_tokens"] for e in answered if e["start_ts"] < first + fault_s)
+    all_limits = sum(tpm for _, tpm, _, _, _ in DEPLOYMENTS)
     deployments = {}
     for name, tpm, rpm, _, _ in DEPLOYMENTS:
         reached = [e for e in log if e["deployment"] == name and e["requested_tokens"]]
@@ -151,6 +154,7 @@ def measure(sim_url: str, window_s: float, fault_s: float, elapsed_s: float) -> 
         "answered_twice": sum(1 for n in per_item.values() if n > 1),
         "delivered_in_fault": in_fault / (HEALTHY_TOKENS * fault_s / window_s),
         "delivered_whole": whole / (HEALTHY_TOKENS * windows) if windows else 0.0,
+        "delivered_of_all": whole / (all_limits * windows) if windows else 0.0,
         "windows": windows,
         "elapsed_s": elapsed_s,
         "deployments": deployments,
@@ -212,7 +216,7 @@ def run_batchgen(args: argparse.Namespace, sim_url: str, workdir: Path) -> dict[
     }
 
 
-def run_litellm(args: argparse.Namespace, sim_url: str) -> dict[str, Any] | str:
+def run_litellm(args: argparse.Namespace, sim_url: str, retry: bool) -> dict[str, Any] | str:
     """LiteLLM's Router in its own interpreter, or why it could not run."""
     python = args.litellm_python
     if not python or not Path(python).exists():
@@ -242,6 +246,8 @@ def run_litellm(args: argparse.Namespace, sim_url: str) -> dict[str, Any] | str:
         "lanes": lanes(args.fault_s),
         "concurrency": 16,
         "num_retries": 5,
+        "retry_for_s": args.timeout_s - 60 if retry else 0,
+        "retry_wait_s": 5,
         "timeout_s": 30,
     }
     started = time.monotonic()
@@ -274,8 +280,11 @@ def show(label: str, r: dict[str, Any] | str) -> None:
     )
     print(
         f"  delivered / healthy limits (a + b): fault window {r['delivered_in_fault']:.3f}, "
-        f"whole windows {r['delivered_whole']:.3f}"
+        f"whole windows {r['delivered_whole']:.3f}; / all three limits, whole windows "
+        f"{r['delivered_of_all']:.3f}"
     )
+    if "caller_retries" in r:
+        print(f"  the caller's own retries of failed items: {r['caller_retries']}")
     print(
         f"  {'deployment':10} {'calls':>6} {'ok':>6} {'429':>5} {'5xx':>5} "
         f"{'max tokens sent/limit':>22} {'max requests sent/limit':>24}"
@@ -314,7 +323,10 @@ def main() -> None:
     ):
         results = {
             "(a) batchgen, 3 deployments, 2 workers": run_batchgen(args, sim_url, workdir),
-            "(b) LiteLLM Router, same deployments": run_litellm(args, sim_url),
+            "(b) LiteLLM Router, same deployments": run_litellm(args, sim_url, retry=False),
+            "(c) LiteLLM Router, the caller retrying failed items every 5 s": run_litellm(
+                args, sim_url, retry=True
+            ),
         }
     print(
         f"\ndeployments (tokens/requests per {args.window_s:g} s window): "

@@ -266,3 +266,9 @@ def test_calls_fail_over_to_azure_within_the_deadline_using_no_attempt(
         assert sorted(r.waste_reason for r in wasted) == ["failover_timeout"] * len(hangs)
         assert {r.deployment for r in wasted} <= {"bad"}
         assert s.scalar(select(func.count()).select_from(UsageLedger)) == 16 + len(hangs)
+    # The usage report, by deployment.
+    rows = {r["deployment"]: r for r in python_api.usage(tenant="acme", group_by="deployment")}
+    assert rows["east"]["model"] == "pool" and rows["east"]["requests"] == 16
+    assert rows["east"]["wasted_requests"] == 0
+    if hangs:
+        assert rows["bad"]["requests"] == rows["bad"]["wasted_requests"] == len(hangs)
