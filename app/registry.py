@@ -138,7 +138,32 @@ _PRICES = (
 )
 
 
-class Deployment(BaseModel):
+class Endpoint(BaseModel):
+    """Where calls go: the provider, its URL, the variable holding the key (never the
+    key), the region, and for Azure OpenAI the deployment and api-version."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    provider: ProviderKind
+    base_url: str
+    api_key_env: str
+    region: str | None = None
+    # Azure OpenAI: the deployment (default: the model's name) and the api-version.
+    azure_deployment: str | None = None
+    api_version: str | None = None
+
+    @model_validator(mode="after")
+    def _azure_version(self) -> Endpoint:
+        if self.provider is ProviderKind.AZURE and not self.api_version:
+            raise ValueError("provider azure needs api_version")
+        return self
+
+    def api_key(self) -> str:
+        """The provider API key from the environment (the simulator accepts any)."""
+        return os.environ.get(self.api_key_env, "sk-batchgen-local")
+
+
+class Deployment(Endpoint):
     """One deployment of a model (``[models."<name>".deployments.<deployment>]``): an
     endpoint, key and region with its own limits, limit shape and budget in Redis.
 
@@ -147,16 +172,7 @@ class Deployment(BaseModel):
     Prices left out are the model's; ``tiers`` price this deployment's tiers apart.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    provider: ProviderKind
-    base_url: str
-    api_key_env: str
-    region: str | None = None
-    # Azure OpenAI: the deployment (default: the model's name) and the api-version.
-    azure_deployment: str | None = None
-    api_version: str | None = None
     budget_key: str
     tokens_per_min: PositiveInt
     requests_per_min: PositiveInt
@@ -170,12 +186,6 @@ class Deployment(BaseModel):
     cache_write_usd_per_1m: float | None = Field(default=None, ge=0)
     reasoning_usd_per_1m: float | None = Field(default=None, ge=0)
     tiers: dict[Tier, TierPrices] | None = None
-
-    @model_validator(mode="after")
-    def _azure(self) -> Deployment:
-        if self.provider is ProviderKind.AZURE and not self.api_version:
-            raise ValueError(f"deployment {self.name!r}: provider azure needs api_version")
-        return self
 
 
 def _pool_fields(data: dict[str, object]) -> dict[str, object]:
@@ -212,18 +222,10 @@ def _pool_fields(data: dict[str, object]) -> dict[str, object]:
     return {**data, "deployments": tuple(pool)}
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(Endpoint):
     """One model's provider, limits and prices, and the deployments that serve it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     name: str
-    provider: ProviderKind
-    base_url: str
-    api_key_env: str
-    region: str | None = None
-    azure_deployment: str | None = None
-    api_version: str | None = None
     group: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
     budget_key: str
     context_window: PositiveInt
@@ -264,8 +266,6 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _own_deployment(self) -> ModelSpec:
-        if self.provider is ProviderKind.AZURE and not self.api_version:
-            raise ValueError("provider azure needs api_version")
         if not self.deployments:
             own = {f: getattr(self, f) for f in _SERVED}
             own.update(name=DEFAULT_DEPLOYMENT, slot_key=self.name)
@@ -327,10 +327,6 @@ class ModelSpec(BaseModel):
     def queue(self) -> str:
         """The Celery queue this model's tasks go to."""
         return QUEUE_PREFIX + self.group
-
-    def api_key(self) -> str:
-        """The provider API key from the environment (the simulator accepts any)."""
-        return os.environ.get(self.api_key_env, "sk-batchgen-local")
 
 
 class Registry:

@@ -43,6 +43,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from batchgen.simulator.limits import max_window_sum
 from bench.harness import reset_state, servers, simulator_process, wait_finished
 
 HERE = Path(__file__).resolve().parent
@@ -112,19 +113,6 @@ def set_deployments(sim_url: str, fault_s: float) -> None:
     httpx.post(f"{sim_url}/_sim/deployments", json=lanes(fault_s)).raise_for_status()
 
 
-def max_window(events: list[tuple[float, int]], window_s: float) -> int:
-    """The largest sum of ``(time, amount)`` events within any window of ``window_s``."""
-    events.sort()
-    best = current = start = 0
-    for ts, amount in events:
-        current += amount
-        while events[start][0] + window_s <= ts:
-            current -= events[start][1]
-            start += 1
-        best = max(best, current)
-    return best
-
-
 def measure(sim_url: str, window_s: float, fault_s: float, elapsed_s: float) -> dict[str, Any]:
     """What the simulator saw of one run (its log and stats)."""
     log = httpx.get(f"{sim_url}/_sim/log", params={"limit": 1_000_000}).json()
@@ -145,8 +133,8 @@ def measure(sim_url: str, window_s: float, fault_s: float, elapsed_s: float) -> 
             "answered": sum(1 for e in answered if e["deployment"] == name),
             "429s": sum(1 for e in log if e["deployment"] == name and e["status"] == 429),
             "5xx": sum(1 for e in log if e["deployment"] == name and (e["status"] or 0) >= 500),
-            "max_tokens_sent": max_window(sent, window_s),
-            "max_requests_sent": max_window([(e["start_ts"], 1) for e in reached], window_s),
+            "max_tokens_sent": max_window_sum(sent, window_s),
+            "max_requests_sent": max_window_sum([(e["start_ts"], 1) for e in reached], window_s),
             "tpm": tpm,
             "rpm": rpm,
         }

@@ -95,6 +95,19 @@ def rate_limited_call(item: Claimed, settings: Settings, exc: RateLimited) -> Ve
     return with_db_retries(item, "handing a rate-limited item back", work)
 
 
+def _unanswered(item: Claimed, spec: ModelSpec, latency_ms: int) -> CallOutcome:
+    """A call that failed after it was sent: the provider may charge it, its usage is
+    unknown, so the ledger carries the prompt estimate (as waste), against the
+    deployment that took it (``spec`` is the model as that deployment serves it)."""
+    return CallOutcome(
+        item_id=item.item_id,
+        attempt=item.attempt,
+        prompt_tokens=item.prompt_tokens_est,
+        upstream_latency_ms=latency_ms,
+        deployment=spec.served_by,
+    )
+
+
 def failover(
     item: Claimed,
     spec: ModelSpec,
@@ -115,14 +128,7 @@ def failover(
 
     def work(session: Session) -> bool:
         if exc.billed:
-            waste = CallOutcome(
-                item_id=item.item_id,
-                attempt=item.attempt,
-                prompt_tokens=item.prompt_tokens_est,
-                upstream_latency_ms=latency_ms,
-                deployment=deployment,
-            )
-            record_waste(session, waste, spec, f"failover_{reason}")
+            record_waste(session, _unanswered(item, spec, latency_ms), spec, f"failover_{reason}")
         return items.failover(
             session,
             item,
@@ -168,16 +174,7 @@ def failed(
 
     def work(session: Session) -> str:
         if exc.billed:
-            # The provider may charge a call that failed after it was sent; its usage
-            # is unknown, so the ledger carries the prompt estimate, marked as waste.
-            waste = CallOutcome(
-                item_id=item.item_id,
-                attempt=item.attempt,
-                prompt_tokens=item.prompt_tokens_est,
-                upstream_latency_ms=latency_ms,
-                deployment=spec.served_by,
-            )
-            record_waste(session, waste, spec, f"failed_{exc.kind}")
+            record_waste(session, _unanswered(item, spec, latency_ms), spec, f"failed_{exc.kind}")
         if decision.action is AfterFailure.RETRY:
             if items.retry_later(session, item, decision.wait_s, decision.code, decision.message):
                 return "retry"
