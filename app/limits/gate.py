@@ -183,9 +183,12 @@ class Gate:
         its tenant to that demand (in the same one script) when it is denied a slot.
         """
         reservation_id = f"{item.item_id}:{item.attempt}"
-        if not self.enabled:
+        avoid = getattr(item, "avoid", None)
+        if not self.enabled:  # no budget: the first deployment, unless the item avoids it
             tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
-            return Pass(reservation_id, tokens, item.prompt_tokens_est)
+            names = [d.name for d in spec.deployments]
+            first = next((n for n in names if n != avoid), names[0])
+            return Pass(reservation_id, tokens, item.prompt_tokens_est, deployment=first)
         deadline = time.monotonic() + self.settings.slot_wait_s
         lease = self._slot_lease_s(spec)
         urgent = bool(getattr(item, "urgent", False))
@@ -215,7 +218,7 @@ class Gate:
                     urgent=urgent,
                     urgent_claim_s=URGENT_CLAIM_S,
                     share=share,
-                    avoid=getattr(item, "avoid", None),
+                    avoid=avoid,
                 )
             except BaseException:
                 # The reply may have been lost after the script ran: the slot is not

@@ -295,3 +295,17 @@ def test_a_simulated_deployments_faults_end_with_its_fault_time():
     ended = Lane.of("c", LaneConfig(fault_rate=1.0, fault_for_s=0), 60.0, seed=1)
     assert ended.fault(None) is None
     assert ended.fault("hang") == "hang"
+
+
+def test_without_a_budget_the_gate_takes_the_first_deployment_not_avoided():
+    import redis
+
+    from batchgen.config import Settings
+    from batchgen.limits.gate import Gate, Pass
+
+    gate = Gate(redis.Redis(), Settings(budget_enabled=False))
+    spec = parse_registry(MODEL + POOL)["m"]
+    first = gate.enter(spec, ticket())
+    avoided = gate.enter(spec, ticket(avoid="a"))
+    assert isinstance(first, Pass) and isinstance(avoided, Pass)
+    assert (first.deployment, avoided.deployment) == ("a", "b")
