@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from decimal import Decimal
 
 import httpx
 import pytest
@@ -257,10 +258,19 @@ def test_calls_fail_over_to_azure_within_the_deadline_using_no_attempt(
         assert all(i.finished_at < i.deadline_at for i in items)
         assert {i.deployment for i in items} == {"east"}
         ledger = s.execute(
-            select(UsageLedger.deployment, UsageLedger.waste_reason, UsageLedger.cost_usd)
+            select(
+                UsageLedger.deployment,
+                UsageLedger.waste_reason,
+                UsageLedger.cost_usd,
+                UsageLedger.prompt_tokens,
+                UsageLedger.completion_tokens,
+            )
         ).all()
         served = [r for r in ledger if r.waste_reason is None]
         assert len(served) == 16 and {r.deployment for r in served} == {"east"}
+        # Priced at east's own output price ($4 / 1M), the model's input price ($1 / 1M).
+        for r in served:
+            assert r.cost_usd == Decimal(r.prompt_tokens + 4 * r.completion_tokens) / 10**6
         # A hang past the timeout may be billed: ledgered as waste, against its deployment.
         wasted = [r for r in ledger if r.waste_reason is not None]
         assert sorted(r.waste_reason for r in wasted) == ["failover_timeout"] * len(hangs)
