@@ -150,6 +150,9 @@ def _by_deployment(
             func.coalesce(func.sum(u.cost_usd).filter(wasted), 0),
             func.count().filter(offline),
             func.coalesce(func.sum(u.cost_usd).filter(offline), 0),
+            func.coalesce(func.sum(u.prompt_tokens).filter(offline), 0),
+            func.coalesce(func.sum(u.completion_tokens).filter(offline), 0),
+            func.coalesce(func.sum(u.online_cost_usd - u.cost_usd).filter(offline), 0),
         )
         .where(day >= first, day <= last)
         .group_by(u.model, u.deployment)
@@ -171,7 +174,10 @@ def _by_deployment(
             "wasted_requests": int(r[9]),
             "wasted_cost_usd": str(r[10]),
             "offline_requests": int(r[11]),
+            "offline_prompt_tokens": int(r[13]),
+            "offline_completion_tokens": int(r[14]),
             "offline_cost_usd": f"{r[12]:f}",
+            "saved_usd": f"{r[15]:f}",
         }
         for r in session.execute(query)
     ]

@@ -280,5 +280,8 @@ def test_calls_fail_over_to_azure_within_the_deadline_using_no_attempt(
     rows = {r["deployment"]: r for r in python_api.usage(tenant="acme", group_by="deployment")}
     assert rows["east"]["model"] == "pool" and rows["east"]["requests"] == 16
     assert rows["east"]["wasted_requests"] == 0
+    (by_model,) = python_api.usage(tenant="acme")
+    assert set(by_model) <= set(rows["east"])  # the same fields as by model, and more
+    assert by_model["requests"] == sum(r["requests"] for r in rows.values())
     if hangs:
         assert rows["bad"]["requests"] == rows["bad"]["wasted_requests"] == len(hangs)
