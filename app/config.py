@@ -262,6 +262,18 @@ class Settings(BaseSettings):
     # header leaves them out as if not yet counted (0: only calls granted after it).
     budget_send_spread_s: float = Field(default=0.05, ge=0.0)
 
+    # Deployment pools (app/domain/pools.py): a call that fails on one deployment of a
+    # model with several (429, 5xx, time-out, refused connection) goes to another at
+    # once, using none of the item's failure attempts, at most max_failovers times an
+    # item (then failures count as attempts again). A deployment with
+    # breaker_failures such failures within breaker_window_s cools down (skipped by
+    # every worker) for breaker_cooldown_s, doubled at each trip that follows without a
+    # success between, at most max_cooldown_s; after it, one failure trips it again.
+    max_failovers: int = Field(default=20, ge=0)
+    breaker_failures: int = Field(default=3, ge=1)
+    breaker_window_s: float = Field(default=10.0, gt=0)
+    breaker_cooldown_s: float = Field(default=5.0, gt=0)
+
     # Broker: unacked messages come back after this; longer than any countdown we use.
     visibility_timeout_s: int = 3600
     worker_concurrency: int = 16

@@ -32,6 +32,9 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 class ProviderKind(StrEnum):
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
+    # Azure OpenAI's classic API through the SDK's AzureOpenAI client: the deployment in
+    # the path, ``api-version`` in the query, the key in the ``api-key`` header.
+    AZURE = "azure"
 
 
 class Endpoint(StrEnum):
@@ -91,8 +94,8 @@ DEFAULT_TIER_MULTIPLIER = {Tier.STANDARD: 1.0, Tier.BATCH: 0.5, Tier.FLEX: 0.5}
 # provider, when the model names no price of its own: Anthropic bills reads at 0.1x
 # and 5-minute writes at 1.25x; OpenAI bills cached input at 0.5x (newer models lower:
 # set cached_input_usd_per_1m) and nothing extra for a write.
-DEFAULT_CACHE_READ_MULTIPLIER = {"openai": 0.5, "anthropic": 0.1}
-DEFAULT_CACHE_WRITE_MULTIPLIER = {"openai": 1.0, "anthropic": 1.25}
+DEFAULT_CACHE_READ_MULTIPLIER = {"openai": 0.5, "anthropic": 0.1, "azure": 0.5}
+DEFAULT_CACHE_WRITE_MULTIPLIER = {"openai": 1.0, "anthropic": 1.25, "azure": 1.0}
 
 
 class TierPrices(BaseModel):
@@ -133,15 +136,117 @@ class OfflineRoute(BaseModel):
     output_usd_per_1m: float | None = Field(default=None, ge=0)
 
 
-class ModelSpec(BaseModel):
-    """One model's provider, limits and prices."""
+# The implicit deployment of a model that declares none (its own fields are its one
+# deployment's, its budget and slots keyed as they always were).
+DEFAULT_DEPLOYMENT = "default"
+# What a deployment takes from its model's table unless it says otherwise.
+INHERITED = ("provider", "base_url", "api_key_env", "region", "api_version", "limit_shape")
+# A deployment's own limits: with deployments, the model's are their sums.
+POOLED_LIMITS = ("tokens_per_min", "requests_per_min", "max_concurrency")
+# What a call served by a deployment takes from it (ModelSpec.at); prices only if set.
+_SERVED = (
+    *INHERITED,
+    *POOLED_LIMITS,
+    "azure_deployment",
+    "budget_key",
+)
+_PRICES = (
+    "input_usd_per_1m",
+    "output_usd_per_1m",
+    "cached_input_usd_per_1m",
+    "cache_write_usd_per_1m",
+    "reasoning_usd_per_1m",
+)
+
+
+class ProviderTarget(BaseModel):
+    """Where calls go: the provider, its URL, the variable holding the key (never the
+    key), the region, and for Azure OpenAI the deployment and api-version."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str
     provider: ProviderKind
     base_url: str
     api_key_env: str
+    region: str | None = None
+    # Azure OpenAI: the deployment (default: the model's name) and the api-version.
+    azure_deployment: str | None = None
+    api_version: str | None = None
+
+    @model_validator(mode="after")
+    def _azure_version(self) -> ProviderTarget:
+        if self.provider is ProviderKind.AZURE and not self.api_version:
+            raise ValueError("provider azure needs api_version")
+        return self
+
+    def api_key(self) -> str:
+        """The provider API key from the environment (the simulator accepts any)."""
+        return os.environ.get(self.api_key_env, "sk-batchgen-local")
+
+
+class Deployment(ProviderTarget):
+    """One deployment of a model (``[models."<name>".deployments.<deployment>]``): a
+    provider target (URL, key and region) with its own limits, limit shape and budget in Redis.
+
+    Clients name the model; the gate picks one of its deployments for each call
+    (:mod:`batchgen.limits.gate`). The key is read from ``api_key_env``, never stored.
+    Prices left out are the model's; ``tiers`` price this deployment's tiers apart.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    budget_key: str
+    tokens_per_min: PositiveInt
+    requests_per_min: PositiveInt
+    max_concurrency: PositiveInt
+    limit_shape: LimitShape = LimitShape.WINDOW
+    # Its concurrency slots' key (the model's name for the implicit deployment).
+    slot_key: str
+    input_usd_per_1m: float | None = Field(default=None, ge=0)
+    output_usd_per_1m: float | None = Field(default=None, ge=0)
+    cached_input_usd_per_1m: float | None = Field(default=None, ge=0)
+    cache_write_usd_per_1m: float | None = Field(default=None, ge=0)
+    reasoning_usd_per_1m: float | None = Field(default=None, ge=0)
+    tiers: dict[Tier, TierPrices] | None = None
+
+
+def _pool_fields(data: dict[str, object]) -> dict[str, object]:
+    """A model table with ``deployments``: each deployment completed from the model's
+    table (:data:`INHERITED`), keyed apart (budget ``<budget_key>:<name>``, slots
+    ``<model>@<name>``), and the model's limits their sums."""
+    declared = data.get("deployments")
+    if not isinstance(declared, dict) or not declared:
+        raise ValueError("deployments must be a table of one or more deployments")
+    given = [f for f in POOLED_LIMITS if f in data]
+    if given:
+        raise ValueError(f"{', '.join(given)}: with deployments, set limits on each deployment")
+    model = str(data.get("name", ""))
+    budget_key = str(data.setdefault("budget_key", model))
+    pool: list[dict[str, object]] = []
+    for name, raw in declared.items():
+        if not isinstance(raw, dict):
+            raise ValueError(f"deployment {name!r} must be a table")
+        missing = [f for f in POOLED_LIMITS if f not in raw]
+        if missing:
+            raise ValueError(f"deployment {name!r} needs {', '.join(missing)}")
+        entry = {f: data[f] for f in INHERITED if f in data}
+        entry.update(raw, name=name, slot_key=f"{model}@{name}")
+        entry.setdefault("budget_key", f"{budget_key}:{name}")
+        pool.append(entry)
+    first = pool[0]
+    for f in ("provider", "base_url", "api_key_env"):
+        if f in first:
+            data.setdefault(f, first[f])
+    for f in POOLED_LIMITS:
+        values = [e.get(f) for e in pool]
+        if all(isinstance(v, int) and v > 0 for v in values):
+            data[f] = sum(values)  # type: ignore[arg-type]
+    return {**data, "deployments": tuple(pool)}
+
+
+class ModelSpec(ProviderTarget):
+    """One model's provider, limits and prices, and the deployments that serve it."""
+
+    name: str
     group: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
     budget_key: str
     context_window: PositiveInt
@@ -208,6 +313,57 @@ class ModelSpec(BaseModel):
         """The most output tokens one answer may take (0: a model that generates none)."""
         return self.max_output_tokens or 0
 
+    # Where its calls go: the declared deployments, or one made of the model's own
+    # fields (DEFAULT_DEPLOYMENT).
+    deployments: tuple[Deployment, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared_pool(cls, data: object) -> object:
+        if isinstance(data, dict) and isinstance(data.get("deployments"), dict):
+            return _pool_fields(dict(data))
+        return data
+
+    @model_validator(mode="after")
+    def _own_deployment(self) -> ModelSpec:
+        if not self.deployments:
+            own = {f: getattr(self, f) for f in _SERVED}
+            own.update(name=DEFAULT_DEPLOYMENT, slot_key=self.name)
+            object.__setattr__(self, "deployments", (Deployment.model_validate(own),))
+        return self
+
+    @property
+    def pooled(self) -> bool:
+        """More than one deployment: calls fail over between them."""
+        return len(self.deployments) > 1
+
+    @property
+    def served_by(self) -> str | None:
+        """The name of the one deployment this spec stands for (a model of one, or a
+        view made by :meth:`at`), None for a model of several."""
+        return self.deployments[0].name if len(self.deployments) == 1 else None
+
+    def deployment(self, name: str | None) -> Deployment:
+        """The deployment called ``name`` (None, or one it does not have: the first)."""
+        for d in self.deployments:
+            if d.name == name:
+                return d
+        return self.deployments[0]
+
+    def at(self, deployment: Deployment | str | None) -> ModelSpec:
+        """This model as one deployment serves it: that deployment's endpoint, key,
+        limits, budget and prices (where it sets its own), and it alone. A call's
+        provider request, its budget settlement and its ledger price use this view."""
+        d = deployment if isinstance(deployment, Deployment) else self.deployment(deployment)
+        if self.deployments == (d,):
+            return self
+        update: dict[str, object] = {f: getattr(d, f) for f in _SERVED}
+        update.update({f: getattr(d, f) for f in _PRICES if getattr(d, f) is not None})
+        if d.tiers is not None:
+            update["tiers"] = d.tiers
+        update["deployments"] = (d,)
+        return self.model_copy(update=update)
+
     @property
     def offline_route(self) -> OfflineRoute | None:
         """The offline route when the model offloads (``offload = true``), else None."""
@@ -231,10 +387,6 @@ class ModelSpec(BaseModel):
     def queue(self) -> str:
         """The Celery queue this model's tasks go to."""
         return QUEUE_PREFIX + self.group
-
-    def api_key(self) -> str:
-        """The provider API key from the environment (the simulator accepts any)."""
-        return os.environ.get(self.api_key_env, "sk-batchgen-local")
 
 
 class Registry:
@@ -302,7 +454,9 @@ def parse_registry(text: str, source: str = "<string>") -> Registry:
         except ValidationError as exc:
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])
-            raise ConfigError(f"{source}: model {name!r}: {loc}: {first['msg']}") from exc
+            where = f"{loc}: " if loc else ""
+            msg = first["msg"].removeprefix("Value error, ")
+            raise ConfigError(f"{source}: model {name!r}: {where}{msg}") from exc
     check_shared_budgets(models.values(), source)
     return Registry(models)
 
@@ -311,17 +465,20 @@ SHARED_LIMITS = ("tokens_per_min", "requests_per_min", "limit_shape")
 
 
 def check_shared_budgets(models: Iterable[ModelSpec], source: str = "<string>") -> None:
-    """Models sharing a ``budget_key`` share one provider account, hence one budget:
-    they must declare the same limits and limit shape (else one of them may never get
-    capacity, or the shared budget would be kept in two incompatible ways)."""
-    by_key: dict[str, list[ModelSpec]] = {}
+    """Deployments sharing a ``budget_key`` (of one model or several) share one provider
+    account, hence one budget: they must declare the same limits and limit shape (else
+    one of them may never get capacity, or the shared budget would be kept in two
+    incompatible ways)."""
+    by_key: dict[str, list[tuple[str, Deployment]]] = {}
     for spec in models:
-        by_key.setdefault(spec.budget_key, []).append(spec)
-    for key, specs in sorted(by_key.items()):
+        for d in spec.deployments:
+            label = spec.name if d.name == DEFAULT_DEPLOYMENT else f"{spec.name}@{d.name}"
+            by_key.setdefault(d.budget_key, []).append((label, d))
+    for key, users in sorted(by_key.items()):
         for field in SHARED_LIMITS:
-            values = {getattr(m, field) for m in specs}
+            values = {getattr(d, field) for _, d in users}
             if len(values) > 1:
-                declared = ", ".join(f"{m.name!r}: {getattr(m, field)}" for m in specs)
+                declared = ", ".join(f"{label!r}: {getattr(d, field)}" for label, d in users)
                 raise ConfigError(
                     f"{source}: models sharing budget_key {key!r} declare different "
                     f"{field} ({declared}); one account has one limit: make them equal"

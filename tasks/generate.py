@@ -159,9 +159,15 @@ def _hand_back(
     outcome: PackOutcome, model: str | None, size: int, item_id: int, settings: Settings
 ) -> None:
     """The pack's untried items go to other threads, one per message: its calls turned
-    slow, or an item raised. Best effort: an item whose message is lost waits for the
+    slow, an item raised, or items failed over to another deployment (each with its
+    next ticket). Best effort: an item whose message is lost waits for the
     sweep."""
-    why = "an item failed" if outcome.error is not None else f"ran past {settings.pack_max_s} s"
+    failed_over = sum(1 for p in outcome.handed_back if (p.ticket or {}).get("avoid"))
+    why = f"ran past {settings.pack_max_s} s"
+    if outcome.error is not None:
+        why = "an item failed"
+    elif failed_over == len(outcome.handed_back):
+        why = "failed over to another deployment"
     log.info(
         "pack of %d items from item %d %s: %d items handed back",
         size,

@@ -30,7 +30,9 @@ def usage(
     end: str = typer.Option(
         None, "--to", callback=_iso_day, help="Last day, YYYY-MM-DD (default: today)."
     ),
-    group_by: str = typer.Option("model", help="model, day, or tenant (all tenants only)."),
+    group_by: str = typer.Option(
+        "model", help="model, day, deployment, or tenant (all tenants only)."
+    ),
     as_json: bool = JSON,
 ) -> None:
     """Requests, tokens, cost and waste from the usage ledger."""
@@ -55,7 +57,7 @@ def usage(
     )
     for r in rows:
         table.add_row(
-            str(r[group_by]),
+            f"{r['model']}@{r['deployment']}" if group_by == "deployment" else str(r[group_by]),
             str(r["requests"]),
             str(r["prompt_tokens"]),
             str(r["completion_tokens"]),

@@ -66,7 +66,7 @@ from batchgen.domain.settlement import charged_tokens as charged_tokens  # re-ex
 from batchgen.limits import counters
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import script
-from batchgen.registry import LimitShape, ModelSpec
+from batchgen.registry import Deployment, LimitShape, ModelSpec
 
 MAX_JITTER_S = 1.0
 
@@ -118,6 +118,8 @@ class Grant:
     # (an earlier entry of the same attempt); it is not the caller's to give back.
     held_before: bool = False
     slot_held_before: bool = False
+    # Granted: the deployment it was granted on (its name).
+    deployment: str = ""
 
     @property
     def slot_denied(self) -> bool:
@@ -144,6 +146,9 @@ class SettleOps:
     cooldown_s: float | None = None
     counters: tuple[str, ...] = ()
     release_slot: bool = False
+    # The deployment's circuit breaker: "ok" (an answer), "fail" (a failure that points
+    # at the deployment, app/domain/pools.py) or "" (leave it).
+    breaker: str = ""
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,7 @@ class Settled:
     observed: int = 0  # tokens the headers added to our count (negative: given back)
     cooldown_s: float = 0.0  # the cooldown now in force, when one was asked
     ratio: float = 1.0  # the model's learned ratio after it
+    tripped_s: float = 0.0  # the breaker opened for this long (0: it did not)
 
 
 def _arg(value: float | int | None) -> str:
@@ -177,18 +183,37 @@ class Budget:
         # Learning off: reservations use our own count from the start.
         self.ratio_start = settings.budget_ratio_start if self.ratio_weight > 0 else 1.0
         self.send_spread_s = settings.budget_send_spread_s
+        self.breaker_failures = settings.breaker_failures
+        self.breaker_window_s = settings.breaker_window_s
+        self.breaker_cooldown_s = settings.breaker_cooldown_s
 
     @property
     def span_s(self) -> float:
         return self.window_s + self.guard_s
 
-    def _keys(self, spec: ModelSpec, tenant_id: int | None) -> list[str]:
+    def _keys(self, budget_key: str, tenant_id: int | None) -> list[str]:
         tid = tenant_id if tenant_id is not None else 0
         return [
-            keys.budget_log(spec.budget_key),
-            keys.budget_amounts(spec.budget_key),
+            keys.budget_log(budget_key),
+            keys.budget_amounts(budget_key),
             keys.tenant_log(tid),
             keys.tenant_amounts(tid),
+        ]
+
+    @staticmethod
+    def _deployment_keys(d: Deployment) -> list[str]:
+        key = d.budget_key
+        return [
+            keys.budget_log(key),
+            keys.budget_amounts(key),
+            keys.cooldown(key),
+            keys.budget_waiters(key),
+            keys.budget_waiter_tokens(key),
+            keys.budget_waiters_seen(key),
+            keys.budget_meta(key),
+            keys.budget_bucket(key),
+            keys.budget_ratio(key),
+            keys.slots(d.slot_key),
         ]
 
     # --- entering ----------------------------------------------------------------------
@@ -211,43 +236,52 @@ class Budget:
         urgent: bool = False,
         urgent_claim_s: float = 0.5,
         share: tuple[str, int, str, float] | None = None,
+        avoid: str | None = None,
         now_s: float | None = None,
     ) -> Grant:
-        """One script: a slot (``slot_limit`` > 0) and ``prompt_tokens`` (scaled by the
-        learned ratio) + ``rest_tokens`` and one request against the model (and tenant),
-        all or nothing. ``waiter_id`` names the caller across its retries (the item, not
-        the attempt): when denied, it keeps its place in the budget's line. ``count``:
-        add denials and waits (and, with ``count_slot_denial``, a slot denial) to the
-        model's counters. ``urgent`` (a synchronous call): denied a slot, it claims the
-        next one for ``urgent_claim_s`` (renewed by each try). ``share``
-        (:mod:`batchgen.limits.call_shares`): the caller's tenant key, its tenant's
-        share of the slots (0: no cap; a sync call's tenant holds no more, denied with
-        reason ``share``), and its demand entry with its ttl (added when denied a slot,
-        so sync calls' shares count this tenant)."""
+        """One script: a slot (``slot_limit`` > 0: the model's, of all its deployments)
+        and ``prompt_tokens`` (scaled by the learned ratio) + ``rest_tokens`` and one
+        request, on one of the model's deployments (and against the tenant), all or
+        nothing. The deployment is the one :func:`batchgen.domain.pools.pick` prefers
+        among those with room (``avoid``: the one the item's last call failed on, last);
+        :attr:`Grant.deployment` names it. ``waiter_id`` names the caller across its
+        retries (the item, not the attempt): when denied, it keeps its place in a
+        budget's line. ``count``: add denials and waits (and, with
+        ``count_slot_denial``, a slot denial) to the model's counters. ``urgent`` (a
+        synchronous call): denied a slot, it claims the next one for ``urgent_claim_s``
+        (renewed by each try). ``share`` (:mod:`batchgen.limits.call_shares`): the
+        caller's tenant key, its tenant's share of the slots (0: no cap; a sync call's
+        tenant holds no more, denied with reason ``share``), and its demand entry with
+        its ttl (added when denied a slot, so sync calls' shares count this tenant)."""
         tenant_key, share_slots, demand_entry, demand_ttl_s = share or ("", 0, "", 0.0)
-        key = spec.budget_key
+        pool = spec.deployments
+        tid = tenant_id if tenant_id is not None else 0
+        pool_keys: list[str] = []
+        pool_args: list[str | int] = []
+        for d in pool:
+            pool_keys += self._deployment_keys(d)
+            pool_args += [
+                d.tokens_per_min,
+                d.requests_per_min,
+                d.limit_shape.value,
+                d.max_concurrency if slot_limit > 0 else 0,
+                "1" if avoid is not None and d.name == avoid else "0",
+            ]
         reply = script(self.client, "budget_reserve")(
             keys=[
-                *self._keys(spec, tenant_id),
-                keys.cooldown(key),
-                keys.budget_waiters(key),
-                keys.budget_waiter_tokens(key),
-                keys.budget_waiters_seen(key),
-                keys.budget_meta(key),
-                keys.budget_bucket(key),
-                keys.budget_ratio(key),
-                keys.slots(spec.name),
+                keys.tenant_log(tid),
+                keys.tenant_amounts(tid),
                 keys.counters(spec.name),
                 keys.slot_callers(spec.name),
                 keys.slot_tenants(spec.name),
                 keys.call_demand(spec.name),
+                keys.slots(spec.name),
+                *pool_keys,
             ],
             args=[
                 reservation_id,
                 max(0, prompt_tokens),
                 max(0, rest_tokens),
-                spec.tokens_per_min,
-                spec.requests_per_min,
                 tenant_tokens_per_min or 0,
                 self.window_s,
                 self.guard_s,
@@ -255,7 +289,6 @@ class Budget:
                 waiter_id or "",
                 self.claim_ttl_s,
                 self.held_claims,
-                spec.limit_shape.value,
                 spec.name,
                 slot_limit,
                 slot_lease_s,
@@ -271,6 +304,8 @@ class Budget:
                 share_slots,
                 demand_entry,
                 demand_ttl_s,
+                len(pool),
+                *pool_args,
             ],
         )
         status, wait_ms, reason, tokens, part, countdown = reply[:6]
@@ -283,6 +318,7 @@ class Budget:
                 prompt_part=int(part),
                 held_before=bool(held & 1),
                 slot_held_before=bool(held & 2),
+                deployment=pool[int(reply[7]) - 1].name,
             )
         if status == -1:
             return Grant(False, never=True, reason="never")
@@ -347,16 +383,19 @@ class Budget:
         if ops.cooldown_s is not None:
             capped = capped_cooldown_s(ops.cooldown_s, self.max_cooldown_s)
             cooldown_ms = max(1, int(capped * 1000))
-        key = spec.budget_key
-        delta, observed, left_ms, ratio = script(self.client, "budget_settle")(
+        (d,) = spec.deployments  # one deployment: the model's own, or a view (spec.at)
+        key = d.budget_key
+        reply = script(self.client, "budget_settle")(
             keys=[
-                *self._keys(spec, ops.tenant_id),
+                *self._keys(key, ops.tenant_id),
                 keys.budget_meta(key),
                 keys.budget_bucket(key),
                 keys.budget_ratio(key),
                 keys.cooldown(key),
-                keys.slots(spec.name),
+                keys.slots(d.slot_key),
                 keys.counters(spec.name),
+                keys.slots(spec.name),
+                keys.breaker(key),
             ],
             args=[
                 reservation_id,
@@ -385,10 +424,18 @@ class Budget:
                 "1" if ops.release_slot else "0",
                 self.ratio_start,
                 self.send_spread_s,
+                ops.breaker,
+                self.breaker_failures,
+                self.breaker_window_s,
+                int(self.breaker_cooldown_s * 1000),
+                int(self.max_cooldown_s * 1000),
             ],
         )
+        delta, observed, left_ms, ratio, tripped_ms = reply
         text = ratio.decode() if isinstance(ratio, bytes) else str(ratio)
-        return Settled(int(delta), int(observed), int(left_ms) / 1000.0, float(text))
+        return Settled(
+            int(delta), int(observed), int(left_ms) / 1000.0, float(text), int(tripped_ms) / 1000.0
+        )
 
     def reconcile(
         self,
@@ -447,27 +494,31 @@ class Budget:
         return self.settle(spec, "", SettleOps(cooldown_s=seconds)).cooldown_s
 
     def used(self, spec: ModelSpec, now_s: float | None = None) -> tuple[int, int]:
-        """(tokens, requests) in use, on Redis's clock (for status and metrics). Window:
-        reserved in the current window (only what is still inside it). Bucket: what is
-        missing from a full bucket (capacity minus level)."""
-        key = spec.budget_key
-        tokens, requests = script(self.client, "budget_used")(
-            keys=[*self._keys(spec, None)[:2], keys.budget_bucket(key)],
-            args=[
-                self.window_s,
-                self.guard_s,
-                _arg(now_s),
-                spec.limit_shape.value,
-                spec.tokens_per_min,
-                spec.requests_per_min,
-            ],
-        )
-        return int(tokens), int(requests)
+        """(tokens, requests) in use, on Redis's clock (for status and metrics), summed
+        over the model's deployments. Window: reserved in the current window (only what
+        is still inside it). Bucket: what is missing from a full bucket (capacity minus
+        level)."""
+        tokens = requests = 0
+        for d in spec.deployments:
+            key = d.budget_key
+            t, r = script(self.client, "budget_used")(
+                keys=[keys.budget_log(key), keys.budget_amounts(key), keys.budget_bucket(key)],
+                args=[
+                    self.window_s,
+                    self.guard_s,
+                    _arg(now_s),
+                    d.limit_shape.value,
+                    d.tokens_per_min,
+                    d.requests_per_min,
+                ],
+            )
+            tokens, requests = tokens + int(t), requests + int(r)
+        return tokens, requests
 
     def ratio(self, spec: ModelSpec) -> float:
         """The model's learned ratio of the provider's prompt count to ours (before the
         first sample: ``budget_ratio_start``)."""
-        value = self.client.hget(keys.budget_ratio(spec.budget_key), spec.name)
+        value = self.client.hget(keys.budget_ratio(spec.deployments[0].budget_key), spec.name)
         return float(value) if value is not None else self.ratio_start
 
 

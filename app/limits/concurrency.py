@@ -24,8 +24,14 @@ class Slots:
             )
         )
 
-    def release(self, model: str, holder: str) -> None:
-        self.client.zrem(keys.slots(model), holder)
+    def release(self, model: str, holder: str, own: list[str] | None = None) -> None:
+        """Free ``holder``'s slot in the model's set and in those of ``own`` (its
+        deployments' slot keys, :attr:`batchgen.registry.Deployment.slot_key`)."""
+        names = dict.fromkeys([model, *(own or [])])
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.zrem(keys.slots(name), holder)
+        pipe.execute()
 
     def held(self, model: str) -> int:
         """Slots currently held (leases not yet expired, on Redis's clock like the scores)."""

@@ -24,6 +24,7 @@ import redis
 
 from batchgen.config import Settings
 from batchgen.domain.call_shares import share_of
+from batchgen.domain.pools import breaker_signal
 from batchgen.domain.rate_limits import RateLimitState
 from batchgen.domain.settlement import SettleAction, SettleCounter, decide_settlement
 from batchgen.errors import ProviderError, RateLimited
@@ -95,6 +96,8 @@ class Pass:
     # delivery of the same attempt made them. If no call follows, they are left alone.
     adopted: bool = False
     slot_adopted: bool = False
+    # The deployment of the model that takes the call (the gate picked it).
+    deployment: str = ""
 
 
 class WaitKind(StrEnum):
@@ -153,9 +156,14 @@ class Gate:
         return running_lease_s(spec, self.settings)
 
     def _free_slot(self, spec: ModelSpec, holder: str) -> None:
-        """Release a slot after a failure (best effort: if Redis is down, its lease ends)."""
+        """Release a slot after a failure (best effort: if Redis is down, its lease ends):
+        the model's, and the deployments' own, whichever holds it."""
+        own = [d.slot_key for d in spec.deployments if d.slot_key != spec.name]
         with contextlib.suppress(redis.RedisError):
-            self.slots.release(spec.name, holder)
+            if own:
+                self.slots.release(spec.name, holder, own)
+            else:
+                self.slots.release(spec.name, holder)
 
     def enter(self, spec: ModelSpec, item: CallTicket) -> Pass | Wait | Never:
         """Take a slot and reserve tokens (one script), or say how long to wait.
@@ -175,9 +183,12 @@ class Gate:
         its tenant to that demand (in the same one script) when it is denied a slot.
         """
         reservation_id = f"{item.item_id}:{item.attempt}"
-        if not self.enabled:
+        avoid = getattr(item, "avoid", None)
+        if not self.enabled:  # no budget: the first deployment, unless the item avoids it
             tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
-            return Pass(reservation_id, tokens, item.prompt_tokens_est)
+            names = [d.name for d in spec.deployments]
+            first = next((n for n in names if n != avoid), names[0])
+            return Pass(reservation_id, tokens, item.prompt_tokens_est, deployment=first)
         deadline = time.monotonic() + self.settings.slot_wait_s
         lease = self._slot_lease_s(spec)
         urgent = bool(getattr(item, "urgent", False))
@@ -207,6 +218,7 @@ class Gate:
                     urgent=urgent,
                     urgent_claim_s=URGENT_CLAIM_S,
                     share=share,
+                    avoid=avoid,
                 )
             except BaseException:
                 # The reply may have been lost after the script ran: the slot is not
@@ -225,6 +237,7 @@ class Gate:
                 item.prompt_tokens_est,
                 adopted=grant.held_before,
                 slot_adopted=grant.slot_held_before,
+                deployment=grant.deployment,
             )
         if grant.never:
             tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
@@ -253,7 +266,7 @@ class Gate:
         rid = admitted.reservation_id
         try:
             ops = settle_ops(spec, admitted, tenant_id, max_tokens, response, error)
-            self.budget.settle(spec, rid, ops)
+            self.budget.settle(spec.at(admitted.deployment), rid, ops)
         except BaseException:
             self._free_slot(spec, rid)  # the script may not have run: free it anyway
             raise
@@ -310,4 +323,5 @@ def settle_ops(
         cooldown_s=decision.cooldown_s,
         counters=tuple(_SETTLE_COUNTERS[c] for c in decision.counters),
         release_slot=True,
+        breaker=breaker_signal(deployments=len(spec.deployments), answered=answered, error=error),
     )

@@ -41,6 +41,12 @@ def cooldown(budget_key: str) -> str:
     return f"{PREFIX}budget:{{{budget_key}}}:cooldown"
 
 
+def breaker(budget_key: str) -> str:
+    """Hash: a deployment's circuit breaker (``n`` failures in the window that started
+    at ``since``, ``trips`` in a row without an answer); open = its cooldown key set."""
+    return f"{PREFIX}budget:{{{budget_key}}}:breaker"
+
+
 def budget_waiters(budget_key: str) -> str:
     """Zset of callers denied by the budget, scored by their first denial (the line)."""
     return f"{PREFIX}budget:{{{budget_key}}}:waiters"
@@ -65,6 +71,8 @@ def tenant_amounts(tenant_id: int) -> str:
 
 
 def slots(model: str) -> str:
+    """Zset of a model's concurrency slots (holder -> lease end); ``model@deployment``
+    for one deployment's own, beside the model's set of every deployment's holders."""
     return f"{PREFIX}slots:{{{model}}}"
 
 

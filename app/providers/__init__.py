@@ -7,7 +7,7 @@ from batchgen.registry import ModelSpec, ProviderKind
 
 # (provider, base URL, key env) of the clients this process has built: a first call
 # builds its SDK client (imports, TLS context, pool) before its item is marked sent.
-_WARMED: set[tuple[str, str, str | None]] = set()
+_WARMED: set[tuple[str, ...]] = set()
 
 
 def warmed_provider(spec: ModelSpec) -> Provider:
@@ -15,7 +15,7 @@ def warmed_provider(spec: ModelSpec) -> Provider:
     what a first call would build (the SDK's imports and client: seconds in a fresh
     process) never sits between an item being marked sent and its request leaving."""
     provider = get_provider(spec)
-    key = (spec.provider.value, spec.base_url, spec.api_key_env)
+    key = (spec.provider.value, spec.base_url, spec.api_key_env, spec.azure_deployment or "")
     if key not in _WARMED:
         provider.warm(spec)
         _WARMED.add(key)

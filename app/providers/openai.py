@@ -3,10 +3,12 @@
 SDK retries are off: retry timing belongs to :mod:`batchgen.domain.retry` and the
 dispatcher, which also honour the item's deadline.
 
-A ``base_url`` with an ``api-version`` query (Azure OpenAI's classic API,
-e.g. ``https://RES.openai.azure.com/openai?api-version=2024-10-21``) uses the
-SDK's ``AzureOpenAI`` client: the key goes in the ``api-key`` header and the
-model name is the deployment (``/openai/deployments/<model>/chat/completions``).
+A model (or deployment) of provider ``"azure"`` is called through the SDK's
+``AzureOpenAI`` client: ``base_url`` is the resource's endpoint, the deployment
+(``azure_deployment``, default the model's name) goes in the path, ``api_version``
+in the query and the key in the ``api-key`` header. So does a ``base_url`` with an
+``api-version`` query (``https://RES.openai.azure.com/openai?api-version=2024-10-21``):
+then the model name is the deployment (``/openai/deployments/<model>/chat/completions``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from batchgen.providers.base import (
     transport_error,
 )
 from batchgen.providers.headers import openai_rate_limits
-from batchgen.registry import ModelSpec
+from batchgen.registry import ModelSpec, ProviderKind
 
 __all__ = ["ITEM_HEADER", "OpenAIProvider", "classify_status", "endpoint_answer", "translate"]
 
@@ -77,6 +79,26 @@ def sdk_client(base_url: str, api_key: str) -> openai.OpenAI:
             max_retries=0,
         )
     return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+
+
+@functools.cache
+def azure_client(endpoint: str, deployment: str, api_version: str, api_key: str) -> openai.OpenAI:
+    # One client per Azure deployment and process (the deployment is in its base URL).
+    return openai.AzureOpenAI(
+        azure_endpoint=endpoint,
+        azure_deployment=deployment,
+        api_version=api_version,
+        api_key=api_key,
+        max_retries=0,
+    )
+
+
+def client_for(spec: ModelSpec) -> openai.OpenAI:
+    """The SDK client of ``spec``'s endpoint (an Azure deployment's, or any other)."""
+    if spec.provider is ProviderKind.AZURE:
+        deployment = spec.azure_deployment or spec.name
+        return azure_client(spec.base_url, deployment, spec.api_version or "", spec.api_key())
+    return sdk_client(spec.base_url, spec.api_key())
 
 
 def _error_code(exc: openai.APIStatusError) -> str | None:
@@ -196,7 +218,7 @@ class OpenAIProvider:
     its Responses API and embeddings (plain)."""
 
     def warm(self, spec: ModelSpec) -> None:
-        client = sdk_client(spec.base_url, spec.api_key())
+        client = client_for(spec)
         lean = lean_http.endpoint(client, get_settings().lean_http)
         if lean is not None:
             lean.warm()
@@ -205,7 +227,7 @@ class OpenAIProvider:
 
     def complete(self, request: ProviderRequest) -> ProviderResponse:
         cancelled_before_call(request)
-        client = sdk_client(request.spec.base_url, request.spec.api_key())
+        client = client_for(request.spec)
         try:
             if request.endpoint != CHAT_COMPLETIONS:
                 return self._endpoint(client, request)

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Sequence
 
 from batchgen.simulator.config import DEFAULT_FAULT_KINDS, LIMITERS, SimulatorConfig
+from batchgen.simulator.lanes import LaneConfig
 from batchgen.simulator.runner import run_simulator
 
 
@@ -57,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-enqueued-tokens", type=int, default=None, help="enqueued tokens per key and model"
     )
+    p.add_argument(
+        "--deployment",
+        action="append",
+        default=[],
+        metavar="NAME:FIELD=VALUE,...",
+        help="a simulated deployment served under /d/NAME/ with its own limits and faults: "
+        "tpm, rpm, limiter, fault_rate, fault_kinds (joined by +), fault_for_s "
+        "(e.g. east:tpm=30000,rpm=500,fault_rate=0.5,fault_for_s=60); repeatable",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -83,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         batch_expire=args.batch_expire,
         batch_enqueued_tokens_limit=args.batch_enqueued_tokens,
         batch_create_delay_s=args.batch_create_delay_s,
+        deployments=dict(LaneConfig.parse(text) for text in args.deployment),
     )
 
 

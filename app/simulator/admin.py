@@ -3,7 +3,9 @@
 ``GET /_sim/stats`` (counters, window maxima and, under ``"bound"``, what was
 admitted against each limit: the window maximum, or a bucket's ``max_burst`` and
 total charge), ``GET /_sim/log`` (``?item=``,
-``?limit=``), ``POST /_sim/reset``, ``GET``/``POST /_sim/config`` (run-time changes).
+``?limit=``), ``POST /_sim/reset``, ``GET``/``POST /_sim/config`` (run-time changes),
+``GET``/``POST /_sim/deployments`` (simulated deployments: ``{"name": {limits and
+fault mode}}``, set afresh, their fault mode's time counted from then).
 """
 
 from __future__ import annotations
@@ -80,6 +82,19 @@ async def _sim_config(request: web.Request) -> web.Response:
     return web.json_response(state.config.as_dict())
 
 
+async def _sim_deployments(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if request.method == "POST":
+        try:
+            lanes = await request.json()
+            if not isinstance(lanes, dict):
+                raise ValueError("body must be a JSON object of deployments by name")
+            state.set_lanes(lanes)
+        except (ValueError, TypeError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+    return web.json_response({name: c.as_dict() for name, c in state.lane_configs.items()})
+
+
 def add_admin_routes(app: web.Application) -> None:
     """Register ``/v1/models`` and ``/_sim/*`` on ``app``."""
     app.router.add_get("/v1/models", _models)
@@ -89,3 +104,5 @@ def add_admin_routes(app: web.Application) -> None:
     app.router.add_get("/_sim/last_request", _sim_last_request)
     app.router.add_get("/_sim/config", _sim_config)
     app.router.add_post("/_sim/config", _sim_config)
+    app.router.add_get("/_sim/deployments", _sim_deployments)
+    app.router.add_post("/_sim/deployments", _sim_deployments)

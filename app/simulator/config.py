@@ -122,6 +122,9 @@ class SimulatorConfig:
     batch_enqueued_tokens_limit: int | None = None
     # A create is answered this long after the job exists (an answer a crash can lose).
     batch_create_delay_s: float = 0.0
+    # Simulated deployments served under /d/<name>/ (app/simulator/lanes.py): name ->
+    # a LaneConfig or its JSON form (their own limits and fault mode).
+    deployments: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.fault_kinds = tuple(self.fault_kinds)
@@ -176,4 +179,8 @@ class SimulatorConfig:
         data = dataclasses.asdict(self)
         data["fault_kinds"] = list(self.fault_kinds)
         data["models"] = list(self.models)
+        data["deployments"] = {
+            name: lane.as_dict() if hasattr(lane, "as_dict") else dict(lane)
+            for name, lane in self.deployments.items()
+        }
         return data

@@ -4,7 +4,9 @@ Responses API and embeddings (:mod:`batchgen.simulator.endpoints`), their batch 
 
 Limits are enforced per (API key, model), by a sliding window (charge: tiktoken
 prompt tokens + max_tokens) or a token bucket (charge: ceil(body bytes / 4) +
-max_tokens), see :mod:`batchgen.simulator.config`. Every answer of the chat endpoints
+max_tokens), see :mod:`batchgen.simulator.config`; under ``/d/<name>/`` every chat
+route is a simulated deployment with limits and faults of its own
+(:mod:`batchgen.simulator.lanes`). Every answer of the chat endpoints
 carries the request id header and, once the model is known, the rate-limit
 headers of its API. Faults come from :class:`~batchgen.simulator.faults.FaultInjector`
 (``x-sim-fault`` header forces one). Log lines carry ids, sizes and token
@@ -32,6 +34,7 @@ from batchgen.simulator.batch_jobs import add_batch_routes
 from batchgen.simulator.config import SimulatorConfig
 from batchgen.simulator.faults import status_fault_answer
 from batchgen.simulator.formats import BadRequest, ChatRequest
+from batchgen.simulator.lanes import Lane
 from batchgen.simulator.limits import Admission
 from batchgen.simulator.state import STATE, LimitKey, SimState, key_id
 from batchgen.simulator.text import completion_text, split_chunks
@@ -54,6 +57,7 @@ class _Call:
     rid: str
     entry: dict[str, Any]
     headers: dict[str, str]
+    lane: Lane
     endpoint: str = CHAT
     key: LimitKey | None = None
     prompt_tokens: int = 0
@@ -84,9 +88,9 @@ def _error(call: _Call, status: int, message: str, **kw: Any) -> web.Response:
 
 
 def _rl_headers(state: SimState, call: _Call, req: Admission, tok: Admission) -> None:
-    cfg = state.config
+    lane = call.lane
     call.headers.update(
-        fmt.ratelimit_headers(call.api, (cfg.requests_per_min, req), (cfg.tokens_per_min, tok))
+        fmt.ratelimit_headers(call.api, (lane.requests.limit, req), (lane.tokens.limit, tok))
     )
 
 
@@ -113,12 +117,19 @@ async def _chat(
     request: web.Request, api: str, model: str | None = None, endpoint: str = CHAT
 ) -> web.StreamResponse:
     state = request.app[STATE]
+    name = request.match_info.get("lane")
+    lane = state.lane(name)
+    if lane is None:
+        body = fmt.error_body(api, 404, f"no simulated deployment {name!r}")
+        return web.json_response(body, status=404)
     rid = other.new_response_id() if endpoint == RESPONSES else fmt.new_id(api)
+    item = request.headers.get("x-batchgen-item")
     call = _Call(
         api,
         rid,
-        state.start(api, rid, request.headers.get("x-batchgen-item"), request.remote),
+        state.start(api, rid, item, request.remote, name),
         {"request-id" if api == "anthropic" else "x-request-id": rid},
+        lane,
         endpoint,
     )
     call.entry["endpoint"] = endpoint
@@ -133,7 +144,7 @@ async def _chat(
                 call.delivered_tokens = count_text("".join(call.sent), state.config.encoding)
             call.entry["completion_tokens"] = call.delivered_tokens
             call.entry["charged_tokens"] = state.settle(
-                call.key, rid, call.prompt_tokens, call.delivered_tokens
+                call.key, rid, call.prompt_tokens, call.delivered_tokens, call.lane
             )
         state.finish(call.entry)
         e = call.entry
@@ -180,13 +191,13 @@ async def _serve(
     # Counted the providers' way: message text, and images, tools and response_format.
     call.prompt_tokens = entry["prompt_tokens"] = _prompt_tokens(call, body, req, cfg.encoding)
     try:
-        fault = state.faults.choose(request.headers.get("x-sim-fault"))
+        fault = call.lane.fault(request.headers.get("x-sim-fault"))
     except ValueError as exc:
         state.counters["bad_requests"] += 1
         return _error(call, 400, str(exc))
     if cfg.context_window is not None and call.prompt_tokens > cfg.context_window:
         state.counters["bad_requests"] += 1
-        _rl_headers(state, call, *state.peek(call.key))
+        _rl_headers(state, call, *state.peek(call.key, call.lane))
         return _error(
             call,
             400,
@@ -199,7 +210,7 @@ async def _serve(
         state.counters[f"fault_{fault}"] += 1
     if fault == "429":
         state.counters["rate_limited"] += 1
-        _rl_headers(state, call, *state.peek(call.key))
+        _rl_headers(state, call, *state.peek(call.key, call.lane))
         body = fmt.error_body(
             call.api, 429, "Rate limit reached (simulated).", code="rate_limit_exceeded"
         )
@@ -209,7 +220,7 @@ async def _serve(
             call.api, fault, call.prompt_tokens, cfg.context_window
         )
         state.counters["rate_limited" if status == 429 else "errors"] += 1
-        _rl_headers(state, call, *state.peek(call.key))
+        _rl_headers(state, call, *state.peek(call.key, call.lane))
         return _json(call, status, body, extra)
     return await _admit_and_answer(request, state, call, req, fault)
 
@@ -217,8 +228,9 @@ async def _serve(
 async def _admit_and_answer(
     request: web.Request, state: SimState, call: _Call, req: ChatRequest, fault: str | None
 ) -> web.StreamResponse:
-    amount = state.charge(call.prompt_tokens, call.body_bytes, req.max_tokens)
-    req_adm, tok_adm = state.admit(call.key, amount, call.rid)  # type: ignore[arg-type]
+    amount = state.charge(call.prompt_tokens, call.body_bytes, req.max_tokens, call.lane)
+    call.entry["requested_tokens"] = amount
+    req_adm, tok_adm = state.admit(call.key, amount, call.rid, call.lane)  # type: ignore[arg-type]
     _rl_headers(state, call, req_adm, tok_adm)
     if not (req_adm.ok and tok_adm.ok):
         state.counters["rate_limited"] += 1
@@ -232,14 +244,14 @@ async def _admit_and_answer(
     else:
         text, ctoks, finish = completion_text(req.prompt_messages, req.max_tokens, cfg.encoding)
     call.entry["finish_reason"] = finish
-    first_s = (cfg.latency_base_ms + state.faults.jitter_ms(cfg.latency_jitter_ms)) / 1000
+    first_s = (cfg.latency_base_ms + call.lane.faults.jitter_ms(cfg.latency_jitter_ms)) / 1000
     tokens_s = cfg.latency_per_token_ms * ctoks / 1000
     if fault == "hang":
         await asyncio.sleep(cfg.hang_s)
     if fault == "5xx":
         await asyncio.sleep(first_s)
         state.counters["errors"] += 1
-        status = state.faults.server_error_status(call.api)
+        status = call.lane.faults.server_error_status(call.api)
         return _error(
             call, status, "The server had an error while processing your request (simulated)."
         )
@@ -335,11 +347,12 @@ def _rate_limited(
     tok_adm: Admission,
 ) -> web.Response:
     cfg = state.config
+    lane = call.lane
     failing = [
         (a.retry_after_s, what, limit, a, n)
         for what, limit, a, n in (
-            ("requests", cfg.requests_per_min, req_adm, 1),
-            ("tokens", cfg.tokens_per_min, tok_adm, amount),
+            ("requests", lane.requests.limit, req_adm, 1),
+            ("tokens", lane.tokens.limit, tok_adm, amount),
         )
         if not a.ok
     ]
@@ -514,11 +527,13 @@ def create_app(config: SimulatorConfig | None = None) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[STATE] = SimState(dataclasses.replace(config or SimulatorConfig()))
     get_encoding(app[STATE].config.encoding)  # loaded now, not inside the first answer
-    app.router.add_post("/v1/chat/completions", _openai_chat)
-    app.router.add_post("/v1/messages", _anthropic_messages)
-    app.router.add_post("/v1/responses", _openai_responses)
-    app.router.add_post("/v1/embeddings", _openai_embeddings)
-    app.router.add_post("/openai/deployments/{deployment}/chat/completions", _azure_chat)
+    for prefix in ("", "/d/{lane}"):  # the root lane, and simulated deployments
+        app.router.add_post(f"{prefix}/v1/chat/completions", _openai_chat)
+        app.router.add_post(f"{prefix}/v1/messages", _anthropic_messages)
+        app.router.add_post(f"{prefix}/v1/responses", _openai_responses)
+        app.router.add_post(f"{prefix}/v1/embeddings", _openai_embeddings)
+        azure = f"{prefix}/openai/deployments/{{deployment}}/chat/completions"
+        app.router.add_post(azure, _azure_chat)
     add_batch_routes(app)
     add_admin_routes(app)
     return app

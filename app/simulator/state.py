@@ -17,10 +17,10 @@ from aiohttp import web
 from batchgen.simulator.bucket import TokenBucketLimiter, own_count_charge
 from batchgen.simulator.config import SimulatorConfig
 from batchgen.simulator.faults import FaultInjector
+from batchgen.simulator.lanes import Lane, LaneConfig, Limiter, limiters
 from batchgen.simulator.limits import Admission, SlidingWindowLimiter
 
 LimitKey = tuple[str, str]  # (api key id, model)
-Limiter = SlidingWindowLimiter | TokenBucketLimiter
 
 
 def key_id(api_key: str | None) -> str:
@@ -35,8 +35,13 @@ class SimState:
 
     def __init__(self, config: SimulatorConfig) -> None:
         self.config = config
-        self.requests, self.tokens = self._limiters(config)
-        self.faults = FaultInjector(config.fault_rate, config.fault_kinds, config.seed)
+        requests, tokens = self._limiters(config)
+        faults = FaultInjector(config.fault_rate, config.fault_kinds, config.seed)
+        self.root = Lane(None, requests, tokens, faults)
+        # Simulated deployments (app/simulator/lanes.py), by name.
+        self.lanes: dict[str, Lane] = {}
+        self.lane_configs: dict[str, LaneConfig] = {}
+        self.set_lanes(config.deployments)
         self.log: deque[dict[str, Any]] = deque(maxlen=config.log_size)
         self.models: dict[str, None] = dict.fromkeys(config.models)
         self.counters: Counter[str] = Counter()
@@ -51,20 +56,39 @@ class SimState:
     @staticmethod
     def _limiters(config: SimulatorConfig) -> tuple[Limiter, Limiter]:
         """Fresh (requests, tokens) limiters of the configured kind."""
-        if config.limiter == "bucket":
-            return (
-                TokenBucketLimiter(config.requests_per_min, config.window_s),
-                TokenBucketLimiter(config.tokens_per_min, config.window_s),
-            )
-        return (
-            SlidingWindowLimiter(config.requests_per_min, config.window_s),
-            SlidingWindowLimiter(config.tokens_per_min, config.window_s),
+        return limiters(
+            config.limiter, config.requests_per_min, config.tokens_per_min, config.window_s
         )
+
+    # The root lane's parts, as the simulator's own.
+    @property
+    def requests(self) -> Limiter:
+        return self.root.requests
+
+    @property
+    def tokens(self) -> Limiter:
+        return self.root.tokens
+
+    @property
+    def faults(self) -> FaultInjector:
+        return self.root.faults
 
     @property
     def bucket_mode(self) -> bool:
         """True when the token-bucket limiter (and its own token count) is in force."""
-        return isinstance(self.tokens, TokenBucketLimiter)
+        return self.root.bucket_mode
+
+    def set_lanes(self, configs: dict[str, Any]) -> None:
+        """Set simulated deployments (``name -> LaneConfig`` or its JSON form), each
+        fresh: new limiters, and its fault mode's time counted from now. Others stay."""
+        for name, raw in configs.items():
+            config = raw if isinstance(raw, LaneConfig) else LaneConfig.from_dict(raw)
+            self.lane_configs[name] = config
+            self.lanes[name] = Lane.of(name, config, self.config.window_s, self.config.seed)
+
+    def lane(self, name: str | None) -> Lane | None:
+        """The lane called ``name`` (None: the root lane); None when there is none."""
+        return self.root if name is None else self.lanes.get(name)
 
     def apply_config(self, changes: dict[str, Any]) -> SimulatorConfig:
         """Change run-time settings (raises ``ValueError``); limiter history is kept,
@@ -74,7 +98,7 @@ class SimState:
         switched = new.limiter != self.config.limiter
         self.config = new
         if switched:
-            self.requests, self.tokens = self._limiters(new)
+            self.root.requests, self.root.tokens = self._limiters(new)
         self.requests.limit = new.requests_per_min
         self.tokens.limit = new.tokens_per_min
         self.faults.rate = new.fault_rate
@@ -85,68 +109,92 @@ class SimState:
         """Clear log, counters and limiters and reseed the fault RNG (the config stays)."""
         self.requests.clear()
         self.tokens.clear()
+        for lane in self.lanes.values():
+            lane.requests.clear()
+            lane.tokens.clear()
         self.log.clear()
         self.counters.clear()
         self.prompt_cache.clear()
         self.last_request.clear()
         self.max_in_flight = self.in_flight
         cfg = self.config
-        self.faults = FaultInjector(cfg.fault_rate, cfg.fault_kinds, cfg.seed)
+        self.root.faults = FaultInjector(cfg.fault_rate, cfg.fault_kinds, cfg.seed)
 
     # -- admission -------------------------------------------------------------
-    def charge(self, prompt_tokens: int, body_bytes: int, max_tokens: int) -> int:
+    def charge(
+        self, prompt_tokens: int, body_bytes: int, max_tokens: int, lane: Lane | None = None
+    ) -> int:
         """The token charge of a request: ``prompt_tokens + max_tokens`` (window), or
         the simulator's own count ``ceil(body_bytes / 4) + max_tokens`` (bucket)."""
-        if self.bucket_mode:
+        if (lane or self.root).bucket_mode:
             return own_count_charge(body_bytes, max_tokens)
         return prompt_tokens + max_tokens
 
-    def admit(self, key: LimitKey, tokens: int, entry_id: Hashable) -> tuple[Admission, Admission]:
-        """Check both limits at once; record in both only if both admit."""
+    def admit(
+        self, key: LimitKey, tokens: int, entry_id: Hashable, lane: Lane | None = None
+    ) -> tuple[Admission, Admission]:
+        """Check both limits of the lane (default: the root) at once; record in both
+        only if both admit."""
+        at = lane or self.root
         now = time.monotonic()
-        req = self.requests.check(key, 1, now)
-        tok = self.tokens.check(key, tokens, now)
+        req = at.requests.check(key, 1, now)
+        tok = at.tokens.check(key, tokens, now)
         if req.ok and tok.ok:
-            req = self.requests.try_admit(key, 1, now, entry_id)
-            tok = self.tokens.try_admit(key, tokens, now, entry_id)
-        elif self.bucket_mode:  # nothing taken: report the buckets as they are
+            req = at.requests.try_admit(key, 1, now, entry_id)
+            tok = at.tokens.try_admit(key, tokens, now, entry_id)
+        elif at.bucket_mode:  # nothing taken: report the buckets as they are
             if req.ok:
-                req = self.requests.check(key, 0, now)
+                req = at.requests.check(key, 0, now)
             if tok.ok:
-                tok = self.tokens.check(key, 0, now)
+                tok = at.tokens.check(key, 0, now)
         else:  # nothing recorded: report what is really left
-            if req.ok and self.requests.limit is not None:
+            if req.ok and at.requests.limit is not None:
                 req = req._replace(remaining=req.remaining + 1)
-            if tok.ok and self.tokens.limit is not None:
+            if tok.ok and at.tokens.limit is not None:
                 tok = tok._replace(remaining=tok.remaining + tokens)
         return req, tok
 
-    def peek(self, key: LimitKey) -> tuple[Admission, Admission]:
+    def peek(self, key: LimitKey, lane: Lane | None = None) -> tuple[Admission, Admission]:
         """The current state of both limits for ``key`` (records nothing)."""
+        at = lane or self.root
         now = time.monotonic()
-        return self.requests.check(key, 0, now), self.tokens.check(key, 0, now)
+        return at.requests.check(key, 0, now), at.tokens.check(key, 0, now)
 
-    def settle(self, key: LimitKey, entry_id: Hashable, prompt: int, delivered: int) -> int:
+    def settle(
+        self,
+        key: LimitKey,
+        entry_id: Hashable,
+        prompt: int,
+        delivered: int,
+        lane: Lane | None = None,
+    ) -> int:
         """Final token charge of an admitted request (lowered in ``"actual"`` mode)."""
+        tokens = (lane or self.root).tokens
         try:
-            reserved = self.tokens.amount_of(entry_id)
+            reserved = tokens.amount_of(entry_id)
         except KeyError:  # forgotten by a /_sim/reset while the request ran
             return 0
-        if self.config.charge_mode == "actual" and isinstance(self.tokens, SlidingWindowLimiter):
+        if self.config.charge_mode == "actual" and isinstance(tokens, SlidingWindowLimiter):
             final = min(reserved, prompt + delivered)
-            self.tokens.adjust(key, entry_id, final)
+            tokens.adjust(key, entry_id, final)
             self.counters["tokens_admitted"] -= reserved - final
             return final
         return reserved
 
     # -- bookkeeping -----------------------------------------------------------
     def start(
-        self, api: str, request_id: str, item: str | None, peer: str | None = None
+        self,
+        api: str,
+        request_id: str,
+        item: str | None,
+        peer: str | None = None,
+        deployment: str | None = None,
     ) -> dict[str, Any]:
         """A new log entry (appended now, filled in as the request goes); ``peer`` is the
-        client's address."""
+        client's address, ``deployment`` the simulated deployment (lane) it came to."""
         entry: dict[str, Any] = {
             "request_id": request_id,
+            "deployment": deployment,
             "item": item,
             "peer": peer,
             "api": api,
@@ -163,6 +211,8 @@ class SimState:
             "prompt_tokens": 0,
             "completion_tokens": 0,
             "charged_tokens": 0,
+            # What the call asked of the token limit when it reached it (admitted or not).
+            "requested_tokens": 0,
         }
         self.log.append(entry)
         self.counters["requests"] += 1
@@ -210,9 +260,27 @@ class SimState:
             "max_in_flight": self.max_in_flight,
             "limiter": self.config.limiter,
             "bound": self._bound(windows),
+            "deployments": {name: self._lane_stats(lane) for name, lane in self.lanes.items()},
         }
 
-    def _bound(self, windows: dict[str, int]) -> dict[str, Any]:
+    def _lane_stats(self, lane: Lane) -> dict[str, Any]:
+        """A simulated deployment's calls by outcome and its window maxima and bounds."""
+        calls = [e for e in self.log if e.get("deployment") == lane.name]
+        windows = {
+            "tokens": lane.tokens.max_window_sum(),
+            "requests": lane.requests.max_window_sum(),
+        }
+        return {
+            "requests": len(calls),
+            "admitted": sum(1 for e in calls if e["admitted"]),
+            "succeeded": sum(1 for e in calls if e["status"] == 200 and e["completed"]),
+            "rate_limited": sum(1 for e in calls if e["status"] == 429),
+            "errors": sum(1 for e in calls if (e["status"] or 0) >= 500 or e["fault"]),
+            "config": self.lane_configs[lane.name or ""].as_dict(),
+            "bound": self._bound(windows, lane),
+        }
+
+    def _bound(self, windows: dict[str, int], lane: Lane | None = None) -> dict[str, Any]:
         """What the provider's limits allow against what was admitted, per limit.
 
         ``admitted``: the charges still in the limiter's history (all keys).
@@ -223,7 +291,8 @@ class SimState:
         ``respected`` is None when unlimited.
         """
         out: dict[str, Any] = {}
-        for what, limiter in (("tokens", self.tokens), ("requests", self.requests)):
+        at = lane or self.root
+        for what, limiter in (("tokens", at.tokens), ("requests", at.requests)):
             limit = limiter.limit
             in_window = windows[what]
             doc: dict[str, Any] = {"limit": limit, "max_in_any_window": in_window}

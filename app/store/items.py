@@ -71,6 +71,8 @@ RELEASE = _declare("release", {S.PENDING}, {S.QUEUED})
 CLAIM = _declare("claim", {S.QUEUED}, {S.RUNNING})
 EXPIRE_UNSTARTED = _declare("expire_unstarted", {S.PENDING, S.QUEUED}, {S.EXPIRED})
 REQUEUE = _declare("requeue", {S.RUNNING}, {S.QUEUED})
+# A call failed on one deployment of the model: on to another (sql/item_failover.sql).
+FAILOVER = _declare("failover", {S.RUNNING}, {S.QUEUED})
 DEFER = _declare("defer", {S.RUNNING}, {S.PENDING})
 RETRY_LATER = _declare("retry_later", {S.RUNNING}, {S.PENDING})
 FINISH = _declare("finish", {S.RUNNING}, {S.FAILED, S.EXPIRED, S.CANCELLED})
@@ -134,6 +136,8 @@ class Ticket:
     # The tenant's name, for an operator finding a tenant's tasks in Flower (an
     # identifier, never request text).
     tenant_name: str | None = None
+    # The deployment this item's last call failed on: the gate takes another first.
+    avoid: str | None = None
 
     def to_message(self) -> dict[str, Any]:
         """The message's ``ticket`` keyword (JSON; the item id is the task's argument)."""
@@ -151,6 +155,8 @@ class Ticket:
             message["weight"] = self.tenant_weight
         if self.tenant_name is not None:
             message["tenant_name"] = self.tenant_name
+        if self.avoid is not None:
+            message["avoid"] = self.avoid
         return message
 
     @classmethod
@@ -169,6 +175,7 @@ class Ticket:
                 urgent=data.get("urgent") is True,
                 tenant_weight=int(data.get("weight", 1)),
                 tenant_name=None if data.get("tenant_name") is None else str(data["tenant_name"]),
+                avoid=None if data.get("avoid") is None else str(data["avoid"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a ticket: {type(exc).__name__} {exc}") from None
@@ -204,6 +211,13 @@ class Claimed:
     # time.monotonic() taken no later than the start of the claiming transaction
     # (whose now() is ``now``), so that :meth:`db_now` never runs behind.
     read_mono_s: float
+    # Attempts that failed over to another deployment (none of them a failure attempt).
+    failovers: int = 0
+
+    @property
+    def failure_attempt(self) -> int:
+        """This attempt's number among the failure attempts (failovers not counted)."""
+        return self.attempt - self.failovers
 
     def db_now(self, mono_s: float | None = None) -> dt.datetime:
         """PostgreSQL's clock at ``mono_s`` (default: now) as seen from this process."""
@@ -255,16 +269,23 @@ def _claimed(row: Any, read_mono_s: float) -> Claimed:
         endpoint=row.endpoint,
         now=row.now,
         read_mono_s=read_mono_s,
+        failovers=row.failovers,
     )
 
 
 def claim_sent(
-    session: Session | Connection, ticket: Ticket, lease_s: float, read_mono_s: float
+    session: Session | Connection,
+    ticket: Ticket,
+    lease_s: float,
+    read_mono_s: float,
+    deployment: str | None = None,
 ) -> Claimed | None:
     """``queued → running``, marked sent, in one statement: the gate has already let
-    the call through. None when the item is not there for this ticket's attempt
-    (a stale or duplicate message, a cancelled, finished or expired item)."""
-    params = {"item_id": ticket.item_id, "attempt": ticket.attempt, "lease_s": lease_s}
+    the call through, to ``deployment`` (recorded on the item). None when the item is
+    not there for this ticket's attempt (a stale or duplicate message, a cancelled,
+    finished or expired item)."""
+    params: dict[str, Any] = {"item_id": ticket.item_id, "attempt": ticket.attempt}
+    params.update(lease_s=lease_s, deployment=deployment)
     rows = db.driver_rows(session, driver_query("item_claim_sent"), {**params, **CLAIM.params()})
     return _claimed(rows[0], read_mono_s) if rows else None
 
@@ -322,6 +343,24 @@ def requeue(
     return session.execute(query("item_requeue"), params).first() is not None
 
 
+def failover(
+    session: Session,
+    item: Attempt,
+    lease_s: float,
+    code: str,
+    message: str,
+    *,
+    rate_limited: bool = False,
+) -> bool:
+    """``running → queued``, on to another deployment: the call failed on its own (a 429,
+    5xx, time-out or refused connection). The attempt number is kept (a billed call's
+    ledger row is under it) and counted as a failover, not as a failure attempt; the
+    lease covers the wait until the next delivery."""
+    params = {**_owner(item), **FAILOVER.params(), "lease_s": lease_s}
+    params.update(rate_limited=int(rate_limited), code=code, message=message)
+    return session.execute(query("item_failover"), params).first() is not None
+
+
 def hold_queued(
     connection: Session | Connection, held: Sequence[tuple[int, int]], lease_s: float
 ) -> int:
@@ -371,6 +410,7 @@ class LockedItem:
     attempts: int
     sent_at: dt.datetime | None
     prompt_tokens_est: int
+    deployment: str | None = None  # the deployment of the current attempt's call
 
 
 def lock(session: Session, item_id: int, *, for_update: bool = True) -> LockedItem | None:
@@ -389,6 +429,7 @@ def lock(session: Session, item_id: int, *, for_update: bool = True) -> LockedIt
         attempts=row.attempts,
         sent_at=row.sent_at,
         prompt_tokens_est=row.prompt_tokens_est,
+        deployment=row.deployment,
     )
 
 

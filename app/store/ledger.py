@@ -44,6 +44,9 @@ class CallOutcome:
     provider_request_id: str | None = None
     upstream_latency_ms: int = 0
     queue_wait_ms: int = 0
+    # The deployment of the model that served the call (None: the item's, as recorded
+    # when its current attempt was sent).
+    deployment: str | None = None
 
     @property
     def usage(self) -> TokenUsage:
@@ -107,6 +110,7 @@ def _params(item: LockedItem, outcome: CallOutcome, cost: Decimal, waste: str | 
         **outcome.kinds(),
         "cost_usd": cost,
         "waste_reason": waste,
+        "deployment": outcome.deployment or item.deployment,
     }
 
 
@@ -191,6 +195,7 @@ def record_answer(
             "queue_wait_ms": outcome.queue_wait_ms,
             "route": Route.ONLINE.value,
             "online_cost_usd": None,
+            "deployment": outcome.deployment,
         },
     )
 

@@ -164,6 +164,11 @@ class Item(Base):
     attempts: Mapped[int] = mapped_column(Integer, server_default="0")
     # The provider's 429s for this item: budget signals, capped apart from attempts.
     rate_limited: Mapped[int] = mapped_column(Integer, server_default="0")
+    # Attempts whose call failed on one deployment and went to another (migration
+    # 0013): they use none of the failure attempts (the cap counts attempts - failovers).
+    failovers: Mapped[int] = mapped_column(Integer, server_default="0")
+    # The deployment the current attempt's call went to.
+    deployment: Mapped[str | None] = mapped_column(String(64))
     not_before: Mapped[dt.datetime | None] = mapped_column(TZ)
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(TZ)
     deadline_at: Mapped[dt.datetime] = mapped_column(TZ)
@@ -362,6 +367,9 @@ class UsageLedger(Base):
     route: Mapped[str] = mapped_column(String(10), server_default="online")
     # An offline row's price at the online prices (what offloading saved is the difference).
     online_cost_usd: Mapped[Decimal | None] = mapped_column(USD)
+    # The deployment of the model that served the call (migration 0013; NULL: a row of
+    # a provider's Batch API, or from before).
+    deployment: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
 
     __table_args__ = (

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from batchgen.errors import ValidationFailed
 from batchgen.store.schema import Tenant, TenantDailyUsage, UsageLedger
 
-GROUPS = ("model", "day", "tenant")
+GROUPS = ("model", "day", "tenant", "deployment")
 MAX_RANGE_DAYS = 366
 
 
@@ -44,12 +44,15 @@ def report(
     group_by: str = "model",
     tenant_id: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows of requests, tokens, cost and waste, grouped by ``model``, ``day`` or ``tenant``.
+    """Rows of requests, tokens, cost and waste, grouped by ``model``, ``day``, ``tenant``
+    or ``deployment`` (each model's deployments apart: read from the ledger's rows).
 
     ``tenant_id=None`` is the admin view over every tenant.
     """
     if group_by not in GROUPS:
         raise ValidationFailed(f"group_by must be one of {', '.join(GROUPS)}", field="group_by")
+    if group_by == "deployment":
+        return _by_deployment(session, first, last, tenant_id)
     d = TenantDailyUsage
     key = {"model": d.model, "day": d.day, "tenant": Tenant.name}[group_by]
     query = (
@@ -121,3 +124,60 @@ def _waste(
     if tenant_id is not None:
         query = query.where(u.tenant_id == tenant_id)
     return [(r[0], r[1], r[2]) for r in session.execute(query)]
+
+
+def _by_deployment(
+    session: Session, first: dt.date, last: dt.date, tenant_id: int | None
+) -> list[dict[str, Any]]:
+    """The ledger's rows of the range by model and deployment (``deployment`` None: rows
+    of the providers' Batch APIs, and rows from before deployments were recorded)."""
+    u = UsageLedger
+    day = cast(func.timezone("UTC", u.created_at), Date)
+    wasted = u.waste_reason.is_not(None)
+    offline = u.route == "offline"
+    query = (
+        select(
+            u.model,
+            u.deployment,
+            func.count(),
+            func.sum(u.prompt_tokens),
+            func.sum(u.completion_tokens),
+            func.sum(u.cached_tokens),
+            func.sum(u.cache_write_tokens),
+            func.sum(u.reasoning_tokens),
+            func.sum(u.cost_usd),
+            func.count().filter(wasted),
+            func.coalesce(func.sum(u.cost_usd).filter(wasted), 0),
+            func.count().filter(offline),
+            func.coalesce(func.sum(u.cost_usd).filter(offline), 0),
+            func.coalesce(func.sum(u.prompt_tokens).filter(offline), 0),
+            func.coalesce(func.sum(u.completion_tokens).filter(offline), 0),
+            func.coalesce(func.sum(u.online_cost_usd - u.cost_usd).filter(offline), 0),
+        )
+        .where(day >= first, day <= last)
+        .group_by(u.model, u.deployment)
+        .order_by(u.model, u.deployment)
+    )
+    if tenant_id is not None:
+        query = query.where(u.tenant_id == tenant_id)
+    return [
+        {
+            "model": r[0],
+            "deployment": r[1],
+            "requests": int(r[2]),
+            "prompt_tokens": int(r[3]),
+            "completion_tokens": int(r[4]),
+            "cached_tokens": int(r[5]),
+            "cache_write_tokens": int(r[6]),
+            "reasoning_tokens": int(r[7]),
+            "cost_usd": str(r[8]),
+            "wasted_requests": int(r[9]),
+            "wasted_cost_usd": str(r[10]),
+            "offline_requests": int(r[11]),
+            "offline_prompt_tokens": int(r[13]),
+            "offline_completion_tokens": int(r[14]),
+            "offline_cost_usd": f"{r[12]:f}",
+            "saved_usd": f"{r[15]:f}",
+        }
+        for r in session.execute(query)
+    ]

@@ -71,14 +71,18 @@ def redis_unavailable() -> Unavailable:
 
 
 def _cooldown_left_s(spec: ModelSpec) -> float:
-    """The provider's cooldown on the model's budget (0 when none). Redis unreachable
-    (refused, or silent past the client's socket timeout): :class:`Unavailable` now,
-    before the call is stored, rather than a call that cannot pass the gate."""
+    """The provider's cooldown on the model's budget (0 when none; for a model of several
+    deployments, the shortest of theirs). Redis unreachable (refused, or silent past
+    the client's socket timeout): :class:`Unavailable` now, before the call is stored,
+    rather than a call that cannot pass the gate."""
     try:
-        left_ms = get_redis().pttl(keys.cooldown(spec.budget_key))
+        pipe = get_redis().pipeline(transaction=False)
+        for d in spec.deployments:
+            pipe.pttl(keys.cooldown(d.budget_key))
+        lefts = pipe.execute()
     except REDIS_DOWN:
         raise redis_unavailable() from None
-    return max(0.0, float(left_ms) / 1000.0) if isinstance(left_ms, int) else 0.0
+    return min(max(0.0, float(ms) / 1000.0) if isinstance(ms, int) else 0.0 for ms in lefts)
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,7 @@ def _run_here(
                 relay.ended(verdict.outcome)
             if verdict.outcome == "succeeded" and verdict.call_s is not None:
                 pace.note(stored.model, verdict.call_s)
+            ticket = verdict.ticket or ticket  # failed over: the next attempt's ticket
             left_s = deadline_mono_s - time.monotonic()
             if left_s <= 0 or (relay is not None and relay.produced):
                 break  # the caller has the start of an answer: no retry can finish it

@@ -27,6 +27,7 @@ from batchgen.config import Settings
 from batchgen.domain import retry
 from batchgen.domain.deadlines import call_timeout_s, time_left_s
 from batchgen.domain.endpoints import line_endpoint
+from batchgen.domain.pools import failover_reason, fails_over
 from batchgen.domain.status import ItemStatus
 from batchgen.errors import (
     CallCancelled,
@@ -46,7 +47,7 @@ from batchgen.store.db import session_scope
 from batchgen.store.items import Claimed, Ticket
 from batchgen.store.ledger import CallOutcome, record_answer, record_success
 from batchgen.worker.cancellation import CancelWatcher
-from batchgen.worker.failures import cancelled, failed, rate_limited_call
+from batchgen.worker.failures import cancelled, failed, failover, rate_limited_call
 from batchgen.worker.heartbeat import heartbeat
 from batchgen.worker.recording import (
     after_commit,
@@ -113,20 +114,24 @@ def _run_ticket(
         return _wait(item, decision, settings)
     settlement = Settlement()
     try:
+        # The model as the deployment the gate picked serves it: its endpoint, key,
+        # limits and prices (the model itself when it has one deployment).
+        served = spec.at(decision.deployment)
         # Built before the claim marks the item sent: a first call's client (seconds of
         # SDK imports in a fresh process) is no window in which a process killed would
         # leave an item marked sent that never left.
-        provider = warmed_provider(spec)
+        provider = warmed_provider(served)
         # Watching before the claim: a cancel that commits after it is heard at once.
         with watcher.watch(ticket.batch_id) if watcher else nullcontext(Event()) as cancel:
-            item = _claim_sent(ticket, lease_s, settings)
+            item = _claim_sent(ticket, lease_s, settings, served.served_by)
             if item is None:
                 return _not_claimed(ticket.item_id, spec.name)
             if item.model != spec.name:  # a message routed under another model's name
                 give_back(item, settings)
                 return Verdict("skipped")
             with heartbeat().hold(item, lease_s):  # renewed until its outcome is recorded
-                return _call(item, spec, provider, settings, cancel, settlement, on_chunk)
+                call = _Call(item, spec, served, ticket)
+                return _call(call, provider, settings, cancel, settlement, on_chunk)
     finally:
         _settle(gate, spec, decision, ticket, settlement)
 
@@ -161,7 +166,9 @@ class _MaybeClaimed:
         return self.until_mono_s - time.monotonic()
 
 
-def _claim_sent(ticket: Ticket, lease_s: float, settings: Settings) -> Claimed | None:
+def _claim_sent(
+    ticket: Ticket, lease_s: float, settings: Settings, deployment: str | None = None
+) -> Claimed | None:
     """Claim and mark sent, one statement. On a database error the statement may have
     committed with its reply lost: the attempt is handed back (a no-op if it did not
     commit), and the claim tried once more on a fresh connection (see :func:`_claim`)."""
@@ -169,7 +176,7 @@ def _claim_sent(ticket: Ticket, lease_s: float, settings: Settings) -> Claimed |
         read_mono_s = time.monotonic()
         try:
             with db.autocommit() as connection:
-                return items.claim_sent(connection, ticket, lease_s, read_mono_s)
+                return items.claim_sent(connection, ticket, lease_s, read_mono_s, deployment)
         except Exception as exc:
             if not db.is_transient(exc):
                 raise
@@ -280,21 +287,32 @@ def _settle(
         )
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One call of a claimed item: the model, the model as the deployment the gate
+    picked serves it, and the ticket the item was delivered with."""
+
+    item: Claimed
+    spec: ModelSpec
+    served: ModelSpec
+    ticket: Ticket
+
+
 def _call(
-    item: Claimed,
-    spec: ModelSpec,
+    call: _Call,
     provider: Provider,
     settings: Settings,
     cancel: Event,
     settlement: Settlement,
     on_chunk: OnChunk | None = None,
 ) -> Verdict:
+    item, spec, served = call.item, call.spec, call.served
     # Time left on PostgreSQL's clock (where the deadline was set), not this host's.
     timeout = call_timeout_s(
         spec.call_timeout_s or settings.call_timeout_s, item.deadline_at, item.db_now()
     )
     request = ProviderRequest(
-        spec=spec,
+        spec=served,
         body=item.body,
         timeout_s=timeout,
         item_id=item.item_id,
@@ -311,10 +329,20 @@ def _call(
         settlement.error = exc
         call_s = time.monotonic() - started
         if isinstance(exc, CallCancelled):
-            return Verdict(cancelled(item, spec, exc), call_s=call_s)
+            return Verdict(cancelled(item, served, exc), call_s=call_s)
+        failing_over = fails_over(
+            deployments=len(spec.deployments),
+            reason=failover_reason(exc),
+            failovers=item.failovers,
+            max_failovers=settings.max_failovers,
+            time_left_s=time_left_s(item.deadline_at, item.db_now()),
+        )
+        if failing_over:
+            verdict = failover(item, served, settings, exc, int(call_s * 1000), call.ticket)
+            return replace(verdict, call_s=None if isinstance(exc, RateLimited) else call_s)
         if isinstance(exc, RateLimited) and not exc.billed:
             return rate_limited_call(item, settings, exc)  # a 429 is no call's time
-        return Verdict(failed(item, spec, settings, exc, int(call_s * 1000)), call_s=call_s)
+        return Verdict(failed(item, served, settings, exc, int(call_s * 1000)), call_s=call_s)
     settlement.response, settlement.error = response, None
     latency_s = time.monotonic() - started
     outcome = CallOutcome(
@@ -326,14 +354,16 @@ def _call(
         provider_request_id=response.request_id,
         upstream_latency_ms=int(latency_s * 1000),
         queue_wait_ms=max(0, int((item.started_at - item.created_at).total_seconds() * 1000)),
+        deployment=served.served_by,
     )
-    recorded = _record(item, outcome, spec)
+    recorded = _record(item, outcome, served)
     log.info(
-        "item %d attempt %d model %s succeeded prompt_tokens=%d completion_tokens=%d "
-        "latency_ms=%d recorded=%s",
+        "item %d attempt %d model %s deployment %s succeeded prompt_tokens=%d "
+        "completion_tokens=%d latency_ms=%d recorded=%s",
         item.item_id,
         item.attempt,
         spec.name,
+        served.served_by,
         response.prompt_tokens,
         response.completion_tokens,
         latency_s * 1000,

@@ -7,6 +7,7 @@ in one transaction with the ledger row of a call that may have been billed.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from sqlalchemy.orm import Session
 
@@ -19,12 +20,13 @@ from batchgen.domain.decisions import (
     after_rate_limit,
     attempt_cap,
 )
+from batchgen.domain.pools import failover_reason
 from batchgen.domain.status import ItemStatus
 from batchgen.errors import CallCancelled, PermanentProviderError, ProviderError, RateLimited
 from batchgen.registry import ModelSpec
 from batchgen.store import items
 from batchgen.store.batches import Progress
-from batchgen.store.items import Claimed
+from batchgen.store.items import Claimed, Ticket
 from batchgen.store.ledger import CallOutcome, record_waste
 from batchgen.worker.recording import after_commit, closing, end, with_db_retries
 from batchgen.worker.verdict import Verdict
@@ -47,6 +49,7 @@ def cancelled(item: Claimed, spec: ModelSpec, exc: CallCancelled) -> str:
                 attempt=item.attempt,
                 prompt_tokens=exc.prompt_tokens or item.prompt_tokens_est,
                 completion_tokens=exc.completion_tokens or 0,
+                deployment=spec.served_by,
             )
             record_waste(session, waste, spec, "cancelled_mid_call")
 
@@ -92,6 +95,64 @@ def rate_limited_call(item: Claimed, settings: Settings, exc: RateLimited) -> Ve
     return with_db_retries(item, "handing a rate-limited item back", work)
 
 
+def _unanswered(item: Claimed, spec: ModelSpec, latency_ms: int) -> CallOutcome:
+    """A call that failed after it was sent: the provider may charge it, its usage is
+    unknown, so the ledger carries the prompt estimate (as waste), against the
+    deployment that took it (``spec`` is the model as that deployment serves it)."""
+    return CallOutcome(
+        item_id=item.item_id,
+        attempt=item.attempt,
+        prompt_tokens=item.prompt_tokens_est,
+        upstream_latency_ms=latency_ms,
+        deployment=spec.served_by,
+    )
+
+
+def failover(
+    item: Claimed,
+    spec: ModelSpec,
+    settings: Settings,
+    exc: ProviderError,
+    latency_ms: int,
+    ticket: Ticket,
+) -> Verdict:
+    """The call failed on its deployment (``spec``, the model as that deployment serves
+    it: :meth:`ModelSpec.at`): ledger it if it may be billed, against that deployment,
+    and hand the item on to another at once, with its next attempt number and that
+    deployment to avoid, in one transaction; none of its failure attempts is used
+    (:func:`batchgen.domain.pools.fails_over` decided it may)."""
+    reason = failover_reason(exc) or exc.kind
+    deployment = spec.served_by
+    message = f"{reason} on deployment {deployment}: {exc.message}"
+    rate_limited = isinstance(exc, RateLimited)
+
+    def work(session: Session) -> bool:
+        if exc.billed:
+            record_waste(session, _unanswered(item, spec, latency_ms), spec, f"failover_{reason}")
+        return items.failover(
+            session,
+            item,
+            settings.queued_lease_s,
+            "failover",
+            message,
+            rate_limited=rate_limited,
+        )
+
+    moved = with_db_retries(item, "handing the item to another deployment", work)
+    log.info(
+        "item %d attempt %d model %s: %s on deployment %s, failing over",
+        item.item_id,
+        item.attempt,
+        spec.name,
+        reason,
+        deployment,
+    )
+    if not moved:  # cancelled or finished meanwhile: nothing to run again
+        return Verdict("skipped")
+    next_ticket = replace(ticket, attempt=item.attempt + 1, avoid=deployment)
+    return Verdict("wait", 0.0, ticket=next_ticket)
+
+
 def failed(
     item: Claimed, spec: ModelSpec, settings: Settings, exc: ProviderError, latency_ms: int
 ) -> str:
@@ -101,7 +162,7 @@ def failed(
         kind=exc.kind,
         message=exc.message,
         permanent=isinstance(exc, PermanentProviderError),
-        attempt=item.attempt,
+        attempt=item.failure_attempt,
         max_attempts=attempt_cap(spec.max_attempts, settings.max_attempts),
         retry_after_s=None,
         time_left_s=time_left_s(item.deadline_at, item.db_now()),
@@ -113,15 +174,7 @@ def failed(
 
     def work(session: Session) -> str:
         if exc.billed:
-            # The provider may charge a call that failed after it was sent; its usage
-            # is unknown, so the ledger carries the prompt estimate, marked as waste.
-            waste = CallOutcome(
-                item_id=item.item_id,
-                attempt=item.attempt,
-                prompt_tokens=item.prompt_tokens_est,
-                upstream_latency_ms=latency_ms,
-            )
-            record_waste(session, waste, spec, f"failed_{exc.kind}")
+            record_waste(session, _unanswered(item, spec, latency_ms), spec, f"failed_{exc.kind}")
         if decision.action is AfterFailure.RETRY:
             if items.retry_later(session, item, decision.wait_s, decision.code, decision.message):
                 return "retry"

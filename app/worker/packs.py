@@ -141,20 +141,31 @@ def run_pack(
 ) -> PackOutcome:
     """Run ``pack``'s items in order with ``run_one``, until one must wait (it and the
     rest wait together), ``max_s`` has passed or an item raised (the rest are handed
-    back)."""
+    back). An item whose call failed over to another deployment (its verdict carries
+    its next ticket) is handed back at once with that ticket, and the rest runs on:
+    they would not meet its failure."""
     started = clock()
     verdicts: list[Verdict] = []
+    passed_on: list[PackItem] = []
     for index, item in enumerate(pack):
         if index and clock() - started >= max_s:
-            return PackOutcome(verdicts, [], None, list(pack[index:]))
+            return PackOutcome(verdicts, [], None, passed_on + list(pack[index:]))
         try:
             verdict = run_one(item)
         except Exception as exc:  # the item's own delivery fails as alone; the rest go on
-            return PackOutcome(verdicts, [], None, list(pack[index + 1 :]), error=exc)
+            rest = passed_on + list(pack[index + 1 :])
+            return PackOutcome(verdicts, [], None, rest, error=exc)
         verdicts.append(verdict)
+        next_try = None
+        if verdict.ticket is not None:  # the next delivery is another attempt
+            next_try = PackItem(item.item_id, verdict.ticket.to_message())
+            if index + 1 < len(pack):
+                passed_on.append(next_try)
+                continue
         if verdict.countdown_s is not None:
-            return PackOutcome(verdicts, list(pack[index:]), verdict.countdown_s, [])
-    return PackOutcome(verdicts, [], None, [])
+            waiting = [next_try or item, *pack[index + 1 :]]
+            return PackOutcome(verdicts, waiting, verdict.countdown_s, passed_on)
+    return PackOutcome(verdicts, [], None, passed_on)
 
 
 class CallPace:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from batchgen.store.items import Ticket
+
 # Outcomes after which the item no longer holds a place in its model's window.
 FREES_PLACE = frozenset({"succeeded", "failed", "expired", "cancelled", "deferred", "retry"})
 
@@ -18,6 +20,9 @@ class Verdict:
     model: str | None = None
     # How long the provider call took (None: no call was made), for the pack size.
     call_s: float | None = None
+    # The ticket the item's next delivery carries, when it is not the one this delivery
+    # had (a failover: the next attempt, and the deployment to avoid).
+    ticket: Ticket | None = None
 
     @property
     def frees_place(self) -> bool:

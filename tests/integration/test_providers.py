@@ -33,6 +33,7 @@ from batchgen.providers.base import ProviderRequest, ProviderResponse
 from batchgen.providers.openai import OpenAIProvider, sdk_client
 from batchgen.registry import ModelSpec, ProviderKind
 from batchgen.simulator import SimulatorConfig, SimulatorThread, completion_text
+from batchgen.simulator.state import key_id
 from batchgen.simulator.text import anthropic_prompt_messages
 
 SECRET = "zebra-quokka-secret"
@@ -218,6 +219,31 @@ def test_azure_classic_route(base: str) -> None:
         assert response.text == expected_answer("openai")[0]
         entry = settled_entry(base, request.item_id)
         assert entry["model"] == "my-deployment" and entry["key"] != "anonymous"
+
+
+def test_the_azure_provider_puts_its_deployment_in_the_path(base: str, monkeypatch) -> None:
+    """provider ``azure``: the SDK's AzureOpenAI client on the resource's endpoint, the
+    registry's ``azure_deployment`` in the path (whatever the model is called),
+    ``api-version`` in the query, the key in the ``api-key`` header."""
+    monkeypatch.setenv("BATCHGEN_TEST_PROVIDER_KEY", "azure-key-1")
+    spec = make_spec("openai", base, "gpt-4o").model_copy(
+        update={
+            "provider": ProviderKind.AZURE,
+            "base_url": base,
+            "azure_deployment": "gpt-4o-prod",
+            "api_version": "2024-10-21",
+        }
+    )
+    for stream in (False, True):
+        request = make_request(spec, stream=stream)
+        response = get_provider(spec).complete(request)
+        assert response.text == expected_answer("openai")[0]
+        entry = settled_entry(base, request.item_id)
+        assert (entry["model"], entry["key"]) == ("gpt-4o-prod", key_id("azure-key-1"))
+    # Without the api-version the route does not exist (the simulator answers as Azure).
+    bare = spec.model_copy(update={"api_version": ""})
+    with pytest.raises(PermanentProviderError):
+        get_provider(bare).complete(make_request(bare))
 
 
 # -- errors --------------------------------------------------------------------

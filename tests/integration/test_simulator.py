@@ -600,3 +600,29 @@ def test_bucket_anthropic_headers_and_own_count() -> None:
         )
         assert int(denied.headers["anthropic-ratelimit-tokens-remaining"]) >= capacity - charge
         assert int(denied.headers["retry-after"]) >= 1 and "retry-after-ms" in denied.headers
+
+
+def test_simulated_deployments_have_their_own_limits_and_faults(base: str) -> None:
+    """Under /d/<name>/ each deployment limits and fails on its own; the log and stats
+    say which deployment took each call, and what it asked of the limit."""
+    lanes = {"small": {"tokens_per_min": 300}, "broken": {"fault_rate": 1.0}}
+    assert httpx.post(base + "/_sim/deployments", json=lanes).status_code == 200
+    body = {"model": MODEL, "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
+
+    def call(prefix: str) -> int:
+        return httpx.post(f"{base}{prefix}/v1/chat/completions", json=body).status_code
+
+    assert [call("/d/small") for _ in range(4)] == [200, 200, 429, 429]  # ~110 tokens each
+    assert call("") == 200  # the root's own limits: none here
+    assert call("/d/broken") >= 500
+    assert call("/d/nowhere") == 404
+    log = httpx.get(base + "/_sim/log").json()
+    assert [e["deployment"] for e in log] == ["small"] * 4 + [None, "broken"]
+    assert all(e["requested_tokens"] > 100 for e in log[:4])
+    stats = httpx.get(base + "/_sim/stats").json()["deployments"]
+    small = stats["small"]
+    assert (small["requests"], small["admitted"], small["rate_limited"]) == (4, 2, 2)
+    assert small["bound"]["tokens"]["respected"] and small["bound"]["tokens"]["limit"] == 300
+    assert stats["broken"]["errors"] == 1
+    bad = httpx.post(base + "/_sim/deployments", json={"x": {"fault_rate": 3}})
+    assert bad.status_code == 400 and "fault_rate" in bad.json()["error"]

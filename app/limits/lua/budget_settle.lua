@@ -32,7 +32,10 @@
 --
 -- KEYS[1] model log  KEYS[2] model amounts  KEYS[3] tenant log  KEYS[4] tenant amounts
 -- KEYS[5] reservations' meta  KEYS[6] bucket levels  KEYS[7] learned ratios
--- KEYS[8] cooldown  KEYS[9] the model's slots  KEYS[10] the model's counters
+-- KEYS[8] cooldown  KEYS[9] the deployment's slots  KEYS[10] the model's counters
+-- KEYS[11] the model's slots (every deployment's holders; KEYS[9] for a model of one)
+-- KEYS[12] the deployment's circuit breaker (hash: n failures in the window since
+--          `since`, `trips` in a row without a success)
 -- ARGV: 1 id, 2 shape, 3 action ('reconcile' | 'release' | ''), 4 new_tokens,
 --       5 charged_rest ('' = new_tokens in both shapes), 6 tokens_limit,
 --       7 requests_limit, 8 window_s, 9 guard_s, 10 now_s ('' = TIME),
@@ -43,10 +46,14 @@
 --       22 cooldown_ms (0 = none), 23 counter fields to add one to (comma-separated),
 --       24 release the slot ('1' | '0'), 25 the ratio before the model's first sample,
 --       26 send spread s (bucket: calls granted this long before the header's call
---          may reach the provider after it, so they count as not yet seen)
+--          may reach the provider after it, so they count as not yet seen),
+--       27 breaker ('' nothing, 'ok' an answer, 'fail' a failure that points at the
+--          deployment: app/domain/pools.py), 28 failures that trip it, 29 its window s,
+--       30 its first cooldown ms, 31 its longest cooldown ms
 -- Returns {token change of the reservation (negative: a refund), tokens the
 -- headers added to our count (negative: taken back / the level raised),
--- cooldown left in ms (0: none asked), the model's ratio}.
+-- cooldown left in ms (0: none asked), the model's ratio, the breaker's cooldown
+-- in ms (0: it did not trip)}.
 
 local id = ARGV[1]
 local is_bucket = ARGV[2] == 'bucket'
@@ -77,9 +84,34 @@ local token_rate, request_rate = tokens_limit / window_s, requests_limit / windo
 
 -- First what must happen whatever fails later (a script stopped by an error keeps
 -- the writes it made): the slot, the cooldown, the counters.
-if ARGV[24] == '1' then redis.call('ZREM', KEYS[9], id) end
+if ARGV[24] == '1' then
+    redis.call('ZREM', KEYS[9], id)
+    if KEYS[11] ~= KEYS[9] then redis.call('ZREM', KEYS[11], id) end
+end
 local cooldown_left = 0
 if cooldown_ms > 0 then cooldown_left = extend_cooldown(cooldown_key, cooldown_ms) end
+-- The circuit breaker (app/domain/pools.py breaker_trips, breaker_cooldown_s): an
+-- answer closes it; breaker_failures failures within its window open it, and so does
+-- one failure after a cooldown that no answer has followed yet. A failure while the
+-- deployment cools down (a call sent before) says nothing new.
+local breaker, tripped_ms = ARGV[27] or '', 0
+if breaker == 'ok' then
+    redis.call('DEL', KEYS[12])
+elseif breaker == 'fail' and redis.call('PTTL', cooldown_key) <= 0 then
+    local b = redis.call('HMGET', KEYS[12], 'n', 'since', 'trips')
+    local n, since, trips = tonumber(b[1]) or 0, tonumber(b[2]), tonumber(b[3]) or 0
+    local longest_ms = tonumber(ARGV[31])
+    if since == nil or now - since > tonumber(ARGV[29]) then n, since = 0, now end
+    n = n + 1
+    if trips > 0 or n >= tonumber(ARGV[28]) then
+        trips = trips + 1
+        tripped_ms = math.floor(math.min(longest_ms, tonumber(ARGV[30]) * 2 ^ (trips - 1)))
+        extend_cooldown(cooldown_key, tripped_ms)
+        n, since = 0, now
+    end
+    redis.call('HSET', KEYS[12], 'n', n, 'since', num(since), 'trips', trips)
+    redis.call('PEXPIRE', KEYS[12], math.ceil(2 * longest_ms + 1000 * tonumber(ARGV[29])))
+end
 for field in string.gmatch(ARGV[23] or '', '[^,]+') do
     redis.call('HINCRBY', KEYS[10], field, 1)
 end
@@ -269,4 +301,5 @@ if not header_ratio and weight > 0 and usage_prompt ~= nil and prompt_est ~= nil
 end
 
 -- (Redis truncates a number in a reply: round the level's change to whole tokens)
-return {delta, math.floor(observed + 0.5), cooldown_left, num(ratio_of(ratios, model, ARGV[25]))}
+return {delta, math.floor(observed + 0.5), cooldown_left, num(ratio_of(ratios, model, ARGV[25])),
+    tripped_ms}

@@ -14,10 +14,11 @@ WITH locked AS (
 ), ledgered AS (
     INSERT INTO usage_ledger (item_id, attempt, tenant_id, batch_id, model,
                               prompt_tokens, completion_tokens, cached_tokens,
-                              cache_write_tokens, reasoning_tokens, cost_usd, waste_reason)
+                              cache_write_tokens, reasoning_tokens, cost_usd, waste_reason,
+                              deployment)
     SELECT locked.id, :attempt, :tenant_id, :batch_id, :model, :prompt_tokens,
            :completion_tokens, :cached_tokens, :cache_write_tokens, :reasoning_tokens,
-           :cost_usd, NULL
+           :cost_usd, NULL, :deployment
     FROM locked
     ON CONFLICT (item_id, attempt) DO NOTHING
     RETURNING item_id, created_at

@@ -19,7 +19,8 @@ WITH old AS (
         cache_write_tokens = :cache_write_tokens,
         reasoning_tokens = :reasoning_tokens,
         cost_usd = :cost_usd,
-        waste_reason = :waste_reason
+        waste_reason = :waste_reason,
+        deployment = COALESCE(:deployment, u.deployment)
     FROM old
     WHERE u.id = old.id
     RETURNING u.id

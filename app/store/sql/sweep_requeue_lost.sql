@@ -2,7 +2,8 @@
 -- (running). They go back to pending for the dispatcher, unless their batch
 -- was cancelled (then they end cancelled: no new request after a cancel),
 -- their deadline has passed (expired), or a running item has used all its
--- attempts (failed, with the reason). The attempt cap is the model's own,
+-- attempts (failed, with the reason; failovers to another deployment use none of
+-- them: the cap counts attempts - failovers). The attempt cap is the model's own,
 -- never above the global one (:attempt_caps maps model -> cap; models not in
 -- it use :max_attempts). :alive lists running items whose owner's heartbeat
 -- is still live in Redis (a lease that ran out while PostgreSQL was away): not lost.
@@ -19,7 +20,7 @@ WITH lost AS (
             WHEN b.cancel_requested_at IS NOT NULL THEN 'cancelled'
             WHEN i.id = ANY(CAST(:callers_gone AS bigint[])) THEN 'cancelled'
             WHEN i.deadline_at <= now() THEN 'expired'
-            WHEN i.status = 'running' AND i.attempts >= LEAST(
+            WHEN i.status = 'running' AND i.attempts - i.failovers >= LEAST(
                 :max_attempts,
                 COALESCE((CAST(:attempt_caps AS jsonb) ->> i.model)::int, :max_attempts)
             ) THEN 'failed'

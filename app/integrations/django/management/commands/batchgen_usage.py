@@ -18,7 +18,9 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", default=None, help="One tenant (default: all tenants).")
         parser.add_argument("--from", dest="start", default=None, help="First day, YYYY-MM-DD.")
         parser.add_argument("--to", dest="end", default=None, help="Last day, YYYY-MM-DD.")
-        parser.add_argument("--group-by", choices=["model", "day", "tenant"], default="model")
+        parser.add_argument(
+            "--group-by", choices=["model", "day", "tenant", "deployment"], default="model"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:

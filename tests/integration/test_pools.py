@@ -1,0 +1,287 @@
+"""Deployment pools: the gate's pick across deployments (one script, no overshoot),
+the circuit breaker, and failover end to end (real workers, the simulator's lanes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from decimal import Decimal
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from batchgen import python_api
+from batchgen.config import Settings, get_settings
+from batchgen.domain.pools import breaker_cooldown_s
+from batchgen.limits import redis_keys as keys
+from batchgen.limits.backend import get_redis
+from batchgen.limits.budget import Budget, SettleOps
+from batchgen.registry import ModelSpec, load_registry, parse_registry
+from batchgen.simulator import SimulatorConfig, SimulatorThread
+from batchgen.simulator.state import key_id
+from batchgen.store import db
+from batchgen.store.schema import Item, UsageLedger
+from tests.helpers import chat_line, make_tenant, wait_batches
+
+NOW = 1_000_000.0
+
+
+def pool_spec(*deployments: tuple[str, int, int, int], shape: str = "window") -> ModelSpec:
+    """A model ``pool`` with deployments ``(name, tokens/min, requests/min, slots)``."""
+    text = """
+[models."pool"]
+provider = "openai"
+base_url = "http://x/v1"
+api_key_env = "K"
+group = "pool"
+context_window = 10000
+max_output_tokens = 500
+input_usd_per_1m = 1
+output_usd_per_1m = 1
+"""
+    for name, tpm, rpm, slots in deployments:
+        text += f"""
+[models."pool".deployments.{name}]
+tokens_per_min = {tpm}
+requests_per_min = {rpm}
+max_concurrency = {slots}
+limit_shape = "{shape}"
+"""
+    return parse_registry(text)["pool"]
+
+
+def budget_of(**settings: float) -> Budget:
+    return Budget(get_redis(), Settings(**{"budget_window_s": 60, "budget_guard_s": 1, **settings}))
+
+
+@pytest.mark.parametrize("shape", ["window", "bucket"])
+def test_concurrent_entries_fill_every_deployment_and_overshoot_none(clean_db, shape):
+    """Eight threads enter at once on a frozen clock: every deployment ends exactly full
+    (tokens, requests), none a request over, whatever the interleaving."""
+    spec = pool_spec(("a", 3000, 100, 50), ("b", 2000, 100, 50), ("c", 1000, 100, 50), shape=shape)
+    budget = budget_of(budget_guard_s=0)
+    granted: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def enter(thread: int) -> None:
+        for n in range(20):
+            grant = budget.enter(spec, f"{thread}:{n}", 0, 100, now_s=NOW)
+            if grant.granted:
+                with lock:
+                    granted[grant.deployment] += 1
+
+    threads = [threading.Thread(target=enter, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert granted == {"a": 30, "b": 20, "c": 10}
+    for d in spec.deployments:
+        tokens, _ = budget.used(spec.at(d), now_s=NOW)
+        assert tokens == d.tokens_per_min
+
+
+def test_concurrent_entries_take_no_more_slots_than_each_deployment_has(clean_db):
+    spec = pool_spec(("a", 10**6, 10**4, 3), ("b", 10**6, 10**4, 2), ("c", 10**6, 10**4, 1))
+    budget = budget_of()
+    grants: list[str] = []
+    lock = threading.Lock()
+
+    def enter(thread: int) -> None:
+        for n in range(5):
+            grant = budget.enter(
+                spec, f"{thread}:{n}", 0, 10, slot_limit=spec.max_concurrency, slot_lease_s=30
+            )
+            if grant.granted:
+                with lock:
+                    grants.append(grant.deployment)
+
+    threads = [threading.Thread(target=enter, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert Counter(grants) == {"a": 3, "b": 2, "c": 1}
+    redis = get_redis()
+    assert redis.zcard(keys.slots("pool")) == 6  # the model's set: every holder
+    assert [redis.zcard(keys.slots(f"pool@{n}")) for n in "abc"] == [3, 2, 1]
+    # A slot freed on b goes to the next entry there, and nowhere else.
+    holder = next(m.decode() for m in redis.zrange(keys.slots("pool@b"), 0, 0))
+    budget.settle(spec.at("b"), holder, SettleOps(release_slot=True))
+    grant = budget.enter(spec, "late:1", 0, 10, slot_limit=spec.max_concurrency, slot_lease_s=30)
+    assert (grant.granted, grant.deployment) == (True, "b")
+
+
+def test_calls_spread_by_headroom_so_deployments_fill_at_one_pace(clean_db):
+    spec = pool_spec(("a", 6000, 1000, 9), ("b", 4000, 1000, 9), ("c", 2000, 1000, 9))
+    budget = budget_of()
+    picks = [budget.enter(spec, f"i:{n}", 0, 100, now_s=NOW).deployment for n in range(30)]
+    share = Counter(picks)
+    # In proportion to their limits (15 : 10 : 5), within one call.
+    assert abs(share["a"] - 15) <= 1 and abs(share["b"] - 10) <= 1 and abs(share["c"] - 5) <= 1
+
+
+def test_the_deployment_to_avoid_goes_last(clean_db):
+    spec = pool_spec(("a", 6000, 100, 9), ("b", 1000, 100, 9))
+    budget = budget_of()
+    # a has by far the most headroom; avoided, b takes the call while it has room.
+    assert budget.enter(spec, "x:1", 0, 500, avoid="a", now_s=NOW).deployment == "b"
+    assert budget.enter(spec, "x:2", 0, 500, avoid="a", now_s=NOW).deployment == "b"
+    # b is full: a takes it rather than the call waiting.
+    assert budget.enter(spec, "x:3", 0, 500, avoid="a", now_s=NOW).deployment == "a"
+    assert budget.enter(spec, "x:4", 0, 500, now_s=NOW).deployment == "a"
+
+
+def test_a_failing_deployment_cools_down_is_skipped_then_tried_again(clean_db):
+    spec = pool_spec(("a", 10**6, 10**4, 9), ("b", 1000, 10**4, 9))
+    budget = budget_of(breaker_failures=3, breaker_cooldown_s=0.4, max_cooldown_s=5)
+    a = spec.at("a")
+    fail = SettleOps(breaker="fail")
+    assert [budget.settle(a, "", fail).tripped_s for _ in range(3)] == [0, 0, 0.4]
+    assert budget.settle(a, "", fail).tripped_s == 0  # a failure while it cools down
+    tripped = time.monotonic()
+    # a has most headroom, but cools down: the calls go to b (while b has room).
+    picks = [budget.enter(spec, f"c:{n}", 0, 10).deployment for n in range(5)]
+    assert picks == ["b"] * 5
+    # After the cooldown it is picked again (waited for as a condition, not a sleep).
+    n = 0
+    while budget.enter(spec, f"d:{n}", 0, 10).deployment != "a":
+        assert time.monotonic() - tripped < 5, "a never came back"
+        n += 1
+        time.sleep(0.02)
+    assert time.monotonic() - tripped >= 0.35
+    # The probe after a cooldown: one failure opens it again, for twice as long.
+    assert budget.settle(a, "", fail).tripped_s == pytest.approx(breaker_cooldown_s(2, 0.4, 5))
+    get_redis().delete(keys.cooldown(a.budget_key))
+    # An answer closes it: failures count from zero again.
+    budget.settle(a, "", SettleOps(breaker="ok"))
+    assert [budget.settle(a, "", fail).tripped_s for _ in range(3)] == [0, 0, 0.4]
+
+
+def test_a_model_of_one_deployment_keeps_its_keys(clean_db):
+    spec = load_registry(get_settings().models_file)["sim-small"]
+    assert [d.name for d in spec.deployments] == ["default"]
+    budget = budget_of()
+    grant = budget.enter(spec, "9:1", 0, 10, slot_limit=spec.max_concurrency, slot_lease_s=5)
+    assert (grant.granted, grant.deployment) == (True, "default")
+    names = {k.decode() for k in get_redis().keys("bg:*")}
+    assert names == {
+        keys.budget_log("sim-account"),
+        keys.budget_amounts("sim-account"),
+        keys.budget_meta("sim-account"),
+        keys.slots("sim-small"),
+    }
+
+
+POOL_TOML = """
+[models."pool"]
+provider = "openai"
+api_key_env = "BATCHGEN_SIMULATOR_KEY"
+group = "pool"
+context_window = 16384
+max_output_tokens = 400
+input_usd_per_1m = 1.0
+output_usd_per_1m = 2.0
+max_attempts = 1
+call_timeout_s = 1.0
+
+# Listed first: with room everywhere, the first calls go here.
+[models."pool".deployments.bad]
+base_url = "{base_url}/d/bad/v1"
+tokens_per_min = 10000000
+requests_per_min = 100000
+max_concurrency = 8
+
+[models."pool".deployments.east]
+provider = "azure"
+base_url = "{base_url}/d/east"
+azure_deployment = "gpt-east"
+api_version = "2024-10-21"
+api_key_env = "POOL_AZURE_KEY"
+region = "eastus"
+tokens_per_min = 10000000
+requests_per_min = 100000
+max_concurrency = 8
+output_usd_per_1m = 4.0
+"""
+
+
+def test_calls_fail_over_to_azure_within_the_deadline_using_no_attempt(
+    clean_db, tmp_path, monkeypatch, workers
+):
+    """One deployment fails every call (5xx or a hang past the call's timeout), the other
+    is an Azure deployment: every item succeeds on its first failure attempt
+    (max_attempts = 1), within its deadline, and the ledger says which deployment
+    served each call, the wasted ones too."""
+    lanes = {"bad": {"fault_rate": 1.0, "fault_kinds": ["5xx", "hang"]}, "east": {}}
+    config = SimulatorConfig(hang_s=3.0, seed=5, deployments=lanes)
+    with SimulatorThread(config) as sim:
+        models = tmp_path / "models.toml"
+        models.write_text(POOL_TOML.format(base_url=sim.base_url))
+        env = {
+            "BATCHGEN_MODELS_FILE": str(models),
+            "POOL_AZURE_KEY": "azure-secret",
+            "BATCHGEN_BREAKER_FAILURES": "3",
+            "BATCHGEN_BREAKER_COOLDOWN_S": "60",
+        }
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        get_settings.cache_clear()
+        make_tenant("acme")
+        rows = [chat_line(f"r{i}", model="pool", text=f"item {i}") for i in range(16)]
+        batch = python_api.submit_batch(rows, tenant="acme", completion_window=120)
+        workers(["llm.pool", "batchgen.control"], concurrency=4, env=env)
+        wait_batches([batch["id"]], timeout_s=120)
+        log = httpx.get(f"{sim.base_url}/_sim/log").json()
+    get_settings.cache_clear()
+
+    counts = python_api.get_batch(batch["id"], tenant="acme")["request_counts"]
+    assert counts["succeeded"] == 16, counts
+    bad = [e for e in log if e["deployment"] == "bad"]
+    hangs = [e for e in bad if e["fault"] == "hang"]
+    assert len(bad) >= 3, "the failing deployment must have been tried"
+    # The breaker: three failures opened it; only calls already on their way came after.
+    assert len(bad) <= 3 + 4
+    east = [e for e in log if e["deployment"] == "east"]
+    assert {e["model"] for e in east} == {"gpt-east"}  # the Azure deployment, in the path
+    assert {e["key"] for e in east} == {key_id("azure-secret")}  # its key, api-key header
+    with db.session_scope() as s:
+        items = s.execute(
+            select(
+                Item.attempts, Item.failovers, Item.deadline_at, Item.finished_at, Item.deployment
+            )
+        ).all()
+        assert all(i.attempts - i.failovers == 1 for i in items)  # no failure attempt used
+        assert sum(i.failovers for i in items) == len(bad)
+        assert all(i.finished_at < i.deadline_at for i in items)
+        assert {i.deployment for i in items} == {"east"}
+        ledger = s.execute(
+            select(
+                UsageLedger.deployment,
+                UsageLedger.waste_reason,
+                UsageLedger.cost_usd,
+                UsageLedger.prompt_tokens,
+                UsageLedger.completion_tokens,
+            )
+        ).all()
+        served = [r for r in ledger if r.waste_reason is None]
+        assert len(served) == 16 and {r.deployment for r in served} == {"east"}
+        # Priced at east's own output price ($4 / 1M), the model's input price ($1 / 1M).
+        for r in served:
+            assert r.cost_usd == Decimal(r.prompt_tokens + 4 * r.completion_tokens) / 10**6
+        # A hang past the timeout may be billed: ledgered as waste, against its deployment.
+        wasted = [r for r in ledger if r.waste_reason is not None]
+        assert sorted(r.waste_reason for r in wasted) == ["failover_timeout"] * len(hangs)
+        assert {r.deployment for r in wasted} <= {"bad"}
+        assert s.scalar(select(func.count()).select_from(UsageLedger)) == 16 + len(hangs)
+    # The usage report, by deployment.
+    rows = {r["deployment"]: r for r in python_api.usage(tenant="acme", group_by="deployment")}
+    assert rows["east"]["model"] == "pool" and rows["east"]["requests"] == 16
+    assert rows["east"]["wasted_requests"] == 0
+    (by_model,) = python_api.usage(tenant="acme")
+    assert set(by_model) <= set(rows["east"])  # the same fields as by model, and more
+    assert by_model["requests"] == sum(r["requests"] for r in rows.values())
+    if hangs:
+        assert rows["bad"]["requests"] == rows["bad"]["wasted_requests"] == len(hangs)
