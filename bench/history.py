@@ -145,7 +145,21 @@ def load(url: str, history: History) -> None:
 
 # The scans whose cost must not grow with the history, with the parameters of a round.
 PLANNED = {
-    "dispatch candidates": ("dispatch_candidates", {"model": MODEL, "limit": 16}),
+    "dispatch: ring of tenants": (
+        "dispatch_ring",
+        {"model": MODEL, "lo": 0, "hi": 2**63 - 1, "limit": 16},
+    ),
+    "dispatch: release picks": (
+        "item_release",
+        {
+            "model": MODEL,
+            "tenant_ids": [1, 2],
+            "takes": [8, 8],
+            "lease_s": 60,
+            "sources": ["pending"],
+            "target": "queued",
+        },
+    ),
     "deferred items due": ("item_ready_due", {"model": MODEL, "limit": 1000}),
     "sweep: expired deadlines": ("sweep_expire", {}),
     "sweep: lost leases": (

@@ -109,7 +109,7 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
                 "TRUNCATE tenant_daily_usage, usage_ledger, results, provider_job_items, items, "
                 "batch_notifications, "
                 "provider_jobs, batches, files, admitted_totals, finished_totals, "
-                "batch_totals, latency_totals, "
+                "batch_totals, latency_totals, dispatch_ring, dispatch_clocks, "
                 "tenants RESTART IDENTITY CASCADE"
             )
         )

@@ -50,7 +50,7 @@ from batchgen.domain.status import (
 )
 from batchgen.errors import IdempotencyKeyReused, NotFound, ValidationFailed
 from batchgen.registry import ModelSpec, Registry
-from batchgen.store import items, notifications, quotas, totals
+from batchgen.store import items, notifications, quotas, rounds, totals
 from batchgen.store.schema import Batch, Item, Result, Tenant
 from batchgen.store.sqlfiles import query
 
@@ -139,11 +139,14 @@ def _item_rows(
     tokens_by_model: dict[str, int],
     admitted: dict[str, list[int]],
     registry: Registry,
+    keys: dict[str, int],
 ) -> Iterator[dict[str, Any]]:
     """Rows to insert, each ``pending`` or ``offloaded`` (its route, by
     :func:`batchgen.domain.offload.wants_offline`); adds up each model's estimated
     tokens of online work on the way (offloaded items are not the online backlog), and
-    each model's items and tokens in all (``admitted``: ``[items, tokens]``)."""
+    each model's items and tokens in all (``admitted``: ``[items, tokens]``). Each
+    model's items are keyed in input order from ``keys[model]`` (default 1), which the
+    rows move on (:func:`batchgen.store.rounds.next_keys`)."""
     mode, priority = OffloadMode(batch.offload), Priority(batch.priority)
     for d in drafts:
         deadline = batch.deadline_at
@@ -169,6 +172,8 @@ def _item_rows(
         counted = admitted.setdefault(d.model, [0, 0])
         counted[0] += 1
         counted[1] += tokens
+        key = keys.get(d.model, 1)
+        keys[d.model] = key + 1
         yield {
             "batch_id": batch.id,
             "tenant_id": tenant_id,
@@ -181,6 +186,7 @@ def _item_rows(
             "max_tokens": d.max_tokens,
             "status": (ItemStatus.OFFLOADED if offline else ItemStatus.PENDING).value,
             "deadline_at": deadline,
+            "dispatch_key": key,
         }
 
 
@@ -197,6 +203,7 @@ COPY_COLUMNS = (
     "max_tokens",
     "status",
     "deadline_at",
+    "dispatch_key",
 )
 
 
@@ -342,7 +349,8 @@ def store_batch(
 
     tokens_by_model: dict[str, int] = {}
     admitted: dict[str, list[int]] = {}
-    rows = _item_rows(drafts, batch, tenant.id, tokens_by_model, admitted, registry)
+    keys = rounds.next_keys(session, tenant.id)
+    rows = _item_rows(drafts, batch, tenant.id, tokens_by_model, admitted, registry, keys)
     total = _copy_items(session, rows)
     batch.total_items = total
     batch.request_sha256 = fingerprint.hexdigest()

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from batchgen import python_api as client
 from batchgen.config import get_settings
 from batchgen.registry import get_registry
-from batchgen.store import db, items, totals
+from batchgen.store import db, rounds, totals
 from batchgen.worker.retention import purge
 from batchgen.worker.sweep import sweep
 from bench import history
@@ -121,7 +121,8 @@ def test_the_scans_use_their_indexes_on_a_large_history(clean_db):
     assert set(found) == set(history.PLANNED)
     whole = {label: history.seq_scans_of_items(plan) for label, plan in found.items()}
     assert not any(whole.values()), whole
-    assert "ix_items_pending_by_model" in found["dispatch candidates"]
+    assert "ix_items_pending_by_model" in found["dispatch: ring of tenants"]
+    assert "ix_items_pending_by_model" in found["dispatch: release picks"]
     assert "ix_items_deferred" in found["deferred items due"]
     assert "ix_items_unstarted_deadline" in found["sweep: expired deadlines"]
     assert "ix_items_finished_at" in found["totals: finished"]
@@ -129,7 +130,7 @@ def test_the_scans_use_their_indexes_on_a_large_history(clean_db):
     # Every pending item is deferred: a round releases nothing. Ten of them come due:
     # the round makes them ready and releases them.
     with db.session_scope() as session:
-        assert items.release(session, history.MODEL, 16, 60) == []
+        assert rounds.release(session, history.MODEL, 16, 60) == []
     with db.session_scope() as session:
         session.execute(
             text(
@@ -138,5 +139,5 @@ def test_the_scans_use_their_indexes_on_a_large_history(clean_db):
             )
         )
     with db.session_scope() as session:
-        released = items.release(session, history.MODEL, 16, 60)
+        released = rounds.release(session, history.MODEL, 16, 60)
     assert len(released) == 10
