@@ -22,6 +22,9 @@ class History:
     finished: int  # succeeded items, with a result and a ledger row each
     deferred: bool = False  # every pending item deferred (not_before an hour ahead)
     tenants: int = 20
+    # Finished synchronous calls: a batch of one succeeded item each (with its result and
+    # ledger row), as many batches as calls.
+    calls: int = 0
 
 
 def load(url: str, history: History) -> None:
@@ -135,12 +138,62 @@ def load(url: str, history: History) -> None:
             """,
             params,
         )
+        if history.calls:
+            _load_calls(conn, {**params, "calls": history.calls})
         conn.commit()
     with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE batches")
         conn.execute("VACUUM ANALYZE items")
         conn.execute("VACUUM ANALYZE results")
         conn.execute("VACUUM ANALYZE usage_ledger")
-        conn.execute("ANALYZE batches")
+
+
+def _load_calls(conn: psycopg.Connection, params: dict[str, object]) -> None:
+    """Finished synchronous calls: one batch, item, result and ledger row each."""
+    conn.execute(
+        """
+        INSERT INTO batches (id, tenant_id, status, endpoint, priority, completion_window_s,
+                             deadline_at, total_items, created_at, finished_at)
+        SELECT 'batch_call_' || g,
+               (SELECT min(id) FROM tenants WHERE name LIKE 'history-%%') + g %% %(tenants)s,
+               'completed', '/v1/chat/completions', 'call', 600, now() - interval '1 day',
+               1, now() - interval '1 day', now() - interval '20 hours' + g * interval '1 ms'
+        FROM generate_series(1, %(calls)s) AS g
+        """,
+        params,
+    )
+    conn.execute(
+        """
+        INSERT INTO items (batch_id, tenant_id, line_no, custom_id, model, priority_rank,
+                           body, prompt_tokens_est, max_tokens, status, attempts,
+                           deadline_at, created_at, started_at, finished_at)
+        SELECT b.id, b.tenant_id, 0, 'call', %(model)s, -1,
+               '{"messages": [{"role": "user", "content": "Hi."}]}'::jsonb, 12, 60,
+               'succeeded', 1, b.deadline_at, b.created_at, b.created_at, b.finished_at
+        FROM batches AS b WHERE b.id LIKE 'batch_call_%%'
+        """,
+        params,
+    )
+    conn.execute(
+        """
+        INSERT INTO results (item_id, batch_id, tenant_id, attempt, response, prompt_tokens,
+                             completion_tokens, cost_usd, upstream_latency_ms,
+                             queue_wait_ms, created_at)
+        SELECT id, batch_id, tenant_id, 1, '{"choices": []}'::jsonb, 12, 40, 0.0001, 300,
+               5, finished_at
+        FROM items WHERE batch_id LIKE 'batch_call_%%'
+        """,
+        params,
+    )
+    conn.execute(
+        """
+        INSERT INTO usage_ledger (item_id, attempt, tenant_id, batch_id, model,
+                                  prompt_tokens, completion_tokens, cost_usd, created_at)
+        SELECT item_id, 1, tenant_id, batch_id, %(model)s, 12, 40, 0.0001, created_at
+        FROM results WHERE batch_id LIKE 'batch_call_%%'
+        """,
+        params,
+    )
 
 
 # The scans whose cost must not grow with the history, with the parameters of a round.
@@ -167,6 +220,15 @@ PLANNED = {
         {"max_attempts": 3, "attempt_caps": "{}", "alive": [], "callers_gone": []},
     ),
     "sweep: batches left open": ("unfinished_batches", {}),
+    "retention: expired batches": (
+        "retention_expired_batches",
+        {"retention_s": 3600, "limit": 100},
+    ),
+    "retention: a batch's items": (
+        "retention_purge_items",
+        {"batch_id": "batch_hist_1", "limit": 5000},
+    ),
+    "retention: the batch row": ("retention_purge_batch", {"batch_id": "batch_hist_1"}),
     "totals: finished": ("totals_finished", {"since": "now"}),
     "totals: open": (
         "totals_open",
@@ -191,6 +253,14 @@ def plans(url: str) -> dict[str, str]:
     return found
 
 
-def seq_scans_of_items(plan: str) -> list[str]:
-    """The plan's lines that read the items table whole."""
-    return [line.strip() for line in plan.splitlines() if "Seq Scan on items" in line]
+# The tables that grow with the history.
+LARGE_TABLES = ("items", "results", "usage_ledger", "batches")
+
+
+def seq_scans_of_items(plan: str, tables: tuple[str, ...] = ("items",)) -> list[str]:
+    """The plan's lines that read one of ``tables`` (default: the items) whole."""
+    return [
+        line.strip()
+        for line in plan.splitlines()
+        if any(f"Seq Scan on {table} " in line + " " for table in tables)
+    ]

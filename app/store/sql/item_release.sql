@@ -1,8 +1,9 @@
 -- pending -> queued for a dispatch round's picks (store.items.release_picks): up to
 -- :takes[k] ready items of tenant :tenant_ids[k] on :model, in the tenant's order
 -- (priority, then dispatch_key: its open batches of one priority take turns, then id),
--- skipping the items of a batch whose cancel was requested and rows another
--- transaction holds. Each tenant's dispatch clock on the model moves on to the largest
+-- skipping the items of a batch whose cancel was requested (a look-up of the item's
+-- batch: an anti-join would read every batch, and a synchronous call is a batch of its
+-- own) and rows another transaction holds. Each tenant's dispatch clock on the model moves on to the largest
 -- key released (a batch submitted next is keyed from there).
 WITH picked AS (
     SELECT c.id
@@ -12,10 +13,7 @@ WITH picked AS (
         FROM items AS i
         WHERE i.model = :model AND i.tenant_id = w.tenant_id
           AND i.status = 'pending' AND i.not_before IS NULL
-          AND NOT EXISTS (
-              SELECT 1 FROM batches AS b
-              WHERE b.id = i.batch_id AND b.cancel_requested_at IS NOT NULL
-          )
+          AND (SELECT b.cancel_requested_at FROM batches AS b WHERE b.id = i.batch_id) IS NULL
         ORDER BY i.priority_rank, i.dispatch_key, i.id
         LIMIT w.take
         FOR UPDATE OF i SKIP LOCKED
