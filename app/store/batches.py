@@ -88,7 +88,7 @@ class SubmitOptions:
 # rendered from its results when read (app/store/files.py).
 OUTPUT, ERRORS = "output", "errors"
 _FINISHED = frozenset({BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED})
-_ERROR_ROWS = (ItemStatus.FAILED, ItemStatus.EXPIRED, ItemStatus.CANCELLED)
+ERROR_STATUSES = (ItemStatus.FAILED, ItemStatus.EXPIRED, ItemStatus.CANCELLED)
 
 
 def output_file_id(batch_id: str, kind: str) -> str:
@@ -101,7 +101,7 @@ def output_file_ids(batch: Batch, counts: dict[str, int]) -> tuple[str | None, s
     if batch.finished_at is None or batch.status not in _FINISHED:
         return None, None
     done = counts.get(ItemStatus.SUCCEEDED, 0)
-    others = sum(counts.get(s, 0) for s in _ERROR_ROWS)
+    others = sum(counts.get(s, 0) for s in ERROR_STATUSES)
     return (
         output_file_id(batch.id, OUTPUT) if done else None,
         output_file_id(batch.id, ERRORS) if others else None,
@@ -384,11 +384,20 @@ def get_owned_batch(session: Session, tenant: Tenant, batch_id: str) -> Batch:
     return batch
 
 
-def request_counts(session: Session, batch_id: str) -> dict[str, int]:
-    """Items per status, every status present (0 when none)."""
-    rows = session.execute(
-        select(Item.status, func.count()).where(Item.batch_id == batch_id).group_by(Item.status)
-    )
+def request_counts(session: Session, batch: Batch) -> dict[str, int]:
+    """Items per status, every status present (0 when none): a finished batch's from
+    its totals (they cost the same however large the batch), an open one's counted."""
+    if batch.finished_at is not None:
+        rows = [(s, f.items) for s, f in totals.batch_files(session, batch.id).items()]
+    else:
+        rows = [
+            (status, n)
+            for status, n in session.execute(
+                select(Item.status, func.count())
+                .where(Item.batch_id == batch.id)
+                .group_by(Item.status)
+            )
+        ]
     counts = {s.value: 0 for s in ItemStatus}
     for status, n in rows:
         counts[status] = n
@@ -405,7 +414,7 @@ def describe(session: Session, batch: Batch) -> dict[str, Any]:
     ``Batch`` type has, with OpenAI's values; our own fields besides (``priority``,
     ``finished_at``, ``cancel_requested_at``, and the count of every item status in
     ``request_counts``), which the SDKs keep as extras."""
-    counts = request_counts(session, batch.id)
+    counts = request_counts(session, batch)
     output_id, error_id = output_file_ids(batch, counts)
     finished = _ts(batch.finished_at)
     status = BatchStatus(batch.status)
@@ -493,7 +502,7 @@ def describe_message_batch(
 ) -> dict[str, Any]:
     """The batch as Anthropic's ``MessageBatch``. ``results_url`` (where the API serves
     the results) is given once the batch has ended."""
-    counts = request_counts(session, batch.id)
+    counts = request_counts(session, batch)
     status = BatchStatus(batch.status)
     ended = batch.finished_at is not None and status in _FINISHED
     processing = (
@@ -636,7 +645,7 @@ def error_codes(session: Session, batch_ids: list[str]) -> dict[str, dict[str, i
     grouped query; codes, never text)."""
     rows = session.execute(
         select(Item.batch_id, func.coalesce(Item.error_code, Item.status), func.count())
-        .where(Item.batch_id.in_(batch_ids), Item.status.in_([s.value for s in _ERROR_ROWS]))
+        .where(Item.batch_id.in_(batch_ids), Item.status.in_([s.value for s in ERROR_STATUSES]))
         .group_by(Item.batch_id, func.coalesce(Item.error_code, Item.status))
     )
     found: dict[str, dict[str, int]] = {}
