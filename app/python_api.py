@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -53,7 +52,7 @@ from batchgen.limits.backend import REDIS_DOWN, get_redis
 from batchgen.limits.call_shares import CallDemand, demand_entry
 from batchgen.limits.gate import Gate
 from batchgen.registry import ModelSpec, get_registry
-from batchgen.store import batches, calls, files, items, notifications
+from batchgen.store import batches, calls, files, items, notifications, tenants
 from batchgen.store.batches import SubmitOptions
 from batchgen.store.calls import CallWaiter
 from batchgen.store.db import session_scope
@@ -70,15 +69,7 @@ RequestLines = Iterable[bytes] | Iterable[Mapping[str, Any]] | str | Path
 
 
 def _tenant(session: Session, tenant: str | Tenant) -> Tenant:
-    if isinstance(tenant, Tenant):
-        found = session.get(Tenant, tenant.id)
-    elif "\x00" in tenant:  # no stored name has one; PostgreSQL would refuse the query
-        found = None
-    else:
-        found = session.scalar(select(Tenant).where(Tenant.name == tenant))
-    if found is None:
-        raise NotFound(f"no tenant named {tenant!r}")
-    return found
+    return tenants.resolve(session, tenant)
 
 
 def as_lines(requests: RequestLines) -> Iterator[bytes]:

@@ -560,6 +560,20 @@ def refresh_status(session: Session, batch_id: str) -> str:
     return batch.status
 
 
+def keyed_batches(session: Session, tenant_name: str, key_prefix: str) -> list[tuple[str, str]]:
+    """``(id, idempotency key)`` of the tenant's batches whose key starts with
+    ``key_prefix`` (a nightly run's parts)."""
+    rows = session.execute(
+        select(Batch.id, Batch.idempotency_key)
+        .join(Tenant, Tenant.id == Batch.tenant_id)
+        .where(
+            Tenant.name == tenant_name,
+            Batch.idempotency_key.startswith(key_prefix, autoescape=True),
+        )
+    )
+    return [(batch_id, str(key)) for batch_id, key in rows]
+
+
 def cancel_requested_among(session: Session, batch_ids: list[str]) -> set[str]:
     """Which of ``batch_ids`` have a cancel requested."""
     return set(

@@ -119,3 +119,23 @@ def revoke(session: Session, name: str) -> None:
 
 def list_tenants(session: Session) -> list[Tenant]:
     return list(session.scalars(select(Tenant).order_by(Tenant.id)))
+
+
+def resolve(session: Session, tenant: str | Tenant) -> Tenant:
+    """A tenant named, or given as a row of another session, in ``session``;
+    :class:`NotFound` when there is none of that name (or id)."""
+    if isinstance(tenant, Tenant):
+        found = session.get(Tenant, tenant.id)
+    elif "\x00" in tenant:  # no stored name has one; PostgreSQL would refuse the query
+        found = None
+    else:
+        found = session.scalar(select(Tenant).where(Tenant.name == tenant))
+    if found is None:
+        raise NotFound(f"no tenant named {tenant!r}")
+    return found
+
+
+def attach(session: Session, tenant: Tenant) -> Tenant:
+    """A tenant row read by another session, attached to ``session`` as it is (no
+    query: the row is not read again)."""
+    return session.merge(tenant, load=False)
