@@ -367,7 +367,7 @@ def get_file(file_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
     """One of the tenant's files (an upload, or a batch's output or error file)."""
     with session_scope() as session:
         owner = _tenant(session, tenant)
-        output = files.get_output_file(session, owner, file_id)
+        output = files.get_output_file(session, owner, file_id, sized=True)
         if output is not None:
             return files.describe_output(session, output)
         return files.describe_file(files.get_file(session, owner, file_id))

@@ -25,22 +25,28 @@ class History:
     # Finished synchronous calls: a batch of one succeeded item each (with its result and
     # ledger row), as many batches as calls.
     calls: int = 0
+    # Items per batch; batch n is tenant n's (modulo the tenants): with fewer items per
+    # batch, more tenants have some.
+    per_batch: int = ITEMS_PER_BATCH
+    model: str = MODEL
 
 
 def load(url: str, history: History) -> None:
     """Add ``history`` to the database at ``url`` (a libpq URL)."""
     total = history.pending + history.finished
-    batches = -(-total // ITEMS_PER_BATCH)
-    finished_batches = history.finished // ITEMS_PER_BATCH
+    batches = -(-total // history.per_batch)
+    finished_batches = history.finished // history.per_batch
     params = {
         "tenants": history.tenants,
         "batches": batches,
         "finished_batches": finished_batches,
-        "per_batch": ITEMS_PER_BATCH,
+        "per_batch": history.per_batch,
         "finished": history.finished,
         "total": total,
-        "model": MODEL,
+        "model": history.model,
         "deferred": history.deferred,
+        # Another model's history goes in batches of its own name (loaded beside).
+        "prefix": "" if history.model == MODEL else history.model + ".",
     }
     with psycopg.connect(url) as conn:
         conn.execute(
@@ -54,9 +60,8 @@ def load(url: str, history: History) -> None:
             INSERT INTO batches (id, tenant_id, status, endpoint, priority,
                                  completion_window_s, deadline_at, total_items,
                                  created_at, finished_at)
-            SELECT 'batch_hist_' || g,
-                   (SELECT min(id) FROM tenants WHERE name LIKE 'history-%%')
-                       + g %% %(tenants)s,
+            SELECT 'batch_hist_' || %(prefix)s || g,
+                   (SELECT id FROM tenants WHERE name = 'history-' || (1 + g %% %(tenants)s)),
                    CASE WHEN g <= %(finished_batches)s THEN 'completed' ELSE 'in_progress' END,
                    '/v1/chat/completions', 'bulk', 172800, now() + interval '1 day',
                    %(per_batch)s, now() - interval '1 day',
@@ -70,7 +75,8 @@ def load(url: str, history: History) -> None:
             INSERT INTO items (batch_id, tenant_id, line_no, custom_id, model, priority_rank,
                                body, prompt_tokens_est, max_tokens, status, attempts,
                                deadline_at, created_at, not_before, started_at, finished_at)
-            SELECT 'batch_hist_' || b, t.tenant_id, g %% %(per_batch)s, 'r' || g, %(model)s, 1,
+            SELECT 'batch_hist_' || %(prefix)s || b, t.tenant_id, g %% %(per_batch)s, 'r' || g,
+                   %(model)s, 1,
                    '{"messages": [{"role": "user", "content": "Describe it."}]}'::jsonb,
                    10 + g %% 90, 60,
                    CASE WHEN g <= %(finished)s THEN 'succeeded' ELSE 'pending' END,
@@ -84,7 +90,7 @@ def load(url: str, history: History) -> None:
             FROM generate_series(1, %(total)s) AS g
             CROSS JOIN LATERAL (SELECT (g - 1) / %(per_batch)s + 1 AS b) AS bb
             CROSS JOIN LATERAL (
-                SELECT tenant_id FROM batches WHERE id = 'batch_hist_' || bb.b
+                SELECT tenant_id FROM batches WHERE id = 'batch_hist_' || %(prefix)s || bb.b
             ) AS t
             """,
             params,
@@ -97,7 +103,8 @@ def load(url: str, history: History) -> None:
             SELECT id, batch_id, tenant_id, 1, '{"choices": []}'::jsonb,
                    prompt_tokens_est, 40, 0.0001, 200 + id %% 3000, 1000 + id %% 60000,
                    finished_at
-            FROM items WHERE status = 'succeeded' AND batch_id LIKE 'batch_hist_%%'
+            FROM items
+            WHERE status = 'succeeded' AND batch_id LIKE 'batch_hist_' || %(prefix)s || '%%'
             """,
             params,
         )
@@ -107,7 +114,7 @@ def load(url: str, history: History) -> None:
                                       prompt_tokens, completion_tokens, cost_usd, created_at)
             SELECT item_id, 1, tenant_id, batch_id, %(model)s, prompt_tokens,
                    completion_tokens, cost_usd, created_at
-            FROM results WHERE batch_id LIKE 'batch_hist_%%'
+            FROM results WHERE batch_id LIKE 'batch_hist_' || %(prefix)s || '%%'
             """,
             params,
         )
@@ -117,7 +124,7 @@ def load(url: str, history: History) -> None:
                                                 prompt_tokens, completion_tokens, cost_usd)
             SELECT tenant_id, CAST(timezone('UTC', created_at) AS date), model, item_id %% 16,
                    count(*), sum(prompt_tokens), sum(completion_tokens), sum(cost_usd)
-            FROM usage_ledger WHERE batch_id LIKE 'batch_hist_%%'
+            FROM usage_ledger WHERE batch_id LIKE 'batch_hist_' || %(prefix)s || '%%'
             GROUP BY 1, 2, 3, 4
             ON CONFLICT (tenant_id, day, model, shard) DO UPDATE
             SET requests = d.requests + EXCLUDED.requests,
@@ -131,7 +138,7 @@ def load(url: str, history: History) -> None:
             """
             INSERT INTO admitted_totals AS a (model, tenant_id, items, tokens_est)
             SELECT model, tenant_id, count(*), sum(prompt_tokens_est + max_tokens)
-            FROM items WHERE batch_id LIKE 'batch_hist_%%'
+            FROM items WHERE batch_id LIKE 'batch_hist_' || %(prefix)s || '%%'
             GROUP BY model, tenant_id
             ON CONFLICT (model, tenant_id) DO UPDATE
             SET items = a.items + EXCLUDED.items, tokens_est = a.tokens_est + EXCLUDED.tokens_est
@@ -155,7 +162,7 @@ def _load_calls(conn: psycopg.Connection, params: dict[str, object]) -> None:
         INSERT INTO batches (id, tenant_id, status, endpoint, priority, completion_window_s,
                              deadline_at, total_items, created_at, finished_at)
         SELECT 'batch_call_' || g,
-               (SELECT min(id) FROM tenants WHERE name LIKE 'history-%%') + g %% %(tenants)s,
+               (SELECT id FROM tenants WHERE name = 'history-' || (1 + g %% %(tenants)s)),
                'completed', '/v1/chat/completions', 'call', 600, now() - interval '1 day',
                1, now() - interval '1 day', now() - interval '20 hours' + g * interval '1 ms'
         FROM generate_series(1, %(calls)s) AS g

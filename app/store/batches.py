@@ -388,7 +388,7 @@ def request_counts(session: Session, batch: Batch) -> dict[str, int]:
     """Items per status, every status present (0 when none): a finished batch's from
     its totals (they cost the same however large the batch), an open one's counted."""
     if batch.finished_at is not None:
-        rows = [(s, f.items) for s, f in totals.batch_files(session, batch.id).items()]
+        rows = list(totals.batches_finished(session, [batch.id]).get(batch.id, {}).items())
     else:
         rows = [
             (status, n)

@@ -236,20 +236,28 @@ class OutputFile:
         return {"batch_id": self.batch.id, "statuses": list(FILE_STATUSES[self.kind])}
 
 
-def get_output_file(session: Session, tenant: Tenant, file_id: str) -> OutputFile | None:
+def get_output_file(
+    session: Session, tenant: Tenant, file_id: str, *, sized: bool = False
+) -> OutputFile | None:
     """The batch output or error file ``file_id`` names (None: the id is an upload's);
     :class:`NotFound` if its batch is not the tenant's or the file does not exist. Read
-    from the batch's totals (a finished batch's counts and sizes), not its items."""
+    from the batch's totals (a finished batch's counts, and with ``sized`` its files'
+    sizes), not its items."""
     match = OUTPUT_FILE_ID.fullmatch(file_id)
     if match is None:
         return None
     batch = batches.get_readable_batch(session, tenant, match[1])
     if batch.finished_at is not None:
-        per_status = totals.batch_files(session, batch.id)
-        counts = {status: f.items for status, f in per_status.items()}
+        if sized:
+            per_status = totals.batch_files(session, batch.id)
+            counts = {status: f.items for status, f in per_status.items()}
+        else:
+            counts = batches.request_counts(session, batch)
         if file_id in output_file_ids(batch, counts):
-            sizes = [per_status[s].bytes for s in FILE_STATUSES[match[2]] if s in per_status]
-            size = None if None in sizes else sum(b or 0 for b in sizes)
+            size = None
+            if sized:
+                sizes = [per_status[s].bytes for s in FILE_STATUSES[match[2]] if s in per_status]
+                size = None if None in sizes else sum(b or 0 for b in sizes)
             return OutputFile(batch, match[2], size)
     raise NotFound(f"no file {file_id!r}", field="file_id")
 
@@ -264,7 +272,7 @@ def output_chunks(session: Session, output: OutputFile) -> Iterator[bytes]:
         execution_options={"yield_per": LINES_PER_CHUNK},
     )
     for rows in result.partitions():
-        yield b"".join(row.line for row in rows)
+        yield "".join([row.line for row in rows]).encode("utf-8")
 
 
 def describe_output(session: Session, output: OutputFile) -> dict[str, Any]:
