@@ -4,8 +4,9 @@ next to the code of an earlier release, in one run (each part may run alone: ``-
 Set-up: PostgreSQL and Redis (embedded, or the given ``DATABASE_URL`` / ``REDIS_URL``,
 in a database of their own), histories bulk-loaded by bench/history.py.
 
-history    (bench/scale_history.py) ``--pending`` pending items (all deferred) and
-           ``--finished`` finished ones with their results and ledger rows: ``/metrics``,
+history    (bench/scale_history.py) ``--pending`` pending items (all deferred),
+           ``--finished`` finished ones with their results and ledger rows and
+           ``--calls`` finished synchronous calls (a batch each): ``/metrics``,
            the status view, a 1k-line submit, an idle dispatch round and the sweep's
            expiry, against the formulas of migration 0008; the plans of the scans.
 retention  (bench/scale_retention.py) one retention pass over that finished history,
@@ -21,7 +22,7 @@ upload     (bench/scale_files.py) a batch created from an upload of ``--upload-m
            the API process's peak RSS against its idle RSS.
 submission bench/submission.py at ``--submit-lines`` (0: skipped).
 
-    .venv/bin/python bench/scale.py [--pending 1000000] [--finished 1000000]
+    .venv/bin/python bench/scale.py [--pending 1000000] [--finished 1000000] [--calls 300000]
         [--tenants 50,500,5000] [--idle 5000] [--rounds 100] [--results 200000]
         [--upload-mb 40] [--repeat 5] [--submit-lines 0] [--only dispatch,files]
 """
@@ -52,7 +53,8 @@ def _mark(ok: bool) -> str:
 def _print_history(args: argparse.Namespace, found: scale_history.History) -> None:
     print(
         f"history: {args.pending:,} pending (all deferred) + {args.finished:,} finished items "
-        f"with results and ledger rows; loaded in {found.load_s:.0f} s, first roll-up "
+        f"with results and ledger rows + {args.calls:,} finished synchronous calls (a batch "
+        f"each); loaded in {found.load_s:.0f} s, first roll-up "
         f"{found.first_roll_up_s:.1f} s (once)"
     )
     print(f"  {'':16}{'now ms':>10}{'target':>12}{'0008 ms':>12}{'0008/now':>10}")
@@ -139,6 +141,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pending", type=int, default=1_000_000)
     parser.add_argument("--finished", type=int, default=1_000_000)
+    parser.add_argument("--calls", type=int, default=300_000)
     parser.add_argument("--tenants", default="50,500,5000")
     parser.add_argument("--idle", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=100)
@@ -161,7 +164,9 @@ def main() -> None:
         url = get_settings().sqlalchemy_url
         libpq = url.replace("postgresql+psycopg://", "postgresql://")
         if "history" in parts or "retention" in parts:
-            found["history"] = scale_history.run(url, args.pending, args.finished, args.repeat)
+            found["history"] = scale_history.run(
+                url, args.pending, args.finished, args.calls, args.repeat
+            )
             _print_history(args, found["history"])
         if "retention" in parts:
             found["retention"] = scale_retention.run(args.hot_items, alone_s=15.0)

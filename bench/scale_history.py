@@ -124,7 +124,7 @@ class History:
     plans: dict[str, str]
 
 
-def run(url: str, pending: int, finished: int, repeat: int) -> History:
+def run(url: str, pending: int, finished: int, calls: int, repeat: int) -> History:
     """Load the history (``url``: the SQLAlchemy URL) and time each view against 0008."""
     from batchgen import python_api
     from batchgen.config import get_settings
@@ -139,7 +139,7 @@ def run(url: str, pending: int, finished: int, repeat: int) -> History:
     started = time.perf_counter()
     history.load(
         url.replace("postgresql+psycopg://", "postgresql://"),
-        history.History(pending=pending, finished=finished, deferred=True),
+        history.History(pending=pending, finished=finished, deferred=True, calls=calls),
     )
     load_s = time.perf_counter() - started
     started = time.perf_counter()

@@ -32,14 +32,16 @@ class Retention:
 
 def _hot_batch(items_n: int) -> None:
     from batchgen import python_api
+    from batchgen.config import get_settings
     from batchgen.store import db, tenants
     from bench.harness import chat_requests
 
     with db.session_scope() as session:
         tenants.create_tenant(session, "hot-path")
-    python_api.submit_batch(
-        chat_requests(items_n, history.MODEL, "hot"), tenant="hot-path", priority="bulk"
-    )
+    per_batch = get_settings().max_batch_lines
+    for start in range(0, items_n, per_batch):
+        rows = chat_requests(min(per_batch, items_n - start), history.MODEL, f"hot{start}")
+        python_api.submit_batch(rows, tenant="hot-path", priority="bulk")
 
 
 def hot_path(until: threading.Event | float) -> tuple[int, float]:
