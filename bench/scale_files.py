@@ -196,11 +196,16 @@ def files(workdir: Path, results: int, repeat: int) -> Files:
 
 
 def upload(workdir: Path, upload_mb: float) -> Upload:
+    import os
+
     import httpx
 
     from batchgen import python_api
+    from batchgen.config import get_settings
     from batchgen.store import db, tenants
 
+    os.environ.update(_env())  # the bounds of the API process, for the upload here
+    get_settings.cache_clear()
     with db.session_scope() as session:
         _, key = tenants.create_tenant(session, "upload-bench")
     path = workdir / "upload.jsonl"
