@@ -56,6 +56,9 @@ class Job(BaseModel):
     # auto: to the provider's Batch API at the batch price when the model offloads and
     # the window allows (batchgen.domain.offload); never; always.
     offload: OffloadMode = OffloadMode.AUTO
+    # A product whose request has not changed since its last description is served
+    # that text, not called again (batchgen.nightly.runs); false: every run calls all.
+    incremental: bool = True
     report: Path | None = None
     rejects: Path | None = None
 

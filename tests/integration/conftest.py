@@ -51,6 +51,7 @@ SLOW = frozenset(
         "test_a_webhook_follows_standard_webhooks_and_is_delivered_once_past_two_failures",
         "test_flower.py::test_batchgen_flower_puts_metrics_behind_its_basic_auth",
         "test_nightly.py::test_beat_fires_twice_one_batch_500_descriptions_and_report",
+        "test_nightly.py::test_incremental_runs_call_only_changed_and_failed_products",
         "test_offload.py::test_a_dispatcher_killed_while_the_provider_creates_a_job_leaves_one_job",
         "test_offload.py::test_a_job_past_its_cutoff_is_cancelled_there_and_run_online",
         "test_offload.py::test_a_partly_failed_job_runs_its_errored_rows_online",
