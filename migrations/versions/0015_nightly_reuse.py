@@ -8,7 +8,7 @@
 - nightly_reused: those products, each with the text it was served (kept until a later
   run of the job has been collected).
 
-Revision ID: 0015_nightly_reuse
+Revision ID: 0015
 Revises: 0014
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0015_nightly_reuse"
+revision: str = "0015"
 down_revision: str | Sequence[str] | None = "0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -41,6 +41,7 @@ SLOW = frozenset(
         "test_dashboard.py",
         "test_dashboard_pages.py::test_batch_page_bars_and_charts",
         "test_call_shares.py::test_a_flood_of_calls_leaves_another_tenant_its_share",
+        "test_call_reserve.py::test_a_call_behind_a_full_backlog_passes_the_gate_at_its_first_try",
         "test_deadlines_cancel.py::test_cancel_holds_across_a_worker_restart",
         "test_faults.py::test_flushed_redis_loses_no_item",
         "test_faults.py::test_sigkill_worker_mid_call_loses_nothing",

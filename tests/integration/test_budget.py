@@ -28,7 +28,11 @@ GUARD_S = 1.0
 
 
 def spec(
-    tpm: int = 1000, rpm: int = 20, key: str = "acct", shape: LimitShape = LimitShape.WINDOW
+    tpm: int = 1000,
+    rpm: int = 20,
+    key: str = "acct",
+    shape: LimitShape = LimitShape.WINDOW,
+    slots: int = 2,
 ) -> ModelSpec:
     return ModelSpec(
         name=f"m-{key}",
@@ -41,7 +45,7 @@ def spec(
         max_output_tokens=500,
         tokens_per_min=tpm,
         requests_per_min=rpm,
-        max_concurrency=2,
+        max_concurrency=slots,
         input_usd_per_1m=1,
         output_usd_per_1m=1,
         limit_shape=shape,
@@ -826,7 +830,8 @@ def test_a_synchronous_call_takes_the_next_free_slot_before_other_work(clean_db)
         def __init__(self, item_id: int, urgent: bool = False) -> None:
             self.item_id, self.attempt, self.urgent = item_id, 1, urgent
 
-    gate = Gate(get_redis(), Settings(slot_wait_s=0.0))
+    # The claims alone: no reserve of slots for calls (tests/integration/test_call_reserve.py).
+    gate = Gate(get_redis(), Settings(slot_wait_s=0.0, call_reserved_slots=0))
     s = spec(tpm=1_000_000, rpm=1000, key="urgent")  # two slots
     first, second = gate.enter(s, Ticket(1)), gate.enter(s, Ticket(2))
     assert isinstance(first, Pass) and isinstance(second, Pass)
