@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
@@ -497,6 +497,12 @@ bucket_ops = st.lists(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(sequence=bucket_ops)
+# A reservation settled after it aged out of the window (r1, 65 s old) settles nothing.
+@example(
+    sequence=[(0.0, "reserve", 100, 0.0)]
+    + [(5.0, "reserve", 1, 0.0)] * 13
+    + [(0.0, "reconcile", 1, 0.0)]
+)
 def test_the_bucket_never_grants_more_than_capacity_plus_refill(budget, sequence):
     """Reservations, refunds and releases on a simulated clock: over any interval the
     tokens granted less those given back stay within capacity + rate × its length, and
@@ -509,6 +515,7 @@ def test_the_bucket_never_grants_more_than_capacity_plus_refill(budget, sequence
     now, n = 1_000.0, 0
     level, last = None, None  # the pure model's
     charged: dict[str, int] = {}
+    granted_at: dict[str, float] = {}
     events: list[tuple[float, int]] = []  # (time, tokens granted; negative: given back)
     for gap, kind, tokens, keep in sequence:
         now += gap
@@ -519,19 +526,24 @@ def test_the_bucket_never_grants_more_than_capacity_plus_refill(budget, sequence
             margin = bucket_margin(1000, rate, GUARD_S, tokens)
             assert grant.granted == bucket_grants(model_level, tokens, margin=margin)
             if grant.granted:
-                charged[f"r{n}"] = tokens
+                charged[f"r{n}"], granted_at[f"r{n}"] = tokens, now
                 events.append((now, tokens))
                 level, last = model_level - tokens, now
-        elif charged:
-            rid = sorted(charged)[int(keep * (len(charged) - 1))]
-            back = charged[rid] if kind == "release" else charged[rid] - int(charged[rid] * keep)
-            if kind == "release":
-                assert budget.release(s, rid, now_s=now) == -charged.pop(rid)
-            else:
-                assert budget.reconcile(s, rid, charged[rid] - back, now_s=now) == -back
-                charged[rid] -= back
-            events.append((now, -back))
-            level, last = min(1000.0, model_level + back), now
+        else:
+            # Settled within the window: a reservation older than that has aged out of
+            # the log (the bucket refilled it long since) and settles nothing.
+            live = sorted(r for r in charged if now - granted_at[r] < WINDOW_S)
+            if live:
+                rid = live[int(keep * (len(live) - 1))]
+                kept = charged[rid] - int(charged[rid] * keep)
+                back = charged[rid] if kind == "release" else kept
+                if kind == "release":
+                    assert budget.release(s, rid, now_s=now) == -charged.pop(rid)
+                else:
+                    assert budget.reconcile(s, rid, charged[rid] - back, now_s=now) == -back
+                    charged[rid] -= back
+                events.append((now, -back))
+                level, last = min(1000.0, model_level + back), now
         assert max_bucket_excess(events, 1000, rate) <= 1e-6
         assert (
             abs(budget.used(s, now_s=now)[0] - (1000 - bucket_level(level, last, now, 1000, rate)))
