@@ -285,3 +285,37 @@ def test_calls_fail_over_to_azure_within_the_deadline_using_no_attempt(
     assert by_model["requests"] == sum(r["requests"] for r in rows.values())
     if hangs:
         assert rows["bad"]["requests"] == rows["bad"]["wasted_requests"] == len(hangs)
+
+
+def test_a_failover_after_its_batch_was_cancelled_ends_the_item_cancelled(clean_db):
+    """A call fails on its deployment while its batch is being cancelled, the cancel
+    committing first (it leaves the sent item to its worker): the failover must not hand
+    the item on to another deployment, which would start a provider request after the
+    cancel. The item ends cancelled, the billed call in the ledger once."""
+    from batchgen.errors import TransientProviderError
+    from batchgen.registry import get_registry
+    from batchgen.store import items
+    from batchgen.worker.cancellation import cancel_batch
+    from batchgen.worker.dispatch import release_all
+    from batchgen.worker.failures import failover
+
+    registry, settings = get_registry(), get_settings()
+    make_tenant("acme")
+    batch = python_api.submit_batch([chat_line("only")], tenant="acme")
+    with db.session_scope() as s:
+        (released,) = release_all(s, registry, settings)
+    ticket = released.ticket
+    with db.autocommit() as connection:
+        item = items.claim_sent(connection, ticket, 60.0, time.monotonic(), "a")
+    assert item is not None
+    cancel_batch(batch["id"], "acme")  # the call is under way: the item stays running
+
+    error = TransientProviderError("server error 503", status=503, billed=True)
+    verdict = failover(item, registry["sim-small"], settings, error, 10, ticket)
+
+    assert verdict.ticket is None and verdict.outcome == "cancelled"
+    with db.session_scope() as s:
+        assert s.scalar(select(Item.status).where(Item.id == item.item_id)) == "cancelled"
+        ledger = s.execute(select(UsageLedger.attempt, UsageLedger.waste_reason)).all()
+    assert [tuple(r) for r in ledger] == [(1, "failover_server_error")]
+    assert python_api.get_batch(batch["id"], tenant="acme")["status"] == "cancelled"
