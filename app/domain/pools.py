@@ -105,16 +105,26 @@ def breaker_cooldown_s(trips: int, base_s: float, max_s: float) -> float:
     return min(max_s, base_s * 2 ** max(0, trips - 1))
 
 
-def breaker_signal(*, deployments: int, answered: bool, error: ProviderError | None) -> str:
+def breaker_signal(
+    *,
+    deployments: int,
+    answered: bool,
+    error: ProviderError | None,
+    cut_by_deadline: bool = False,
+) -> str:
     """What a call's end tells its deployment's circuit breaker: ``"ok"`` (an answer),
     ``"fail"`` (a failure that points at the deployment, a 429 aside: its retry-after
     already cools the deployment down) or ``""`` (nothing: a model of one deployment
     keeps no breaker, and a cancelled or refused request says nothing of the
-    deployment)."""
+    deployment; nor does a time-out of a call ``cut_by_deadline``, whose time-out was
+    its item's time left, shorter than the model's own: the item ran out of time)."""
     if deployments <= 1:
         return ""
     if answered:
         return "ok"
     if error is None or isinstance(error, RateLimited):
         return ""
-    return "fail" if failover_reason(error) is not None else ""
+    reason = failover_reason(error)
+    if reason is None or (cut_by_deadline and reason == "timeout"):
+        return ""
+    return "fail"

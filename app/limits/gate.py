@@ -255,9 +255,11 @@ class Gate:
         max_tokens: int,
         response: CallAnswer | None = None,
         error: ProviderError | None = None,
+        cut_by_deadline: bool = False,
     ) -> None:
         """Reconcile the reservation with the outcome, listen to the provider, free the
-        slot: one script.
+        slot: one script. ``cut_by_deadline``: the call's time-out was its item's time
+        left (:func:`batchgen.domain.pools.breaker_signal`).
 
         What to do is :func:`batchgen.domain.settlement.decide_settlement`'s decision;
         :func:`settle_ops` translates it for the script."""
@@ -265,7 +267,9 @@ class Gate:
             return
         rid = admitted.reservation_id
         try:
-            ops = settle_ops(spec, admitted, tenant_id, max_tokens, response, error)
+            ops = settle_ops(
+                spec, admitted, tenant_id, max_tokens, response, error, cut_by_deadline
+            )
             self.budget.settle(spec.at(admitted.deployment), rid, ops)
         except BaseException:
             self._free_slot(spec, rid)  # the script may not have run: free it anyway
@@ -292,6 +296,7 @@ def settle_ops(
     max_tokens: int,
     response: CallAnswer | None = None,
     error: ProviderError | None = None,
+    cut_by_deadline: bool = False,
 ) -> SettleOps:
     """The settlement decided for this outcome, as the one settle script's operations."""
     answered = response is not None
@@ -323,5 +328,10 @@ def settle_ops(
         cooldown_s=decision.cooldown_s,
         counters=tuple(_SETTLE_COUNTERS[c] for c in decision.counters),
         release_slot=True,
-        breaker=breaker_signal(deployments=len(spec.deployments), answered=answered, error=error),
+        breaker=breaker_signal(
+            deployments=len(spec.deployments),
+            answered=answered,
+            error=error,
+            cut_by_deadline=cut_by_deadline,
+        ),
     )

@@ -265,6 +265,8 @@ class Settlement:
 
     response: ProviderResponse | None = None
     error: ProviderError | None = NOT_SENT
+    # The call's time-out was its item's time left, shorter than the model's own.
+    cut_by_deadline: bool = False
 
 
 def _settle(
@@ -280,6 +282,7 @@ def _settle(
         if settlement.error is NOT_SENT:
             gate.settle_unsent(spec, admitted, item.tenant_id, item.max_tokens, NOT_SENT)
         else:
+            outcome["cut_by_deadline"] = settlement.cut_by_deadline
             gate.settle(spec, admitted, item.tenant_id, item.max_tokens, **outcome)
     except redis.RedisError:
         log.warning(
@@ -308,9 +311,9 @@ def _call(
 ) -> Verdict:
     item, spec, served = call.item, call.spec, call.served
     # Time left on PostgreSQL's clock (where the deadline was set), not this host's.
-    timeout = call_timeout_s(
-        spec.call_timeout_s or settings.call_timeout_s, item.deadline_at, item.db_now()
-    )
+    configured_s = spec.call_timeout_s or settings.call_timeout_s
+    timeout = call_timeout_s(configured_s, item.deadline_at, item.db_now())
+    settlement.cut_by_deadline = timeout < configured_s
     request = ProviderRequest(
         spec=served,
         body=item.body,

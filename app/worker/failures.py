@@ -126,19 +126,31 @@ def failover(
     message = f"{reason} on deployment {deployment}: {exc.message}"
     rate_limited = isinstance(exc, RateLimited)
 
-    def work(session: Session) -> bool:
+    progress: list[Progress] = []
+
+    def work(session: Session) -> str:
         if exc.billed:
             record_waste(session, _unanswered(item, spec, latency_ms), spec, f"failover_{reason}")
-        return items.failover(
+        if items.failover(
             session,
             item,
             settings.queued_lease_s,
             "failover",
             message,
             rate_limited=rate_limited,
+        ):
+            return "wait"
+        # Not handed on: its batch was cancelled while the call ran (it must not run
+        # again: it ends cancelled), or the item finished or moved on meanwhile.
+        cancelled_now = items.finish(
+            session, item, ItemStatus.CANCELLED, "cancelled", "batch cancelled"
         )
+        if cancelled_now:
+            closing(session, item, progress)
+        return "cancelled" if cancelled_now else "skipped"
 
-    moved = with_db_retries(item, "handing the item to another deployment", work)
+    outcome = with_db_retries(item, "handing the item to another deployment", work)
+    after_commit(item, progress)
     log.info(
         "item %d attempt %d model %s: %s on deployment %s, failing over",
         item.item_id,
@@ -147,8 +159,8 @@ def failover(
         reason,
         deployment,
     )
-    if not moved:  # cancelled or finished meanwhile: nothing to run again
-        return Verdict("skipped")
+    if outcome != "wait":  # cancelled or finished meanwhile: nothing to run again
+        return Verdict(outcome)
     next_ticket = replace(ticket, attempt=item.attempt + 1, avoid=deployment)
     return Verdict("wait", 0.0, ticket=next_ticket)
 

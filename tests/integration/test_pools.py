@@ -3,6 +3,7 @@ the circuit breaker, and failover end to end (real workers, the simulator's lane
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections import Counter
@@ -10,7 +11,7 @@ from decimal import Decimal
 
 import httpx
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from batchgen import python_api
 from batchgen.config import Settings, get_settings
@@ -285,3 +286,107 @@ def test_calls_fail_over_to_azure_within_the_deadline_using_no_attempt(
     assert by_model["requests"] == sum(r["requests"] for r in rows.values())
     if hangs:
         assert rows["bad"]["requests"] == rows["bad"]["wasted_requests"] == len(hangs)
+
+
+def test_a_failover_after_its_batch_was_cancelled_ends_the_item_cancelled(clean_db):
+    """A call fails on its deployment while its batch is being cancelled, the cancel
+    committing first (it leaves the sent item to its worker): the failover must not hand
+    the item on to another deployment, which would start a provider request after the
+    cancel. The item ends cancelled, the billed call in the ledger once."""
+    from batchgen.errors import TransientProviderError
+    from batchgen.registry import get_registry
+    from batchgen.store import items
+    from batchgen.worker.cancellation import cancel_batch
+    from batchgen.worker.dispatch import release_all
+    from batchgen.worker.failures import failover
+
+    registry, settings = get_registry(), get_settings()
+    make_tenant("acme")
+    batch = python_api.submit_batch([chat_line("only")], tenant="acme")
+    with db.session_scope() as s:
+        (released,) = release_all(s, registry, settings)
+    ticket = released.ticket
+    with db.autocommit() as connection:
+        item = items.claim_sent(connection, ticket, 60.0, time.monotonic(), "a")
+    assert item is not None
+    cancel_batch(batch["id"], "acme")  # the call is under way: the item stays running
+
+    error = TransientProviderError("server error 503", status=503, billed=True)
+    verdict = failover(item, registry["sim-small"], settings, error, 10, ticket)
+
+    assert verdict.ticket is None and verdict.outcome == "cancelled"
+    with db.session_scope() as s:
+        assert s.scalar(select(Item.status).where(Item.id == item.item_id)) == "cancelled"
+        ledger = s.execute(select(UsageLedger.attempt, UsageLedger.waste_reason)).all()
+    assert [tuple(r) for r in ledger] == [(1, "failover_server_error")]
+    assert python_api.get_batch(batch["id"], tenant="acme")["status"] == "cancelled"
+
+
+SLOW_POOL_TOML = """
+[models."pool"]
+provider = "openai"
+api_key_env = "BATCHGEN_SIMULATOR_KEY"
+group = "pool"
+context_window = 16384
+max_output_tokens = 400
+input_usd_per_1m = 1.0
+output_usd_per_1m = 2.0
+call_timeout_s = 30.0
+
+[models."pool".deployments.slow]
+base_url = "{base_url}/d/slow/v1"
+tokens_per_min = 10000000
+requests_per_min = 100000
+max_concurrency = 8
+
+[models."pool".deployments.other]
+base_url = "{base_url}/d/other/v1"
+tokens_per_min = 10000000
+requests_per_min = 100000
+max_concurrency = 8
+"""
+
+
+def test_a_call_cut_short_by_its_own_deadline_does_not_trip_the_breaker(
+    clean_db, tmp_path, monkeypatch
+):
+    """A call whose time-out is its item's time left (a caller's short ``timeout``, an
+    item near its deadline) times out on a healthy deployment that is only slower than
+    that: the failure is the item's, not the deployment's. Counted by the breaker, any
+    tenant could close every deployment of a model to everyone with a few calls of a
+    short timeout."""
+    from batchgen.limits.gate import Gate
+    from batchgen.registry import get_registry
+    from batchgen.worker.dispatch import release_all
+    from batchgen.worker.execution import run_item
+
+    lanes = {"slow": {"fault_rate": 1.0, "fault_kinds": ["hang"]}, "other": {}}
+    with SimulatorThread(SimulatorConfig(hang_s=3.0, seed=1, deployments=lanes)) as sim:
+        models = tmp_path / "models.toml"
+        models.write_text(SLOW_POOL_TOML.format(base_url=sim.base_url))
+        monkeypatch.setenv("BATCHGEN_MODELS_FILE", str(models))
+        monkeypatch.setenv("BATCHGEN_BREAKER_FAILURES", "1")  # one failure trips it
+        get_settings.cache_clear()
+        try:
+            registry, settings = get_registry(), get_settings()
+            spec = registry["pool"]
+            make_tenant("acme")
+            python_api.submit_batch([chat_line("r", model="pool")], tenant="acme")
+            with db.session_scope() as s:  # the item has two seconds left
+                s.execute(update(Item).values(deadline_at=func.now() + dt.timedelta(seconds=2)))
+                (released,) = release_all(s, registry, settings)
+            verdict = run_item(
+                released.ticket.item_id,
+                registry,
+                settings,
+                Gate(get_redis(), settings),
+                model="pool",
+                ticket=released.ticket,
+            )
+            assert verdict.outcome == "expired"
+        finally:
+            get_settings.cache_clear()
+    with db.session_scope() as s:  # the call went to slow, and was cut at the deadline
+        item = s.execute(select(Item.deployment, Item.last_error)).one()
+    assert item.deployment == "slow" and "timeout" in (item.last_error or "")
+    assert get_redis().pttl(keys.cooldown(spec.at("slow").budget_key)) < 0  # no breaker

@@ -234,6 +234,21 @@ def test_what_a_calls_end_tells_the_breaker():
     assert breaker_signal(deployments=2, answered=False, error=CallCancelled("c")) == ""
 
 
+def test_a_time_out_cut_short_by_the_items_deadline_tells_the_breaker_nothing():
+    """The call's time-out was its item's time left: its time-out is the item's, while
+    a 5xx in the same short time is still the deployment's."""
+    timeout = TransientProviderError("timeout (ReadTimeout)", billed=True)
+    stream = TransientProviderError("timeout (stream deadline)", status=200, billed=True)
+    server = TransientProviderError("HTTP 503", status=503)
+    for error in (timeout, stream):
+        assert breaker_signal(deployments=2, answered=False, error=error) == "fail"
+        signal = breaker_signal(deployments=2, answered=False, error=error, cut_by_deadline=True)
+        assert signal == ""
+    assert (
+        breaker_signal(deployments=2, answered=False, error=server, cut_by_deadline=True) == "fail"
+    )
+
+
 # --- the worker's side -------------------------------------------------------------
 
 
