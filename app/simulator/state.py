@@ -265,6 +265,8 @@ class SimState:
             "window_s": self.config.window_s,
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
+            # Flex calls served and refused as busy (app/simulator/flex.py).
+            "flex": {"admitted": c["flex_admitted"], "refused": c["flex_refused"]},
             "limiter": self.config.limiter,
             "bound": self._bound(windows),
             "deployments": {name: self._lane_stats(lane) for name, lane in self.lanes.items()},

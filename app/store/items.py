@@ -390,6 +390,7 @@ def reroute(
     target = S.PENDING if lease_s is None else S.QUEUED
     params = {**_owner(item), **REROUTE.params(target), "route": route, "wait_s": wait_s}
     params.update(lease_s=(lease_s or 0.0) + wait_s, code=code, message=message)
+    params["defer"] = target is S.PENDING
     return session.execute(query("item_reroute"), params).first() is not None
 
 
