@@ -64,7 +64,7 @@ from batchgen.errors import (
     Unavailable,
     ValidationFailed,
 )
-from batchgen.store import batches
+from batchgen.store import batches, tenants
 from batchgen.store.batches import SubmitOptions
 from batchgen.store.db import UNMIGRATED_SQLSTATES, session_scope
 from batchgen.store.schema import Tenant
@@ -105,7 +105,7 @@ def _caller() -> Tenant:
 
 def _reload(session: Session, tenant: Tenant) -> Tenant:
     """The authenticated tenant, attached to ``session``."""
-    return session.merge(tenant, load=False)
+    return tenants.attach(session, tenant)
 
 
 def _limit(default: int) -> int:

@@ -118,7 +118,8 @@ def route_task(name, args, kwargs, options, task=None, **kw):  # type: ignore[no
     notification tick to its own queue (served by the model workers); every other
     task to the control queue."""
     if name == GENERATE_TASK:
-        spec = _registry.get((kwargs or {}).get("model", ""))
+        # The registry as it is now (cached), not as it was when this module loaded.
+        spec = get_registry().get((kwargs or {}).get("model", ""))
         if spec is not None:
             return {"queue": spec.queue}
     if name == NOTIFY_TASK:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import redis
 
 from batchgen.errors import ConfigError
+from batchgen.store import databases
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +162,7 @@ def private_postgres(prefix: str = "batchgen-pg-") -> Iterator[Any]:
 
 def ensure_database(url: str, name: str) -> str:
     """Create database ``name`` on the server of ``url`` if missing; returns its URL."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        if not exists:
-            conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+    databases.create_if_missing(url, name)
     return with_database(url, name)
 
 
@@ -177,12 +174,8 @@ def with_database(url: str, name: str) -> str:
 
 
 def drop_database(url: str, name: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                psycopg.sql.Identifier(name)
-            )
-        )
+    """Drop database ``name`` on the server of ``url`` if it exists."""
+    databases.drop(url, name)
 
 
 def _running_redis(directory: Path) -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -304,7 +305,8 @@ def cancel_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
 
 # --- files, and batches created from them (the OpenAI Files and Batches flow) -------
 
-FILE_CHUNK_BYTES = 64 * 1024
+# An upload a batch is created from is held in memory up to this size, else on disk.
+SPOOL_IN_MEMORY_BYTES = 4 * 1024 * 1024
 
 
 def upload_file(
@@ -339,7 +341,7 @@ def get_file(file_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
     """One of the tenant's files (an upload, or a batch's output or error file)."""
     with session_scope() as session:
         owner = _tenant(session, tenant)
-        output = files.get_output_file(session, owner, file_id)
+        output = files.get_output_file(session, owner, file_id, sized=True)
         if output is not None:
             return files.describe_output(session, output)
         return files.describe_file(files.get_file(session, owner, file_id))
@@ -360,11 +362,9 @@ def iter_file_content(file_id: str, *, tenant: str | Tenant) -> Iterator[bytes]:
         owner = _tenant(session, tenant)
         output = files.get_output_file(session, owner, file_id)
         if output is not None:
-            yield from files.output_lines(session, output)
-            return
-        content = files.get_file(session, owner, file_id).content
-    for start in range(0, len(content), FILE_CHUNK_BYTES):
-        yield content[start : start + FILE_CHUNK_BYTES]
+            yield from files.output_chunks(session, output)
+        else:
+            yield from files.upload_pieces(session, owner, file_id)
 
 
 def list_files_page(
@@ -423,8 +423,6 @@ def create_batch(
     if endpoint is not None and endpoint not in BATCH_ENDPOINTS:
         raise ValidationFailed(unknown_endpoint(endpoint), field="endpoint")
     chosen = sdk_priority(priority, parse_duration_s(completion_window))
-    with session_scope() as session:
-        lines = list(files.input_lines(session, _tenant(session, tenant), input_file_id))
     options = SubmitOptions(
         completion_window=completion_window,
         metadata=metadata,
@@ -438,7 +436,14 @@ def create_batch(
         on_finished_queue=told.get("on_finished_queue"),
         webhook_url=told.get("webhook_url"),
     )
-    return submit(tenant, lines, options)
+    # The upload goes through admission line by line from a temporary file (on disk past
+    # a few MB), filled piece by piece: never whole in memory.
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES) as spool:
+        with session_scope() as session:
+            for piece in files.upload_pieces(session, _tenant(session, tenant), input_file_id):
+                spool.write(piece)
+        spool.seek(0)
+        return submit(tenant, spool, options)
 
 
 # --- Anthropic's Message Batches --------------------------------------------------

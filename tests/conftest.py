@@ -105,6 +105,19 @@ def _redis_test_url(url: str) -> str:
     return urlunsplit(parts._replace(path=f"/{TEST_REDIS_DB - worker_index()}"))
 
 
+@pytest.fixture(autouse=True)
+def _settings_follow_the_environment() -> Iterator[None]:
+    """After each test, the cached settings and registry are read again from the
+    environment: a test that changed them (and put the environment back at its
+    teardown) leaves nothing of its own to the next test or module."""
+    yield
+    from batchgen.config import get_settings
+    from batchgen.registry import load_registry
+
+    get_settings.cache_clear()
+    load_registry.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """DATABASE_URL and REDIS_URL of migrated, empty, real servers."""
@@ -169,7 +182,7 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
                 "TRUNCATE tenant_daily_usage, usage_ledger, results, provider_job_items, items, "
                 "batch_notifications, "
                 "provider_jobs, batches, files, admitted_totals, finished_totals, "
-                "batch_totals, latency_totals, "
+                "batch_totals, latency_totals, dispatch_ring, dispatch_clocks, "
                 "tenants RESTART IDENTITY CASCADE"
             )
         )

@@ -21,7 +21,6 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import func, select
 
 PRODUCTS = [
     "trail running shoes",
@@ -221,8 +220,8 @@ def _watch(
 
 
 def _report(batch_ids: dict[str, str], console: Console) -> None:
+    from batchgen.store import usage
     from batchgen.store.db import session_scope
-    from batchgen.store.schema import Item, Result, UsageLedger
 
     table = Table(
         "tenant",
@@ -239,33 +238,15 @@ def _report(batch_ids: dict[str, str], console: Console) -> None:
     saved_usd = Decimal(0)
     with session_scope() as session:
         for tenant, batch_id in batch_ids.items():
-            rows = session.execute(
-                select(
-                    Result.prompt_tokens,
-                    Result.completion_tokens,
-                    Result.cost_usd,
-                    func.extract("epoch", Item.finished_at - Item.created_at),
-                )
-                .join(Item, Item.id == Result.item_id)
-                .where(Result.batch_id == batch_id)
-            ).all()
-            total = session.scalar(select(func.count()).where(Item.batch_id == batch_id))
-            offline, saved = session.execute(
-                select(
-                    func.count(), func.sum(UsageLedger.online_cost_usd - UsageLedger.cost_usd)
-                ).where(
-                    UsageLedger.batch_id == batch_id,
-                    UsageLedger.route == "offline",
-                    UsageLedger.waste_reason.is_(None),
-                )
-            ).one()
-            saved_usd += saved or 0
-            latencies = sorted(float(r[3]) for r in rows)
+            report = usage.batch_report(session, batch_id)
+            rows = report.results
+            saved_usd += report.saved_usd
+            latencies = sorted(r[3] for r in rows)
             table.add_row(
                 tenant,
-                str(total),
+                str(report.items),
                 str(len(rows)),
-                str(offline),
+                str(report.offline_rows),
                 str(sum(r[0] for r in rows)),
                 str(sum(r[1] for r in rows)),
                 f"{sum(r[2] for r in rows):.6f}",

@@ -9,7 +9,7 @@ slot before batch work). Each tenant's sync calls on a model may hold at most it
 share of the model's ``max_concurrency``, computed here from what every tenant
 asks for now (its sync calls and batch items holding a slot or waiting for one)
 and its weight, the way batches share the dispatch window
-(:file:`app/store/sql/dispatch_candidates.sql`).
+(deficit round robin, :mod:`batchgen.domain.round_robin`).
 
 The share is weighted max-min (water-filling): slots go one at a time to the
 tenant furthest below its weighted share, and never beyond what a tenant asks

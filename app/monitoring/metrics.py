@@ -21,7 +21,6 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
@@ -30,8 +29,7 @@ from batchgen.limits import counters
 from batchgen.limits.budget import Budget
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import Registry
-from batchgen.store import provider_jobs, totals
-from batchgen.store.schema import AdmittedTotals, Tenant, TenantDailyUsage
+from batchgen.store import overview, provider_jobs, totals
 
 TERMINAL_COUNTS = ("succeeded", "failed", "expired", "cancelled")
 METRIC_OF = {
@@ -123,14 +121,10 @@ class StateCollector:
             "Items that reached a terminal state",
             labels=["tenant", "status"],
         )
-        names: dict[int, str] = {i: n for i, n in session.execute(select(Tenant.id, Tenant.name))}
-        admitted = session.execute(
-            select(AdmittedTotals.tenant_id, func.sum(AdmittedTotals.items)).group_by(
-                AdmittedTotals.tenant_id
-            )
-        ).all()
-        for tenant_id, n in sorted(admitted, key=lambda r: names.get(r[0], "")):
-            accepted.add_metric([names.get(tenant_id, str(tenant_id))], int(n))
+        names = overview.tenant_names(session)
+        admitted = overview.admitted_per_tenant(session)
+        for tenant_id, n in sorted(admitted.items(), key=lambda r: names.get(r[0], "")):
+            accepted.add_metric([names.get(tenant_id, str(tenant_id))], n)
         for (tenant, status), count in sorted(totals.by(finished, 1).items(), key=str):
             if status in TERMINAL_COUNTS:
                 name = names.get(int(tenant), str(tenant))
@@ -144,19 +138,10 @@ class StateCollector:
         cost = CounterMetricFamily(
             "batchgen_tenant_cost_usd", "Billed cost per tenant", labels=["tenant"]
         )
-        for name, prompt, completion, usd in session.execute(
-            select(
-                Tenant.name,
-                func.sum(TenantDailyUsage.prompt_tokens),
-                func.sum(TenantDailyUsage.completion_tokens),
-                func.sum(TenantDailyUsage.cost_usd),
-            )
-            .join(TenantDailyUsage, TenantDailyUsage.tenant_id == Tenant.id)
-            .group_by(Tenant.name)
-        ):
-            tokens.add_metric([name, "prompt"], float(prompt))
-            tokens.add_metric([name, "completion"], float(completion))
-            cost.add_metric([name], float(usd))
+        for usage in overview.usage_per_tenant(session):
+            tokens.add_metric([usage.tenant, "prompt"], float(usage.prompt_tokens))
+            tokens.add_metric([usage.tenant, "completion"], float(usage.completion_tokens))
+            cost.add_metric([usage.tenant], float(usage.cost_usd))
         yield tokens
         yield cost
         yield from self._routes(session)
@@ -164,36 +149,27 @@ class StateCollector:
     def _routes(self, session: Session) -> Iterator[Metric]:
         """Usage by route (online, or offline through the providers' Batch APIs), what
         offloading saved, and the open provider jobs."""
-        d = TenantDailyUsage
-        row = session.execute(
-            select(
-                func.coalesce(func.sum(d.requests), 0),
-                func.coalesce(func.sum(d.prompt_tokens), 0),
-                func.coalesce(func.sum(d.completion_tokens), 0),
-                func.coalesce(func.sum(d.offline_requests), 0),
-                func.coalesce(func.sum(d.offline_prompt_tokens), 0),
-                func.coalesce(func.sum(d.offline_completion_tokens), 0),
-                func.coalesce(func.sum(d.saved_usd), 0),
-            )
-        ).one()
+        u = overview.usage_by_route(session)
         requests = CounterMetricFamily(
             "batchgen_route_requests", "Billed calls by route", labels=["route"]
         )
         tokens = CounterMetricFamily(
             "batchgen_route_tokens", "Billed tokens by route", labels=["route", "kind"]
         )
-        requests.add_metric(["online"], float(row[0] - row[3]))
-        requests.add_metric(["offline"], float(row[3]))
-        tokens.add_metric(["online", "prompt"], float(row[1] - row[4]))
-        tokens.add_metric(["online", "completion"], float(row[2] - row[5]))
-        tokens.add_metric(["offline", "prompt"], float(row[4]))
-        tokens.add_metric(["offline", "completion"], float(row[5]))
+        requests.add_metric(["online"], float(u.requests - u.offline_requests))
+        requests.add_metric(["offline"], float(u.offline_requests))
+        tokens.add_metric(["online", "prompt"], float(u.prompt_tokens - u.offline_prompt_tokens))
+        tokens.add_metric(
+            ["online", "completion"], float(u.completion_tokens - u.offline_completion_tokens)
+        )
+        tokens.add_metric(["offline", "prompt"], float(u.offline_prompt_tokens))
+        tokens.add_metric(["offline", "completion"], float(u.offline_completion_tokens))
         yield requests
         yield tokens
         saved = CounterMetricFamily(
             "batchgen_offline_saved_usd", "Saved by offloading, against the online prices"
         )
-        saved.add_metric([], float(row[6]))
+        saved.add_metric([], float(u.saved_usd))
         yield saved
         jobs = GaugeMetricFamily(
             "batchgen_provider_jobs_open",

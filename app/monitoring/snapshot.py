@@ -6,19 +6,16 @@ budget use, and per tenant the progress of its open batches.
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 import redis
-from sqlalchemy import Date, func, select
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
 from batchgen.limits.budget import Budget
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import Registry
-from batchgen.store import provider_jobs, totals
-from batchgen.store.schema import Batch, Item, Tenant, TenantDailyUsage
+from batchgen.store import overview, provider_jobs, totals
 
 THROUGHPUT_WINDOW_MIN = 5
 
@@ -34,16 +31,7 @@ def snapshot(
     backlog: dict[str, int] = {}
     for (model, _status), c in open_now.items():
         backlog[str(model)] = backlog.get(str(model), 0) + c.tokens_est
-    recent = dict(
-        session.execute(
-            select(Item.model, func.count())
-            .where(
-                Item.finished_at.is_not(None),
-                Item.finished_at >= func.now() - dt.timedelta(minutes=THROUGHPUT_WINDOW_MIN),
-            )
-            .group_by(Item.model)
-        ).all()
-    )
+    recent = overview.finished_per_model_since(session, THROUGHPUT_WINDOW_MIN)
     budget, slots = Budget(client, settings), Slots(client)
     models = []
     for spec in registry:
@@ -66,22 +54,17 @@ def snapshot(
                 "budget_requests_limit": spec.requests_per_min,
             }
         )
-    open_batches = session.execute(
-        select(Tenant.name, Batch.id, Batch.status, Batch.total_items)
-        .join(Batch, Batch.tenant_id == Tenant.id)
-        .where(Batch.finished_at.is_(None))
-        .order_by(Tenant.name, Batch.created_at)
-    ).all()
-    done = totals.batches_finished(session, [b.id for b in open_batches])
+    open_batches = overview.open_batches(session)
+    done = totals.batches_finished(session, [b.batch_id for b in open_batches])
     tenants = [
         {
-            "tenant": name,
-            "batch": batch_id,
-            "status": status,
-            "total": total,
-            "done": sum(done.get(batch_id, {}).values()),
+            "tenant": b.tenant,
+            "batch": b.batch_id,
+            "status": b.status,
+            "total": b.total_items,
+            "done": sum(done.get(b.batch_id, {}).values()),
         }
-        for name, batch_id, status, total in open_batches
+        for b in open_batches
     ]
     return {
         "models": models,
@@ -96,25 +79,18 @@ def offload_view(session: Session) -> dict[str, Any]:
         {"model": j.model, "open": j.count, "items": j.items, "oldest_age_s": j.oldest_age_s}
         for j in provider_jobs.summary(session)
     ]
-    d = TenantDailyUsage
-    today = func.cast(func.timezone("UTC", func.now()), Date)
-    row = session.execute(
-        select(
-            func.coalesce(func.sum(d.requests), 0),
-            func.coalesce(func.sum(d.prompt_tokens + d.completion_tokens), 0),
-            func.coalesce(func.sum(d.cost_usd), 0),
-            func.coalesce(func.sum(d.offline_requests), 0),
-            func.coalesce(func.sum(d.offline_prompt_tokens + d.offline_completion_tokens), 0),
-            func.coalesce(func.sum(d.offline_cost_usd), 0),
-            func.coalesce(func.sum(d.saved_usd), 0),
-        ).where(d.day == today)
-    ).one()
+    u = overview.usage_by_route(session, today_only=True)
+    offline_tokens = u.offline_prompt_tokens + u.offline_completion_tokens
     routes = {
         "online": {
-            "requests": int(row[0] - row[3]),
-            "tokens": int(row[1] - row[4]),
-            "cost_usd": f"{row[2] - row[5]:f}",
+            "requests": u.requests - u.offline_requests,
+            "tokens": u.prompt_tokens + u.completion_tokens - offline_tokens,
+            "cost_usd": f"{u.cost_usd - u.offline_cost_usd:f}",
         },
-        "offline": {"requests": int(row[3]), "tokens": int(row[4]), "cost_usd": f"{row[5]:f}"},
+        "offline": {
+            "requests": u.offline_requests,
+            "tokens": offline_tokens,
+            "cost_usd": f"{u.offline_cost_usd:f}",
+        },
     }
-    return {"provider_jobs": jobs, "routes_today": routes, "saved_today_usd": f"{row[6]:f}"}
+    return {"provider_jobs": jobs, "routes_today": routes, "saved_today_usd": f"{u.saved_usd:f}"}

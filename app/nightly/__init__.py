@@ -47,8 +47,8 @@ from batchgen.nightly.jobs import (
     load_jobs,
     select_jobs,
 )
-from batchgen.nightly.output import output_table
 from batchgen.nightly.runs import RunReport, collect_job, run_batch_ids, submit_job
+from batchgen.store.host_tables import descriptions_table as output_table
 
 __all__ = [
     "DEFAULT_TEMPLATE",

@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import MetaData, Table, create_engine, select
-
 from batchgen.errors import ConfigError, ValidationFailed
 from batchgen.nightly.jobs import Job, TableRef
+from batchgen.store import host_tables
 
 DEFAULT_TEMPLATE = """\
 Write a {{ tone }} product description in the language of locale {{ locale }}.
@@ -105,18 +104,7 @@ def _jsonl_rows(fh: Iterable[str]) -> Iterator[SourceRow]:
 
 
 def _read_table(ref: TableRef, id_column: str) -> Iterator[dict[str, Any]]:
-    engine = create_engine(ref.sqlalchemy_url())
-    try:
-        schema, _, name = ref.table.rpartition(".")
-        table = Table(name, MetaData(), schema=schema or None, autoload_with=engine)
-        if id_column not in table.c:
-            raise ConfigError(f"catalog table {ref.table} has no column {id_column!r}")
-        query = select(table).order_by(table.c[id_column]).execution_options(yield_per=1000)
-        with engine.connect() as conn:
-            for row in conn.execute(query):
-                yield dict(row._mapping)
-    finally:
-        engine.dispose()
+    return host_tables.read_rows(ref.sqlalchemy_url(), ref.table, id_column)
 
 
 def present(product: dict[str, Any]) -> dict[str, Any]:

@@ -9,11 +9,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Date, MetaData, String, Table, Text, create_engine
-
 from batchgen.atomic_files import replacing
-from batchgen.nightly.catalog import chunks
 from batchgen.nightly.jobs import Job, TableRef
+from batchgen.store import host_tables
 
 
 def description(row: dict[str, Any]) -> str | None:
@@ -44,48 +42,9 @@ def write_file(path: Path, rows: Iterable[dict[str, Any]]) -> int:
     return written
 
 
-def output_table(name: str) -> Table:
-    """The descriptions table a job writes to (created when missing)."""
-    schema, _, table = name.rpartition(".")
-    return Table(
-        table,
-        MetaData(),
-        Column("product_id", String(512), primary_key=True),
-        Column("job", String(100), primary_key=True),
-        Column("run_date", Date, primary_key=True),
-        Column("locale", String(35)),
-        Column("description", Text),
-        schema=schema or None,
-    )
-
-
 def write_table(ref: TableRef, job: Job, day: dt.date, rows: Iterable[dict[str, Any]]) -> int:
     """Replace the run's rows of the output table in one transaction; returns the count."""
-    table = output_table(ref.table)
-    engine = create_engine(ref.sqlalchemy_url())
-    written = 0
-    try:
-        table.create(engine, checkfirst=True)
-        with engine.begin() as conn:  # one transaction: a rerun replaces the run's rows
-            conn.execute(table.delete().where(table.c.job == job.name, table.c.run_date == day))
-            for chunk in chunks(rows, 1000):
-                conn.execute(
-                    table.insert(),
-                    [
-                        {
-                            "product_id": r["id"],
-                            "job": job.name,
-                            "run_date": day,
-                            "locale": r["locale"],
-                            "description": r["description"],
-                        }
-                        for r in chunk
-                    ],
-                )
-                written += len(chunk)
-    finally:
-        engine.dispose()
-    return written
+    return host_tables.replace_run(ref.sqlalchemy_url(), ref.table, job.name, day, rows)
 
 
 def write_text(path: Path, text: str) -> None:

@@ -9,8 +9,6 @@ from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import func, select
-
 from batchgen import python_api
 from batchgen.config import Settings, get_settings
 from batchgen.domain.status import Priority
@@ -18,8 +16,8 @@ from batchgen.errors import NotFound, ValidationFailed
 from batchgen.nightly.catalog import PromptRenderer, Reject, chunks, read_catalog
 from batchgen.nightly.jobs import Job, TableRef
 from batchgen.nightly.output import description, write_file, write_table, write_text
+from batchgen.store import batches, usage
 from batchgen.store.db import session_scope
-from batchgen.store.schema import Batch, Tenant, UsageLedger
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +25,8 @@ log = logging.getLogger(__name__)
 def run_batch_ids(job: Job, day: dt.date) -> list[str]:
     """The ids of the batches of ``job`` for ``day``, in part order."""
     with session_scope() as session:
-        rows = session.execute(
-            select(Batch.id, Batch.idempotency_key)
-            .join(Tenant, Tenant.id == Batch.tenant_id)
-            .where(
-                Tenant.name == job.tenant,
-                Batch.idempotency_key.startswith(job.key_prefix(day), autoescape=True),
-            )
-        ).all()
-    return [r.id for r in sorted(rows, key=lambda r: int(str(r.idempotency_key).rsplit(":")[-1]))]
+        rows = batches.keyed_batches(session, job.tenant, job.key_prefix(day))
+    return [batch_id for batch_id, key in sorted(rows, key=lambda r: int(r[1].rsplit(":")[-1]))]
 
 
 def submit_job(job: Job, day: dt.date, settings: Settings | None = None) -> tuple[list[str], bool]:
@@ -146,14 +137,7 @@ def _descriptions(job: Job, batch_ids: list[str]) -> Iterator[dict[str, Any]]:
 def _usage(batch_ids: list[str]) -> tuple[int, int, Decimal]:
     """Tokens and cost of every billed call of the batches (wasted ones included)."""
     with session_scope() as session:
-        row = session.execute(
-            select(
-                func.coalesce(func.sum(UsageLedger.prompt_tokens), 0),
-                func.coalesce(func.sum(UsageLedger.completion_tokens), 0),
-                func.coalesce(func.sum(UsageLedger.cost_usd), 0),
-            ).where(UsageLedger.batch_id.in_(batch_ids))
-        ).one()
-    return int(row[0]), int(row[1]), Decimal(row[2])
+        return usage.of_batches(session, batch_ids)
 
 
 def collect_job(job: Job, day: dt.date) -> RunReport | None:

@@ -68,7 +68,7 @@ from batchgen.domain.status import (
 )
 from batchgen.errors import IdempotencyKeyReused, NotFound, ValidationFailed
 from batchgen.registry import ModelSpec, Registry
-from batchgen.store import items, notifications, quotas, totals
+from batchgen.store import items, notifications, quotas, rounds, totals
 from batchgen.store.schema import Batch, Item, Result, Tenant
 from batchgen.store.sqlfiles import query
 
@@ -110,7 +110,7 @@ class SubmitOptions:
 # rendered from its results when read (app/store/files.py).
 OUTPUT, ERRORS = "output", "errors"
 _FINISHED = frozenset({BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED})
-_ERROR_ROWS = (ItemStatus.FAILED, ItemStatus.EXPIRED, ItemStatus.CANCELLED)
+ERROR_STATUSES = (ItemStatus.FAILED, ItemStatus.EXPIRED, ItemStatus.CANCELLED)
 
 
 def output_file_id(batch_id: str, kind: str) -> str:
@@ -123,7 +123,7 @@ def output_file_ids(batch: Batch, counts: dict[str, int]) -> tuple[str | None, s
     if batch.finished_at is None or batch.status not in _FINISHED:
         return None, None
     done = counts.get(ItemStatus.SUCCEEDED, 0)
-    others = sum(counts.get(s, 0) for s in _ERROR_ROWS)
+    others = sum(counts.get(s, 0) for s in ERROR_STATUSES)
     return (
         output_file_id(batch.id, OUTPUT) if done else None,
         output_file_id(batch.id, ERRORS) if others else None,
@@ -185,13 +185,16 @@ def _item_rows(
     tokens_by_model: dict[str, int],
     admitted: dict[str, list[int]],
     registry: Registry,
+    keys: dict[str, int],
     prefixes: PrefixKeys,
 ) -> Iterator[dict[str, Any]]:
     """Rows to insert, each ``pending`` or ``offloaded`` with its route (by
     :func:`batchgen.domain.routes.choose_route`) and its prompt prefix's key
     (``prefixes``); adds up each model's estimated tokens of online work on the way
     (offloaded items are not the online backlog), and each model's items and tokens in
-    all (``admitted``: ``[items, tokens]``)."""
+    all (``admitted``: ``[items, tokens]``). Each model's items are keyed in input order
+    from ``keys[model]`` (default 1), which the rows move on
+    (:func:`batchgen.store.rounds.next_keys`)."""
     mode, priority = RouteMode(batch.route), Priority(batch.priority)
     offload = OffloadMode(batch.offload)
     for d in drafts:
@@ -217,6 +220,8 @@ def _item_rows(
         counted = admitted.setdefault(d.model, [0, 0])
         counted[0] += 1
         counted[1] += tokens
+        key = keys.get(d.model, 1)
+        keys[d.model] = key + 1
         yield {
             "batch_id": batch.id,
             "tenant_id": tenant_id,
@@ -229,6 +234,7 @@ def _item_rows(
             "max_tokens": d.max_tokens,
             "status": (ItemStatus.OFFLOADED if offline else ItemStatus.PENDING).value,
             "deadline_at": deadline,
+            "dispatch_key": key,
             "route": route.value,
             "prefix_key": prefixes.key(d.model, d.body, d.endpoint),
         }
@@ -247,6 +253,7 @@ COPY_COLUMNS = (
     "max_tokens",
     "status",
     "deadline_at",
+    "dispatch_key",
     "route",
     "prefix_key",
 )
@@ -404,10 +411,11 @@ def store_batch(
 
     tokens_by_model: dict[str, int] = {}
     admitted: dict[str, list[int]] = {}
+    keys = rounds.next_keys(session, tenant.id)
     prefixes = PrefixKeys(
         lambda m: registry[m].prompt_cache_min_tokens, lambda m: registry[m].encoding
     )
-    rows = _item_rows(drafts, batch, tenant.id, tokens_by_model, admitted, registry, prefixes)
+    rows = _item_rows(drafts, batch, tenant.id, tokens_by_model, admitted, registry, keys, prefixes)
     total = _copy_items(session, rows)
     items.clear_prefix_keys(session, batch.id, prefixes.singles())
     batch.total_items = total
@@ -442,11 +450,20 @@ def get_owned_batch(session: Session, tenant: Tenant, batch_id: str) -> Batch:
     return batch
 
 
-def request_counts(session: Session, batch_id: str) -> dict[str, int]:
-    """Items per status, every status present (0 when none)."""
-    rows = session.execute(
-        select(Item.status, func.count()).where(Item.batch_id == batch_id).group_by(Item.status)
-    )
+def request_counts(session: Session, batch: Batch) -> dict[str, int]:
+    """Items per status, every status present (0 when none): a finished batch's from
+    its totals (they cost the same however large the batch), an open one's counted."""
+    if batch.finished_at is not None:
+        rows = list(totals.batches_finished(session, [batch.id]).get(batch.id, {}).items())
+    else:
+        rows = [
+            (status, n)
+            for status, n in session.execute(
+                select(Item.status, func.count())
+                .where(Item.batch_id == batch.id)
+                .group_by(Item.status)
+            )
+        ]
     counts = {s.value: 0 for s in ItemStatus}
     for status, n in rows:
         counts[status] = n
@@ -463,7 +480,7 @@ def describe(session: Session, batch: Batch) -> dict[str, Any]:
     ``Batch`` type has, with OpenAI's values; our own fields besides (``priority``,
     ``finished_at``, ``cancel_requested_at``, and the count of every item status in
     ``request_counts``), which the SDKs keep as extras."""
-    counts = request_counts(session, batch.id)
+    counts = request_counts(session, batch)
     output_id, error_id = output_file_ids(batch, counts)
     finished = _ts(batch.finished_at)
     status = BatchStatus(batch.status)
@@ -552,7 +569,7 @@ def describe_message_batch(
 ) -> dict[str, Any]:
     """The batch as Anthropic's ``MessageBatch``. ``results_url`` (where the API serves
     the results) is given once the batch has ended."""
-    counts = request_counts(session, batch.id)
+    counts = request_counts(session, batch)
     status = BatchStatus(batch.status)
     ended = batch.finished_at is not None and status in _FINISHED
     processing = (
@@ -608,6 +625,20 @@ def refresh_status(session: Session, batch_id: str) -> str:
             announced["total"] = sum(counts.values())
             notifications.announce(session, batch, announced)
     return batch.status
+
+
+def keyed_batches(session: Session, tenant_name: str, key_prefix: str) -> list[tuple[str, str]]:
+    """``(id, idempotency key)`` of the tenant's batches whose key starts with
+    ``key_prefix`` (a nightly run's parts)."""
+    rows = session.execute(
+        select(Batch.id, Batch.idempotency_key)
+        .join(Tenant, Tenant.id == Batch.tenant_id)
+        .where(
+            Tenant.name == tenant_name,
+            Batch.idempotency_key.startswith(key_prefix, autoescape=True),
+        )
+    )
+    return [(batch_id, str(key)) for batch_id, key in rows]
 
 
 def cancel_requested_among(session: Session, batch_ids: list[str]) -> set[str]:
@@ -695,7 +726,7 @@ def error_codes(session: Session, batch_ids: list[str]) -> dict[str, dict[str, i
     grouped query; codes, never text)."""
     rows = session.execute(
         select(Item.batch_id, func.coalesce(Item.error_code, Item.status), func.count())
-        .where(Item.batch_id.in_(batch_ids), Item.status.in_([s.value for s in _ERROR_ROWS]))
+        .where(Item.batch_id.in_(batch_ids), Item.status.in_([s.value for s in ERROR_STATUSES]))
         .group_by(Item.batch_id, func.coalesce(Item.error_code, Item.status))
     )
     found: dict[str, dict[str, int]] = {}

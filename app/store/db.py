@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import namedtuple_row
-from sqlalchemy import Connection, Engine, create_engine, event, exc
+from sqlalchemy import Connection, Engine, create_engine, event, exc, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from batchgen.config import Settings, current_scope, get_settings
@@ -34,7 +34,8 @@ from batchgen.config import Settings, current_scope, get_settings
 # Read through the import system: the folder is migrations/ on disk, batchgen.migrations installed.
 MIGRATIONS_DIR = str(resources.files("batchgen.migrations"))
 # First key of the advisory locks this project takes (ASCII "BGDP"): + 0 a model's
-# dispatch (store.items.release), + 1 a model's admission, + 2 a tenant's (store.quotas).
+# dispatch (store.items.lock_model), + 1 a model's admission, + 2 a tenant's
+# (store.quotas), + 3 the offload tick (worker.offload, a session lock: session_lock).
 ADVISORY_NAMESPACE = 0x42474450
 # A connect that gets no answer (a host gone, a partition) fails after this long.
 CONNECT_TIMEOUT_S = 10
@@ -216,6 +217,21 @@ def direct_autocommit() -> Iterator[Connection]:
     pooler in ``DATABASE_URL`` would not keep (a session advisory lock)."""
     with _direct_engine_for(get_settings().direct_sqlalchemy_url).connect() as connection:
         yield connection
+
+
+@contextmanager
+def session_lock(key: tuple[int, int]) -> Iterator[bool]:
+    """A session advisory lock on ``key`` (namespace, key), tried once on a direct
+    connection (:func:`direct_autocommit`) and held while the block runs: True when
+    this process holds it, False when another does."""
+    params = {"ns": key[0], "key": key[1]}
+    with direct_autocommit() as connection:
+        held = bool(connection.scalar(text("SELECT pg_try_advisory_lock(:ns, :key)"), params))
+        try:
+            yield held
+        finally:
+            if held:
+                connection.execute(text("SELECT pg_advisory_unlock(:ns, :key)"), params)
 
 
 @functools.cache

@@ -10,17 +10,21 @@ expired file is gone for every reader at once and the sweep deletes its row.
 
 A batch's output file (``file-<batch id>-output``: its succeeded requests) and
 error file (``file-<batch id>-errors``: failed, expired and cancelled ones) are
-not copies: their lines are rendered from the results when read, in OpenAI's
-output format. They exist once the batch is finished, and go with the batch.
+not copies: their lines are rendered from the results by PostgreSQL when read, in
+OpenAI's output format, and their sizes are rolled up with the batch's totals. They
+exist once the batch is finished, and go with the batch.
+
+An upload is stored uncompressed and read in pieces (:func:`upload_pieces`), so a
+batch is created from a large upload without holding it whole.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
+import io
 import re
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,11 +33,20 @@ from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
 from batchgen.domain.admission import parse_lines
+from batchgen.domain.status import ItemStatus
 from batchgen.errors import NotFound, PayloadTooLarge, ValidationFailed
 from batchgen.registry import Registry
-from batchgen.store import batches, quotas
-from batchgen.store.batches import OUTPUT, output_file_id, output_file_ids, submission_limits
+from batchgen.store import batches, quotas, totals
+from batchgen.store.batches import (
+    ERROR_STATUSES,
+    ERRORS,
+    OUTPUT,
+    output_file_id,
+    output_file_ids,
+    submission_limits,
+)
 from batchgen.store.schema import Batch, File, Tenant
+from batchgen.store.sqlfiles import query
 
 BATCH_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
@@ -41,8 +54,8 @@ MAX_FILENAME_CHARS = 255
 # An upload's id, and the id of a batch's output or error file.
 FILE_ID = re.compile(r"file-[0-9a-f]{24}")
 OUTPUT_FILE_ID = re.compile(r"file-(batch_[0-9a-f]{32})-(output|errors)")
-# The error codes OpenAI's error file uses for requests that never ran to the end.
-FILE_ERROR_CODES = {"expired": "batch_expired", "cancelled": "batch_cancelled"}
+# An upload is read back in pieces of this size.
+PIECE_BYTES = 1024 * 1024
 
 
 def new_file_id() -> str:
@@ -104,7 +117,8 @@ def store_file(
 
 
 def _lines(content: bytes) -> Iterator[bytes]:
-    yield from content.splitlines(keepends=True)
+    """The lines of an upload as a batch made from it reads them (split at ``\\n``)."""
+    yield from io.BytesIO(content)
 
 
 def _alive(query: Any) -> Any:
@@ -124,9 +138,15 @@ def get_file(session: Session, tenant: Tenant, file_id: str) -> File:
     return found
 
 
-def input_lines(session: Session, tenant: Tenant, file_id: str) -> Iterator[bytes]:
-    """The lines of an upload, for a batch created from it."""
-    return _lines(get_file(session, tenant, file_id).content)
+def upload_pieces(session: Session, tenant: Tenant, file_id: str) -> Iterator[bytes]:
+    """One of the tenant's uploads, read in pieces of :data:`PIECE_BYTES` (one query
+    each: the content is stored uncompressed, so each reads its part alone)."""
+    file = get_file(session, tenant, file_id)
+    for start in range(0, file.size_bytes, PIECE_BYTES):
+        piece = session.scalar(
+            select(func.substring(File.content, start + 1, PIECE_BYTES)).where(File.id == file.id)
+        )
+        yield piece or b""
 
 
 def describe_file(file: File) -> dict[str, Any]:
@@ -192,51 +212,74 @@ def delete_expired(session: Session) -> int:
 
 # --- a batch's output and error files ---------------------------------------------
 
+# The item statuses in each of a batch's files.
+FILE_STATUSES = {
+    OUTPUT: (ItemStatus.SUCCEEDED.value,),
+    ERRORS: tuple(s.value for s in ERROR_STATUSES),
+}
+# Lines per piece of a file's download (one fetch of the server-side cursor).
+LINES_PER_CHUNK = 2000
+
 
 @dataclass(frozen=True)
 class OutputFile:
     batch: Batch
     kind: str  # OUTPUT or ERRORS
+    # Its size from the batch's totals (None: rolled up before sizes were counted).
+    size_bytes: int | None
 
     @property
     def id(self) -> str:
         return output_file_id(self.batch.id, self.kind)
 
+    def params(self) -> dict[str, Any]:
+        return {"batch_id": self.batch.id, "statuses": list(FILE_STATUSES[self.kind])}
 
-def get_output_file(session: Session, tenant: Tenant, file_id: str) -> OutputFile | None:
+
+def get_output_file(
+    session: Session, tenant: Tenant, file_id: str, *, sized: bool = False
+) -> OutputFile | None:
     """The batch output or error file ``file_id`` names (None: the id is an upload's);
-    :class:`NotFound` if its batch is not the tenant's or the file does not exist."""
+    :class:`NotFound` if its batch is not the tenant's or the file does not exist. Read
+    from the batch's totals (a finished batch's counts, and with ``sized`` its files'
+    sizes), not its items."""
     match = OUTPUT_FILE_ID.fullmatch(file_id)
     if match is None:
         return None
     batch = batches.get_readable_batch(session, tenant, match[1])
-    wanted = output_file_ids(batch, batches.request_counts(session, batch.id))
-    if file_id not in wanted:
-        raise NotFound(f"no file {file_id!r}", field="file_id")
-    return OutputFile(batch, match[2])
+    if batch.finished_at is not None:
+        if sized:
+            per_status = totals.batch_files(session, batch.id)
+            counts = {status: f.items for status, f in per_status.items()}
+        else:
+            counts = batches.request_counts(session, batch)
+        if file_id in output_file_ids(batch, counts):
+            size = None
+            if sized:
+                sizes = [per_status[s].bytes for s in FILE_STATUSES[match[2]] if s in per_status]
+                size = None if None in sizes else sum(b or 0 for b in sizes)
+            return OutputFile(batch, match[2], size)
+    raise NotFound(f"no file {file_id!r}", field="file_id")
 
 
-def output_lines(session: Session, output: OutputFile) -> Iterator[bytes]:
-    """The file's JSONL lines, in input order, rendered from the batch's results."""
-    return render_output(batches.iter_results(session, output.batch), output.kind)
-
-
-def render_output(rows: Iterable[dict[str, Any]], kind: str) -> Iterator[bytes]:
-    """OpenAI's output lines of the rows of one kind (pure): succeeded requests in the
-    output file; the others, with ``error: {code, message}``, in the error file."""
-    for row in rows:
-        succeeded = row["response"] is not None
-        if succeeded != (kind == OUTPUT):
-            continue
-        if not succeeded:
-            code = row["error"]["code"]
-            row = {**row, "error": {**row["error"], "code": FILE_ERROR_CODES.get(code, code)}}
-        yield json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n"
+def output_chunks(session: Session, output: OutputFile) -> Iterator[bytes]:
+    """The file's JSONL lines in input order, in pieces of :data:`LINES_PER_CHUNK`
+    lines, rendered by PostgreSQL (:file:`sql/include/output_line.sql`) and read
+    through a server-side cursor: memory stays flat however large the batch."""
+    result = session.execute(
+        query("output_file_lines"),
+        output.params(),
+        execution_options={"yield_per": LINES_PER_CHUNK},
+    )
+    for rows in result.partitions():
+        yield "".join([row.line for row in rows]).encode("utf-8")
 
 
 def describe_output(session: Session, output: OutputFile) -> dict[str, Any]:
     """The output or error file as a ``FileObject`` (its size is that of its lines)."""
-    size = sum(len(line) for line in output_lines(session, output))
+    size = output.size_bytes
+    if size is None:  # rolled up before the sizes were: count its lines once
+        size = int(session.scalar(query("output_file_bytes"), output.params()) or 0)
     return {
         "id": output.id,
         "object": "file",

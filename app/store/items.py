@@ -5,8 +5,8 @@ the state it ends in; the declaration is checked against
 :data:`batchgen.domain.status.TRANSITIONS` when this module is imported, and
 the WHERE clause of the move is built from its declared sources, so a
 duplicate delivery, a cancelled or a finished item simply matches nothing.
-The SQL files this module loads (``sql/sweep_*.sql``, ``sql/dispatch_candidates.sql``)
-are loaded by nobody else.
+The SQL files this module loads (``sql/sweep_*.sql``, ``sql/item_*.sql``) are loaded
+by nobody else.
 """
 
 from __future__ import annotations
@@ -664,7 +664,9 @@ def return_online(
 # --- the dispatcher's release -------------------------------------------------
 
 
-def _lock_model(session: Session, model: str) -> bool:
+def lock_model(session: Session, model: str) -> bool:
+    """The model's dispatch lock for this transaction (False: another dispatcher holds
+    it): it makes the count of the window and the release one critical section."""
     return bool(
         session.scalar(
             text("SELECT pg_try_advisory_xact_lock(:ns, hashtext(:model))"),
@@ -692,52 +694,33 @@ def in_flight(session: Session, model: str) -> int:
     )
 
 
-def release(session: Session, model: str, window: int, queued_lease_s: float) -> list[Ticket]:
-    """``pending → queued`` for up to the model's free places in its window of
-    ``window`` items, in weighted fair order across tenants; returns their tickets
-    (what each message carries), in that order.
+@dataclass(frozen=True)
+class Pick:
+    """A released item: its ticket, and its place in its tenant's order."""
 
-    A per-model advisory lock makes the count and the release one critical
-    section across dispatchers, and ``FOR UPDATE SKIP LOCKED`` guarantees that
-    no item is released twice.
-    """
-    if not _lock_model(session, model):
-        return []  # another dispatcher is releasing this model right now
-    free = window - in_flight(session, model)
-    if free <= 0:
+    ticket: Ticket
+    order: tuple[int, int, int]  # (priority rank, dispatch key, id)
+
+
+def release_picks(
+    session: Session, model: str, takes: dict[int, int], queued_lease_s: float
+) -> list[Pick]:
+    """``pending → queued`` for up to ``takes[tenant]`` ready items of each tenant on
+    ``model``, each tenant's first in its order (:file:`sql/item_release.sql`; rows held
+    by another transaction are skipped: ``FOR UPDATE SKIP LOCKED``); each tenant's picks
+    in that order. The caller holds the model's lock (:func:`lock_model`)."""
+    if not takes:
         return []
-    ready_due(session, model, limit=max(free, READY_DUE_PER_ROUND))
-    candidates = list(
-        session.scalars(query("dispatch_candidates"), {"model": model, "limit": free})
-    )
-    if not candidates:
-        return []
-    locked = list(
-        session.scalars(
-            select(Item.id)
-            .where(Item.id.in_(candidates), RELEASE.where())
-            .with_for_update(skip_locked=True)
-        )
-    )
-    if not locked:
-        return []
-    now = func.now()
-    rows = session.execute(
-        update(Item)
-        .where(Item.id.in_(locked), Item.tenant_id == Tenant.id)
-        .values(
-            status=S.QUEUED.value,
-            queued_at=now,
-            lease_expires_at=now + dt.timedelta(seconds=queued_lease_s),
-        )
-        .returning(*_TICKET_COLUMNS)
-        .execution_options(synchronize_session=False)
-    )
-    # In the fair order: the messages go out, and are consumed, in this order, so
-    # an order by id would put the newer tenant's items behind the older one's in
-    # every round (waiting for a slot while counted in its share).
-    rank = {item_id: n for n, item_id in enumerate(candidates)}
-    return sorted((_ticket(row) for row in rows), key=lambda t: rank[t.item_id])
+    params = {
+        "model": model,
+        "tenant_ids": list(takes),
+        "takes": list(takes.values()),
+        "lease_s": queued_lease_s,
+        **RELEASE.params(),
+    }
+    rows = session.execute(query("item_release"), params).all()
+    picks = [Pick(_ticket(r), (r.priority_rank, r.dispatch_key, r.id)) for r in rows]
+    return sorted(picks, key=lambda p: p.order)
 
 
 # Deferred items made ready per dispatch round and model, at least.

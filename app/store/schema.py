@@ -101,7 +101,7 @@ class Batch(Base):
     # (batchgen.domain.offload.OffloadMode)?
     offload: Mapped[str] = mapped_column(String(10), server_default="auto")
     # auto | standard | flex | batch: the routes its items may take
-    # (batchgen.domain.routes.RouteMode; migration 0014).
+    # (batchgen.domain.routes.RouteMode; migration 0015).
     route: Mapped[str] = mapped_column(String(10), server_default="auto")
     # Told when the batch ends: a Celery task of the host's (sent by name to its
     # queue), and a webhook (else the tenant's).
@@ -130,6 +130,12 @@ class Batch(Base):
             "created_at",
             postgresql_where=text("finished_at IS NULL"),
         ),
+        # Retention's scan: the batches finished longest ago first.
+        Index(
+            "ix_batches_finished_at",
+            "finished_at",
+            postgresql_where=text("finished_at IS NOT NULL"),
+        ),
     )
 
 
@@ -145,7 +151,9 @@ class File(Base):
     filename: Mapped[str] = mapped_column(String(255))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     line_count: Mapped[int] = mapped_column(Integer)
-    content: Mapped[bytes] = mapped_column(LargeBinary)
+    # Kept uncompressed (storage EXTERNAL, migration 0013), so that a part of it is read
+    # without the whole (store.files reads it in pieces); loaded only when read.
+    content: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
     created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
     expires_at: Mapped[dt.datetime | None] = mapped_column(TZ, index=True)
 
@@ -177,7 +185,7 @@ class Item(Base):
     deployment: Mapped[str | None] = mapped_column(String(64))
     # The route of its next call: standard, flex, or batch (a provider job's); the
     # flex calls the provider refused as busy (none a failure attempt); and the key of
-    # the long prompt prefix it shares with others of its batch (migration 0014).
+    # the long prompt prefix it shares with others of its batch (migration 0015).
     route: Mapped[str] = mapped_column(String(10), server_default="standard")
     flex_refusals: Mapped[int] = mapped_column(Integer, server_default="0")
     prefix_key: Mapped[int | None] = mapped_column(BigInteger)
@@ -196,6 +204,10 @@ class Item(Base):
     # The provider job an offloaded item is in (None: waiting for one). It stays set
     # when the item goes back online, so that it is never offloaded twice.
     job_id: Mapped[int | None] = mapped_column(ForeignKey("provider_jobs.id"))
+    # Its place in the tenant's queue on its model, after the priority: a batch's items
+    # are keyed from the tenant's dispatch clock at its submit (DispatchClock), so the
+    # open batches of one priority take turns instead of waiting for each other.
+    dispatch_key: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
     __table_args__ = (
         CheckConstraint(one_of("status", ItemStatus), name="status_known"),
@@ -209,18 +221,24 @@ class Item(Base):
             postgresql_where=text("status = 'offloaded' AND job_id IS NULL"),
         ),
         UniqueConstraint("batch_id", "custom_id"),
-        Index("ix_items_batch_id_status", "batch_id", "status"),
-        # The dispatcher's scan: pending work ready to run, per model, oldest first.
-        # Deferred items (not_before set) are apart: the dispatcher makes the due ones
-        # ready (store.items.ready_due), so a million deferred items cost it nothing.
+        # A batch's items per status, in input order (its output and error files).
+        Index("ix_items_batch_id_status_line_no", "batch_id", "status", "line_no"),
+        # The dispatcher's scans: pending work ready to run, per model; the tenants that
+        # have some (store.rounds reads them in ring order), and each one's items in
+        # its order. Deferred items (not_before set) are apart: the dispatcher makes the
+        # due ones ready (store.items.ready_due), so a million deferred items cost it
+        # nothing.
         Index(
             "ix_items_pending_by_model",
             "model",
             "tenant_id",
             "priority_rank",
+            "dispatch_key",
             "id",
             postgresql_where=text("status = 'pending' AND not_before IS NULL"),
         ),
+        # Removing a provider job (retention) checks that no item still names it.
+        Index("ix_items_job_id", "job_id", postgresql_where=text("job_id IS NOT NULL")),
         Index(
             "ix_items_deferred",
             "model",
@@ -300,6 +318,9 @@ class ProviderJobItem(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("provider_jobs.id"), primary_key=True)
     item_id: Mapped[int] = mapped_column(ForeignKey("items.id"), primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer)
+
+    # Retention removes an item's rows (and the foreign key checks them) by item.
+    __table_args__ = (Index("ix_provider_job_items_item_id", "item_id"),)
 
 
 class BatchNotification(Base):
@@ -383,13 +404,15 @@ class UsageLedger(Base):
     # The deployment of the model that served the call (migration 0013; NULL: a row of
     # a provider's Batch API, or from before).
     deployment: Mapped[str | None] = mapped_column(String(64))
-    # The price tier the call was billed at: standard, flex or batch (migration 0014).
+    # The price tier the call was billed at: standard, flex or batch (migration 0015).
     tier: Mapped[str] = mapped_column(String(10), server_default="standard")
     created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
 
     __table_args__ = (
         UniqueConstraint("item_id", "attempt"),
         Index("ix_usage_ledger_tenant_id_created_at", "tenant_id", "created_at"),
+        # Retention removes a batch's rows (and the foreign key checks them) by batch.
+        Index("ix_usage_ledger_batch_id", "batch_id"),
         # The usage report's waste: the few rows with a reason, by day.
         Index(
             "ix_usage_ledger_waste",
@@ -465,6 +488,10 @@ class BatchTotals(Base):
     )
     status: Mapped[str] = mapped_column(String(20), primary_key=True)
     items: Mapped[int] = mapped_column(BigInteger)
+    # The bytes of these items' lines in the batch's output file (succeeded) or error
+    # file (the others), as store.files renders them; NULL: rolled up before the bytes
+    # were counted (migration 0013), so the file's size is counted from its lines.
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class LatencyTotals(Base):
@@ -479,6 +506,31 @@ class LatencyTotals(Base):
     le_ms: Mapped[int] = mapped_column(Integer, primary_key=True)
     n: Mapped[int] = mapped_column(BigInteger)
     sum_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class DispatchRing(Base):
+    """Where a model's dispatch ring stands between rounds (batchgen.domain.round_robin):
+    the next round starts at the first tenant with ready work whose id is
+    ``start_tenant_id`` or more; if that is this very tenant, ``left_items`` of its
+    turn remain (its deficit)."""
+
+    __tablename__ = "dispatch_ring"
+
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    start_tenant_id: Mapped[int] = mapped_column(BigInteger)
+    left_items: Mapped[int] = mapped_column(Integer)
+
+
+class DispatchClock(Base):
+    """A tenant's dispatch clock on a model: the largest ``items.dispatch_key`` released
+    so far. A new batch's items are keyed from it (the first one clock + 1), so they
+    take turns with the items the tenant's open batches have left, from now on."""
+
+    __tablename__ = "dispatch_clocks"
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    released_key: Mapped[int] = mapped_column(BigInteger)
 
 
 class TotalsWatermark(Base):

@@ -133,3 +133,9 @@ def revoke(session: Session, name: str) -> None:
 
 def list_tenants(session: Session) -> list[Tenant]:
     return list(session.scalars(select(Tenant).order_by(Tenant.id)))
+
+
+def attach(session: Session, tenant: Tenant) -> Tenant:
+    """A tenant row read by another session, attached to ``session`` as it is (no
+    query: the row is not read again)."""
+    return session.merge(tenant, load=False)

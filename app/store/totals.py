@@ -172,3 +172,20 @@ def batches_finished(session: Db, batch_ids: list[str]) -> dict[str, dict[str, i
         for r in _read(session, query("totals_batches"), {"batch_ids": batch_ids}):
             found[r.batch_id][r.status] = int(r.items)
     return dict(found)
+
+
+@dataclass(frozen=True)
+class StatusFiles:
+    """A finished batch's items of one status, and the bytes of their lines in its
+    output or error file (None: rolled up before sizes were counted)."""
+
+    items: int
+    bytes: int | None
+
+
+def batch_files(session: Db, batch_id: str) -> dict[str, StatusFiles]:
+    """The batch's finished items and their file lines' bytes per status."""
+    return {
+        r.status: StatusFiles(int(r.items), None if r.bytes is None else int(r.bytes))
+        for r in _read(session, query("totals_batch_files"), {"batch_id": batch_id})
+    }

@@ -10,6 +10,7 @@ marked with a ``waste_reason``.
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -17,7 +18,7 @@ from sqlalchemy import Date, cast, func, select
 from sqlalchemy.orm import Session
 
 from batchgen.errors import ValidationFailed
-from batchgen.store.schema import Tenant, TenantDailyUsage, UsageLedger
+from batchgen.store.schema import Item, Result, Tenant, TenantDailyUsage, UsageLedger
 
 GROUPS = ("model", "day", "tenant", "deployment")
 MAX_RANGE_DAYS = 366
@@ -181,3 +182,55 @@ def _by_deployment(
         }
         for r in session.execute(query)
     ]
+
+
+def of_batches(session: Session, batch_ids: list[str]) -> tuple[int, int, Decimal]:
+    """Prompt and completion tokens and cost of every billed call of the batches (wasted
+    ones included), from their ledger rows."""
+    row = session.execute(
+        select(
+            func.coalesce(func.sum(UsageLedger.prompt_tokens), 0),
+            func.coalesce(func.sum(UsageLedger.completion_tokens), 0),
+            func.coalesce(func.sum(UsageLedger.cost_usd), 0),
+        ).where(UsageLedger.batch_id.in_(batch_ids))
+    ).one()
+    return int(row[0]), int(row[1]), Decimal(row[2])
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """A batch's items, its results' tokens, cost and end-to-end latency (seconds from
+    submit to finish) each, and its offline rows with what they saved."""
+
+    items: int
+    results: list[tuple[int, int, Decimal, float]]
+    offline_rows: int
+    saved_usd: Decimal
+
+
+def batch_report(session: Session, batch_id: str) -> BatchReport:
+    """What the demo prints of one batch."""
+    results = session.execute(
+        select(
+            Result.prompt_tokens,
+            Result.completion_tokens,
+            Result.cost_usd,
+            func.extract("epoch", Item.finished_at - Item.created_at),
+        )
+        .join(Item, Item.id == Result.item_id)
+        .where(Result.batch_id == batch_id)
+    )
+    total = session.scalar(select(func.count()).where(Item.batch_id == batch_id)) or 0
+    offline, saved = session.execute(
+        select(func.count(), func.sum(UsageLedger.online_cost_usd - UsageLedger.cost_usd)).where(
+            UsageLedger.batch_id == batch_id,
+            UsageLedger.route == "offline",
+            UsageLedger.waste_reason.is_(None),
+        )
+    ).one()
+    return BatchReport(
+        items=int(total),
+        results=[(int(p), int(c), usd, float(s)) for p, c, usd, s in results],
+        offline_rows=int(offline),
+        saved_usd=Decimal(saved or 0),
+    )

@@ -2,8 +2,9 @@
 
 Per model, it keeps at most ``ceil(max_concurrency * dispatch_ahead_factor)``
 items queued or running (:func:`batchgen.domain.decisions.window_size`), so the
-broker queue stays short, fairness is a query
-(:file:`app/store/sql/dispatch_candidates.sql`), and cancelling is an UPDATE.
+broker queue stays short, fairness is deficit round robin across the tenants with
+ready work (:mod:`batchgen.domain.round_robin`, :mod:`batchgen.store.rounds`), and
+cancelling is an UPDATE.
 The release commits before publishing: if a publish is lost, the item's queued
 lease runs out and the sweep hands it back. A refill from a worker process may put
 several items of a model whose calls are short in one message
@@ -22,7 +23,7 @@ from sqlalchemy.orm import Session
 from batchgen.config import Settings
 from batchgen.domain.decisions import split_into_packs, window_size
 from batchgen.registry import ModelSpec, Registry
-from batchgen.store import items
+from batchgen.store import items, rounds
 from batchgen.store.db import session_scope
 from batchgen.worker import publish
 from batchgen.worker.packs import PackItem, message_of, pack_wait_s
@@ -50,7 +51,7 @@ def release_model(
     lease_s = settings.queued_lease_s
     if pack_items > 1:  # an item may wait in its pack until it is run or handed back
         lease_s += pack_wait_s(spec, settings)
-    released = items.release(session, spec.name, window, lease_s)
+    released = rounds.release(session, spec.name, window, lease_s)
     return [Release(ticket, spec.name, spec.queue) for ticket in released]
 
 

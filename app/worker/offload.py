@@ -34,13 +34,12 @@ import contextlib
 import datetime as dt
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
 
 import anthropic
 import openai
-from sqlalchemy import text
 
 from batchgen.config import Settings
 from batchgen.domain.endpoints import line_endpoint
@@ -62,7 +61,7 @@ from batchgen.providers.offline import JobStatus as ProviderState
 from batchgen.providers.offline import OfflineJobs, OfflineRow, RowKind, RowResult
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store import batches, items, provider_jobs
-from batchgen.store.db import ADVISORY_NAMESPACE, direct_autocommit, session_scope
+from batchgen.store.db import ADVISORY_NAMESPACE, session_lock, session_scope
 from batchgen.store.ledger import CallOutcome, record_success
 from batchgen.store.provider_jobs import JobRecord
 
@@ -99,25 +98,10 @@ class TickReport:
     batches: set[str] = field(default_factory=set)
 
 
-@contextlib.contextmanager
-def single_flight() -> Iterator[bool]:
+def single_flight() -> contextlib.AbstractContextManager[bool]:
     """The tick's lock across hosts: True when this process holds it. A session lock,
     so on a direct connection (a transaction pooler would unlock another session)."""
-    with direct_autocommit() as connection:
-        held = bool(
-            connection.scalar(
-                text("SELECT pg_try_advisory_lock(:ns, :key)"),
-                dict(zip(("ns", "key"), TICK_LOCK, strict=True)),
-            )
-        )
-        try:
-            yield held
-        finally:
-            if held:
-                connection.execute(
-                    text("SELECT pg_advisory_unlock(:ns, :key)"),
-                    dict(zip(("ns", "key"), TICK_LOCK, strict=True)),
-                )
+    return session_lock(TICK_LOCK)
 
 
 def tick(

@@ -9,7 +9,7 @@
   they use none of the item's failure attempts (the attempt cap counts attempts minus
   failovers), while each keeps its own attempt number (one ledger row per call).
 
-Revision ID: 0013_pools
+Revision ID: 0013
 Revises: 0012
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0013_pools"
+revision: str = "0013"
 down_revision: str | Sequence[str] | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -1,4 +1,5 @@
-"""The dispatcher's fair order (app/store/sql/dispatch_candidates.sql) on a real database.
+"""The dispatcher's fair order (deficit round robin across tenants, app/store/rounds.py;
+turns between a tenant's open batches) on a real database.
 
 No worker runs: each test stores batches through the Python API (its dispatcher
 wake-up goes to a broker nobody consumes), calls ``release_model`` in a session as
@@ -67,19 +68,21 @@ def submit(tenant: str, prefix: str, n: int, priority: str = "interactive") -> s
 
 
 def release(settings: Settings) -> list[tuple[str, str]]:
-    """One dispatch of the model; ``(tenant name, custom_id)`` of every item released."""
+    """One dispatch of the model; ``(tenant name, custom_id)`` of every item released,
+    in release order."""
     with db.session_scope() as session:
         released = release_model(session, spec(), settings)
         ids = [r.item_id for r in released]
         rows = session.execute(
-            select(Tenant.name, Item.custom_id, Item.status)
+            select(Item.id, Tenant.name, Item.custom_id, Item.status)
             .select_from(Item)
             .join(Tenant, Tenant.id == Item.tenant_id)
             .where(Item.id.in_(ids))
         ).all()
-    assert all(status == "queued" for _, _, status in rows), rows
+    assert all(row.status == "queued" for row in rows), rows
     assert len(rows) == len(ids)
-    return [(name, custom_id) for name, custom_id, _ in rows]
+    found = {row.id: (row.name, row.custom_id) for row in rows}
+    return [found[item_id] for item_id in ids]
 
 
 def in_flight() -> Counter[str]:
@@ -151,7 +154,7 @@ def test_weights_split_releases_two_to_one(dispatch_ahead):
     assert 1.85 <= ratio <= 2.25, released
 
 
-def test_interactive_before_bulk_then_submission_order(dispatch_ahead):
+def test_interactive_before_bulk_and_open_batches_take_turns(dispatch_ahead):
     settings = dispatch_ahead(0.25)
     slots = window(settings)
     assert slots == 4  # sim-small: max_concurrency 16
@@ -168,9 +171,66 @@ def test_interactive_before_bulk_then_submission_order(dispatch_ahead):
         finish()
         assert len(rounds) <= 10, rounds
 
-    expected = [f"i{n}" for n in range(5)] + [f"j{n}" for n in range(5)]
-    expected += [f"b{n}" for n in range(5)] + [f"c{n}" for n in range(5)]
+    # Interactive before bulk; the batches of one priority take turns, the earlier
+    # submitted first in each turn.
+    expected = [f"{b}{n}" for n in range(5) for b in "ij"]
+    expected += [f"{b}{n}" for n in range(5) for b in "bc"]
     assert rounds == [set(expected[k : k + slots]) for k in range(0, len(expected), slots)]
+
+
+def test_a_new_batch_takes_turns_with_what_older_ones_have_left(dispatch_ahead):
+    """A tenant's batch submitted while its earlier batch is half released does not wait
+    behind the rest of it: from its submit on, the two take turns."""
+    settings = dispatch_ahead(2.0)
+    slots = window(settings)
+    make_tenant("shop")
+    first = submit("shop", "a", 200)
+    for _ in range(2):
+        assert len(release(settings)) == slots
+        finish()
+    second = submit("shop", "n", 10)
+    got = [custom_id for _, custom_id in release(settings)]
+    assert statuses(second) == {"queued": 10}, got
+    assert statuses(first)["queued"] == slots - 10
+    # Released in turns: one of each while both have items (a0-a63 went before).
+    assert got[:20] == [c for n in range(10) for c in (f"a{64 + n}", f"n{n}")], got
+
+
+def test_more_tenants_than_places_are_served_in_turn_across_rounds(dispatch_ahead):
+    """The ring remembers where a round stopped: with 10 tenants and 4 places a round,
+    the next round serves the next tenants, and over five rounds each is served twice."""
+    settings = dispatch_ahead(0.25)
+    assert window(settings) == 4
+    names = [f"t{n}" for n in range(10)]
+    for name in names:
+        make_tenant(name)
+        submit(name, name, 20)
+    served: Counter[str] = Counter()
+    rounds = []
+    for _ in range(5):
+        got = [name for name, _ in release(settings)]
+        rounds.append(got)
+        served.update(got)
+        finish()
+    assert rounds[:3] == [names[:4], names[4:8], names[8:] + names[:2]], rounds
+    assert served == {name: 2 for name in names}, rounds
+
+
+def test_a_turn_cut_short_by_the_round_goes_on_in_the_next(dispatch_ahead):
+    """Weights hold over rounds smaller than a turn: a tenant of weight 3 and one of
+    weight 1, two places a round, get releases 3 to 1 (the deficit left at the end of a
+    round is carried into the next)."""
+    settings = dispatch_ahead(0.125)
+    assert window(settings) == 2
+    make_tenant("heavy", weight=3)
+    make_tenant("light", weight=1)
+    submit("heavy", "h", 50)
+    submit("light", "l", 50)
+    rounds = []
+    for _ in range(4):
+        rounds.append(Counter(name for name, _ in release(settings)))
+        finish()
+    assert rounds == [{"heavy": 2}, {"heavy": 1, "light": 1}] * 2, rounds
 
 
 def test_an_idle_tenant_takes_no_share(dispatch_ahead):
@@ -190,26 +250,6 @@ def test_an_idle_tenant_takes_no_share(dispatch_ahead):
     got = Counter(name for name, _ in release(settings))
     # The idle tenant's share goes to the tenants with work: no slot is left empty.
     assert got == {"a": slots // 2, "b": slots // 2}
-
-
-def test_a_tenant_with_work_in_flight_gets_fewer_of_the_next_releases(dispatch_ahead):
-    settings = dispatch_ahead(2.0)
-    slots = window(settings)
-    make_tenant("busy")
-    make_tenant("fresh")
-    submit("busy", "u", 100)
-    first = Counter(name for name, _ in release(settings))
-    assert first == {"busy": slots}  # alone, it takes every slot
-    finish(share=0.5)  # half of them finish; the other half stay in flight
-    assert in_flight() == {"busy": slots // 2}
-
-    submit("fresh", "f", 100)
-    got = Counter(name for name, _ in release(settings))
-    assert got.total() == slots // 2
-    assert got["busy"] < got["fresh"], got
-    # Equal weights: the release evens out what the two tenants hold.
-    held = in_flight()
-    assert abs(held["busy"] - held["fresh"]) <= 1, held
 
 
 def test_cancelled_batches_and_future_not_before_are_not_released(dispatch_ahead):

@@ -7,7 +7,7 @@ import io
 import json
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from batchgen import python_api
 from batchgen.config import get_settings
@@ -156,3 +156,112 @@ def test_a_tenants_file_bytes_are_bounded_and_expired_files_free_them(clean_db, 
     finally:
         monkeypatch.delenv("BATCHGEN_TENANT_MAX_FILE_BYTES")
         get_settings.cache_clear()
+
+
+# Custom ids and texts that JSON escapes: quotes, a backslash, non-ASCII, an emoji.
+ODD_IDS = ['say "hi"', "back\\slash", "ünïcødé-ß", "emoji-\U0001f600", "plain", "late"]
+
+
+def _finish_by_hand(batch_id: str) -> None:
+    """End the batch's items as workers would have: results for the first four (their
+    answers with escapes, non-ASCII text, numbers and nulls), then a failure with a
+    message to escape, an expiry; the batch closes."""
+    from batchgen.store import batches
+
+    with db.session_scope() as s:
+        rows = s.execute(
+            text("SELECT id, custom_id FROM items WHERE batch_id = :b ORDER BY line_no"),
+            {"b": batch_id},
+        ).all()
+        for n, (item_id, custom_id) in enumerate(rows[:4]):
+            answer = {
+                "id": f"chatcmpl-{n}",
+                "choices": [{"message": {"content": f'«{custom_id}»\n"x"\\', "role": "a"}}],
+                "usage": {"prompt_tokens": 3, "total": 1.5e-7, "none": None},
+            }
+            s.execute(
+                text(
+                    "INSERT INTO results (item_id, batch_id, tenant_id, attempt, response, "
+                    "provider_request_id, prompt_tokens, completion_tokens, cost_usd, "
+                    "upstream_latency_ms, queue_wait_ms) SELECT id, batch_id, tenant_id, 1, "
+                    "CAST(:r AS jsonb), :rid, 3, 4, 0.01, 10, 20 FROM items WHERE id = :i"
+                ),
+                {"r": json.dumps(answer), "i": item_id, "rid": None if n == 3 else f"req-{n}"},
+            )
+        ends = [("succeeded", None, None)] * 4
+        ends += [("failed", "bad_request", 'the "provider"\nsaid no'), ("expired", "expired", None)]
+        for (item_id, _), (status, code, message) in zip(rows, ends, strict=True):
+            s.execute(
+                text(
+                    "UPDATE items SET status = :st, error_code = :c, last_error = :m, "
+                    "finished_at = now(), started_at = now() WHERE id = :i"
+                ),
+                {"st": status, "c": code, "m": message, "i": item_id},
+            )
+        batches.refresh_status(s, batch_id)
+
+
+def _content(file_id: str, tenant: str) -> bytes:
+    return b"".join(python_api.iter_file_content(file_id, tenant=tenant))
+
+
+def test_output_and_error_files_are_their_lines_and_their_size_is_read_from_totals(clean_db):
+    """The files PostgreSQL renders parse to the batch's results, in input order, with
+    OpenAI's codes for the requests never run to their end; the size a file's metadata
+    gives is its content's, counted in the totals' tail, after a roll-up, and counted
+    from the lines for totals rolled up before sizes were."""
+    from batchgen.store import totals
+
+    make_tenant("out")
+    lines = [chat_line(c) for c in ODD_IDS]
+    batch = python_api.submit_batch(lines, tenant="out")
+    _finish_by_hand(batch["id"])
+    done = python_api.get_batch(batch["id"], tenant="out")
+    assert done["request_counts"]["completed"] == 4
+    output_id, error_id = done["output_file_id"], done["error_file_id"]
+
+    output = _content(output_id, tenant="out")
+    errors = _content(error_id, tenant="out")
+    expected = list(python_api.iter_results(batch["id"], tenant="out"))
+    assert [json.loads(x) for x in output.splitlines()] == expected[:4]
+    parsed = [json.loads(x) for x in errors.splitlines()]
+    assert [(r["custom_id"], r["error"]) for r in parsed] == [
+        ("plain", {"code": "bad_request", "message": 'the "provider"\nsaid no'}),
+        ("late", {"code": "batch_expired", "message": None}),
+    ]
+    assert [r["response"] for r in parsed] == [None, None]
+
+    def sizes() -> tuple[int, int]:
+        return tuple(python_api.get_file(f, tenant="out")["bytes"] for f in (output_id, error_id))
+
+    assert sizes() == (len(output), len(errors))  # the tail: nothing rolled up yet
+    with db.session_scope() as s:
+        assert totals.roll_up(s, lag_s=0)
+    assert sizes() == (len(output), len(errors))  # rolled up
+    with db.session_scope() as s:  # read from the totals, not rendered again
+        s.execute(text("UPDATE batch_totals SET bytes = bytes + 1 WHERE status = 'succeeded'"))
+    assert sizes() == (len(output) + 1, len(errors))
+    with db.session_scope() as s:
+        s.execute(text("UPDATE batch_totals SET bytes = NULL"))
+    assert sizes() == (len(output), len(errors))  # counted from the lines
+    assert (_content(output_id, "out"), _content(error_id, "out")) == (output, errors)
+
+
+def test_a_batch_from_an_upload_reads_it_in_pieces(clean_db, monkeypatch):
+    """A batch made from an upload larger than a piece gets every line of it, in order."""
+    from batchgen.store import files
+
+    monkeypatch.setattr(files, "PIECE_BYTES", 1000)  # lines span the pieces
+    make_tenant("pieces")
+    content = _jsonl(40, prefix="p")
+    assert len(content) > 5 * files.PIECE_BYTES
+    stored = python_api.upload_file(content, tenant="pieces", filename="p.jsonl")
+    assert _content(stored["id"], tenant="pieces") == content
+    made, created = python_api.create_batch(tenant="pieces", input_file_id=stored["id"])
+    assert created and made["request_counts"]["total"] == 40
+    with db.session_scope() as s:
+        ids = s.scalars(
+            text("SELECT custom_id FROM items WHERE batch_id = :b ORDER BY line_no"),
+            {"b": made["id"]},
+        ).all()
+    assert ids == [f"p-{i}" for i in range(40)]

@@ -75,3 +75,33 @@ def test_a_bad_retention_setting_is_refused(monkeypatch):
     monkeypatch.setenv("BATCHGEN_RETENTION_DAYS", "0")
     with pytest.raises(ValidationError, match="retention_days"):
         Settings()
+
+
+# The tables retention deletes from, whose rows other tables' foreign keys name.
+PURGED = ("batches", "items", "provider_jobs")
+
+
+def test_every_foreign_key_to_what_retention_removes_has_an_index(clean_db):
+    """Removing a row makes PostgreSQL look for rows that still name it, in every table
+    with a foreign key to it: without an index on the key's columns that look-up reads
+    the whole table, once per row removed."""
+    with db.session_scope() as session:
+        keys = session.execute(
+            text(
+                """
+                SELECT c.conrelid::regclass::text AS tbl, c.conname,
+                       c.conkey::int2[] AS cols,
+                       EXISTS (
+                           SELECT 1 FROM pg_index AS x
+                           WHERE x.indrelid = c.conrelid
+                             AND (x.indkey::int2[])[0:cardinality(c.conkey) - 1]
+                                 = c.conkey::int2[]
+                       ) AS indexed
+                FROM pg_constraint AS c
+                WHERE c.contype = 'f' AND c.confrelid::regclass::text = ANY(:purged)
+                """
+            ),
+            {"purged": list(PURGED)},
+        ).all()
+    assert len(keys) >= 9, keys  # results, ledger, jobs, job rows, notifications, ...
+    assert [k.conname for k in keys if not k.indexed] == []

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from batchgen import python_api as client
 from batchgen.config import get_settings
 from batchgen.registry import get_registry
-from batchgen.store import db, items, totals
+from batchgen.store import db, rounds, totals
 from batchgen.worker.retention import purge
 from batchgen.worker.sweep import sweep
 from bench import history
@@ -115,21 +115,32 @@ def test_the_scans_use_their_indexes_on_a_large_history(clean_db):
     libpq = url.replace("postgresql+psycopg://", "postgresql://")
     history.load(
         libpq,
-        history.History(pending=PLAN_TEST_ITEMS // 2, finished=PLAN_TEST_ITEMS // 2, deferred=True),
+        history.History(
+            pending=PLAN_TEST_ITEMS // 2,
+            finished=PLAN_TEST_ITEMS // 2,
+            deferred=True,
+            calls=PLAN_TEST_ITEMS // 20,
+        ),
     )
     found = history.plans(url)
     assert set(found) == set(history.PLANNED)
-    whole = {label: history.seq_scans_of_items(plan) for label, plan in found.items()}
+    large = history.LARGE_TABLES
+    whole = {label: history.seq_scans_of_items(plan, large) for label, plan in found.items()}
     assert not any(whole.values()), whole
-    assert "ix_items_pending_by_model" in found["dispatch candidates"]
+    assert "ix_items_pending_by_model" in found["dispatch: ring of tenants"]
+    assert "ix_items_pending_by_model" in found["dispatch: release picks"]
     assert "ix_items_deferred" in found["deferred items due"]
     assert "ix_items_unstarted_deadline" in found["sweep: expired deadlines"]
     assert "ix_items_finished_at" in found["totals: finished"]
+    assert "ix_batches_finished_at" in found["retention: expired batches"]
+    for name in ("ix_usage_ledger_batch_id", "pk_batches"):
+        assert name in found["retention: the batch row"], found["retention: the batch row"]
+    assert "uq_usage_ledger_item_id_attempt" in found["retention: a batch's items"]
 
     # Every pending item is deferred: a round releases nothing. Ten of them come due:
     # the round makes them ready and releases them.
     with db.session_scope() as session:
-        assert items.release(session, history.MODEL, 16, 60) == []
+        assert rounds.release(session, history.MODEL, 16, 60) == []
     with db.session_scope() as session:
         session.execute(
             text(
@@ -138,5 +149,5 @@ def test_the_scans_use_their_indexes_on_a_large_history(clean_db):
             )
         )
     with db.session_scope() as session:
-        released = items.release(session, history.MODEL, 16, 60)
+        released = rounds.release(session, history.MODEL, 16, 60)
     assert len(released) == 10

@@ -320,3 +320,173 @@ def test_driver_query_turns_binds_into_psycopgs_and_leaves_casts():
     sql = "SELECT :a, x::int, '12:30' AS t, :b_2 FROM y WHERE z LIKE '5%'"
     converted = _BIND.sub(r"%(\1)s", sql.replace("%", "%%"))
     assert converted == "SELECT %(a)s, x::int, '12:30' AS t, %(b_2)s FROM y WHERE z LIKE '5%%'"
+
+
+# --- SQL only in the store --------------------------------------------------------
+#
+# Only ``batchgen.store`` (and the migrations) speaks SQL. Anywhere else, a module:
+#  1. imports nothing of SQLAlchemy but its errors (``sqlalchemy.exc``), the session type
+#     (``sqlalchemy.orm.Session``, to pass a session on) and URL parsing
+#     (``sqlalchemy.engine.make_url``): no statement, expression, table or engine;
+#  2. imports nothing of psycopg but its errors (no ``psycopg.sql``, no connection);
+#  3. names an ORM model of ``batchgen.store.schema`` in annotations and ``isinstance``
+#     only (a model passed to a session call or a statement is a query);
+#  4. runs nothing on a session or connection (``execute``, ``scalar``, ``scalars`` with
+#     an argument; ``session.get/query/add/merge/flush/refresh``);
+#  5. holds no string that reads as SQL (a statement keyword opening it), docstrings
+#     aside;
+# and no ``.sql`` file lives outside ``app/store/sql``.
+
+SQL_SPEAKERS = ("batchgen.store", "batchgen.migrations")
+SQLALCHEMY_ALLOWED = {
+    "sqlalchemy.exc": None,  # every name: errors
+    "sqlalchemy.orm": {"Session"},
+    "sqlalchemy.engine": {"make_url", "URL"},
+}
+PSYCOPG_ERRORS = re.compile(r"(Error|Warning)$")
+RUNS_SQL = {"execute", "scalar", "scalars"}
+SESSION_CALLS = {"get", "query", "add", "add_all", "merge", "flush", "refresh"}
+SQL_TEXT = re.compile(
+    r"^\s*(SELECT|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|WITH\s+(RECURSIVE\s+)?\w+"
+    r"\s+AS|CREATE|DROP|ALTER|TRUNCATE|COPY|VACUUM|ANALYZE|EXPLAIN|LISTEN|NOTIFY)\s"
+)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of a module, its classes and functions."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def _annotations(tree: ast.AST) -> set[int]:
+    """The ids of every node inside an annotation."""
+    roots: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg | ast.AnnAssign) and node.annotation is not None:
+            roots.append(node.annotation)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns is not None:
+            roots.append(node.returns)
+    return {id(n) for root in roots for n in ast.walk(root)}
+
+
+def _sql_outside_the_store(name: str, path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found: list[str] = []
+    models: set[str] = set()
+    psycopg_names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = {a.name for a in node.names}
+            if node.module == "sqlalchemy" or node.module.startswith("sqlalchemy."):
+                allowed = SQLALCHEMY_ALLOWED.get(node.module, set())
+                if node.module == "sqlalchemy":
+                    allowed = {"exc"}
+                if allowed is not None and names - allowed:
+                    found.append(f"imports {node.module}: {sorted(names - allowed)}")
+            if node.module == "psycopg" or node.module.startswith("psycopg."):
+                bad = {n for n in names if not PSYCOPG_ERRORS.search(n)}
+                if node.module != "psycopg" or bad:
+                    found.append(f"imports {node.module}: {sorted(bad or names)}")
+            if node.module == "batchgen.store.schema":
+                models |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "sqlalchemy" or alias.name.startswith("sqlalchemy."):
+                    found.append(f"imports {alias.name}")
+                if alias.name == "psycopg" or alias.name.startswith("psycopg."):
+                    psycopg_names.add(alias.asname or alias.name)
+    in_annotation = _annotations(tree)
+    docstrings = _docstrings(tree)
+    isinstance_args: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+            isinstance_args |= {id(n) for arg in node.args[1:] for n in ast.walk(arg)}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in psycopg_names
+            and not PSYCOPG_ERRORS.search(node.attr)
+        ):
+            found.append(f"uses psycopg.{node.attr} (line {node.lineno})")
+        if (
+            isinstance(node, ast.Name)
+            and node.id in models
+            and id(node) not in in_annotation | isinstance_args
+        ):
+            found.append(f"uses the model {node.id} (line {node.lineno})")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method, receiver = node.func.attr, node.func.value
+            receiver_name = getattr(receiver, "id", getattr(receiver, "attr", ""))
+            if method in RUNS_SQL and (node.args or node.keywords):
+                found.append(f"runs .{method}(...) (line {node.lineno})")
+            if method in SESSION_CALLS and "session" in str(receiver_name):
+                found.append(f"calls {receiver_name}.{method} (line {node.lineno})")
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and SQL_TEXT.match(node.value)
+        ):
+            found.append(f"SQL text {node.value.strip()[:40]!r} (line {node.lineno})")
+    return found
+
+
+def test_only_the_store_speaks_sql():
+    offenders = {
+        name: found
+        for name, path in MODULES.items()
+        if not name.startswith(SQL_SPEAKERS)
+        and not name.startswith(SIMULATOR)
+        and (found := _sql_outside_the_store(name, path))
+    }
+    assert offenders == {}
+    stray = [
+        p.relative_to(ROOT).as_posix()
+        for folder in FOLDERS.values()
+        for p in folder.rglob("*.sql")
+        if (FOLDERS["batchgen"] / "store" / "sql") not in p.parents
+    ]
+    assert stray == []
+
+
+@pytest.mark.parametrize(
+    ("source", "finding"),
+    [
+        ("from sqlalchemy import select\n", "imports sqlalchemy"),
+        ("from sqlalchemy.orm import Session, aliased\n", "imports sqlalchemy.orm"),
+        ("import psycopg\npsycopg.connect('x')\n", "uses psycopg.connect"),
+        ("from psycopg import sql\n", "imports psycopg"),
+        ("from batchgen.store.schema import Item\nq = Item.status\n", "uses the model Item"),
+        ("def f(session):\n    session.execute(x)\n", "runs .execute"),
+        ("def f(session):\n    return session.get(k, 1)\n", "calls session.get"),
+        ("Q = '''\n  SELECT id FROM items'''\n", "SQL text"),
+        ("Q = 'WITH lost AS (SELECT 1) UPDATE items SET x = 1'\n", "SQL text"),
+    ],
+)
+def test_the_sql_rule_finds_each_kind(tmp_path: Path, source: str, finding: str):
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    assert any(f.startswith(finding) for f in _sql_outside_the_store("m", path)), source
+
+
+def test_the_sql_rule_lets_through_what_is_not_sql(tmp_path: Path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        '"""SELECT ... FOR UPDATE SKIP LOCKED, in a docstring."""\n'
+        "import psycopg\n"
+        "from sqlalchemy.exc import OperationalError\n"
+        "from sqlalchemy.orm import Session\n"
+        "from batchgen.store.schema import Tenant\n"
+        "def f(session: Session, t: Tenant) -> bool:\n"
+        "    pipe.execute()\n"
+        "    client.delete('key')\n"
+        "    return isinstance(t, Tenant) or isinstance(t, psycopg.Error)\n"
+        "MESSAGE = 'Select a batch to see its items'\n"
+    )
+    assert _sql_outside_the_store("m", path) == []

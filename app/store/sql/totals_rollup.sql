@@ -2,7 +2,8 @@
 -- moves to :until, in one statement (store.totals.roll_up). :since NULL: from the start.
 WITH ended AS (
     SELECT i.id, i.batch_id, i.model, i.tenant_id, i.status,
-           i.prompt_tokens_est + i.max_tokens AS tokens_est
+           i.prompt_tokens_est + i.max_tokens AS tokens_est,
+           i.custom_id, i.error_code, i.last_error
     FROM items AS i
     WHERE i.finished_at IS NOT NULL
       AND i.finished_at >= coalesce(CAST(:since AS timestamptz), '-infinity')
@@ -17,11 +18,16 @@ per_model AS (
     SET items = t.items + EXCLUDED.items, tokens_est = t.tokens_est + EXCLUDED.tokens_est
 ),
 per_batch AS (
-    INSERT INTO batch_totals AS t (batch_id, status, items)
-    SELECT batch_id, status, count(*)
-    FROM ended
-    GROUP BY batch_id, status
-    ON CONFLICT (batch_id, status) DO UPDATE SET items = t.items + EXCLUDED.items
+    -- With the bytes of the items' lines in the batch's output or error file.
+    INSERT INTO batch_totals AS t (batch_id, status, items, bytes)
+    SELECT i.batch_id, i.status, count(*), sum(octet_length(
+--! include output_line
+    ))
+    FROM ended AS i
+    LEFT JOIN results AS r ON r.item_id = i.id AND i.status = 'succeeded'
+    GROUP BY i.batch_id, i.status
+    ON CONFLICT (batch_id, status) DO UPDATE
+    SET items = t.items + EXCLUDED.items, bytes = t.bytes + EXCLUDED.bytes
 ),
 latencies AS (
     INSERT INTO latency_totals AS t (model, metric, le_ms, n, sum_ms)

@@ -1,0 +1,190 @@
+"""One ``batchgen.generate`` message, run: its item, or a pack of a model's items when its
+calls are short (:mod:`batchgen.worker.packs`), with what the process keeps between
+messages (the gate, the cancel watcher, the calls' pace, the refiller). The task in
+:mod:`batchgen.tasks.generate` only hands the message over and, when items wait,
+retries itself with what :func:`run_message` says.
+
+A message carries item ids, the model's name (which routes it to the model group's
+queue) and each item's ticket (batch, tenant, attempt, token counts: ids and numbers,
+never text).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from batchgen.config import Settings, get_settings
+from batchgen.domain.decisions import pack_size, refill_at_once_after
+from batchgen.errors import ItemFailed
+from batchgen.limits.backend import get_redis
+from batchgen.limits.gate import Gate
+from batchgen.registry import get_registry
+from batchgen.store import db, items
+from batchgen.store.items import Ticket
+from batchgen.worker import publish
+from batchgen.worker.cancellation import CancelWatcher
+from batchgen.worker.dispatch import dispatch
+from batchgen.worker.execution import run_item
+from batchgen.worker.packs import (
+    CallPace,
+    PackItem,
+    PackOutcome,
+    hold,
+    message_of,
+    read_pack,
+    run_pack,
+)
+from batchgen.worker.refill import Refiller
+from batchgen.worker.verdict import Verdict
+
+log = logging.getLogger("batchgen.tasks.generate")
+
+
+@functools.cache
+def _gate() -> Gate:
+    return Gate(get_redis(), get_settings())
+
+
+@functools.cache
+def _watcher() -> CancelWatcher:
+    return CancelWatcher(get_redis())
+
+
+@functools.cache
+def _pace() -> CallPace:
+    return CallPace()
+
+
+def _pack_items(model: str) -> int:
+    settings = get_settings()
+    return pack_size(_pace().call_s(model), settings.pack_target_s, settings.pack_max_items)
+
+
+def _release(models: frozenset[str]) -> int:
+    return dispatch(get_registry(), get_settings(), models, pack_items=_pack_items)
+
+
+def _refill_at_once_after(model: str) -> int:
+    spec, settings = get_registry().get(model), get_settings()
+    if spec is None:  # not in this registry: the coalescing wait only
+        return sys.maxsize
+    return refill_at_once_after(
+        spec.max_concurrency, settings.dispatch_ahead_factor, _pack_items(model)
+    )
+
+
+@functools.cache
+def _refiller() -> Refiller:
+    return Refiller(_release, get_settings().refill_coalesce_s, _refill_at_once_after)
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The message to run again after ``countdown_s``: its first item and the rest."""
+
+    item_id: int
+    kwargs: dict[str, Any]
+    countdown_s: float | None
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A message's end: a summary of what ran, or the items that wait (a retry)."""
+
+    summary: str
+    retry: Retry | None = None
+
+
+def run_message(
+    item_id: int,
+    model: str | None,
+    ticket: dict[str, Any] | None,
+    more: list[Any] | None,
+) -> Ran:
+    """Run item ``item_id``, then the items of ``more`` (``[[id, ticket], ...]``, a pack).
+    A ``ticket`` lets the gate decide before the claim (a message without one, or with
+    one this version cannot read, costs a lookup of the item). Raises what an item
+    raised, and :class:`ItemFailed` when items failed for good."""
+    registry, settings = get_registry(), get_settings()
+    pack = read_pack(item_id, ticket, more)
+
+    def run_one(item: PackItem) -> Verdict:
+        read: Ticket | None = None
+        if item.ticket is not None:
+            with contextlib.suppress(ValueError):
+                read = Ticket.from_message(item.item_id, item.ticket)
+        verdict = run_item(
+            item.item_id, registry, settings, _gate(), _watcher(), model=model, ticket=read
+        )
+        if verdict.model is not None:
+            if verdict.call_s is not None:
+                _pace().note(verdict.model, verdict.call_s)
+            if verdict.frees_place:
+                # A place in the model's window freed: refill it soon, without waiting
+                # for the tick.
+                _refiller().note(verdict.model)
+        return verdict
+
+    outcome = run_pack(pack, run_one, settings.pack_max_s)
+    if outcome.handed_back:
+        _hand_back(outcome, model, len(pack), item_id, settings)
+    if outcome.error is not None:
+        raise outcome.error
+    if outcome.waiting:
+        first, ticket_of_first, rest = message_of(outcome.waiting)
+        if rest:
+            log.info(
+                "pack of %d items: item %d waits %.2f s with %d more",
+                len(pack),
+                first,
+                outcome.countdown_s,
+                len(rest),
+            )
+            hold(outcome.waiting[1:], (outcome.countdown_s or 0.0) + settings.queued_lease_s)
+        kwargs = {"model": model, "ticket": ticket_of_first, "more": rest}
+        return Ran(outcome.summary(), Retry(first, kwargs, outcome.countdown_s))
+    ran = zip(pack[: len(outcome.verdicts)], outcome.verdicts, strict=True)
+    failed = [p.item_id for p, v in ran if v.outcome == "failed"]
+    if failed:
+        with db.autocommit() as connection:
+            codes = [items.error_code_of(connection, i) or "failed" for i in failed]
+        raise ItemFailed(
+            "; ".join(f"item {i} failed: {code}" for i, code in zip(failed, codes, strict=True))
+        )
+    return Ran(outcome.summary())
+
+
+def _hand_back(
+    outcome: PackOutcome, model: str | None, size: int, item_id: int, settings: Settings
+) -> None:
+    """The pack's untried items go to other threads, one per message: its calls turned
+    slow, an item raised, or items failed over to another deployment (each with its
+    next ticket). Best effort: an item whose message is lost waits for the
+    sweep."""
+    failed_over = sum(1 for p in outcome.handed_back if (p.ticket or {}).get("avoid"))
+    why = f"ran past {settings.pack_max_s} s"
+    if outcome.error is not None:
+        why = "an item failed"
+    elif failed_over == len(outcome.handed_back):
+        why = "failed over to another deployment"
+    log.info(
+        "pack of %d items from item %d %s: %d items handed back",
+        size,
+        item_id,
+        why,
+        len(outcome.handed_back),
+    )
+    if model is None:
+        return
+    try:
+        hold(outcome.handed_back, settings.queued_lease_s)
+        publish.generate_many((p.item_id, model, p.ticket, None) for p in outcome.handed_back)
+    except Exception as exc:
+        if outcome.error is None:
+            raise
+        log.warning("handing back a pack's items failed (%s); the sweep will", exc)
