@@ -700,6 +700,13 @@ class Pick:
 
     ticket: Ticket
     order: tuple[int, int, int]  # (priority rank, dispatch key, id)
+    # The key of the long prompt prefix it shares with others (None: none).
+    prefix_key: int | None = None
+
+    def cache_group(self) -> tuple[int, int] | None:
+        """The picks to release together (batchgen.domain.round_robin.order_picks): those
+        of one priority sharing a cached prompt prefix."""
+        return None if self.prefix_key is None else (self.order[0], self.prefix_key)
 
 
 def release_picks(
@@ -719,7 +726,7 @@ def release_picks(
         **RELEASE.params(),
     }
     rows = session.execute(query("item_release"), params).all()
-    picks = [Pick(_ticket(r), (r.priority_rank, r.dispatch_key, r.id)) for r in rows]
+    picks = [Pick(_ticket(r), (r.priority_rank, r.dispatch_key, r.id), r.prefix_key) for r in rows]
     return sorted(picks, key=lambda p: p.order)
 
 

@@ -168,3 +168,19 @@ def test_the_simulated_flex_tier_is_busy_at_its_capacity_per_deployment():
     drawn = [FlexTier(seed=9).refuses(None, None, 0.5) for _ in range(1)]
     assert drawn == [FlexTier(seed=9).refuses(None, None, 0.5)]  # seeded
     assert all(tier.refuses(None, None, 1.0) for _ in range(5))
+
+
+def test_a_tenants_picks_of_one_group_go_where_the_first_of_them_was():
+    from batchgen.domain.round_robin import interleave, order_picks
+
+    # (name, group): the store's order, batches a and b sharing prefixes, c none.
+    picks = [("a0", "A"), ("b0", "B"), ("c0", None), ("a1", "A"), ("b1", "B"), ("c1", None)]
+    group = {name: g for name, g in picks}.get
+    names = [name for name, _ in picks]
+    assert order_picks(names) == names  # no grouping asked: the store's order
+    grouped = order_picks(names, group)
+    assert grouped == ["a0", "a1", "b0", "b1", "c0", "c1"]
+    assert sorted(grouped) == sorted(names)  # who runs first, never how many
+    # In a round, each tenant's places take its picks in that order.
+    released = interleave([1, 2, 1, 2, 1, 1, 1, 1], {1: names, 2: ["x0", "x1"]}, group)
+    assert released == ["a0", "x0", "a1", "x1", "b0", "b1", "c0", "c1"]
