@@ -229,6 +229,13 @@ class Settings(BaseSettings):
     max_countdown_s: float = 60.0
     # How long a worker polls for a concurrency slot before handing the item back.
     slot_wait_s: float = 2.0
+    # The calls' reserve (app/domain/call_reserve.py): while a synchronous call entered
+    # a model's gate within call_reserve_recent_s, other work leaves this many of the
+    # model's slots (less those calls hold; at most max_concurrency - 1) free for the
+    # next call, so that it starts at once behind a backlog. Without recent calls the
+    # reserve is lent to batch work. 0: no reserve.
+    call_reserved_slots: int = Field(default=1, ge=0)
+    call_reserve_recent_s: float = Field(default=30.0, ge=0)
     # A 429's retry-after closes the whole budget key for at most this long (then
     # the next call probes the provider again); an item waiting on a cooldown is
     # never expired before its own deadline.

@@ -16,8 +16,14 @@ over the provider alone, and the p99 under backlog over the p99 idle. Targets:
 whole calls (issue 13) p99 overhead <= 50 ms idle, p99 under backlog <= 2x idle;
 streams (issue 28) first chunk within 50 ms of the provider's at p50.
 
+It also prints the backlog's throughput and the slots it held, sampled every 0.1 s,
+for ``--bulk-window-s`` with no calls (once the calls' mark has lapsed: the reserve
+of slots for calls is lent to bulk work) and while the calls of phase 3 run. The
+processes run with ``BATCHGEN_CALL_RESERVE_RECENT_S=--recent-s`` (5 s rather than
+30), so that the wait for the mark to lapse costs little of the backlog.
+
     .venv/bin/python bench/interactive.py [--calls 200] [--backlog 5000] [--latency-ms 200]
-        [--per-token-ms 5]
+        [--per-token-ms 5] [--bulk-window-s 10] [--recent-s 5]
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +97,44 @@ def _streams(client: Any, model: str, n: int) -> list[float]:
     return out
 
 
+class SlotSampler(threading.Thread):
+    """Samples the model's slots every 0.1 s: those held by bulk work and by calls,
+    under the label of the phase under way (None: not sampled)."""
+
+    def __init__(self, redis: Any, model: str) -> None:
+        super().__init__(daemon=True)
+        self.redis, self.model = redis, model
+        self.phase: str | None = None
+        self.samples: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        from batchgen.limits import redis_keys as keys
+
+        while not self.done.wait(0.1):
+            phase = self.phase
+            if phase is None:
+                continue
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zrangebyscore(keys.slots(self.model), time.time(), "+inf")
+            pipe.hgetall(keys.slot_tenants(self.model))
+            holders, tenants = pipe.execute()
+            calls = sum(1 for h in holders if tenants.get(h, b"").endswith(b":call"))
+            self.samples[phase].append((len(holders) - calls, calls))
+
+    def mean(self, phase: str) -> tuple[float, float]:
+        """Mean slots held (bulk, calls) in ``phase``."""
+        taken = self.samples[phase] or [(0, 0)]
+        return statistics.fmean(b for b, _ in taken), statistics.fmean(c for _, c in taken)
+
+
+def _succeeded(batch_id: str) -> int:
+    from batchgen import python_api
+
+    counts = python_api.get_batch(batch_id, tenant="bulk")["request_counts"]
+    return int(counts["succeeded"])
+
+
 def _both(client: Any, n: int) -> tuple[list[float], list[float]]:
     """Whole calls and streamed ones, in turn, ``n`` of each."""
     whole: list[float] = []
@@ -105,16 +151,25 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=5000)
     parser.add_argument("--latency-ms", type=float, default=200.0)
     parser.add_argument("--per-token-ms", type=float, default=5.0)
+    parser.add_argument("--bulk-window-s", type=float, default=10.0)
+    parser.add_argument("--recent-s", type=float, default=5.0)
     args = parser.parse_args()
 
     import openai
 
     from batchgen import python_api
+    from batchgen.config import get_settings
+    from batchgen.limits import redis_keys as keys
+    from batchgen.limits.backend import get_redis
     from batchgen.store import db, tenants
 
     sim_args = ("--latency-base-ms", str(args.latency_ms), "--per-token-ms", str(args.per_token_ms))
     with simulator_process(*sim_args) as sim, servers() as workdir:
-        env = live_model_env(workdir, MODEL, sim, CONCURRENCY)
+        recent = {"BATCHGEN_CALL_RESERVE_RECENT_S": str(args.recent_s)}
+        env = live_model_env(workdir, MODEL, sim, CONCURRENCY, **recent)
+        reserved = get_settings().call_reserved_slots
+        sampler = SlotSampler(get_redis(), MODEL)
+        sampler.start()
         with db.session_scope() as s:
             _, key = tenants.create_tenant(s, "caller")
             tenants.create_tenant(s, "bulk")
@@ -153,10 +208,20 @@ def main() -> None:
                 ):
                     assert time.monotonic() < deadline, "the backlog did not start"
                     time.sleep(0.2)
+                # Bulk alone, once the idle phase's calls no longer count as recent.
+                while get_redis().exists(keys.calls_seen(MODEL)):
+                    time.sleep(0.1)
+                sampler.phase, started, before = "alone", time.monotonic(), _succeeded(batch["id"])
+                time.sleep(args.bulk_window_s)
+                alone_per_s = (_succeeded(batch["id"]) - before) / (time.monotonic() - started)
+                sampler.phase, started, before = "calls", time.monotonic(), _succeeded(batch["id"])
                 backlog_s, backlog_first_s = _both(ours, args.calls)
+                with_calls_per_s = (_succeeded(batch["id"]) - before) / (time.monotonic() - started)
+                sampler.phase = None
                 left = python_api.get_batch(batch["id"], tenant="bulk")["request_counts"]
                 python_api.cancel_batch(batch["id"], tenant="bulk")
         finally:
+            sampler.done.set()
             for w in workers:
                 w.stop()
 
@@ -179,6 +244,20 @@ def main() -> None:
         )
     pending = left["pending"] + left["queued"] + left["running"]
     print(f"backlog: {args.backlog} bulk items, {pending} still open when the calls ended")
+    print(
+        f"calls' reserve: {reserved} of {CONCURRENCY} slots while calls were seen in the "
+        f"last {args.recent_s:g} s"
+    )
+    (alone_bulk, _), (calls_bulk, calls_calls) = sampler.mean("alone"), sampler.mean("calls")
+    print(
+        f"bulk alone ({args.bulk_window_s:g} s, no recent calls): {alone_per_s:.1f} items/s, "
+        f"{alone_bulk:.1f} slots held on average"
+    )
+    print(
+        f"bulk while the calls ran: {with_calls_per_s:.1f} items/s, {calls_bulk:.1f} slots "
+        f"held on average (the calls: {calls_calls:.2f}); "
+        f"{with_calls_per_s / max(alone_per_s, 1e-9):.2f}x the rate alone"
+    )
     (d, df), (i, if_), (b, bf) = rows.values()
     print(
         f"whole call overhead idle: p50 {i['p50'] - d['p50']:.1f} ms, "

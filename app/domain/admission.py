@@ -129,12 +129,19 @@ def unstorable_path(value: Any, path: str = "") -> str | None:
 UNSTORABLE = "contains a NUL character (\\u0000) or an unpaired surrogate, which cannot be stored"
 
 
-def _canonical_text(value: Any) -> str:
+def canonical_text(value: Any) -> str:
+    """``value`` as canonical JSON: keys sorted, no spaces, text as is (not escaped), so
+    neither key order nor whitespace changes it."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _canonical(value: Any) -> bytes:
-    return _canonical_text(value).encode()
+    return canonical_text(value).encode()
+
+
+def canonical_sha256(value: Any) -> str:
+    """SHA-256 (hex) of ``value``'s canonical JSON (:func:`canonical_text`)."""
+    return hashlib.sha256(_canonical(value)).hexdigest()
 
 
 @dataclass
@@ -156,10 +163,10 @@ class RequestFingerprint:
         """Pass ``drafts`` through, adding each to the fingerprint."""
         for d in drafts:
             # The canonical spelling of [custom_id, body, timeout_s], the body's part kept.
-            d.body_json = _canonical_text(d.body)
-            line = f"[{_canonical_text(d.custom_id)},{d.body_json},{_canonical_text(d.timeout_s)}]"
+            d.body_json = canonical_text(d.body)
+            line = f"[{canonical_text(d.custom_id)},{d.body_json},{canonical_text(d.timeout_s)}]"
             if d.endpoint != CHAT_COMPLETIONS:  # a chat line is spelled as it always was
-                line += _canonical_text(d.endpoint)
+                line += canonical_text(d.endpoint)
             self._hash.update(line.encode() + b"\n")
             yield d
 

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import redis
 
 from batchgen.config import Settings
+from batchgen.domain.call_reserve import reserve_of
 from batchgen.domain.rate_limits import RateLimitState, scaled_prompt_tokens
 from batchgen.domain.settlement import charged_tokens as charged_tokens  # re-exported
 from batchgen.limits import counters
@@ -186,6 +187,8 @@ class Budget:
         self.breaker_failures = settings.breaker_failures
         self.breaker_window_s = settings.breaker_window_s
         self.breaker_cooldown_s = settings.breaker_cooldown_s
+        self.call_reserved_slots = settings.call_reserved_slots
+        self.call_reserve_recent_s = settings.call_reserve_recent_s
 
     @property
     def span_s(self) -> float:
@@ -252,7 +255,10 @@ class Budget:
         (renewed by each try). ``share`` (:mod:`batchgen.limits.call_shares`): the
         caller's tenant key, its tenant's share of the slots (0: no cap; a sync call's
         tenant holds no more, denied with reason ``share``), and its demand entry with
-        its ttl (added when denied a slot, so sync calls' shares count this tenant)."""
+        its ttl (added when denied a slot, so sync calls' shares count this tenant).
+        While an urgent caller entered within ``call_reserve_recent_s``, other work
+        leaves the calls' reserve of the slots (``call_reserved_slots``;
+        :mod:`batchgen.domain.call_reserve`) free for the next call."""
         tenant_key, share_slots, demand_entry, demand_ttl_s = share or ("", 0, "", 0.0)
         pool = spec.deployments
         tid = tenant_id if tenant_id is not None else 0
@@ -277,6 +283,7 @@ class Budget:
                 keys.call_demand(spec.name),
                 keys.slots(spec.name),
                 *pool_keys,
+                keys.calls_seen(spec.name),  # the calls' reserve: last, read from the end
             ],
             args=[
                 reservation_id,
@@ -306,6 +313,9 @@ class Budget:
                 demand_ttl_s,
                 len(pool),
                 *pool_args,
+                # The calls' reserve: last, apart from the rest (read from the end).
+                reserve_of(slot_limit, self.call_reserved_slots) if slot_limit > 0 else 0,
+                self.call_reserve_recent_s,
             ],
         )
         status, wait_ms, reason, tokens, part, countdown = reply[:6]

@@ -94,6 +94,13 @@ def call_demand(model: str) -> str:
     return f"{PREFIX}slots:{{{model}}}:demand"
 
 
+def calls_seen(model: str) -> str:
+    """String with a TTL: a synchronous call entered the model's gate within
+    ``call_reserve_recent_s``; while it lives, other work leaves the calls' reserve of
+    slots free (``app/domain/call_reserve.py``)."""
+    return f"{PREFIX}slots:{{{model}}}:calls_seen"
+
+
 def counters(model: str) -> str:
     """Hash of per-model event counters (denials, waits, cooldowns, 429s, errors)."""
     return f"{PREFIX}counters:{model}"

@@ -22,6 +22,7 @@ table and logs a one-line report. The jobs live in a TOML file
     output = "out/{job}-{date}.jsonl"       # .jsonl or .csv, or { table = "..." }
     report = "out/{job}-{date}.report"      # optional: the report line, also logged
     rejects = "out/{job}-{date}.rejects.jsonl"  # optional: rows left out (see below)
+    incremental = true                      # default; false: call every product each run
 
 A catalog row that cannot make a prompt is not submitted (so not billed): a
 value the template prints or computes with is missing or empty (``None``,
@@ -33,6 +34,18 @@ table's row number in key order>, "id": <product key or null>, "reason":
 rest of the job runs. Default: beside a file output
 (``<output>.rejects.jsonl``), else ``$BATCHGEN_DATA_DIR/nightly/``. The
 report line counts them (``rejected=N``).
+
+An incremental job (the default) calls only the products whose request changed
+since their last description: the SHA-256 of the request's canonical JSON (model,
+messages, ``max_tokens``, every parameter; so a new price, name, template, tone,
+locale or model counts) is compared with the one stored with the text. The others
+are served that text at no provider cost; a run with nothing to call has no batch
+and still writes its output and report. The choice is recorded once per job and
+date (``nightly_runs``, ``nightly_reused``: a second submit replays it), and a run's
+results become the stored texts of the products it was the last to submit
+(``nightly_products``). The output is the run's descriptions, then the reused ones;
+the report counts them (``reused=N``; ``products`` is both, tokens and cost those
+of the calls made). A failed product keeps no text, so the next run calls it.
 
 A table without ``url``/``url_env`` is in batchgen's own database. An output
 table is created if missing (``product_id, job, run_date, locale,

@@ -199,6 +199,17 @@ class PromptRenderer:
         }
 
 
+def requests(job: Job, renderer: PromptRenderer, rejects: list[Reject]) -> Iterator[dict[str, Any]]:
+    """The request lines of the catalog's rows in order; a row that cannot make one is
+    added to ``rejects`` instead."""
+    for row in read_catalog(job):
+        rendered = renderer.render(row)
+        if isinstance(rendered, Reject):
+            rejects.append(rendered)
+        else:
+            yield rendered
+
+
 def chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
     it = iter(rows)
     while chunk := list(islice(it, size)):

@@ -60,6 +60,9 @@ class Job(BaseModel):
     # auto: standard, flex or the provider's Batch API by the window and the model's
     # routes (batchgen.domain.routes); standard; flex; batch.
     route: RouteMode = RouteMode.AUTO
+    # A product whose request has not changed since its last description is served
+    # that text, not called again (batchgen.nightly.runs); false: every run calls all.
+    incremental: bool = True
     report: Path | None = None
     rejects: Path | None = None
 

@@ -7,13 +7,15 @@ import logging
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from decimal import Decimal
+from itertools import chain
 from typing import Any
 
 from batchgen import python_api
 from batchgen.config import Settings, get_settings
 from batchgen.domain.status import Priority
 from batchgen.errors import NotFound, ValidationFailed
-from batchgen.nightly.catalog import PromptRenderer, Reject, chunks, read_catalog
+from batchgen.nightly import reuse
+from batchgen.nightly.catalog import PromptRenderer, Reject, chunks, requests
 from batchgen.nightly.jobs import Job, TableRef
 from batchgen.nightly.output import description, write_file, write_table, write_text
 from batchgen.store import batches, usage
@@ -36,23 +38,24 @@ def submit_job(job: Job, day: dt.date, settings: Settings | None = None) -> tupl
     missing or empty, a malformed line) is not submitted: it goes to the run's
     rejects file (:meth:`Job.rejects_path`) with its source line, and the other
     rows run. A catalog larger than ``BATCHGEN_MAX_BATCH_LINES`` goes in
-    several parts, each a batch with its own idempotency key.
+    several parts, each a batch with its own idempotency key. An incremental job
+    submits only the products whose request changed since their last description
+    (:mod:`batchgen.nightly.reuse`); when none did, the run has no batch.
     """
     settings = settings or get_settings()
     before = set(run_batch_ids(job, day))
     renderer = PromptRenderer(job)
     rejects: list[Reject] = []
-
-    def requests() -> Iterator[dict[str, Any]]:
-        for row in read_catalog(job):
-            rendered = renderer.render(row)
-            if isinstance(rendered, Reject):
-                rejects.append(rendered)
-            else:
-                yield rendered
-
+    lines_to_submit = requests(job, renderer, rejects)
+    reused: dict[str, str] = {}
+    recorded = False
+    if job.incremental:
+        planned = reuse.plan(job, lines_to_submit)
+        if planned:
+            reused, recorded = reuse.record(job, day, planned, rejects)
+        lines_to_submit = reuse.to_describe(job, renderer, planned, reused)
     ids: list[str] = []
-    for part, lines in enumerate(chunks(requests(), settings.max_batch_lines)):
+    for part, lines in enumerate(chunks(lines_to_submit, settings.max_batch_lines)):
         batch = python_api.submit_batch(
             lines,
             tenant=job.tenant,
@@ -74,15 +77,22 @@ def submit_job(job: Job, day: dt.date, settings: Settings | None = None) -> tupl
             len(rejects),
             rejects_file,
         )
-    if not ids:
+    if not ids and not reused:
         raise ValidationFailed(
             f"nightly job {job.name}: no product to describe; "
             f"{len(rejects)} rows rejected, see {rejects_file}"
             if rejects
             else f"nightly job {job.name}: the catalog is empty"
         )
-    created = not set(ids) <= before
-    log.info("nightly job=%s date=%s batches=%s created=%s", job.name, day, ids, created)
+    created = recorded or not set(ids) <= before
+    log.info(
+        "nightly job=%s date=%s batches=%s reused=%d created=%s",
+        job.name,
+        day,
+        ids,
+        len(reused),
+        created,
+    )
     return ids, created
 
 
@@ -97,7 +107,12 @@ def _rejected(job: Job, day: dt.date) -> int:
 
 @dataclass(frozen=True)
 class RunReport:
-    """What a finished run produced; ``line()`` is the one-line report."""
+    """What a finished run produced; ``line()`` is the one-line report.
+
+    ``products``: the run's products, described or ``reused`` (served their stored
+    text); ``succeeded`` ... ``cancelled`` count the described ones; tokens and cost
+    are those of the calls made.
+    """
 
     job: str
     date: str
@@ -109,6 +124,7 @@ class RunReport:
     expired: int
     cancelled: int
     rejected: int
+    reused: int
     prompt_tokens: int
     completion_tokens: int
     cost_usd: Decimal
@@ -118,6 +134,7 @@ class RunReport:
             f"nightly job={self.job} date={self.date} products={self.products} "
             f"written={self.written} succeeded={self.succeeded} failed={self.failed} "
             f"expired={self.expired} cancelled={self.cancelled} rejected={self.rejected} "
+            f"reused={self.reused} "
             f"prompt_tokens={self.prompt_tokens} completion_tokens={self.completion_tokens} "
             f"cost_usd={self.cost_usd:.6f} batches={','.join(self.batches)}"
         )
@@ -141,18 +158,26 @@ def _usage(batch_ids: list[str]) -> tuple[int, int, Decimal]:
 
 
 def collect_job(job: Job, day: dt.date) -> RunReport | None:
-    """Once every batch of the run has ended: write the output and report; else ``None``."""
+    """Once every batch of the run has ended: write the output and report; else ``None``.
+
+    An incremental run's output is its descriptions, which are stored for the next
+    runs, then its reused products' texts."""
     batch_ids = run_batch_ids(job, day)
-    if not batch_ids:
+    reused = reuse.recorded(job, day)
+    if not batch_ids and reused is None:
         raise NotFound(f"nightly job {job.name}: no batches for {day.isoformat()}")
     infos = [python_api.get_batch(b, tenant=job.tenant) for b in batch_ids]
     if any(info["finished_at"] is None for info in infos):
         return None
     rows = _descriptions(job, batch_ids)
+    if reused is not None:
+        rows = chain(reuse.storing(job, day, rows), reuse.reused_rows(job, day))
     if isinstance(job.output, TableRef):
         written = write_table(job.output, job, day, rows)
     else:
         written = write_file(job.path(job.output, day), rows)
+    if reused is not None:
+        reuse.close(job, day)
     counts = {
         k: sum(i["request_counts"][k] for i in infos)
         for k in ("total", "succeeded", "failed", "expired", "cancelled")
@@ -162,13 +187,14 @@ def collect_job(job: Job, day: dt.date) -> RunReport | None:
         job=job.name,
         date=day.isoformat(),
         batches=batch_ids,
-        products=counts["total"],
+        products=counts["total"] + (reused or 0),
         written=written,
         succeeded=counts["succeeded"],
         failed=counts["failed"],
         expired=counts["expired"],
         cancelled=counts["cancelled"],
         rejected=_rejected(job, day),
+        reused=reused or 0,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         cost_usd=cost_usd,

@@ -14,6 +14,7 @@ from sqlalchemy import (
     Date,
     DateTime,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     LargeBinary,
@@ -101,7 +102,7 @@ class Batch(Base):
     # (batchgen.domain.offload.OffloadMode)?
     offload: Mapped[str] = mapped_column(String(10), server_default="auto")
     # auto | standard | flex | batch: the routes its items may take
-    # (batchgen.domain.routes.RouteMode; migration 0015).
+    # (batchgen.domain.routes.RouteMode; migration 0016).
     route: Mapped[str] = mapped_column(String(10), server_default="auto")
     # Told when the batch ends: a Celery task of the host's (sent by name to its
     # queue), and a webhook (else the tenant's).
@@ -185,7 +186,7 @@ class Item(Base):
     deployment: Mapped[str | None] = mapped_column(String(64))
     # The route of its next call: standard, flex, or batch (a provider job's); the
     # flex calls the provider refused as busy (none a failure attempt); and the key of
-    # the long prompt prefix it shares with others of its batch (migration 0015).
+    # the long prompt prefix it shares with others of its batch (migration 0016).
     route: Mapped[str] = mapped_column(String(10), server_default="standard")
     flex_refusals: Mapped[int] = mapped_column(Integer, server_default="0")
     prefix_key: Mapped[int | None] = mapped_column(BigInteger)
@@ -404,7 +405,7 @@ class UsageLedger(Base):
     # The deployment of the model that served the call (migration 0013; NULL: a row of
     # a provider's Batch API, or from before).
     deployment: Mapped[str | None] = mapped_column(String(64))
-    # The price tier the call was billed at: standard, flex or batch (migration 0015).
+    # The price tier the call was billed at: standard, flex or batch (migration 0016).
     tier: Mapped[str] = mapped_column(String(10), server_default="standard")
     created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
 
@@ -541,3 +542,61 @@ class TotalsWatermark(Base):
 
     id: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     rolled_up_before: Mapped[dt.datetime | None] = mapped_column(TZ)
+
+
+class NightlyProduct(Base):
+    """A nightly job's product (batchgen.nightly, migration 0015): the request hash and
+    text of its last description, and the request hash its latest run submitted."""
+
+    __tablename__ = "nightly_products"
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    job: Mapped[str] = mapped_column(String(100), primary_key=True)
+    product_id: Mapped[str] = mapped_column(String(512), primary_key=True)
+    # SHA-256 of the canonical JSON of the request that was described, with its text.
+    request_sha256: Mapped[str | None] = mapped_column(String(64))
+    description: Mapped[str | None] = mapped_column(Text)
+    described_on: Mapped[dt.date | None] = mapped_column(Date)
+    # The request the latest run submitted, and that run's date: only that run's
+    # result becomes the description (an earlier run collected later does not).
+    pending_sha256: Mapped[str | None] = mapped_column(String(64))
+    pending_on: Mapped[dt.date | None] = mapped_column(Date)
+
+
+class NightlyRun(Base):
+    """A run (job and date) of an incremental nightly job, recorded once when it is
+    first submitted: a second submit replays what it reused."""
+
+    __tablename__ = "nightly_runs"
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    job: Mapped[str] = mapped_column(String(100), primary_key=True)
+    run_date: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    # Products served from their stored text (rows of nightly_reused until dropped).
+    reused: Mapped[int] = mapped_column(Integer, server_default="0")
+    created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+    collected_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+
+
+class NightlyReused(Base):
+    """A product a run served from its stored text: the text as it was then, so that a
+    later run's result does not change this run's output."""
+
+    __tablename__ = "nightly_reused"
+
+    tenant_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    job: Mapped[str] = mapped_column(String(100), primary_key=True)
+    run_date: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    product_id: Mapped[str] = mapped_column(String(512), primary_key=True)
+    # Its place among the run's products (catalog order).
+    position: Mapped[int] = mapped_column(Integer)
+    request_sha256: Mapped[str] = mapped_column(String(64))
+    description: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["tenant_id", "job", "run_date"],
+            ["nightly_runs.tenant_id", "nightly_runs.job", "nightly_runs.run_date"],
+            ondelete="CASCADE",
+        ),
+    )

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
@@ -28,7 +28,11 @@ GUARD_S = 1.0
 
 
 def spec(
-    tpm: int = 1000, rpm: int = 20, key: str = "acct", shape: LimitShape = LimitShape.WINDOW
+    tpm: int = 1000,
+    rpm: int = 20,
+    key: str = "acct",
+    shape: LimitShape = LimitShape.WINDOW,
+    slots: int = 2,
 ) -> ModelSpec:
     return ModelSpec(
         name=f"m-{key}",
@@ -41,7 +45,7 @@ def spec(
         max_output_tokens=500,
         tokens_per_min=tpm,
         requests_per_min=rpm,
-        max_concurrency=2,
+        max_concurrency=slots,
         input_usd_per_1m=1,
         output_usd_per_1m=1,
         limit_shape=shape,
@@ -493,6 +497,12 @@ bucket_ops = st.lists(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(sequence=bucket_ops)
+# A reservation settled after it aged out of the window (r1, 65 s old) settles nothing.
+@example(
+    sequence=[(0.0, "reserve", 100, 0.0)]
+    + [(5.0, "reserve", 1, 0.0)] * 13
+    + [(0.0, "reconcile", 1, 0.0)]
+)
 def test_the_bucket_never_grants_more_than_capacity_plus_refill(budget, sequence):
     """Reservations, refunds and releases on a simulated clock: over any interval the
     tokens granted less those given back stay within capacity + rate × its length, and
@@ -505,6 +515,7 @@ def test_the_bucket_never_grants_more_than_capacity_plus_refill(budget, sequence
     now, n = 1_000.0, 0
     level, last = None, None  # the pure model's
     charged: dict[str, int] = {}
+    granted_at: dict[str, float] = {}
     events: list[tuple[float, int]] = []  # (time, tokens granted; negative: given back)
     for gap, kind, tokens, keep in sequence:
         now += gap
@@ -515,19 +526,24 @@ def test_the_bucket_never_grants_more_than_capacity_plus_refill(budget, sequence
             margin = bucket_margin(1000, rate, GUARD_S, tokens)
             assert grant.granted == bucket_grants(model_level, tokens, margin=margin)
             if grant.granted:
-                charged[f"r{n}"] = tokens
+                charged[f"r{n}"], granted_at[f"r{n}"] = tokens, now
                 events.append((now, tokens))
                 level, last = model_level - tokens, now
-        elif charged:
-            rid = sorted(charged)[int(keep * (len(charged) - 1))]
-            back = charged[rid] if kind == "release" else charged[rid] - int(charged[rid] * keep)
-            if kind == "release":
-                assert budget.release(s, rid, now_s=now) == -charged.pop(rid)
-            else:
-                assert budget.reconcile(s, rid, charged[rid] - back, now_s=now) == -back
-                charged[rid] -= back
-            events.append((now, -back))
-            level, last = min(1000.0, model_level + back), now
+        else:
+            # Settled within the window: a reservation older than that has aged out of
+            # the log (the bucket refilled it long since) and settles nothing.
+            live = sorted(r for r in charged if now - granted_at[r] < WINDOW_S)
+            if live:
+                rid = live[int(keep * (len(live) - 1))]
+                kept = charged[rid] - int(charged[rid] * keep)
+                back = charged[rid] if kind == "release" else kept
+                if kind == "release":
+                    assert budget.release(s, rid, now_s=now) == -charged.pop(rid)
+                else:
+                    assert budget.reconcile(s, rid, charged[rid] - back, now_s=now) == -back
+                    charged[rid] -= back
+                events.append((now, -back))
+                level, last = min(1000.0, model_level + back), now
         assert max_bucket_excess(events, 1000, rate) <= 1e-6
         assert (
             abs(budget.used(s, now_s=now)[0] - (1000 - bucket_level(level, last, now, 1000, rate)))
@@ -826,7 +842,8 @@ def test_a_synchronous_call_takes_the_next_free_slot_before_other_work(clean_db)
         def __init__(self, item_id: int, urgent: bool = False) -> None:
             self.item_id, self.attempt, self.urgent = item_id, 1, urgent
 
-    gate = Gate(get_redis(), Settings(slot_wait_s=0.0))
+    # The claims alone: no reserve of slots for calls (tests/integration/test_call_reserve.py).
+    gate = Gate(get_redis(), Settings(slot_wait_s=0.0, call_reserved_slots=0))
     s = spec(tpm=1_000_000, rpm=1000, key="urgent")  # two slots
     first, second = gate.enter(s, Ticket(1)), gate.enter(s, Ticket(2))
     assert isinstance(first, Pass) and isinstance(second, Pass)

@@ -1,5 +1,6 @@
 """Nightly description jobs: beat firing twice submits one batch per job and date, the
-worker writes the descriptions (file and table) and the one-line report."""
+worker writes the descriptions (file and table) and the one-line report; incremental
+runs call only the products whose request changed."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import create_engine, func, select, text
 
@@ -19,9 +21,9 @@ from batchgen.config import get_settings
 from batchgen.errors import ConfigError, ValidationFailed
 from batchgen.nightly import Job, PromptRenderer, load_jobs, output_table, submit_job
 from batchgen.store import db
-from batchgen.store.schema import Batch, Item, UsageLedger
+from batchgen.store.schema import Batch, Item, NightlyProduct, Result, UsageLedger
 from batchgen.worker.beat import cron_schedule
-from tests.helpers import make_tenant, status_summary, wait_batches
+from tests.helpers import make_tenant, sim_config, status_summary, wait_batches
 
 pytestmark = pytest.mark.integration
 DAY = "2030-01-02"
@@ -133,7 +135,8 @@ def test_beat_fires_twice_one_batch_500_descriptions_and_report(
         body = s.scalar(select(Item.body).where(Item.batch_id == en.id, Item.custom_id == "p0007"))
     assert report == (
         f"nightly job=shop-en date={DAY} products=500 written=500 succeeded=500 failed=0 "
-        f"expired=0 cancelled=0 rejected=0 prompt_tokens={tokens[0]} completion_tokens={tokens[1]} "
+        f"expired=0 cancelled=0 rejected=0 reused=0 prompt_tokens={tokens[0]} "
+        f"completion_tokens={tokens[1]} "
         f"cost_usd={Decimal(tokens[2]):.6f} batches={en.id}"
     )
     assert body["messages"] == [
@@ -296,3 +299,216 @@ def test_nightly_row_missing_a_column_goes_to_rejects(clean_db, tmp_path):
     assert [(r["line"], r["id"]) for r in rows] == [(3, "p2"), (4, "p3"), (7, "p5"), (8, None)]
     assert "price" in rows[0]["reason"] and "price" in rows[1]["reason"]
     assert "category" in rows[2]["reason"] and "fields" in rows[3]["reason"]
+
+
+def _write_catalog(path: Path, products: dict[str, tuple[str, str]]) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["id", "name", "price"])
+        for product_id, (name, price) in products.items():
+            writer.writerow([product_id, name, price])
+
+
+def _incremental_jobs(tmp_path: Path) -> Path:
+    (tmp_path / "t.j2").write_text("About {{ product.name }} ({{ product.price }} EUR).")
+    common = (
+        'tenant = "acme"\nmodel = "sim-small"\ncatalog = "catalog.csv"\ntemplate = "t.j2"\n'
+        'max_tokens = 8\noutput = "out/{job}-{date}.jsonl"\nreport = "out/{job}-{date}.report"\n'
+    )
+    path = tmp_path / "jobs.toml"
+    path.write_text(
+        f'[[jobs]]\nname = "lamps"\n{common}\n'
+        f'[[jobs]]\nname = "lamps-all"\nincremental = false\n{common}'
+    )
+    return path
+
+
+def _sim_calls(sim) -> int:
+    return len(httpx.get(f"{sim.base_url}/_sim/log", params={"limit": 100_000}).json())
+
+
+def _day_run(tmp_path: Path, job: str, day: dt.date) -> tuple[dict[str, str], str, list[Item]]:
+    """The run's output (id -> text), its report line, and the items it submitted."""
+    report = _wait_for(tmp_path / "out" / f"{job}-{day}.report").strip()
+    out = (tmp_path / "out" / f"{job}-{day}.jsonl").read_text().splitlines()
+    texts = {row["id"]: row["description"] for row in map(json.loads, out)}
+    assert len(texts) == len(out)
+    with db.session_scope() as s:
+        items = s.scalars(
+            select(Item)
+            .join(Batch, Batch.id == Item.batch_id)
+            .where(Batch.idempotency_key.startswith(f"nightly:{job}:{day}:"))
+            .order_by(Item.id)
+        ).all()
+        s.expunge_all()
+    return texts, report, list(items)
+
+
+def _answers(items: list[Item]) -> dict[str, str]:
+    """What the provider answered for each item that succeeded."""
+    with db.session_scope() as s:
+        rows = s.execute(
+            select(Item.custom_id, Result.response)
+            .join(Result, Result.item_id == Item.id)
+            .where(Item.id.in_([i.id for i in items]))
+        ).all()
+    return {r.custom_id: r.response["choices"][0]["message"]["content"] for r in rows}
+
+
+def _cost(items: list[Item]) -> Decimal:
+    with db.session_scope() as s:
+        total = s.scalar(
+            select(func.sum(UsageLedger.cost_usd)).where(
+                UsageLedger.item_id.in_([i.id for i in items])
+            )
+        )
+    return Decimal(total or 0)
+
+
+def test_incremental_runs_call_only_changed_and_failed_products(
+    clean_db, simulator, workers, tmp_path, restore_env
+):
+    """Day by day: a product whose request did not change since its last description is
+    served that text, not called; a changed, new or yesterday's failed product is
+    called; an opt-out job calls everything; a day with nothing to call has no batch
+    and still writes its output and report."""
+    from batchgen.tasks.nightly import nightly, start_run
+
+    products = {f"p{i}": (f"Lamp {i}", f"{10 + i}.00") for i in range(10)}
+    _write_catalog(tmp_path / "catalog.csv", products)
+    os.environ.update(
+        BATCHGEN_NIGHTLY_JOBS_FILE=str(_incremental_jobs(tmp_path)), BATCHGEN_NIGHTLY_POLL_S="0.3"
+    )
+    get_settings.cache_clear()
+    workers(concurrency=8)
+    make_tenant("acme")
+    days = [dt.date(2030, 2, d) for d in range(1, 6)]
+
+    nightly.apply(kwargs={"day": days[0].isoformat()}).get()
+    first, report, items = _day_run(tmp_path, "lamps", days[0])
+    assert len(items) == 10 and set(first) == set(products)
+    assert " products=10 written=10 succeeded=10 " in report and " reused=0 " in report
+
+    # Day 2: two products changed (price, name), one removed, one added; fired twice.
+    products["p1"] = ("Lamp 1", "99.00")
+    products["p2"] = ("Desk lamp 2", "12.00")
+    del products["p3"]
+    products["p10"] = ("Lamp 10", "20.00")
+    _write_catalog(tmp_path / "catalog.csv", products)
+    calls_before = _sim_calls(simulator)
+    assert (
+        nightly.apply(kwargs={"day": days[1].isoformat()}).get()
+        == nightly.apply(kwargs={"day": days[1].isoformat()}).get()
+    )
+    second, report, items = _day_run(tmp_path, "lamps", days[1])
+    all_texts, _, all_items = _day_run(tmp_path, "lamps-all", days[1])
+    assert [i.custom_id for i in items] == ["p1", "p2", "p10"]
+    assert len(all_items) == 10 and set(all_texts) == set(products)  # the opt-out job: all
+    assert _sim_calls(simulator) - calls_before == 3 + 10  # nothing else reached the provider
+    # The calls' texts, then the reused ones in catalog order; p3 is forgotten.
+    assert list(second) == ["p1", "p2", "p10", "p0", "p4", "p5", "p6", "p7", "p8", "p9"]
+    with db.session_scope() as s:
+        known = s.scalars(select(NightlyProduct.product_id).where(NightlyProduct.job == "lamps"))
+        assert set(known) == set(products)
+    unchanged = set(products) - {"p1", "p2", "p10"}
+    assert {p: second[p] for p in unchanged} == {p: first[p] for p in unchanged}
+    assert {p: second[p] for p in ("p1", "p2", "p10")} == _answers(items)
+    cost = _cost(items)
+    assert cost > 0
+    assert " products=10 written=10 succeeded=3 failed=0 " in report
+    assert " reused=7 " in report and f" cost_usd={cost:.6f} " in report
+    with db.session_scope() as s:  # fired twice, submitted once
+        keys = s.scalars(
+            select(Batch.idempotency_key).where(Batch.idempotency_key.like(f"%:{days[1]}:%"))
+        ).all()
+    assert sorted(keys) == [f"nightly:lamps-all:{days[1]}:0", f"nightly:lamps:{days[1]}:0"]
+
+    # Day 3: p5 changed, and its call fails: it is left out of the output.
+    products["p5"] = ("Lamp 5", "55.00")
+    _write_catalog(tmp_path / "catalog.csv", products)
+    sim_config(simulator.base_url, fault_rate=1.0, fault_kinds=["status:400"])
+    try:
+        start_run(days[2], "lamps")
+        third, report, items = _day_run(tmp_path, "lamps", days[2])
+    finally:
+        sim_config(simulator.base_url, fault_rate=0.0)
+    assert [i.custom_id for i in items] == ["p5"] and set(third) == set(products) - {"p5"}
+    assert " products=10 written=9 succeeded=0 failed=1 " in report and " reused=9 " in report
+
+    # Day 4: nothing changed, but p5 has no description for its request: called again.
+    start_run(days[3], "lamps")
+    fourth, report, items = _day_run(tmp_path, "lamps", days[3])
+    assert [i.custom_id for i in items] == ["p5"] and set(fourth) == set(products)
+    assert fourth["p5"] == _answers(items)["p5"] and " reused=9 " in report
+
+    # Day 5: nothing to call: no batch, the output and the report all the same.
+    calls_before = _sim_calls(simulator)
+    assert start_run(days[4], "lamps") == {"lamps": []}
+    fifth, report, items = _day_run(tmp_path, "lamps", days[4])
+    assert items == [] and fifth == fourth and _sim_calls(simulator) == calls_before
+    assert report == (
+        f"nightly job=lamps date={days[4]} products=10 written=10 succeeded=0 failed=0 "
+        "expired=0 cancelled=0 rejected=0 reused=10 prompt_tokens=0 completion_tokens=0 "
+        "cost_usd=0.000000 batches="
+    )
+
+
+def test_overlapping_runs_never_serve_a_text_for_another_request(clean_db, tmp_path):
+    """Runs submitted before the previous one was collected, collected out of order: a
+    product's text is always the answer to the request it is served for, and a run's
+    reused texts are those it chose, whatever later runs store meanwhile."""
+    from batchgen.errors import Conflict, IdempotencyKeyReused
+    from batchgen.nightly.reuse import record
+    from batchgen.store import nightly as store
+    from batchgen.store.schema import NightlyProduct
+
+    make_tenant("acme")
+    job = Job(
+        name="j", tenant="acme", model="m", catalog=tmp_path / "c.csv", output=tmp_path / "o.csv"
+    )
+    d1, d2, d3, d4, d5 = (dt.date(2030, 3, d) for d in range(1, 6))
+
+    def run(day, planned):  # submit: returns the reused products
+        with db.session_scope() as s:
+            key = store.RunKey.find(s, "acme", "j", day)
+            return set(store.record_run(s, key, list(planned.items()), list(planned))[0])
+
+    def collect(day, texts):  # collect: returns the output rows
+        with db.session_scope() as s:
+            key = store.RunKey.find(s, "acme", "j", day)
+            store.store_descriptions(s, key, list(texts.items()))
+            out = {**texts, **dict(store.reused_descriptions(s, key))}
+            store.close_run(s, key)
+        return out
+
+    def stored():
+        with db.session_scope() as s:
+            rows = s.execute(select(NightlyProduct).order_by(NightlyProduct.product_id)).scalars()
+            return {r.product_id: (r.request_sha256, r.description, r.pending_on) for r in rows}
+
+    assert run(d1, {"a": "h1", "b": "hb"}) == set()
+    assert run(d2, {"a": "h2", "b": "hb"}) == set()  # before d1 is collected: all again
+    collect(d1, {"a": "A1", "b": "B1"})  # both are pending on d2: nothing stored
+    assert stored() == {"a": (None, None, d2), "b": (None, None, d2)}
+    collect(d2, {"a": "A2", "b": "B2"})
+    assert stored() == {"a": ("h2", "A2", d2), "b": ("hb", "B2", d2)}
+    assert run(d3, {"a": "h1", "b": "hb"}) == {"b"}  # a is back to d1's request: called
+    assert run(d4, {"a": "h1", "b": "hb2"}) == set()  # d3 not collected yet
+    assert collect(d4, {"a": "A4", "b": "B4"}) == {"a": "A4", "b": "B4"}
+    assert collect(d3, {"a": "A3"}) == {"a": "A3", "b": "B2"}  # b as d3 chose it
+    assert stored() == {"a": ("h1", "A4", d4), "b": ("hb2", "B4", d4)}
+
+    assert run(d3, {"a": "h1", "b": "hb"}) == {"b"}  # fired again: the same choice ...
+    assert stored()["a"][2] == d4  # ... and d4's pending request stays
+    with pytest.raises(IdempotencyKeyReused, match="'b' changed"):
+        record(job, d3, {"a": "h1", "b": "hb3"}, [])
+    assert run(d5, {"a": "h1", "b": "hb2"}) == {"a", "b"}
+    collect(d5, {})  # drops the reused texts of d3 (and d4): their runs are closed
+    with pytest.raises(Conflict, match="closed"):
+        run(d3, {"a": "h1", "b": "hb"})
+    with db.session_scope() as s, pytest.raises(Conflict, match="closed"):  # nor collected
+        store.recorded_reuse(s, store.RunKey.find(s, "acme", "j", d3))
+    with db.session_scope() as s:
+        assert store.recorded_reuse(s, store.RunKey.find(s, "acme", "j", d5)) == 2
+        assert store.recorded_reuse(s, store.RunKey.find(s, "acme", "j", d4)) == 0
+        assert store.recorded_reuse(s, store.RunKey.find(s, "acme", "x", d5)) is None

@@ -75,6 +75,10 @@
 --       then five for each deployment: tokens_limit, requests_limit, shape
 --       ('window' | 'bucket'), slot limit, avoided ('1': the item's last call failed
 --       there).
+-- then, last of all (read from the end, apart from the rest): KEYS[#KEYS] the model's
+--   recent-calls mark (string, with a TTL of recent_s from a sync call's last entry);
+--   ARGV[#ARGV - 1] the calls' reserve of the model's slots (0 = none; at most the
+--   slot limit less one), ARGV[#ARGV] recent_s.
 -- Returns {status, wait_ms, reason, tokens, prompt_part, countdown_s, held, deployment}:
 -- status 1 granted on deployment (1-based; tokens reserved, of which prompt_part is
 -- the scaled prompt; held: 1 if the reservation was on the books before this call,
@@ -104,6 +108,8 @@ local tenant_key, share = ARGV[22] or '', tonumber(ARGV[23]) or 0
 local demand_entry, demand_ttl = ARGV[24] or '', tonumber(ARGV[25]) or 0
 local tenant_log, tenant_amounts, counters = KEYS[1], KEYS[2], KEYS[3]
 local callers, holders, demand, slots = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local calls_seen = KEYS[#KEYS]
+local reserve, recent_s = tonumber(ARGV[#ARGV - 1]) or 0, tonumber(ARGV[#ARGV]) or 0
 
 -- The deployments, in the registry's order.
 local pool = {}
@@ -130,17 +136,31 @@ local slot_now = slot_limit > 0 and clock() or 0
 -- before it): over it, the call neither takes a slot nor claims the next one
 -- (another tenant's work gets it). Holders whose lease ended no longer count.
 local function tenant_of(key) return string.match(key, '^([^:]*)') end
-if slot_limit > 0 and urgent and tenant_key ~= '' and share > 0
-        and not redis.call('ZSCORE', slots, id) then
-    local mine, held = tenant_of(tenant_key), 0
+local function is_call(key) return string.sub(key, -5) == ':call' end
+-- The holders' 'tenant:weight[:call]' whose slot lease has not ended (the others are
+-- dropped from the hash).
+local function live_holders()
+    local live = {}
     local entries = redis.call('HGETALL', holders)
     for i = 1, #entries, 2 do
         local lease = redis.call('ZSCORE', slots, entries[i])
         if not lease or tonumber(lease) <= slot_now then
             redis.call('HDEL', holders, entries[i])
-        elseif tenant_of(entries[i + 1]) == mine and string.sub(entries[i + 1], -5) == ':call' then
-            held = held + 1
+        else
+            live[#live + 1] = entries[i + 1]
         end
+    end
+    return live
+end
+-- The calls' reserve: a sync call marks the model as called recently (see below).
+if slot_limit > 0 and urgent and recent_s > 0 then
+    redis.call('SET', calls_seen, '1', 'PX', math.ceil(recent_s * 1000))
+end
+if slot_limit > 0 and urgent and tenant_key ~= '' and share > 0
+        and not redis.call('ZSCORE', slots, id) then
+    local mine, held = tenant_of(tenant_key), 0
+    for _, holder in ipairs(live_holders()) do
+        if tenant_of(holder) == mine and is_call(holder) then held = held + 1 end
     end
     if held >= share then
         redis.call('ZREM', callers, id)
@@ -162,15 +182,27 @@ local function slot_denied()
     if count >= 2 then redis.call('HINCRBY', counters, ARGV[16], 1) end
     return {2, 0, 'slot', 0, 0, ''}
 end
+-- The calls' reserve (app/domain/call_reserve.py slots_withheld): what other work
+-- leaves the sync calls. A slot for each call waiting (its claim) and, while a call
+-- entered in the last recent_s (the mark), the reserve less the slots calls hold: the
+-- next call starts at once behind a backlog. Without recent calls, nothing more.
+local function withheld_from_work(waiting)
+    if reserve <= 0 or redis.call('EXISTS', calls_seen) == 0 then return waiting end
+    local calls = 0
+    for _, holder in ipairs(live_holders()) do
+        if is_call(holder) then calls = calls + 1 end
+    end
+    return math.max(waiting, reserve - calls)
+end
 if slot_limit > 0 then
     redis.call('ZREMRANGEBYSCORE', callers, '-inf', slot_now)
-    local claimed = 0
+    local withheld = 0
     if urgent then
         redis.call('ZREM', callers, id)
     else
-        claimed = redis.call('ZCARD', callers)
+        withheld = withheld_from_work(redis.call('ZCARD', callers))
     end
-    if not slot_free(slots, id, slot_limit - claimed, slot_now) then return slot_denied() end
+    if not slot_free(slots, id, slot_limit - withheld, slot_now) then return slot_denied() end
 end
 -- Whether this id held its slot already (an earlier entry of the same attempt).
 local slot_held = slot_limit > 0 and redis.call('ZSCORE', slots, id) and 2 or 0

@@ -12,8 +12,8 @@
 - usage_ledger.tier: the price tier of the call (standard, flex, batch); the
   offline rows before this revision are ``batch``.
 
-Revision ID: 0015_routes
-Revises: 0014
+Revision ID: 0016_routes
+Revises: 0015
 """
 
 from collections.abc import Sequence
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0015_routes"
-down_revision: str | Sequence[str] | None = "0014"
+revision: str = "0016_routes"
+down_revision: str | Sequence[str] | None = "0015"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
