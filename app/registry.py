@@ -307,8 +307,10 @@ class ModelSpec(ProviderTarget):
     flex: FlexRoute | None = None
     # The shortest prompt prefix the provider caches (Anthropic: 1024 tokens for most
     # models, 2048 or 4096 for some; OpenAI: 1024): a shared prefix this long or longer
-    # is released together and, for Anthropic, marked with a cache breakpoint.
+    # is released together and, for Anthropic, marked with a cache breakpoint. False:
+    # neither (a server that does not cache, or refuses cache_control).
     prompt_cache_min_tokens: PositiveInt = 1024
+    prompt_cache: bool = True
     # The APIs the model serves (None: DEFAULT_ENDPOINTS of its provider kind); a request
     # to another is a 400 naming these.
     endpoints: tuple[Endpoint, ...] | None = None

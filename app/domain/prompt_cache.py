@@ -88,12 +88,15 @@ def key_of(model: str, prefix: Mapping[str, Any]) -> int:
 class PrefixKeys:
     """The prefix keys of one batch's items, as they are admitted.
 
-    ``min_tokens(model)`` and ``encoding(model)`` come from the registry. A prefix is
+    ``min_tokens(model)`` (None: the model keeps no keys) and ``encoding(model)`` come
+    from the registry. A prefix is
     counted once per batch, and no further than the minimum (a long system prompt
     costs the tokenizer the minimum, once). :meth:`singles` names, after the last item,
     the keys only one item has: the store clears them (nothing to share)."""
 
-    def __init__(self, min_tokens: Callable[[str], int], encoding: Callable[[str], str]) -> None:
+    def __init__(
+        self, min_tokens: Callable[[str], int | None], encoding: Callable[[str], str]
+    ) -> None:
         self._min_tokens = min_tokens
         self._encoding = encoding
         self._long: dict[int, bool] = {}
@@ -101,14 +104,14 @@ class PrefixKeys:
 
     def key(self, model: str, body: Mapping[str, Any], endpoint: str) -> int | None:
         """The item's prefix key, or None (no prefix, or one too short to be cached)."""
-        found = shared_prefix(body, endpoint)
-        if found is None:
+        need = self._min_tokens(model)
+        found = None if need is None else shared_prefix(body, endpoint)
+        if found is None or need is None:
             return None
         prefix, text = found
         key = key_of(model, prefix)
         long = self._long.get(key)
         if long is None:
-            need = self._min_tokens(model)
             # A token is at least one byte: a shorter text cannot reach the minimum.
             long = len(text.encode()) >= need and (
                 count_text(text, self._encoding(model), limit=need) >= need

@@ -90,6 +90,18 @@ def _has_cache_control(value: Any) -> bool:
     return False
 
 
+def _head_text(head: Mapping[str, Any]) -> str:
+    """The text of an Anthropic request's cached prefix: its system prompt's text and
+    its tools' definitions."""
+    system = head.get("system")
+    if isinstance(system, list):
+        system = "".join(b.get("text", "") for b in system if isinstance(b, Mapping))
+    tools = head.get("tools")
+    return (system if isinstance(system, str) else "") + (
+        json.dumps(tools, ensure_ascii=False, sort_keys=True) if tools else ""
+    )
+
+
 def _prefix_key(key: str, value: Any) -> str:
     canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(f"{key}\x00{canonical}".encode()).hexdigest()
@@ -160,8 +172,7 @@ class RichAnswer:
             if not _has_cache_control(self.body):
                 return 0, 0
             head = {"system": self.body.get("system"), "tools": self.body.get("tools")}
-            texts = json.dumps(head, ensure_ascii=False, sort_keys=True)  # not the key order
-            tokens = min(self.prompt - 1, max(1, count_text(texts, encoding)))
+            tokens = min(self.prompt - 1, max(1, count_text(_head_text(head), encoding)))
             if tokens < cache.min_tokens:  # too short to be cached: billed as plain input
                 return 0, 0
             if cache.use(scope, _prefix_key("anthropic", head)):

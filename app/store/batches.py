@@ -13,7 +13,7 @@ import itertools
 import json
 import re
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -157,6 +157,16 @@ def _routes(spec: ModelSpec) -> Routes:
         flex=None if spec.flex is None else FlexWindow.of(spec.flex),
         flex_on_request=spec.provider.value != "anthropic",
     )
+
+
+def _cache_min_tokens(registry: Registry) -> Callable[[str], int | None]:
+    """A model's shortest cached prefix (None: the model keeps no prefix keys)."""
+
+    def of(model: str) -> int | None:
+        spec = registry[model]
+        return spec.prompt_cache_min_tokens if spec.prompt_cache else None
+
+    return of
 
 
 def _check_route(
@@ -412,9 +422,7 @@ def store_batch(
     tokens_by_model: dict[str, int] = {}
     admitted: dict[str, list[int]] = {}
     keys = rounds.next_keys(session, tenant.id)
-    prefixes = PrefixKeys(
-        lambda m: registry[m].prompt_cache_min_tokens, lambda m: registry[m].encoding
-    )
+    prefixes = PrefixKeys(_cache_min_tokens(registry), lambda m: registry[m].encoding)
     rows = _item_rows(drafts, batch, tenant.id, tokens_by_model, admitted, registry, keys, prefixes)
     total = _copy_items(session, rows)
     items.clear_prefix_keys(session, batch.id, prefixes.singles())

@@ -86,6 +86,9 @@ def test_keys_only_for_prefixes_long_enough_each_counted_once(monkeypatch):
     alone = keys.key("m", chat("a sofa", system=GUIDE + " Sofas only."), CHAT_COMPLETIONS)
     assert alone is not None and keys.singles() == [alone]
     assert keys.counts[first] == 2
+    # A model with prompt_cache = false keeps no keys.
+    off = PrefixKeys(lambda model: None, lambda model: "cl100k_base")
+    assert off.key("m", chat("a chair"), CHAT_COMPLETIONS) is None
 
 
 def test_a_breakpoint_goes_on_the_system_prompt_where_the_request_has_none():
