@@ -16,6 +16,7 @@ from bench.harness import servers, simulator_process, start_celery_worker, wait_
 from bench.nightly_prompt import TEMPLATE, brand_guidelines, write_catalog
 
 WORKERS, THREADS = 2, 16
+PART_LINES = 5_000
 YESTERDAY, TONIGHT = dt.date(2026, 12, 1), dt.date(2026, 12, 2)
 # Both models offer the Batch API (an hour's turnaround expected: too slow for the
 # window), each at its provider's prices; the OpenAI one offers flex, the Anthropic one
@@ -208,6 +209,9 @@ def run_nightly(args: argparse.Namespace) -> None:
             "BATCHGEN_MODELS_FILE": str(models_file),
             "BATCHGEN_SIMULATOR_KEY": "bench",
             "BATCHGEN_DATA_DIR": str(workdir / "data"),
+            # 10 000 prompts of 6.6 kB are more text than one submit may hand the
+            # tokenizer (BATCHGEN_MAX_TOKENIZE_BYTES, 64 MiB): the job goes in parts.
+            "BATCHGEN_MAX_BATCH_LINES": str(PART_LINES),
             "DATABASE_URL": os.environ["DATABASE_URL"],
             "REDIS_URL": os.environ.get("REDIS_URL", get_settings().redis_url or ""),
             "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL", get_settings().broker_url),
@@ -283,7 +287,7 @@ def _print(args: argparse.Namespace, system: str, prices: str, runs: dict[str, N
         f"night), window {args.nightly_window}; prompt: brand guidelines of "
         f"{count_text(system, 'cl100k_base')} tokens as the system prompt + a short product "
         f"template, answers of {standard.completion_tokens / calls:.0f} tokens on average; "
-        f"{prices}{flex if 'flex at' in prices else ''}"
+        f"{prices}{flex if 'flex at' in prices else ''}; in batches of {PART_LINES} lines"
     )
     print(
         f"{'':17}{'cost $':>11}{'time s':>8}{'reused':>8}{'standard':>9}{'flex':>7}"

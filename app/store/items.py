@@ -547,6 +547,7 @@ class Waiting:
     deadline_at: dt.datetime
     offload: str  # its batch's mode
     endpoint: str  # its batch's endpoint
+    prefix_key: int | None = None  # the prompt prefix it shares with others (if any)
 
 
 def offload_waiting(session: Session, model: str, limit: int) -> list[Waiting]:
@@ -555,7 +556,7 @@ def offload_waiting(session: Session, model: str, limit: int) -> list[Waiting]:
         text(
             """
             SELECT i.id, i.batch_id, i.body, i.prompt_tokens_est, i.max_tokens,
-                   i.deadline_at, b.offload, b.endpoint
+                   i.deadline_at, b.offload, b.endpoint, i.prefix_key
             FROM items AS i JOIN batches AS b ON b.id = i.batch_id
             WHERE i.model = :model AND i.status = 'offloaded' AND i.job_id IS NULL
             ORDER BY i.batch_id, i.id
@@ -574,6 +575,7 @@ def offload_waiting(session: Session, model: str, limit: int) -> list[Waiting]:
             deadline_at=r.deadline_at,
             offload=r.offload,
             endpoint=r.endpoint,
+            prefix_key=r.prefix_key,
         )
         for r in rows
     ]
