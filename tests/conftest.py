@@ -144,8 +144,15 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
         stack.callback(embedded.drop_database, server_url, name)
         stack.enter_context(_environment(DATABASE_URL=db_url, REDIS_URL=redis_url))
         stack.callback(lambda: db.get_engine().dispose())
+        stack.callback(_close_call_waiters)  # before the servers stop (callbacks run LIFO)
         db.upgrade()
         yield {"DATABASE_URL": db_url, "REDIS_URL": redis_url, "server_url": server_url}
+
+
+def _close_call_waiters() -> None:
+    from batchgen.worker.calls import close_call_waiters
+
+    close_call_waiters()
 
 
 @contextlib.contextmanager

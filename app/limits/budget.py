@@ -406,6 +406,7 @@ class Budget:
                 keys.counters(spec.name),
                 keys.slots(spec.name),
                 keys.breaker(key),
+                keys.slot_tenants(spec.name),
             ],
             args=[
                 reservation_id,

@@ -31,6 +31,7 @@ class Slots:
         pipe = self.client.pipeline(transaction=False)
         for name in names:
             pipe.zrem(keys.slots(name), holder)
+        pipe.hdel(keys.slot_tenants(model), holder)
         pipe.execute()
 
     def held(self, model: str) -> int:

@@ -2,16 +2,16 @@
 Message Batches, with a turnaround, per-row errors, expiry, job failure and an
 enqueued-token limit (runtime settings ``batch_*`` of :class:`SimulatorConfig`).
 
-A job's state follows from the clock, read when it is asked for: it is
-``in_progress`` from its creation until ``batch_turnaround_s`` have passed, then
-ends ``completed`` (``expired`` with ``batch_expire``), every row answered as the
-chat endpoint would answer it (the same text, the same usage) except a seeded
-share ``batch_row_error_rate`` of rows, which fail (OpenAI: a 500 row in the
-error file; Anthropic: an ``errored`` result). An expired job answers no row: they
-are ``batch_expired`` / ``expired``. Rows finish one after another over the
-turnaround, so a cancelled job (it ends at once) keeps the rows it had finished;
-the rest are ``batch_cancelled`` / ``canceled``. A job whose enqueued tokens (prompt + max_tokens
-of its rows, beside the other open jobs of the same key and model) exceed
+A job's state follows from the clock, read when it is asked for: it is ``in_progress``
+from its creation until ``batch_turnaround_s`` have passed, then ends ``completed``
+(``expired`` with ``batch_expire``), every row answered as the chat endpoint would
+answer it (the same text, the same usage) except exactly the share
+``batch_row_error_rate`` of rows (rounded; at seeded places), which fail (OpenAI: a 500
+row in the error file; Anthropic: an ``errored`` result). An expired job answers no row:
+they are ``batch_expired`` / ``expired``. Rows finish one after another over the
+turnaround, so a cancelled job (it ends at once) keeps the rows it had finished; the
+rest are ``batch_cancelled`` / ``canceled``. A job whose enqueued tokens (prompt +
+max_tokens of its rows, beside the other open jobs of the same key and model) exceed
 ``batch_enqueued_tokens_limit`` fails at creation (OpenAI: ``failed`` with
 ``token_limit_exceeded``; Anthropic: a 429). ``batch_fail`` fails every new job.
 ``batch_create_delay_s`` answers a create that long after the job exists.
@@ -167,8 +167,11 @@ def _new_job(
     config = state.config
     job.expire = config.batch_expire
     job.turnaround_s = config.batch_turnaround_s
+    # Exactly the share's rows (rounded), at seeded places: a test of a partly failed
+    # job always has both kinds when the share and the rows allow it.
     rng = random.Random(f"{config.seed}:{job.id}")
-    job.row_errors = {i for i in range(len(rows)) if rng.random() < config.batch_row_error_rate}
+    errored = round(config.batch_row_error_rate * len(rows))
+    job.row_errors = set(rng.sample(range(len(rows)), errored))
     job.enqueued_tokens = sum(_tokens(r, state) for r in rows)
     limit = config.batch_enqueued_tokens_limit
     models = {r["model"] for r in rows}

@@ -41,6 +41,8 @@ from batchgen.store.schema import Batch, Item, Result, Tenant
 log = logging.getLogger(__name__)
 CHANNEL = "batchgen_call_done"
 RECONNECT_S = 1.0
+# How often the listener looks up from its notifications to see whether it was closed.
+CLOSE_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,7 @@ class CallWaiter:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._listening = threading.Event()
+        self._closed = threading.Event()
 
     def _start(self) -> None:
         with self._lock:
@@ -161,19 +164,28 @@ class CallWaiter:
                 self._thread.start()
 
     def _listen(self) -> None:
-        while True:
+        while not self._closed.is_set():
             try:
                 with psycopg.connect(
                     self.dsn, autocommit=True, application_name=listener_name(os.getpid())
                 ) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._listening.set()
-                    for note in conn.notifies():
-                        self._wake(note.payload)
+                    while not self._closed.is_set():
+                        for note in conn.notifies(timeout=CLOSE_CHECK_S):
+                            self._wake(note.payload)
             except Exception as exc:  # the connection went away: waiters poll meanwhile
                 self._listening.clear()
+                if self._closed.is_set():
+                    return
                 log.warning("call listener: %s; listening again", type(exc).__name__)
-                threading.Event().wait(RECONNECT_S)
+                self._closed.wait(RECONNECT_S)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop listening (its connection closed) before the database goes away."""
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
 
     def _wake(self, payload: str) -> None:
         try:

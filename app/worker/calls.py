@@ -62,6 +62,15 @@ def call_waiter() -> CallWaiter:
         return _waiters[url]
 
 
+def close_call_waiters() -> None:
+    """Stop the process's listeners for the ends of calls (before its database stops)."""
+    with _waiters_lock:
+        waiters = list(_waiters.values())
+        _waiters.clear()
+    for waiter in waiters:
+        waiter.close()
+
+
 def redis_unavailable() -> Unavailable:
     return Unavailable(
         "redis_unavailable",

@@ -59,6 +59,30 @@ def test_a_tenant_at_its_share_leaves_the_freed_slot_to_another(clean_db):
     assert isinstance(gate.enter(s, _Ticket(3, tenant_id=1)), Pass)  # alone: both
 
 
+class _BulkTicket(_Ticket):
+    urgent = False
+
+
+def test_a_released_slot_leaves_no_holder_behind(clean_db):
+    """The tenants of a model's slot holders (what the calls' shares count) lose each
+    holder when its slot is released: a long backlog without calls leaves the hash as
+    small as the slots held, not one entry per item that ever ran."""
+    from batchgen.config import Settings
+    from batchgen.limits import redis_keys as keys
+    from batchgen.limits.gate import Gate, Pass
+    from tests.integration.test_budget import spec
+
+    gate = Gate(get_redis(), Settings(slot_wait_s=0.0, call_reserved_slots=0))
+    s = spec(tpm=1_000_000, rpm=1000, key="holders")  # two slots
+    for n in range(1, 21):  # twenty items, one after another
+        entered = gate.enter(s, _BulkTicket(n, tenant_id=1 + n % 3))
+        assert isinstance(entered, Pass)
+        gate.settle(s, entered, 1, 10)  # type: ignore[arg-type]
+    held = gate.enter(s, _BulkTicket(99, tenant_id=1))
+    assert isinstance(held, Pass)
+    assert get_redis().hkeys(keys.slot_tenants(s.name)) == [held.reservation_id.encode()]
+
+
 def test_batch_work_denied_a_slot_shrinks_a_flooding_tenants_share(clean_db):
     """Tenant 1's calls hold both slots; tenant 2's batch item, denied a slot, asks for
     one: when a slot frees, tenant 1's waiting call is held to its share (one) and

@@ -439,7 +439,11 @@ def test_lean_http_and_the_sdk_agree(
     assert lean_http.endpoint(sdk_client(spec.base_url, spec.api_key()), True) is not None
     lean = _outcome(spec, fault)
     _sdk_path_only(monkeypatch)
-    assert _outcome(spec, fault) == lean
+    sdk = _outcome(spec, fault)
+    if fault is None:  # the resets count down between the two calls: to the second
+        assert sdk[-2:] == pytest.approx(lean[-2:], abs=1.0)
+        lean, sdk = lean[:-2], sdk[:-2]
+    assert sdk == lean
 
 
 def test_lean_http_refused_connection_is_not_billed(monkeypatch: pytest.MonkeyPatch) -> None:

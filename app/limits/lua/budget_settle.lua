@@ -36,6 +36,7 @@
 -- KEYS[11] the model's slots (every deployment's holders; KEYS[9] for a model of one)
 -- KEYS[12] the deployment's circuit breaker (hash: n failures in the window since
 --          `since`, `trips` in a row without a success)
+-- KEYS[13] the model's slot holders' tenants (hash: holder -> tenant, for the shares)
 -- ARGV: 1 id, 2 shape, 3 action ('reconcile' | 'release' | ''), 4 new_tokens,
 --       5 charged_rest ('' = new_tokens in both shapes), 6 tokens_limit,
 --       7 requests_limit, 8 window_s, 9 guard_s, 10 now_s ('' = TIME),
@@ -87,6 +88,7 @@ local token_rate, request_rate = tokens_limit / window_s, requests_limit / windo
 if ARGV[24] == '1' then
     redis.call('ZREM', KEYS[9], id)
     if KEYS[11] ~= KEYS[9] then redis.call('ZREM', KEYS[11], id) end
+    redis.call('HDEL', KEYS[13], id)  -- else it waits for a call's entry to prune it
 end
 local cooldown_left = 0
 if cooldown_ms > 0 then cooldown_left = extend_cooldown(cooldown_key, cooldown_ms) end
