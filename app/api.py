@@ -51,6 +51,7 @@ from batchgen.domain import calls as call_rules
 from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES, unknown_path
 from batchgen.domain.message_batches import MESSAGES
 from batchgen.domain.offload import OffloadMode, parse_offload
+from batchgen.domain.routes import RouteMode, parse_route
 from batchgen.domain.status import Priority, parse_priority
 from batchgen.errors import (
     BatchgenError,
@@ -131,6 +132,7 @@ def _submit_options() -> SubmitOptions:
         priority=priority,
         endpoint=args.get("endpoint"),
         offload=parse_offload(args.get("offload")),
+        route=parse_route(args.get("route")),
         on_finished=args.get("on_finished"),
         on_finished_queue=args.get("on_finished_queue"),
         webhook_url=args.get("webhook_url"),
@@ -157,7 +159,7 @@ def _file_batch_request() -> dict[str, Any] | None:
 
 
 def _create_from_file(tenant: Tenant, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    extra = {k: body[k] for k in ("priority", "offload") if k in body}
+    extra = {k: body[k] for k in ("priority", "offload", "route") if k in body}
     told = {k: body.get(k, request.args.get(k)) for k in python_api.TOLD}
     for key in ("input_file_id", "endpoint", "completion_window"):
         if key in body and not isinstance(body[key], str):
@@ -174,6 +176,7 @@ def _create_from_file(tenant: Tenant, body: dict[str, Any]) -> tuple[dict[str, A
         idempotency_key=request.headers.get("Idempotency-Key"),
         priority=extra.get("priority", request.args.get("priority")),
         offload=extra.get("offload", request.args.get("offload", OffloadMode.AUTO)),
+        route=extra.get("route", request.args.get("route", RouteMode.AUTO)),
         **told,
     )
 
@@ -344,6 +347,7 @@ def create_message_batch() -> Response:
         idempotency_key=request.headers.get("Idempotency-Key"),
         priority=body.get("priority"),
         offload=body.get("offload", OffloadMode.AUTO),
+        route=body.get("route", RouteMode.AUTO),
         **{k: body.get(k) for k in python_api.TOLD},
     )
     response = jsonify(described)

@@ -20,6 +20,7 @@
 └── ``ProviderError``          a provider call failed
     ├── ``TransientProviderError``   retry with backoff (408, 409, 5xx, reset, timeout)
     │   ├── ``RateLimited``          429, carries retry-after
+    │   ├── ``FlexUnavailable``      429 "resource unavailable": a flex call refused
     │   └── ``MalformedResponse``    an unreadable answer (transient: retried)
     ├── ``PermanentProviderError``   fail the item (400, 401, 403, 404, 422)
     │   └── ``ContextLengthExceeded``
@@ -214,6 +215,21 @@ class RateLimited(TransientProviderError):
         super().__init__(message, status=status)
         self.retry_after_s = retry_after_s
         self.rate_limits = rate_limits
+
+
+class FlexUnavailable(TransientProviderError):
+    """A flex call refused with 429 "resource unavailable" (OpenAI's flex tier is busy).
+
+    Not a rate limit: the account's limits are not full, so it starts no cooldown, and
+    not a failure: it uses none of the item's attempts. Never billed. What follows is
+    :func:`batchgen.domain.routes.after_flex_refusal`'s decision (flex again after a
+    wait, or a standard call in time)."""
+
+    kind = "flex_unavailable"
+
+    def __init__(self, message: str, *, status: int | None = 429, retry_after_s: float | None):
+        super().__init__(message, status=status, billed=False)
+        self.retry_after_s = retry_after_s
 
 
 class PermanentProviderError(ProviderError):

@@ -28,6 +28,7 @@ from batchgen.domain.deadlines import parse_duration_s
 from batchgen.domain.endpoints import BATCH_ENDPOINTS, unknown_endpoint
 from batchgen.domain.notifications import retry_delay_s
 from batchgen.domain.offload import OffloadMode, parse_offload
+from batchgen.domain.routes import RouteMode, parse_route
 from batchgen.domain.status import Priority, parse_priority, sdk_priority
 from batchgen.errors import (
     ClientError,
@@ -167,6 +168,7 @@ def submit_batch(
     idempotency_key: str | None = None,
     priority: Priority | str = Priority.INTERACTIVE,
     offload: OffloadMode | str = OffloadMode.AUTO,
+    route: RouteMode | str = RouteMode.AUTO,
     on_finished: str | None = None,
     on_finished_queue: str | None = None,
     webhook_url: str | None = None,
@@ -181,6 +183,10 @@ def submit_batch(
     request, :class:`~batchgen.errors.IdempotencyKeyReused` (422) is raised.
     ``offload``: may bulk items go to the provider's own Batch API (``auto``, the
     default, when the model offloads and the deadline allows; ``never``; ``always``).
+    ``route``: the routes its items may take (``auto``, the default: by deadline and
+    priority, standard calls for near deadlines, flex calls where the model offers them
+    and the deadline leaves room, the provider's Batch API for the rest; ``standard``;
+    ``flex``; ``batch``: see docs/offload.md).
     When the batch ends, ``on_finished`` (a Celery task name of the host's, sent to
     ``on_finished_queue``, default ``celery``) is called with the batch id, its status
     and counts (the operator lists the task names and queues a submit may name:
@@ -196,6 +202,7 @@ def submit_batch(
         idempotency_key=idempotency_key,
         priority=parse_priority(priority),
         offload=parse_offload(offload),
+        route=parse_route(route),
         on_finished=on_finished,
         on_finished_queue=on_finished_queue,
         webhook_url=webhook_url,
@@ -405,6 +412,7 @@ def create_batch(
     idempotency_key: str | None = None,
     priority: Priority | str | None = None,
     offload: OffloadMode | str = OffloadMode.AUTO,
+    route: RouteMode | str = RouteMode.AUTO,
     **told: str | None,
 ) -> tuple[dict[str, Any], bool]:
     """A batch of the requests of an uploaded file (``client.batches.create``); returns
@@ -423,6 +431,7 @@ def create_batch(
         input_file_id=input_file_id,
         endpoint=endpoint,
         offload=parse_offload(offload),
+        route=parse_route(route),
         on_finished=_told(told).get("on_finished"),
         on_finished_queue=told.get("on_finished_queue"),
         webhook_url=told.get("webhook_url"),
@@ -456,6 +465,7 @@ def create_message_batch(
     completion_window: str | float | None = None,
     metadata: dict[str, Any] | None = None,
     offload: OffloadMode | str = OffloadMode.AUTO,
+    route: RouteMode | str = RouteMode.AUTO,
     **told: str | None,
 ) -> tuple[dict[str, Any], bool]:
     """A batch of Message Batch requests (``client.messages.batches.create``), stored
@@ -478,6 +488,7 @@ def create_message_batch(
         priority=chosen,
         endpoint=message_batches.MESSAGES,
         offload=parse_offload(offload),
+        route=parse_route(route),
         on_finished=_told(told).get("on_finished"),
         on_finished_queue=told.get("on_finished_queue"),
         webhook_url=told.get("webhook_url"),

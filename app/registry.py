@@ -136,6 +136,31 @@ class OfflineRoute(BaseModel):
     output_usd_per_1m: float | None = Field(default=None, ge=0)
 
 
+class FlexRoute(BaseModel):
+    """A model's flex route (``[models."<name>".flex]``): OpenAI's ``service_tier:
+    "flex"``, synchronous calls at the batch prices, slower, and refused with a 429
+    "resource unavailable" when the provider is busy. The table turns it on (an empty
+    one takes the defaults); the rules that send an item there, and back to standard
+    calls in time, are in :mod:`batchgen.domain.routes`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # How long a flex answer typically takes: a flex call starts only while the deadline
+    # leaves this and ``fallback_s``.
+    latency_s: PositiveFloat = 60.0
+    # The most one flex call may take (OpenAI advises raising the SDK's timeout to 15
+    # minutes); it is cut so that ``fallback_s`` is always left.
+    timeout_s: PositiveFloat = 900.0
+    # Time always kept back before the deadline to run the item as a standard call.
+    fallback_s: float = Field(default=300.0, ge=0)
+    # The wait after a refusal without a retry-after (doubling, with jitter, up to
+    # ``retry_max_s``), and the refusals after which the item runs standard.
+    retry_s: PositiveFloat = 5.0
+    retry_max_s: PositiveFloat = 120.0
+    max_refusals: PositiveInt = 5
+
+
 # The implicit deployment of a model that declares none (its own fields are its one
 # deployment's, its budget and slots keyed as they always were).
 DEFAULT_DEPLOYMENT = "default"
@@ -207,6 +232,9 @@ class Deployment(ProviderTarget):
     cache_write_usd_per_1m: float | None = Field(default=None, ge=0)
     reasoning_usd_per_1m: float | None = Field(default=None, ge=0)
     tiers: dict[Tier, TierPrices] | None = None
+    # False: this deployment serves no flex calls (its model's flex items run standard
+    # when the gate picks it).
+    flex: bool = True
 
 
 def _pool_fields(data: dict[str, object]) -> dict[str, object]:
@@ -275,6 +303,14 @@ class ModelSpec(ProviderTarget):
     # The provider's Batch API for bulk work whose deadline allows it (half price).
     offload: bool = False
     offline: OfflineRoute = OfflineRoute()
+    # OpenAI's flex tier for work whose deadline allows it (None: not offered).
+    flex: FlexRoute | None = None
+    # The shortest prompt prefix the provider caches (Anthropic: 1024 tokens for most
+    # models, 2048 or 4096 for some; OpenAI: 1024): a shared prefix this long or longer
+    # is released together and, for Anthropic, marked with a cache breakpoint. False:
+    # neither (a server that does not cache, or refuses cache_control).
+    prompt_cache_min_tokens: PositiveInt = 1024
+    prompt_cache: bool = True
     # The APIs the model serves (None: DEFAULT_ENDPOINTS of its provider kind); a request
     # to another is a 400 naming these.
     endpoints: tuple[Endpoint, ...] | None = None
@@ -295,6 +331,8 @@ class ModelSpec(ProviderTarget):
             raise ValueError("max_output_tokens: required by a model that serves chat or responses")
         if self.dimensions is None and Endpoint.EMBEDDINGS in served:
             raise ValueError("dimensions: required for a model that serves /v1/embeddings")
+        if self.flex is not None and self.provider is ProviderKind.ANTHROPIC:
+            raise ValueError("flex: OpenAI's service tier; an anthropic model has none")
         return self
 
     @property
@@ -362,7 +400,14 @@ class ModelSpec(ProviderTarget):
         if d.tiers is not None:
             update["tiers"] = d.tiers
         update["deployments"] = (d,)
+        if not d.flex:
+            update["flex"] = None
         return self.model_copy(update=update)
+
+    @property
+    def offers_flex(self) -> bool:
+        """The model (as this view's deployments serve it) takes flex calls."""
+        return self.flex is not None
 
     @property
     def offline_route(self) -> OfflineRoute | None:

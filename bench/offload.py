@@ -1,4 +1,10 @@
-"""Offloading a nightly description run to the provider's Batch API: cost and time of
+"""The cost of nightly description runs by route: the provider's Batch API, flex calls,
+prompt caching and incremental reruns, each beside the online-standard run.
+
+``--scenario offload`` (the first part, below); ``--scenario nightly`` (the second,
+run by bench/nightly_costs.py); ``all`` (the default) runs both.
+
+Offloading a nightly description run to the provider's Batch API: cost and time of
 the same run online only and with ``offload = auto``, side by side in one run.
 
 Set-up: PostgreSQL and Redis (embedded, or the given ``DATABASE_URL`` / ``REDIS_URL``
@@ -22,6 +28,32 @@ fell back online (a row the provider errored), and whether every item finished
 inside its deadline. Target: cost (b) <= 0.55 x cost (a), every item in time.
 
     .venv/bin/python bench/offload.py [--items 10000] [--turnaround-s 60]
+
+Flex, caching and incremental reruns (``--scenario nightly``): a shop's nightly job
+of ``--items`` descriptions with a realistic prompt (bench/nightly_prompt.py: its brand
+guidelines, about 1 500 tokens, as the system prompt; a short product template; answers
+of 20 to 120 tokens), in a ``--nightly-window`` (1 h: too short for the Batch API's
+expected hour plus its fallback). For each ``--provider``: an OpenAI model priced as
+gpt-5-mini that offers flex (the simulator answers flex three times slower and
+refuses flex calls beyond ``--flex-capacity`` at once, 429 "resource unavailable"),
+and an Anthropic model priced as Claude Haiku 4.5 (no flex; its cache only where a
+request marks a breakpoint). The simulator's prompt cache keeps a prefix five minutes
+after its last use (OpenAI caches a repeated prefix by itself) and starts cold for
+each run (a night apart). Three runs per provider:
+
+  (1) yesterday: the job's first run on yesterday's catalog (its descriptions stored);
+  (2) the online-standard run of tonight's catalog, as batchgen ran it before:
+      ``route = "standard"``, ``incremental = false``, on the model's twin that keeps
+      no prompt prefix keys (``prompt_cache = false``: no breakpoint, no grouping);
+  (3) tonight: the same job as (1), ``route = "auto"`` and incremental, on tonight's
+      catalog, in which ``--unchanged`` products (2 000) are as they were.
+
+Reported: cost (3) / cost (2) (target <= 0.30x) and every item in its window; the
+reused products, the calls by tier, the flex refusals and the share of prompt tokens
+read from the cache, per run; and the cost per call made, which separates the route's
+and the cache's saving from the reuse's.
+
+    .venv/bin/python bench/offload.py --scenario nightly [--items 10000] [--unchanged 2000]
 """
 
 from __future__ import annotations
@@ -127,16 +159,7 @@ def run(job: object, timeout_s: float) -> dict[str, object]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--items", type=int, default=10_000)
-    parser.add_argument("--turnaround-s", type=float, default=60.0)
-    parser.add_argument("--expected-turnaround-s", type=float, default=600.0)
-    parser.add_argument("--row-error-rate", type=float, default=0.02)
-    parser.add_argument("--latency-ms", type=float, default=100.0)
-    parser.add_argument("--window", default="2h")
-    args = parser.parse_args()
-
+def run_offload(args: argparse.Namespace) -> None:
     from batchgen.config import get_settings
     from batchgen.nightly.jobs import Job
     from batchgen.store import db, tenants
@@ -231,6 +254,28 @@ def main() -> None:
     ratio = Decimal(auto["cost"]) / Decimal(online["cost"])  # type: ignore[arg-type]
     in_time = auto["late"] == 0 and online["late"] == 0
     print(f"cost auto / online only: {ratio:.3f}x (target <= 0.55x), every item in time: {in_time}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scenario", choices=("offload", "nightly", "all"), default="all")
+    parser.add_argument("--items", type=int, default=10_000)
+    parser.add_argument("--turnaround-s", type=float, default=60.0)
+    parser.add_argument("--expected-turnaround-s", type=float, default=600.0)
+    parser.add_argument("--row-error-rate", type=float, default=0.02)
+    parser.add_argument("--latency-ms", type=float, default=100.0)
+    parser.add_argument("--window", default="2h")
+    parser.add_argument("--unchanged", type=int, default=2_000)
+    parser.add_argument("--nightly-window", default="1h")
+    parser.add_argument("--flex-capacity", type=int, default=24)
+    parser.add_argument("--provider", choices=("openai", "anthropic", "both"), default="both")
+    args = parser.parse_args()
+    if args.scenario in ("offload", "all"):
+        run_offload(args)
+    if args.scenario in ("nightly", "all"):
+        from bench.nightly_costs import run_nightly
+
+        run_nightly(args)
 
 
 if __name__ == "__main__":

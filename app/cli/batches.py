@@ -20,6 +20,7 @@ from batchgen.atomic_files import replacing
 from batchgen.cli.common import console, err, fail, handled, print_json, progress, services
 from batchgen.domain import message_batches
 from batchgen.domain.offload import OffloadMode
+from batchgen.domain.routes import RouteMode
 from batchgen.domain.status import Priority
 
 TENANT = typer.Option(..., "--tenant", "-t", help="The tenant's name.")
@@ -111,6 +112,12 @@ def submit(
         help="auto: bulk items go to the provider's Batch API when the model offloads and "
         "the deadline allows; never; always.",
     ),
+    route: RouteMode = typer.Option(
+        RouteMode.AUTO,
+        help="auto: standard calls for near deadlines, flex calls where the model offers "
+        "them and the deadline leaves room, the provider's Batch API for the rest; "
+        "standard; flex; batch.",
+    ),
     metadata: str | None = typer.Option(None, help="A JSON object stored with the batch."),
     idempotency_key: str | None = typer.Option(None, help="Resubmitting returns the same batch."),
     wait: bool = typer.Option(
@@ -146,6 +153,7 @@ def submit(
                 idempotency_key=idempotency_key,
                 priority=priority,
                 offload=offload,
+                route=route,
             )
             batch = python_api.get_batch(created["id"], tenant=tenant)
         else:
@@ -159,6 +167,7 @@ def submit(
                     idempotency_key=idempotency_key,
                     priority=priority,
                     offload=offload,
+                    route=route,
                 )
         if wait:
             # Said before the wait: interrupted, the batch runs on and its id is known.

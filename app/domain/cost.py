@@ -153,11 +153,15 @@ def usage_of(prompt_tokens: int, completion_tokens: int, body: Mapping[str, Any]
     return TokenUsage(prompt_tokens, completion_tokens, cached, written, reasoning)
 
 
-def tier_of(offline: bool, body: Mapping[str, Any]) -> Tier:
-    """The tier a call was billed at: a provider Batch API job's rows at batch, an
-    answer that says ``service_tier: flex`` at flex, anything else at standard."""
+def tier_of(offline: bool, body: Mapping[str, Any], requested: Tier = Tier.STANDARD) -> Tier:
+    """The tier a call was billed at: a provider Batch API job's rows at batch; an
+    online answer at the tier it says it was served at (``service_tier``: ``flex``, any
+    other value standard), else at the ``requested`` one (the call's route)."""
     if offline:
         return Tier.BATCH
-    if isinstance(body, Mapping) and body.get("service_tier") == Tier.FLEX.value:
+    said = body.get("service_tier") if isinstance(body, Mapping) else None
+    if said == Tier.FLEX.value:
         return Tier.FLEX
-    return Tier.STANDARD
+    if isinstance(said, str) and said:
+        return Tier.STANDARD
+    return Tier.STANDARD if requested is Tier.BATCH else requested

@@ -23,14 +23,15 @@ whole ring when it is shorter, and then the items of the tenants served
 tenants, busy or idle.
 
 Within a tenant's share, the store picks the tenant's items (interactive before bulk,
-its open batches of one priority sharing: :mod:`batchgen.store.rounds`);
-:func:`order_picks` is where an order among one tenant's picks belongs.
+its open batches of one priority sharing: :mod:`batchgen.store.rounds`), and
+:func:`order_picks` orders them: the picks that share a cached prompt prefix go
+together, so the provider finds the prefix it has just cached.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -131,6 +132,8 @@ def plan_round(ring: Sequence[Member], turn: Turn, places: int, *, whole: bool) 
 # read_ring(start, limit): up to ``limit`` tenants with ready work in ring order from
 # ``start``, and whether that is all of them.
 RingReader = Callable[[int, int], tuple[list[Member], bool]]
+# group(pick): what a pick shares with others that should run together (None: nothing).
+Group = Callable[[T], Hashable | None]
 
 
 def run_round(
@@ -139,11 +142,13 @@ def run_round(
     turn: Turn,
     places: int,
     max_passes: int = MAX_PASSES,
+    group: Group[T] | None = None,
 ) -> tuple[list[T], Turn]:
     """One dispatch round: plan, take each tenant's items (``take({tenant: n})`` returns
     up to ``n`` picks of each, in the tenant's order), and give the places of tenants
     that ran out of ready work to the next ones. Returns the picks in release order
-    (:func:`interleave`) and where the ring stands for the next round."""
+    (:func:`interleave`, each tenant's picks :func:`order_picks` by ``group``) and where
+    the ring stands for the next round."""
     released: list[T] = []
     dry: set[int] = set()
     for _ in range(max_passes):
@@ -158,7 +163,7 @@ def run_round(
             break
         picks = take(plan.takes())
         got = {tenant: len(p) for tenant, p in picks.items()}
-        released.extend(interleave(plan.places, picks))
+        released.extend(interleave(plan.places, picks, group))
         places -= sum(got.values())
         turn = plan.next_turn(got)
         short = plan.short(got)
@@ -168,19 +173,29 @@ def run_round(
     return released, turn
 
 
-def order_picks(picks: list[T]) -> list[T]:
-    """The order in which one tenant's picks fill its places in a round. They come in
-    the store's order (interactive first, then the tenant's open batches of a priority
-    in turn); this is the place for an order of its own (say, picks that share a
-    cached prompt prefix together), which changes who runs first, never how many."""
-    return picks
+def order_picks(picks: list[T], group: Group[T] | None = None) -> list[T]:
+    """The order in which one tenant's picks fill its places in a round: the store's
+    order (interactive first, then the tenant's open batches of a priority in turn),
+    except that the picks of one ``group`` (those sharing a cached prompt prefix) go
+    together, where the first of them was. Picks of no group keep their places among
+    the groups. It changes who runs first, never how many."""
+    if group is None:
+        return picks
+    first: dict[Hashable, int] = {}
+    at: list[int] = []  # each pick's place: its own, or its group's first pick's
+    for index, pick in enumerate(picks):
+        key = group(pick)
+        at.append(index if key is None else first.setdefault(key, index))
+    return [picks[i] for i in sorted(range(len(picks)), key=lambda i: (at[i], i))]
 
 
-def interleave(places: Sequence[int], picks: Mapping[int, list[T]]) -> list[T]:
+def interleave(
+    places: Sequence[int], picks: Mapping[int, list[T]], group: Group[T] | None = None
+) -> list[T]:
     """The round's release order: each place takes the next of its tenant's picks
     (:func:`order_picks`); places whose tenant has no pick left stay empty."""
     queues: dict[int, Iterator[T]] = {
-        tenant: iter(order_picks(list(p))) for tenant, p in picks.items()
+        tenant: iter(order_picks(list(p), group)) for tenant, p in picks.items()
     }
     ordered: list[T] = []
     for tenant in places:

@@ -6,8 +6,9 @@ tokens and one request, see :mod:`batchgen.limits.budget`) is either
 * **reconciled** to what the provider charged when it answered (and the
   rate-limit headers of the answer are heard),
 * **released** in full when the provider cannot have counted the call (a 429,
-  whose rate-limit headers are heard too, a call cancelled before it was sent, a
-  request rejected before generating, a connect failure), or
+  whose rate-limit headers are heard too; a flex call refused as "resource
+  unavailable", with no cooldown: it says nothing of the limits; a call cancelled
+  before it was sent, a request rejected before generating, a connect failure), or
 * **kept** as it is when the provider may have counted it (a transient error
   after the request was sent, a call cancelled mid-answer): it ages out of the
   window by itself.
@@ -21,7 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from batchgen.errors import CallCancelled, PermanentProviderError, ProviderError, RateLimited
+from batchgen.errors import (
+    CallCancelled,
+    FlexUnavailable,
+    PermanentProviderError,
+    ProviderError,
+    RateLimited,
+)
 from batchgen.registry import ChargePolicy
 
 # How long a 429 without a (usable) retry-after closes the budget.
@@ -89,6 +96,10 @@ def decide_settlement(
     if answered:
         charged = charged_tokens(charge_policy, prompt_tokens, completion_tokens, max_tokens)
         return Settlement(SettleAction.RECONCILE, charged_tokens=charged, observe_rate_limits=True)
+    if isinstance(error, FlexUnavailable):
+        # The flex tier was busy: nothing was charged, and the account's limits are not
+        # full (no cooldown: standard calls and other flex calls may go on).
+        return Settlement(SettleAction.RELEASE)
     if isinstance(error, RateLimited):
         # Not admitted by the provider: nothing was charged, but it is full (and its
         # headers, when it sent any, say how full).

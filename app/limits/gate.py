@@ -81,8 +81,12 @@ class CallAnswer(Protocol):
 def running_lease_s(spec: ModelSpec, settings: Settings) -> float:
     """How long a running item (and its concurrency slot) stays ours. A streamed call
     may take up to twice its timeout (the SDK's timeout bounds each read, the stream
-    deadline is checked between chunks), so the lease covers both and a margin."""
-    return 2 * (spec.call_timeout_s or settings.call_timeout_s) + settings.running_lease_margin_s
+    deadline is checked between chunks), so the lease covers both and a margin. A model
+    with a flex route counts its flex calls' longer timeout."""
+    timeout_s = spec.call_timeout_s or settings.call_timeout_s
+    if spec.flex is not None:
+        timeout_s = max(timeout_s, spec.flex.timeout_s)
+    return 2 * timeout_s + settings.running_lease_margin_s
 
 
 @dataclass(frozen=True)

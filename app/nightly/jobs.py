@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 
 from batchgen.config import get_settings
 from batchgen.domain.offload import OffloadMode
+from batchgen.domain.routes import RouteMode
 from batchgen.errors import ConfigError, NotFound
 
 
@@ -56,6 +57,9 @@ class Job(BaseModel):
     # auto: to the provider's Batch API at the batch price when the model offloads and
     # the window allows (batchgen.domain.offload); never; always.
     offload: OffloadMode = OffloadMode.AUTO
+    # auto: standard, flex or the provider's Batch API by the window and the model's
+    # routes (batchgen.domain.routes); standard; flex; batch.
+    route: RouteMode = RouteMode.AUTO
     # A product whose request has not changed since its last description is served
     # that text, not called again (batchgen.nightly.runs); false: every run calls all.
     incremental: bool = True

@@ -64,6 +64,7 @@ def submit_job(job: Job, day: dt.date, settings: Settings | None = None) -> tupl
             idempotency_key=f"{job.key_prefix(day)}{part}",
             priority=Priority.BULK,
             offload=job.offload,
+            route=job.route,
         )
         ids.append(batch["id"])
     rejects_file = job.rejects_path(day)

@@ -27,6 +27,7 @@ import pydantic
 from batchgen.domain.answers import AnthropicMerge
 from batchgen.domain.endpoints import CHAT_COMPLETIONS
 from batchgen.domain.message_batches import NATIVE_PARAMS
+from batchgen.domain.prompt_cache import with_cache_breakpoint
 from batchgen.errors import MalformedResponse, PermanentProviderError, ProviderError
 from batchgen.providers.base import (
     ProviderRequest,
@@ -147,6 +148,8 @@ def native_params(request: ProviderRequest) -> dict[str, Any] | None:
     native = request.body.get(NATIVE_PARAMS)
     if not isinstance(native, dict):
         return None
+    if request.cache_prefix:
+        native = with_cache_breakpoint(native)
     extra = {k: v for k, v in native.items() if k not in (*_OWN_NATIVE, "messages", "max_tokens")}
     fields = {
         "messages": native["messages"],
@@ -157,11 +160,16 @@ def native_params(request: ProviderRequest) -> dict[str, Any] | None:
 
 
 def _params(request: ProviderRequest) -> dict[str, Any]:
-    """The body as Messages parameters (:func:`to_messages_request`) with the call's own."""
+    """The body as Messages parameters (:func:`to_messages_request`) with the call's own;
+    a prefix shared with other items (``request.cache_prefix``) marked for the
+    provider's cache where the request marks none."""
     native = native_params(request)
     if native is not None:
         return native
-    return chat_params(request, to_messages_request(request.body, _max_tokens(request)))
+    params = to_messages_request(request.body, _max_tokens(request))
+    if request.cache_prefix:
+        params = with_cache_breakpoint(params)
+    return chat_params(request, params)
 
 
 def finish_reason(stop_reason: str | None) -> str | None:

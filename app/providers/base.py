@@ -31,6 +31,7 @@ from batchgen.domain.tokens import count_text
 from batchgen.errors import (
     CallCancelled,
     ContextLengthExceeded,
+    FlexUnavailable,
     PermanentProviderError,
     ProviderError,
     RateLimited,
@@ -46,6 +47,10 @@ TRANSIENT_STATUSES = frozenset({408, 409})
 _CONTEXT_HINTS = re.compile(
     r"context[ _]length|context window|maximum context|prompt is too long", re.IGNORECASE
 )
+# OpenAI's flex tier refuses a busy call with 429 "Resource Unavailable" (its code, or
+# only its wording): not a rate limit of the account.
+FLEX_UNAVAILABLE_CODE = "resource_unavailable"
+_FLEX_UNAVAILABLE = re.compile(r"resource[ _]unavailable", re.IGNORECASE)
 _SAFE_CODE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 # Failures before any byte of the request was written, at the httpx layer and at
 # the httpcore layer under it (which the SDKs' chains end in), and urllib3's (the
@@ -69,6 +74,8 @@ class ProviderRequest:
     ``timeout_s`` bounds the whole call (for a stream: until the last chunk).
     ``cancel`` is checked before the call and between stream chunks.
     ``extra_headers`` are sent as they are (e.g. ``x-sim-fault`` in tests).
+    ``cache_prefix``: the prompt's prefix is shared with other requests (Anthropic:
+    :func:`batchgen.domain.prompt_cache.with_cache_breakpoint`).
     ``on_chunk``, for a stream, is handed each chunk as soon as it is read, in the
     form of the answer of record: OpenAI ``chat.completion.chunk`` objects, or the
     Anthropic events of a Messages request's own ``Message``.
@@ -83,6 +90,9 @@ class ProviderRequest:
     extra_headers: Mapping[str, str] | None = None
     endpoint: str = CHAT_COMPLETIONS
     on_chunk: Callable[[dict[str, Any]], None] | None = None
+    # The prompt's prefix is shared with other items (batchgen.domain.prompt_cache): an
+    # Anthropic call marks it for the provider's cache unless the request marks its own.
+    cache_prefix: bool = False
 
     def headers(self) -> dict[str, str]:
         """HTTP headers of the call: the item id plus ``extra_headers``."""
@@ -155,6 +165,10 @@ def classify_status(
     ``message`` becomes the error's message; ``provider_message`` (the
     provider's own text) is only inspected for context-length wording.
     """
+    if status == 429 and (
+        code == FLEX_UNAVAILABLE_CODE or _FLEX_UNAVAILABLE.search(provider_message or "")
+    ):
+        return FlexUnavailable(message, retry_after_s=parse_retry_after_s(dict(headers or {})))
     if status == 429:
         return RateLimited(
             message,

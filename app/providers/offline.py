@@ -32,6 +32,7 @@ import openai
 from batchgen.domain.admission import per_choice_max_tokens
 from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES
 from batchgen.domain.message_batches import NATIVE_PARAMS
+from batchgen.domain.prompt_cache import with_cache_breakpoint
 from batchgen.providers import anthropic as anthropic_adapter
 from batchgen.providers import openai as openai_adapter
 from batchgen.providers.base import ProviderResponse, safe_code
@@ -65,12 +66,14 @@ def is_native(custom: str) -> bool:
 @dataclass(frozen=True)
 class OfflineRow:
     """One request of a job: an item's body (OpenAI form), its reserved output tokens,
-    and the endpoint it goes to (every row of a job the same)."""
+    the endpoint it goes to (every row of a job the same), and whether its prompt's
+    prefix is shared with other items (an Anthropic row then marks it for the cache)."""
 
     item_id: int
     body: dict[str, Any]
     max_tokens: int
     endpoint: str = CHAT_COMPLETIONS
+    cache_prefix: bool = False
 
 
 class JobStatus(StrEnum):
@@ -274,6 +277,8 @@ class AnthropicJobs:
             native = row.body.get(NATIVE_PARAMS)
             if isinstance(native, dict):  # the Messages request as the caller sent it
                 params = {k: v for k, v in native.items() if k != "stream"}
+                if row.cache_prefix:
+                    params = with_cache_breakpoint(params)
                 requests.append(
                     {
                         "custom_id": custom_id(tag, row.item_id, native=True),
@@ -285,6 +290,8 @@ class AnthropicJobs:
                 row.body, per_choice_max_tokens(row.body, row.max_tokens)
             )
             extra = params.pop("extra_body", {})
+            if row.cache_prefix:
+                params = with_cache_breakpoint(params)
             requests.append(
                 {
                     "custom_id": custom_id(tag, row.item_id),

@@ -59,6 +59,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-enqueued-tokens", type=int, default=None, help="enqueued tokens per key and model"
     )
     p.add_argument(
+        "--flex-latency-factor",
+        type=float,
+        default=3.0,
+        help="a service_tier flex answer is this many times slower",
+    )
+    p.add_argument(
+        "--flex-max-in-flight",
+        type=int,
+        default=None,
+        help="flex calls in progress per deployment beyond which one is refused (429 "
+        "resource_unavailable); default: never busy",
+    )
+    p.add_argument(
+        "--flex-refusal-rate", type=float, default=0.0, help="share of flex calls refused anyway"
+    )
+    p.add_argument(
+        "--prompt-cache-ttl-s",
+        type=float,
+        default=300.0,
+        help="a prompt prefix stays cached this long after its last use (0: no caching)",
+    )
+    p.add_argument(
         "--deployment",
         action="append",
         default=[],
@@ -93,6 +115,10 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         batch_expire=args.batch_expire,
         batch_enqueued_tokens_limit=args.batch_enqueued_tokens,
         batch_create_delay_s=args.batch_create_delay_s,
+        flex_latency_factor=args.flex_latency_factor,
+        flex_max_in_flight=args.flex_max_in_flight,
+        flex_refusal_rate=args.flex_refusal_rate,
+        prompt_cache_ttl_s=args.prompt_cache_ttl_s,
         deployments=dict(LaneConfig.parse(text) for text in args.deployment),
     )
 

@@ -27,6 +27,14 @@ Limiters (``limiter``):
     final at admission (``charge_mode`` applies to the window only). The usage
     in the answers stays the real token counts.
 
+Flex (OpenAI's ``service_tier: "flex"``): such a request's latency is
+``flex_latency_factor`` times the above; while ``flex_max_in_flight`` flex requests
+are in progress on its deployment, or for a seeded share ``flex_refusal_rate``, it is
+refused with a 429 ``resource_unavailable`` before any limit counts it.
+
+Prompt caching: a prefix stays cached ``prompt_cache_ttl_s`` after its last use
+(:mod:`batchgen.simulator.caching`).
+
 Latency: an answer takes ``latency_base_ms + latency_per_token_ms *
 completion_tokens + jitter`` where jitter is drawn *uniformly* from
 ``[0, latency_jitter_ms]`` by the seeded RNG. For streams, the base + jitter is
@@ -82,6 +90,11 @@ RUNTIME_FIELDS = frozenset(
         "batch_fail",
         "batch_enqueued_tokens_limit",
         "batch_create_delay_s",
+        "flex_latency_factor",
+        "flex_max_in_flight",
+        "flex_refusal_rate",
+        "prompt_cache_ttl_s",
+        "prompt_cache_min_tokens",
     }
 )
 
@@ -122,6 +135,17 @@ class SimulatorConfig:
     batch_enqueued_tokens_limit: int | None = None
     # A create is answered this long after the job exists (an answer a crash can lose).
     batch_create_delay_s: float = 0.0
+    # OpenAI's flex tier (app/simulator/flex.py): a request with service_tier "flex" is
+    # answered this many times slower, and refused with 429 "resource unavailable" while
+    # flex_max_in_flight flex calls run on its deployment (None: never busy) or, by a
+    # seeded draw, for a share flex_refusal_rate of them.
+    flex_latency_factor: float = 3.0
+    flex_max_in_flight: int | None = None
+    flex_refusal_rate: float = 0.0
+    # Prompt caches (app/simulator/caching.py): a prefix stays warm this long after its
+    # last use (0: no caching); an Anthropic breakpoint caches a prefix this long or more.
+    prompt_cache_ttl_s: float = 300.0
+    prompt_cache_min_tokens: int = 1024
     # Simulated deployments served under /d/<name>/ (app/simulator/lanes.py): name ->
     # a LaneConfig or its JSON form (their own limits and fault mode).
     deployments: dict[str, Any] = field(default_factory=dict)
@@ -162,6 +186,14 @@ class SimulatorConfig:
         limit = self.batch_enqueued_tokens_limit
         if limit is not None and (type(limit) is not int or limit < 1):
             raise ValueError("batch_enqueued_tokens_limit must be a positive integer or None")
+        if self.flex_latency_factor < 1 or self.prompt_cache_ttl_s < 0:
+            raise ValueError("flex_latency_factor must be >= 1, prompt_cache_ttl_s >= 0")
+        if not 0.0 <= self.flex_refusal_rate <= 1.0:
+            raise ValueError(f"flex_refusal_rate must be in [0, 1], got {self.flex_refusal_rate!r}")
+        for name in ("flex_max_in_flight", "prompt_cache_min_tokens"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.default_max_tokens < 1 or self.log_size < 1:
             raise ValueError("default_max_tokens and log_size must be >= 1")
 

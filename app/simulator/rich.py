@@ -9,11 +9,14 @@ A request asks for one of these with the fields the real APIs read:
   id ending in ``_i``);
 - ``logprobs`` (OpenAI): ``logprobs.content``, one entry per stream piece, with
   ``top_logprobs`` alternatives when asked for;
-- a repeated prefix (OpenAI: every message but the last, seen before, of 1024
-  tokens or more) reports ``usage.prompt_tokens_details.cached_tokens`` (rounded
-  down to a multiple of 128, as OpenAI does); ``cache_control`` on
-  any block (Anthropic) reports ``cache_creation_input_tokens`` the first time the
-  cached prefix (system and tools) is seen and ``cache_read_input_tokens`` after;
+- a repeated prefix (OpenAI: every message but the last, warm in the key's cache for
+  the model, of 1024 tokens or more) reports
+  ``usage.prompt_tokens_details.cached_tokens`` (rounded down to a multiple of 128,
+  as OpenAI does); ``cache_control`` on any block (Anthropic) of a request whose
+  cached prefix (system and tools) is ``prompt_cache_min_tokens`` or longer reports
+  ``cache_creation_input_tokens`` when the prefix is cold and
+  ``cache_read_input_tokens`` when it is warm (:mod:`batchgen.simulator.caching`:
+  warm for ``prompt_cache_ttl_s`` after its last use);
 - a reasoning model (name starting ``o<digit>`` or containing ``reason``) or
   ``reasoning_effort`` reports ``completion_tokens_details.reasoning_tokens``;
   Anthropic ``thinking`` adds a ``thinking`` block before the answer.
@@ -32,10 +35,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from batchgen.domain.tokens import count_messages, count_text
+from batchgen.simulator.caching import PromptCache, Scope
 from batchgen.simulator.text import request_digest, split_chunks
 
 _REASONING_MODEL = re.compile(r"^o\d|reason", re.IGNORECASE)
-_CACHE_ENTRIES = 10_000
 # OpenAI caches prompts from 1024 tokens on, in steps of 128.
 OPENAI_CACHE_MIN_TOKENS = 1024
 OPENAI_CACHE_STEP_TOKENS = 128
@@ -58,10 +61,12 @@ def wants_rich(api: str, body: Mapping[str, Any], model: str, cached_tokens: int
     return bool(body.get("logprobs")) or (type(n) is int and n > 1)
 
 
-def openai_cached_tokens(cache: dict[str, None], body: Mapping[str, Any], encoding: str) -> int:
+def openai_cached_tokens(
+    cache: PromptCache, scope: Scope, body: Mapping[str, Any], encoding: str
+) -> int:
     """The cached tokens of an OpenAI request, as OpenAI counts them: its prefix (all
-    messages but the last) seen before and of at least 1024 tokens, rounded down to a
-    multiple of 128; else 0. The prefix is remembered from now on."""
+    messages but the last) warm in ``scope``'s cache and of at least 1024 tokens,
+    rounded down to a multiple of 128; else 0. The prefix is warm from now on."""
     messages = body.get("messages")
     if not isinstance(messages, list) or len(messages) < 2:
         return 0
@@ -72,17 +77,9 @@ def openai_cached_tokens(cache: dict[str, None], body: Mapping[str, Any], encodi
     tokens = count_messages(head, encoding)
     if tokens < OPENAI_CACHE_MIN_TOKENS:
         return 0
-    key = _prefix_key("openai", head)
-    if key not in cache:
-        _remember(cache, key)
+    if not cache.use(scope, _prefix_key("openai", head)):
         return 0
     return tokens - tokens % OPENAI_CACHE_STEP_TOKENS
-
-
-def _remember(cache: dict[str, None], key: str) -> None:
-    if len(cache) >= _CACHE_ENTRIES:  # the oldest goes
-        cache.pop(next(iter(cache)))
-    cache[key] = None
 
 
 def _has_cache_control(value: Any) -> bool:
@@ -91,6 +88,18 @@ def _has_cache_control(value: Any) -> bool:
     if isinstance(value, list):
         return any(_has_cache_control(v) for v in value)
     return False
+
+
+def _head_text(head: Mapping[str, Any]) -> str:
+    """The text of an Anthropic request's cached prefix: its system prompt's text and
+    its tools' definitions."""
+    system = head.get("system")
+    if isinstance(system, list):
+        system = "".join(b.get("text", "") for b in system if isinstance(b, Mapping))
+    tools = head.get("tools")
+    return (system if isinstance(system, str) else "") + (
+        json.dumps(tools, ensure_ascii=False, sort_keys=True) if tools else ""
+    )
 
 
 def _prefix_key(key: str, value: Any) -> str:
@@ -132,9 +141,10 @@ class RichAnswer:
         model: str,
         answer: tuple[str, int, str],
         prompt_tokens: int,
-        cache: dict[str, None],
+        cache: PromptCache,
         encoding: str,
         cached_tokens: int = 0,
+        scope: Scope = ("anonymous", ""),
     ) -> None:
         self.api, self.body, self.rid, self.model = api, body, rid, model
         self.text, self.ctoks, finish = answer
@@ -152,20 +162,21 @@ class RichAnswer:
             if _REASONING_MODEL.search(model) or body.get("reasoning_effort")
             else None
         )
-        self.cached, self.cache_write = self._cache(cache, encoding, cached_tokens)
+        self.cached, self.cache_write = self._cache(cache, scope, encoding, cached_tokens)
 
-    def _cache(self, cache: dict[str, None], encoding: str, cached: int) -> tuple[int, int]:
+    def _cache(
+        self, cache: PromptCache, scope: Scope, encoding: str, cached: int
+    ) -> tuple[int, int]:
         """Tokens read from the cache and (Anthropic) written to it."""
         if self.api == "anthropic":
             if not _has_cache_control(self.body):
                 return 0, 0
             head = {"system": self.body.get("system"), "tools": self.body.get("tools")}
-            texts = json.dumps(head, ensure_ascii=False, sort_keys=True)  # not the key order
-            tokens = min(self.prompt - 1, max(1, count_text(texts, encoding)))
-            key = _prefix_key("anthropic", head)
-            if key in cache:
+            tokens = min(self.prompt - 1, max(1, count_text(_head_text(head), encoding)))
+            if tokens < cache.min_tokens:  # too short to be cached: billed as plain input
+                return 0, 0
+            if cache.use(scope, _prefix_key("anthropic", head)):
                 return tokens, 0
-            _remember(cache, key)
             return 0, tokens
         return min(self.prompt, cached), 0
 

@@ -28,6 +28,7 @@ from aiohttp import web
 from batchgen.domain.tokens import count_text, get_encoding
 from batchgen.simulator import counting, rich
 from batchgen.simulator import endpoints as other
+from batchgen.simulator import flex as flex_tier
 from batchgen.simulator import formats as fmt
 from batchgen.simulator.admin import add_admin_routes
 from batchgen.simulator.batch_jobs import add_batch_routes
@@ -64,6 +65,8 @@ class _Call:
     body_bytes: int = 0
     delivered_tokens: int = 0
     sent: list[str] = field(default_factory=list)
+    # The flex tier this call holds a place in (None: a standard call, or refused).
+    flex: flex_tier.FlexTier | None = None
 
     @property
     def admitted(self) -> bool:
@@ -146,6 +149,8 @@ async def _chat(
             call.entry["charged_tokens"] = state.settle(
                 call.key, rid, call.prompt_tokens, call.delivered_tokens, call.lane
             )
+        if call.flex is not None:
+            call.flex.leave(call.lane.name)
         state.finish(call.entry)
         e = call.entry
         log.debug(
@@ -228,6 +233,16 @@ async def _serve(
 async def _admit_and_answer(
     request: web.Request, state: SimState, call: _Call, req: ChatRequest, fault: str | None
 ) -> web.StreamResponse:
+    cfg = state.config
+    scope = call.key or ("anonymous", req.model)  # its limits' key, its caches' scope
+    wants_flex = call.endpoint != EMBEDDINGS and flex_tier.requested(call.api, req.body)
+    call.entry["service_tier"] = flex_tier.FLEX if wants_flex else None
+    if wants_flex and state.flex.refuses(
+        call.lane.name, cfg.flex_max_in_flight, cfg.flex_refusal_rate
+    ):
+        state.counters["flex_refused"] += 1  # before the limits: nothing is charged
+        _rl_headers(state, call, *state.peek(scope, call.lane))
+        return _json(call, 429, flex_tier.refusal_body())
     amount = state.charge(call.prompt_tokens, call.body_bytes, req.max_tokens, call.lane)
     call.entry["requested_tokens"] = amount
     req_adm, tok_adm = state.admit(call.key, amount, call.rid, call.lane)  # type: ignore[arg-type]
@@ -238,14 +253,20 @@ async def _admit_and_answer(
     call.entry["admitted"] = True
     state.counters["admitted"] += 1
     state.counters["tokens_admitted"] += amount
-    cfg = state.config
+    slow = 1.0
+    if wants_flex:
+        call.flex = state.flex
+        call.flex.enter(call.lane.name)
+        state.counters["flex_admitted"] += 1
+        slow = cfg.flex_latency_factor
     if call.endpoint == EMBEDDINGS:  # no output
         text, ctoks, finish = "", 0, "stop"
     else:
         text, ctoks, finish = completion_text(req.prompt_messages, req.max_tokens, cfg.encoding)
     call.entry["finish_reason"] = finish
-    first_s = (cfg.latency_base_ms + call.lane.faults.jitter_ms(cfg.latency_jitter_ms)) / 1000
-    tokens_s = cfg.latency_per_token_ms * ctoks / 1000
+    base_ms = cfg.latency_base_ms + call.lane.faults.jitter_ms(cfg.latency_jitter_ms)
+    first_s = slow * base_ms / 1000
+    tokens_s = slow * cfg.latency_per_token_ms * ctoks / 1000
     if fault == "hang":
         await asyncio.sleep(cfg.hang_s)
     if fault == "5xx":
@@ -259,7 +280,7 @@ async def _admit_and_answer(
         delay_s = first_s + tokens_s
         return await _other_answer(request, state, call, req, (text, ctoks, finish), fault, delay_s)
     cached = (
-        rich.openai_cached_tokens(state.prompt_cache, req.body, cfg.encoding)
+        rich.openai_cached_tokens(state.prompt_cache, scope, req.body, cfg.encoding)
         if call.api == "openai"
         else 0
     )
@@ -276,6 +297,7 @@ async def _admit_and_answer(
             state.prompt_cache,
             cfg.encoding,
             cached,
+            scope,
         )
         call.entry["finish_reason"] = answer.finish
         await asyncio.sleep(first_s + (0 if req.stream else tokens_s))
@@ -284,7 +306,7 @@ async def _admit_and_answer(
             return await _stream_rich(request, call, req, answer, tokens_s)
         if call.api == "anthropic":
             return _json(call, 200, answer.anthropic_message())
-        return _json(call, 200, answer.openai_completion(int(time.time())))
+        return _json(call, 200, _tiered(call, answer.openai_completion(int(time.time()))))
     if req.stream:
         return await _stream(request, state, call, req, (text, ctoks, finish), first_s, fault)
     if fault == "reset":
@@ -302,8 +324,19 @@ async def _admit_and_answer(
             content_type="application/json",
             text='{"id": "' + call.rid + '", "object": "chat.compl',
         )
-    build = fmt.anthropic_message if call.api == "anthropic" else fmt.openai_completion
-    return _json(call, 200, build(call.rid, req.model, text, finish, call.prompt_tokens, ctoks))
+    if call.api == "anthropic":
+        body = fmt.anthropic_message(call.rid, req.model, text, finish, call.prompt_tokens, ctoks)
+        return _json(call, 200, body)
+    body = fmt.openai_completion(call.rid, req.model, text, finish, call.prompt_tokens, ctoks)
+    return _json(call, 200, _tiered(call, body))
+
+
+def _tiered(call: _Call, body: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI answer says the tier it was served at when it was flex (the provider
+    bills it at the batch prices)."""
+    if call.flex is not None:
+        body["service_tier"] = flex_tier.FLEX
+    return body
 
 
 async def _other_answer(
@@ -331,11 +364,12 @@ async def _other_answer(
         )
     if call.endpoint == EMBEDDINGS:
         return _json(call, 200, other.embedding_list(req, call.prompt_tokens))
+    scope = call.key or ("anonymous", req.model)
     cached = rich.openai_cached_tokens(
-        state.prompt_cache, {"messages": req.prompt_messages}, state.config.encoding
+        state.prompt_cache, scope, {"messages": req.prompt_messages}, state.config.encoding
     )
     body = other.response_object(call.rid, req, answer, call.prompt_tokens, cached)
-    return _json(call, 200, body)
+    return _json(call, 200, _tiered(call, body))
 
 
 def _rate_limited(
@@ -455,7 +489,7 @@ async def _stream(
             )
             if req.include_usage:
                 usage = fmt.openai_usage_chunk(rid, model, call.prompt_tokens, ctoks)
-                await emit(fmt.sse(api, "", usage))
+                await emit(fmt.sse(api, "", _tiered(call, usage)))
             await emit(fmt.sse(api, "", "[DONE]"))
         if pending:
             await resp.write(b"".join(pending))
@@ -480,7 +514,10 @@ async def _stream_rich(
         events = [fmt.sse("anthropic", name, data) for name, data in answer.anthropic_events()]
     else:
         chunks = answer.openai_chunks(int(time.time()), req.include_usage)
-        events = [fmt.sse("openai", "", chunk) for chunk in chunks]
+        events = [
+            fmt.sse("openai", "", _tiered(call, chunk) if chunk.get("usage") else chunk)
+            for chunk in chunks
+        ]
         events.append(fmt.sse("openai", "", "[DONE]"))
     gap_s = tokens_s / max(1, len(events) - 1)
     try:

@@ -15,8 +15,10 @@ from typing import Any
 from aiohttp import web
 
 from batchgen.simulator.bucket import TokenBucketLimiter, own_count_charge
+from batchgen.simulator.caching import PromptCache
 from batchgen.simulator.config import SimulatorConfig
 from batchgen.simulator.faults import FaultInjector
+from batchgen.simulator.flex import FlexTier
 from batchgen.simulator.lanes import Lane, LaneConfig, Limiter, limiters
 from batchgen.simulator.limits import Admission, SlidingWindowLimiter
 
@@ -47,9 +49,11 @@ class SimState:
         self.counters: Counter[str] = Counter()
         self.in_flight = 0
         self.max_in_flight = 0
-        # Prompt prefixes seen (cached-token usage, simulator.rich) and each API's last
-        # request body (for tests: ``GET /_sim/last_request``; never logged).
-        self.prompt_cache: dict[str, None] = {}
+        # Prompt prefixes warm in the providers' caches (simulator.caching, .rich), flex
+        # calls in progress (simulator.flex), and each API's last request body (for
+        # tests: ``GET /_sim/last_request``; never logged).
+        self.prompt_cache = PromptCache(config.prompt_cache_ttl_s, config.prompt_cache_min_tokens)
+        self.flex = FlexTier(config.seed)
         self.last_request: dict[str, Any] = {}
 
     # -- configuration ---------------------------------------------------------
@@ -103,6 +107,8 @@ class SimState:
         self.tokens.limit = new.tokens_per_min
         self.faults.rate = new.fault_rate
         self.faults.kinds = new.fault_kinds
+        self.prompt_cache.ttl_s = new.prompt_cache_ttl_s
+        self.prompt_cache.min_tokens = new.prompt_cache_min_tokens
         return new
 
     def reset(self) -> None:
@@ -115,6 +121,7 @@ class SimState:
         self.log.clear()
         self.counters.clear()
         self.prompt_cache.clear()
+        self.flex = FlexTier(self.config.seed)  # a flex call still running leaves the old one
         self.last_request.clear()
         self.max_in_flight = self.in_flight
         cfg = self.config
@@ -258,6 +265,8 @@ class SimState:
             "window_s": self.config.window_s,
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
+            # Flex calls served and refused as busy (app/simulator/flex.py).
+            "flex": {"admitted": c["flex_admitted"], "refused": c["flex_refused"]},
             "limiter": self.config.limiter,
             "bound": self._bound(windows),
             "deployments": {name: self._lane_stats(lane) for name, lane in self.lanes.items()},

@@ -13,7 +13,7 @@ import itertools
 import json
 import re
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -45,7 +45,18 @@ from batchgen.domain.notifications import (
     check_task_name,
     check_webhook_url,
 )
-from batchgen.domain.offload import OfflineWindow, OffloadMode, parse_offload, wants_offline
+from batchgen.domain.offload import OfflineWindow, OffloadMode, parse_offload
+from batchgen.domain.prompt_cache import PrefixKeys
+from batchgen.domain.routes import (
+    FlexWindow,
+    ItemRoute,
+    RouteMode,
+    Routes,
+    asks_flex,
+    choose_route,
+    offload_of,
+    parse_route,
+)
 from batchgen.domain.status import (
     OPEN,
     TERMINAL,
@@ -82,6 +93,9 @@ class SubmitOptions:
     endpoint: str | None = None
     # May its bulk items go to the provider's own Batch API (batchgen.domain.offload)?
     offload: OffloadMode | str = OffloadMode.AUTO
+    # Which routes its items may take: standard calls, flex calls, the provider's Batch
+    # API (batchgen.domain.routes; auto: by deadline and priority).
+    route: RouteMode | str = RouteMode.AUTO
     # Told when it ends (batchgen.domain.notifications): a Celery task of the host's by
     # name (sent to on_finished_queue, default Celery's "celery"), and a webhook.
     on_finished: str | None = None
@@ -135,9 +149,43 @@ def _find_idempotent(session: Session, tenant_id: int, key: str) -> Batch | None
     )
 
 
-def _window(spec: ModelSpec) -> OfflineWindow | None:
-    route = spec.offline_route
-    return None if route is None else OfflineWindow(route.turnaround_s, route.fallback_s)
+def _routes(spec: ModelSpec) -> Routes:
+    """The model's routes beside standard calls, as the route rule sees them."""
+    offline = spec.offline_route
+    return Routes(
+        batch=None if offline is None else OfflineWindow(offline.turnaround_s, offline.fallback_s),
+        flex=None if spec.flex is None else FlexWindow.of(spec.flex),
+        flex_on_request=spec.provider.value != "anthropic",
+    )
+
+
+def _cache_min_tokens(registry: Registry) -> Callable[[str], int | None]:
+    """A model's shortest cached prefix (None: the model keeps no prefix keys)."""
+
+    def of(model: str) -> int | None:
+        spec = registry[model]
+        return spec.prompt_cache_min_tokens if spec.prompt_cache else None
+
+    return of
+
+
+def _check_route(
+    line_no: int, mode: RouteMode, offload: OffloadMode, spec: ModelSpec, routes: Routes
+) -> None:
+    """A batch that names a route its model does not have is refused, naming the line."""
+    if offload is OffloadMode.ALWAYS and routes.batch is None:
+        named = "route 'batch'" if mode is RouteMode.BATCH else "offload 'always'"
+        raise ValidationFailed(
+            f"line {line_no}: {named} but model {spec.name!r} has no offline "
+            "route (offload = true in the registry)",
+            field="route" if mode is RouteMode.BATCH else "offload",
+        )
+    if mode is RouteMode.FLEX and routes.flex is None:
+        raise ValidationFailed(
+            f"line {line_no}: route 'flex' but model {spec.name!r} has no flex route "
+            f'([models."{spec.name}".flex] in the registry)',
+            field="route",
+        )
 
 
 def _item_rows(
@@ -148,31 +196,33 @@ def _item_rows(
     admitted: dict[str, list[int]],
     registry: Registry,
     keys: dict[str, int],
+    prefixes: PrefixKeys,
 ) -> Iterator[dict[str, Any]]:
-    """Rows to insert, each ``pending`` or ``offloaded`` (its route, by
-    :func:`batchgen.domain.offload.wants_offline`); adds up each model's estimated
-    tokens of online work on the way (offloaded items are not the online backlog), and
-    each model's items and tokens in all (``admitted``: ``[items, tokens]``). Each
-    model's items are keyed in input order from ``keys[model]`` (default 1), which the
-    rows move on (:func:`batchgen.store.rounds.next_keys`)."""
-    mode, priority = OffloadMode(batch.offload), Priority(batch.priority)
+    """Rows to insert, each ``pending`` or ``offloaded`` with its route (by
+    :func:`batchgen.domain.routes.choose_route`) and its prompt prefix's key
+    (``prefixes``); adds up each model's estimated tokens of online work on the way
+    (offloaded items are not the online backlog), and each model's items and tokens in
+    all (``admitted``: ``[items, tokens]``). Each model's items are keyed in input order
+    from ``keys[model]`` (default 1), which the rows move on
+    (:func:`batchgen.store.rounds.next_keys`)."""
+    mode, priority = RouteMode(batch.route), Priority(batch.priority)
+    offload = OffloadMode(batch.offload)
     for d in drafts:
         deadline = batch.deadline_at
         if d.timeout_s is not None:
             deadline = min(deadline, batch.created_at + dt.timedelta(seconds=d.timeout_s))
-        window = _window(registry[d.model])
-        if mode is OffloadMode.ALWAYS and window is None:
-            raise ValidationFailed(
-                f"line {d.line_no}: offload 'always' but model {d.model!r} has no offline "
-                "route (offload = true in the registry)",
-                field="offload",
-            )
-        offline = wants_offline(
+        spec = registry[d.model]
+        routes = _routes(spec)
+        _check_route(d.line_no, mode, offload, spec, routes)
+        route = choose_route(
             mode=mode,
+            offload=offload,
             priority=priority,
-            window=window,
+            routes=routes,
             deadline_left_s=(deadline - batch.created_at).total_seconds(),
+            asked_flex=asks_flex(d.body),
         )
+        offline = route is ItemRoute.BATCH
         tokens = d.prompt_tokens_est + d.max_tokens
         tokens_by_model.setdefault(d.model, 0)
         if not offline:
@@ -195,6 +245,8 @@ def _item_rows(
             "status": (ItemStatus.OFFLOADED if offline else ItemStatus.PENDING).value,
             "deadline_at": deadline,
             "dispatch_key": key,
+            "route": route.value,
+            "prefix_key": prefixes.key(d.model, d.body, d.endpoint),
         }
 
 
@@ -212,6 +264,8 @@ COPY_COLUMNS = (
     "status",
     "deadline_at",
     "dispatch_key",
+    "route",
+    "prefix_key",
 )
 
 
@@ -298,7 +352,8 @@ def store_batch(
     window_s = _check_options(options, settings.default_completion_window_s)
     endpoint = options.endpoint
     priority = Priority(options.priority)
-    offload = parse_offload(options.offload)
+    route = parse_route(options.route)
+    offload = offload_of(route, parse_offload(options.offload))
     on_finished = check_task_name(options.on_finished)
     queue = check_task_name(options.on_finished_queue, "on_finished_queue")
     check_callback(
@@ -318,6 +373,7 @@ def store_batch(
             "metadata": options.metadata,
             "priority": priority.value,
             **({"offload": offload.value} if offload is not OffloadMode.AUTO else {}),
+            **({"route": route.value} if route is not RouteMode.AUTO else {}),
             **{k: v for k, v in told.items() if v is not None},
             **({"input_file_id": options.input_file_id} if options.input_file_id else {}),
         }
@@ -345,6 +401,7 @@ def store_batch(
         idempotency_key=key,
         input_file_id=options.input_file_id,
         offload=offload.value,
+        route=route.value,
         on_finished=on_finished,
         on_finished_queue=queue,
         webhook_url=webhook_url,
@@ -365,8 +422,10 @@ def store_batch(
     tokens_by_model: dict[str, int] = {}
     admitted: dict[str, list[int]] = {}
     keys = rounds.next_keys(session, tenant.id)
-    rows = _item_rows(drafts, batch, tenant.id, tokens_by_model, admitted, registry, keys)
+    prefixes = PrefixKeys(_cache_min_tokens(registry), lambda m: registry[m].encoding)
+    rows = _item_rows(drafts, batch, tenant.id, tokens_by_model, admitted, registry, keys, prefixes)
     total = _copy_items(session, rows)
+    items.clear_prefix_keys(session, batch.id, prefixes.singles())
     batch.total_items = total
     batch.request_sha256 = fingerprint.hexdigest()
     session.flush()
@@ -463,6 +522,7 @@ def describe(session: Session, batch: Batch) -> dict[str, Any]:
         "usage": None,
         "priority": batch.priority,
         "offload": batch.offload,
+        "route": batch.route,
         "cancel_requested_at": _ts(batch.cancel_requested_at),
         "finished_at": finished,
     }

@@ -75,6 +75,9 @@ REQUEUE = _declare("requeue", {S.RUNNING}, {S.QUEUED})
 FAILOVER = _declare("failover", {S.RUNNING}, {S.QUEUED})
 DEFER = _declare("defer", {S.RUNNING}, {S.PENDING})
 RETRY_LATER = _declare("retry_later", {S.RUNNING}, {S.PENDING})
+# A flex call refused as busy: flex again after a wait, or a standard call
+# (sql/item_reroute.sql); the attempt is handed back.
+REROUTE = _declare("reroute", {S.RUNNING}, {S.QUEUED, S.PENDING})
 FINISH = _declare("finish", {S.RUNNING}, {S.FAILED, S.EXPIRED, S.CANCELLED})
 # A paid answer is the item's result whatever the item became meanwhile, as long
 # as it is not finished: even after its lease ran out and it went back to the queue.
@@ -213,6 +216,11 @@ class Claimed:
     read_mono_s: float
     # Attempts that failed over to another deployment (none of them a failure attempt).
     failovers: int = 0
+    # The route of this call (batchgen.domain.routes.ItemRoute: standard or flex), the
+    # flex calls refused so far, and the key of the prompt prefix it shares (if any).
+    route: str = "standard"
+    flex_refusals: int = 0
+    prefix_key: int | None = None
 
     @property
     def failure_attempt(self) -> int:
@@ -270,6 +278,9 @@ def _claimed(row: Any, read_mono_s: float) -> Claimed:
         now=row.now,
         read_mono_s=read_mono_s,
         failovers=row.failovers,
+        route=row.route,
+        flex_refusals=row.flex_refusals,
+        prefix_key=row.prefix_key,
     )
 
 
@@ -359,6 +370,28 @@ def failover(
     params = {**_owner(item), **FAILOVER.params(), "lease_s": lease_s}
     params.update(rate_limited=int(rate_limited), code=code, message=message)
     return session.execute(query("item_failover"), params).first() is not None
+
+
+def reroute(
+    session: Session,
+    item: Attempt,
+    *,
+    route: str,
+    wait_s: float,
+    lease_s: float | None,
+    code: str,
+    message: str,
+) -> bool:
+    """A flex call refused as busy: the attempt is handed back (the provider billed
+    nothing), the refusal counted, and the item's next call takes ``route``: ``running
+    → queued`` (``lease_s`` set: the task retries itself after ``wait_s``) or ``→
+    pending`` not before ``wait_s`` from now (``lease_s`` None: the dispatcher releases
+    it)."""
+    target = S.PENDING if lease_s is None else S.QUEUED
+    params = {**_owner(item), **REROUTE.params(target), "route": route, "wait_s": wait_s}
+    params.update(lease_s=(lease_s or 0.0) + wait_s, code=code, message=message)
+    params["defer"] = target is S.PENDING
+    return session.execute(query("item_reroute"), params).first() is not None
 
 
 def hold_queued(
@@ -485,6 +518,20 @@ def cancel_unsent(session: Session, batch_id: str, now: dt.datetime) -> int:
     return len(result.all())
 
 
+def clear_prefix_keys(session: Session, batch_id: str, keys: Sequence[int]) -> int:
+    """Forget the prefix keys that only one item of the batch has (nothing shares its
+    prefix): such an item is neither grouped nor marked for the provider's cache."""
+    if not keys:
+        return 0
+    result = session.execute(
+        update(Item)
+        .where(Item.batch_id == batch_id, Item.prefix_key.in_(list(keys)))
+        .values(prefix_key=None)
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
 # --- offloaded items (batchgen.worker.offload) ----------------------------------
 
 
@@ -500,6 +547,7 @@ class Waiting:
     deadline_at: dt.datetime
     offload: str  # its batch's mode
     endpoint: str  # its batch's endpoint
+    prefix_key: int | None = None  # the prompt prefix it shares with others (if any)
 
 
 def offload_waiting(session: Session, model: str, limit: int) -> list[Waiting]:
@@ -508,7 +556,7 @@ def offload_waiting(session: Session, model: str, limit: int) -> list[Waiting]:
         text(
             """
             SELECT i.id, i.batch_id, i.body, i.prompt_tokens_est, i.max_tokens,
-                   i.deadline_at, b.offload, b.endpoint
+                   i.deadline_at, b.offload, b.endpoint, i.prefix_key
             FROM items AS i JOIN batches AS b ON b.id = i.batch_id
             WHERE i.model = :model AND i.status = 'offloaded' AND i.job_id IS NULL
             ORDER BY i.batch_id, i.id
@@ -527,6 +575,7 @@ def offload_waiting(session: Session, model: str, limit: int) -> list[Waiting]:
             deadline_at=r.deadline_at,
             offload=r.offload,
             endpoint=r.endpoint,
+            prefix_key=r.prefix_key,
         )
         for r in rows
     ]
@@ -574,6 +623,7 @@ _OFFLOAD_RETURN = text(
     """
     UPDATE items
     SET status = CASE WHEN b.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+        route = 'standard',
         not_before = NULL,
         finished_at = CASE WHEN b.cancel_requested_at IS NULL THEN NULL ELSE now() END,
         error_code = CASE WHEN b.cancel_requested_at IS NULL THEN :code ELSE 'cancelled' END,
@@ -652,6 +702,13 @@ class Pick:
 
     ticket: Ticket
     order: tuple[int, int, int]  # (priority rank, dispatch key, id)
+    # The key of the long prompt prefix it shares with others (None: none).
+    prefix_key: int | None = None
+
+    def cache_group(self) -> tuple[int, int] | None:
+        """The picks to release together (batchgen.domain.round_robin.order_picks): those
+        of one priority sharing a cached prompt prefix."""
+        return None if self.prefix_key is None else (self.order[0], self.prefix_key)
 
 
 def release_picks(
@@ -671,7 +728,7 @@ def release_picks(
         **RELEASE.params(),
     }
     rows = session.execute(query("item_release"), params).all()
-    picks = [Pick(_ticket(r), (r.priority_rank, r.dispatch_key, r.id)) for r in rows]
+    picks = [Pick(_ticket(r), (r.priority_rank, r.dispatch_key, r.id), r.prefix_key) for r in rows]
     return sorted(picks, key=lambda p: p.order)
 
 

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from batchgen.domain.cost import TokenUsage, cost_usd, price_usage, tier_of, usage_of
 from batchgen.domain.offload import Route
 from batchgen.domain.status import TERMINAL, ItemStatus
-from batchgen.registry import ModelSpec, Registry
+from batchgen.registry import ModelSpec, Registry, Tier
 from batchgen.store import items
 from batchgen.store.items import Answered, Claimed, LockedItem
 from batchgen.store.schema import DAILY_USAGE_SHARDS
@@ -47,6 +47,8 @@ class CallOutcome:
     # The deployment of the model that served the call (None: the item's, as recorded
     # when its current attempt was sent).
     deployment: str | None = None
+    # The tier the call asked for (its route's): the answer's own word wins.
+    tier: Tier = Tier.STANDARD
 
     @property
     def usage(self) -> TokenUsage:
@@ -78,26 +80,29 @@ def _shard(item_id: int) -> int:
 
 @dataclass(frozen=True)
 class Priced:
-    """What a call costs, and by which route it was made (an offline row is priced at
-    the batch prices; ``online_cost`` is what it would have cost online)."""
+    """What a call costs, by which route it was made and at which tier (an offline row
+    is priced at the batch prices; ``online_cost`` is what it would have cost online)."""
 
     cost: Decimal
     route: Route = Route.ONLINE
     online_cost: Decimal | None = None
+    tier: Tier = Tier.STANDARD
 
 
 def price(outcome: CallOutcome, spec: ModelSpec, route: Route = Route.ONLINE) -> Priced:
     """The price of ``outcome``'s usage by ``route``, at the tier it was served at (an
-    offline row at batch; ``online_cost`` then at the standard tier)."""
+    offline row at batch; an online one at the tier its answer says, else the one its
+    call asked for: :func:`batchgen.domain.cost.tier_of`; ``online_cost`` of an offline
+    row at the standard tier)."""
     usage = outcome.usage
-    tier = tier_of(route is Route.OFFLINE, outcome.response)
+    tier = tier_of(route is Route.OFFLINE, outcome.response, outcome.tier)
     billed = price_usage(usage, spec, tier)
     if route is Route.ONLINE:
-        return Priced(billed)
-    return Priced(billed, Route.OFFLINE, price_usage(usage, spec))
+        return Priced(billed, tier=tier)
+    return Priced(billed, Route.OFFLINE, price_usage(usage, spec), tier)
 
 
-def _params(item: LockedItem, outcome: CallOutcome, cost: Decimal, waste: str | None) -> dict:
+def _params(item: LockedItem, outcome: CallOutcome, priced: Priced, waste: str | None) -> dict:
     return {
         "item_id": item.id,
         "attempt": outcome.attempt,
@@ -108,7 +113,8 @@ def _params(item: LockedItem, outcome: CallOutcome, cost: Decimal, waste: str | 
         "prompt_tokens": outcome.prompt_tokens,
         "completion_tokens": outcome.completion_tokens,
         **outcome.kinds(),
-        "cost_usd": cost,
+        "cost_usd": priced.cost,
+        "tier": priced.tier.value,
         "waste_reason": waste,
         "deployment": outcome.deployment or item.deployment,
     }
@@ -123,20 +129,20 @@ def _ledger(
 ) -> bool:
     """Insert the ledger row for (item, attempt) once; daily totals follow it (one statement)."""
     priced = cost if isinstance(cost, Priced) else Priced(cost)
-    params = _params(item, outcome, priced.cost, waste)
+    params = _params(item, outcome, priced, waste)
     params.update(route=priced.route.value, online_cost_usd=priced.online_cost)
     inserted = session.execute(query("ledger_insert"), params).scalar_one_or_none()
     return inserted is not None
 
 
 def _replace_estimate(
-    session: Session, item: LockedItem, outcome: CallOutcome, cost: Decimal, waste: str | None
+    session: Session, item: LockedItem, outcome: CallOutcome, priced: Priced, waste: str | None
 ) -> bool:
     """The answer of a call ledgered as an estimate arrived after all: its row takes the
     real usage (and becomes the result's row when ``waste`` is None), the daily totals
     of the row's day follow. False when (item, attempt) has no estimated row."""
     replaced = session.execute(
-        query("ledger_replace_estimate"), _params(item, outcome, cost, waste)
+        query("ledger_replace_estimate"), _params(item, outcome, priced, waste)
     ).scalar_one_or_none()
     return replaced is not None
 
@@ -175,7 +181,7 @@ def record_answer(
     """The common case of :func:`record_success` in one statement (autocommit): this
     attempt is still running, nothing of it ledgered. ``recorded`` False: nothing was
     written, and :func:`record_success` decides what the answer is."""
-    cost = price(outcome, spec).cost
+    priced = price(outcome, spec)
     return items.succeed_answered(
         connection,
         {
@@ -188,7 +194,8 @@ def record_answer(
             "prompt_tokens": outcome.prompt_tokens,
             "completion_tokens": outcome.completion_tokens,
             **outcome.kinds(),
-            "cost_usd": cost,
+            "cost_usd": priced.cost,
+            "tier": priced.tier.value,
             "response": outcome.response,
             "provider_request_id": outcome.provider_request_id,
             "upstream_latency_ms": outcome.upstream_latency_ms,
@@ -219,14 +226,14 @@ def record_success(
     if item.status in TERMINAL:
         waste = f"item_already_{item.status.value}"
         if not _ledger(session, item, outcome, priced, waste):
-            _replace_estimate(session, item, outcome, cost, waste)
+            _replace_estimate(session, item, outcome, priced, waste)
         return False
     # Not terminal: even if our lease ran out and the item went back to the
     # queue, the answer is good; it becomes the result and the newer attempt
     # will find the item finished when it claims it. If the sweep ledgered this
     # call as lost meanwhile, that row becomes the result's row.
     recorded = _ledger(session, item, outcome, priced, None) or _replace_estimate(
-        session, item, outcome, cost, None
+        session, item, outcome, priced, None
     )
     if not recorded:
         return False  # this very attempt was already recorded

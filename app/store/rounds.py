@@ -11,7 +11,8 @@ work is the index itself, kept by PostgreSQL with the items: nothing to keep in 
 Within a tenant, interactive items go before bulk ones, and its open batches of one
 priority take turns: a batch's items are keyed from the tenant's dispatch clock on the
 model at submit (:func:`next_keys`), so batch 100 starts alongside what batches 1 to 99
-have left rather than behind it.
+have left rather than behind it. Among a round's picks of one tenant and priority, the
+items sharing a cached prompt prefix (``items.prefix_key``) are released together.
 
 Several dispatchers are safe: the model's advisory lock makes the window's count, the
 ring's position and the release one critical section, and ``FOR UPDATE SKIP LOCKED``
@@ -61,7 +62,7 @@ def release(session: Session, model: str, window: int, queued_lease_s: float) ->
             picks[pick.ticket.tenant_id].append(pick)
         return picks
 
-    released, after = run_round(read_ring, take, turn, free)
+    released, after = run_round(read_ring, take, turn, free, group=items.Pick.cache_group)
     if after != turn:
         _save_turn(session, model, after)
     return [pick.ticket for pick in released]

@@ -30,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from batchgen.domain.routes import ItemRoute
 from batchgen.domain.status import BatchStatus, ItemStatus, JobStatus
 
 NAMING = {
@@ -49,7 +50,9 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
-def one_of(column: str, statuses: type[ItemStatus] | type[BatchStatus] | type[JobStatus]) -> str:
+def one_of(
+    column: str, statuses: type[ItemStatus] | type[BatchStatus] | type[JobStatus] | type[ItemRoute]
+) -> str:
     """A CHECK expression allowing exactly the enum's values (migration 0004)."""
     listed = ", ".join(f"'{s.value}'" for s in sorted(statuses, key=lambda s: s.value))
     return f"{column} IN ({listed})"
@@ -98,6 +101,9 @@ class Batch(Base):
     # auto | never | always: may its items go to the provider's Batch API
     # (batchgen.domain.offload.OffloadMode)?
     offload: Mapped[str] = mapped_column(String(10), server_default="auto")
+    # auto | standard | flex | batch: the routes its items may take
+    # (batchgen.domain.routes.RouteMode; migration 0016).
+    route: Mapped[str] = mapped_column(String(10), server_default="auto")
     # Told when the batch ends: a Celery task of the host's (sent by name to its
     # queue), and a webhook (else the tenant's).
     on_finished: Mapped[str | None] = mapped_column(String(200))
@@ -178,6 +184,12 @@ class Item(Base):
     failovers: Mapped[int] = mapped_column(Integer, server_default="0")
     # The deployment the current attempt's call went to.
     deployment: Mapped[str | None] = mapped_column(String(64))
+    # The route of its next call: standard, flex, or batch (a provider job's); the
+    # flex calls the provider refused as busy (none a failure attempt); and the key of
+    # the long prompt prefix it shares with others of its batch (migration 0016).
+    route: Mapped[str] = mapped_column(String(10), server_default="standard")
+    flex_refusals: Mapped[int] = mapped_column(Integer, server_default="0")
+    prefix_key: Mapped[int | None] = mapped_column(BigInteger)
     not_before: Mapped[dt.datetime | None] = mapped_column(TZ)
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(TZ)
     deadline_at: Mapped[dt.datetime] = mapped_column(TZ)
@@ -200,6 +212,7 @@ class Item(Base):
 
     __table_args__ = (
         CheckConstraint(one_of("status", ItemStatus), name="status_known"),
+        CheckConstraint(one_of("route", ItemRoute), name="route_known"),
         # The offload planner's scan: offloaded items not yet in a job.
         Index(
             "ix_items_offload_waiting",
@@ -392,6 +405,8 @@ class UsageLedger(Base):
     # The deployment of the model that served the call (migration 0013; NULL: a row of
     # a provider's Batch API, or from before).
     deployment: Mapped[str | None] = mapped_column(String(64))
+    # The price tier the call was billed at: standard, flex or batch (migration 0016).
+    tier: Mapped[str] = mapped_column(String(10), server_default="standard")
     created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
 
     __table_args__ = (

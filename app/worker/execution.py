@@ -28,9 +28,17 @@ from batchgen.domain import retry
 from batchgen.domain.deadlines import call_timeout_s, time_left_s
 from batchgen.domain.endpoints import line_endpoint
 from batchgen.domain.pools import failover_reason, fails_over
+from batchgen.domain.routes import (
+    ItemRoute,
+    call_route,
+    flex_timeout_s,
+    flex_window,
+    with_service_tier,
+)
 from batchgen.domain.status import ItemStatus
 from batchgen.errors import (
     CallCancelled,
+    FlexUnavailable,
     ProviderError,
     RateLimited,
     TransientProviderError,
@@ -47,7 +55,7 @@ from batchgen.store.db import session_scope
 from batchgen.store.items import Claimed, Ticket
 from batchgen.store.ledger import CallOutcome, record_answer, record_success
 from batchgen.worker.cancellation import CancelWatcher
-from batchgen.worker.failures import cancelled, failed, failover, rate_limited_call
+from batchgen.worker.failures import cancelled, failed, failover, flex_refused, rate_limited_call
 from batchgen.worker.heartbeat import heartbeat
 from batchgen.worker.recording import (
     after_commit,
@@ -312,17 +320,24 @@ def _call(
     item, spec, served = call.item, call.spec, call.served
     # Time left on PostgreSQL's clock (where the deadline was set), not this host's.
     configured_s = spec.call_timeout_s or settings.call_timeout_s
+    left_s = time_left_s(item.deadline_at, item.db_now())
+    flex = flex_window(spec, served, configured_s)
+    route = call_route(ItemRoute(item.route), flex, left_s)
     timeout = call_timeout_s(configured_s, item.deadline_at, item.db_now())
+    if route is ItemRoute.FLEX and flex is not None:
+        timeout = flex_timeout_s(flex, left_s)  # a standard call's time is always left
+    # A time-out this short was the item's own doing: not the deployment's to answer for.
     settlement.cut_by_deadline = timeout < configured_s
     request = ProviderRequest(
         spec=served,
-        body=item.body,
+        body=with_service_tier(item.body, route),
         timeout_s=timeout,
         item_id=item.item_id,
         cancel=cancel,
         stream=settings.stream_calls,
         endpoint=line_endpoint(item.endpoint),
         on_chunk=on_chunk,
+        cache_prefix=item.prefix_key is not None,
     )
     started = time.monotonic()
     settlement.error = MAYBE_SENT
@@ -331,8 +346,11 @@ def _call(
     except ProviderError as exc:
         settlement.error = exc
         call_s = time.monotonic() - started
+        tier = route.tier
         if isinstance(exc, CallCancelled):
-            return Verdict(cancelled(item, served, exc), call_s=call_s)
+            return Verdict(cancelled(item, served, exc, tier), call_s=call_s)
+        if isinstance(exc, FlexUnavailable) and route is ItemRoute.FLEX and flex is not None:
+            return flex_refused(item, flex, settings, exc)  # a refusal is no call's time
         failing_over = fails_over(
             deployments=len(spec.deployments),
             reason=failover_reason(exc),
@@ -341,11 +359,13 @@ def _call(
             time_left_s=time_left_s(item.deadline_at, item.db_now()),
         )
         if failing_over:
-            verdict = failover(item, served, settings, exc, int(call_s * 1000), call.ticket)
+            latency_ms = int(call_s * 1000)
+            verdict = failover(item, served, settings, exc, latency_ms, call.ticket, tier)
             return replace(verdict, call_s=None if isinstance(exc, RateLimited) else call_s)
         if isinstance(exc, RateLimited) and not exc.billed:
             return rate_limited_call(item, settings, exc)  # a 429 is no call's time
-        return Verdict(failed(item, served, settings, exc, int(call_s * 1000)), call_s=call_s)
+        verdict_of = failed(item, served, settings, exc, int(call_s * 1000), tier)
+        return Verdict(verdict_of, call_s=call_s)
     settlement.response, settlement.error = response, None
     latency_s = time.monotonic() - started
     outcome = CallOutcome(
@@ -358,15 +378,17 @@ def _call(
         upstream_latency_ms=int(latency_s * 1000),
         queue_wait_ms=max(0, int((item.started_at - item.created_at).total_seconds() * 1000)),
         deployment=served.served_by,
+        tier=route.tier,
     )
     recorded = _record(item, outcome, served)
     log.info(
-        "item %d attempt %d model %s deployment %s succeeded prompt_tokens=%d "
+        "item %d attempt %d model %s deployment %s route %s succeeded prompt_tokens=%d "
         "completion_tokens=%d latency_ms=%d recorded=%s",
         item.item_id,
         item.attempt,
         spec.name,
         served.served_by,
+        route.value,
         response.prompt_tokens,
         response.completion_tokens,
         latency_s * 1000,

@@ -12,6 +12,7 @@ from dataclasses import replace
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
+from batchgen.domain import retry
 from batchgen.domain.deadlines import time_left_s
 from batchgen.domain.decisions import (
     AfterFailure,
@@ -21,9 +22,16 @@ from batchgen.domain.decisions import (
     attempt_cap,
 )
 from batchgen.domain.pools import failover_reason
+from batchgen.domain.routes import AfterRefusal, FlexWindow, ItemRoute, after_flex_refusal
 from batchgen.domain.status import ItemStatus
-from batchgen.errors import CallCancelled, PermanentProviderError, ProviderError, RateLimited
-from batchgen.registry import ModelSpec
+from batchgen.errors import (
+    CallCancelled,
+    FlexUnavailable,
+    PermanentProviderError,
+    ProviderError,
+    RateLimited,
+)
+from batchgen.registry import ModelSpec, Tier
 from batchgen.store import items
 from batchgen.store.batches import Progress
 from batchgen.store.items import Claimed, Ticket
@@ -34,7 +42,9 @@ from batchgen.worker.verdict import Verdict
 log = logging.getLogger(__name__)
 
 
-def cancelled(item: Claimed, spec: ModelSpec, exc: CallCancelled) -> str:
+def cancelled(
+    item: Claimed, spec: ModelSpec, exc: CallCancelled, tier: Tier = Tier.STANDARD
+) -> str:
     """The batch was cancelled mid-call: the item ends cancelled; a billed call is waste."""
 
     progress: list[Progress] = []
@@ -50,6 +60,7 @@ def cancelled(item: Claimed, spec: ModelSpec, exc: CallCancelled) -> str:
                 prompt_tokens=exc.prompt_tokens or item.prompt_tokens_est,
                 completion_tokens=exc.completion_tokens or 0,
                 deployment=spec.served_by,
+                tier=tier,
             )
             record_waste(session, waste, spec, "cancelled_mid_call")
 
@@ -95,7 +106,56 @@ def rate_limited_call(item: Claimed, settings: Settings, exc: RateLimited) -> Ve
     return with_db_retries(item, "handing a rate-limited item back", work)
 
 
-def _unanswered(item: Claimed, spec: ModelSpec, latency_ms: int) -> CallOutcome:
+def flex_refused(
+    item: Claimed, flex: FlexWindow, settings: Settings, exc: FlexUnavailable
+) -> Verdict:
+    """The provider refused a flex call as busy: no rate limit (no cooldown) and no
+    failure (the attempt is handed back, nothing was billed). Flex again after a wait,
+    or a standard call now, as :func:`batchgen.domain.routes.after_flex_refusal`
+    decides; a short wait stays queued, a long one goes back to PostgreSQL."""
+    left_s = time_left_s(item.deadline_at, item.db_now())
+    refusals = item.flex_refusals + 1
+    decision = after_flex_refusal(
+        refusals=refusals, flex=flex, retry_after_s=exc.retry_after_s, time_left_s=left_s
+    )
+    route, wait_s, queued = ItemRoute.STANDARD, 0.0, True
+    if decision.action is AfterRefusal.RETRY_FLEX:
+        plan = retry.plan_wait(
+            decision.wait_s,
+            left_s,
+            firm=False,
+            releases_dispatch=False,
+            max_countdown_s=settings.max_countdown_s,
+        )
+        if plan.action is not retry.WaitAction.EXPIRE:
+            route, wait_s = ItemRoute.FLEX, plan.wait_s
+            queued = plan.action is retry.WaitAction.REQUEUE
+    log.info(
+        "item %d attempt %d flex refused (%d so far): %s, wait %.1f s",
+        item.item_id,
+        item.attempt,
+        refusals,
+        route.value,
+        wait_s,
+    )
+
+    def work(session: Session) -> bool:
+        return items.reroute(
+            session,
+            item,
+            route=route.value,
+            wait_s=wait_s,
+            lease_s=settings.queued_lease_s if queued else None,
+            code=exc.kind,
+            message=decision.message,
+        )
+
+    if not with_db_retries(item, "handing a refused flex call back", work):
+        return Verdict("skipped")  # cancelled or finished meanwhile
+    return Verdict("wait", wait_s) if queued else Verdict("deferred")
+
+
+def _unanswered(item: Claimed, spec: ModelSpec, latency_ms: int, tier: Tier) -> CallOutcome:
     """A call that failed after it was sent: the provider may charge it, its usage is
     unknown, so the ledger carries the prompt estimate (as waste), against the
     deployment that took it (``spec`` is the model as that deployment serves it)."""
@@ -105,6 +165,7 @@ def _unanswered(item: Claimed, spec: ModelSpec, latency_ms: int) -> CallOutcome:
         prompt_tokens=item.prompt_tokens_est,
         upstream_latency_ms=latency_ms,
         deployment=spec.served_by,
+        tier=tier,
     )
 
 
@@ -115,6 +176,7 @@ def failover(
     exc: ProviderError,
     latency_ms: int,
     ticket: Ticket,
+    tier: Tier = Tier.STANDARD,
 ) -> Verdict:
     """The call failed on its deployment (``spec``, the model as that deployment serves
     it: :meth:`ModelSpec.at`): ledger it if it may be billed, against that deployment,
@@ -130,7 +192,8 @@ def failover(
 
     def work(session: Session) -> str:
         if exc.billed:
-            record_waste(session, _unanswered(item, spec, latency_ms), spec, f"failover_{reason}")
+            waste = _unanswered(item, spec, latency_ms, tier)
+            record_waste(session, waste, spec, f"failover_{reason}")
         if items.failover(
             session,
             item,
@@ -166,7 +229,12 @@ def failover(
 
 
 def failed(
-    item: Claimed, spec: ModelSpec, settings: Settings, exc: ProviderError, latency_ms: int
+    item: Claimed,
+    spec: ModelSpec,
+    settings: Settings,
+    exc: ProviderError,
+    latency_ms: int,
+    tier: Tier = Tier.STANDARD,
 ) -> str:
     """Ledger a billed failure as waste, then retry, fail or expire the item as
     :func:`batchgen.domain.decisions.after_failure` decides."""
@@ -186,7 +254,8 @@ def failed(
 
     def work(session: Session) -> str:
         if exc.billed:
-            record_waste(session, _unanswered(item, spec, latency_ms), spec, f"failed_{exc.kind}")
+            waste = _unanswered(item, spec, latency_ms, tier)
+            record_waste(session, waste, spec, f"failed_{exc.kind}")
         if decision.action is AfterFailure.RETRY:
             if items.retry_later(session, item, decision.wait_s, decision.code, decision.message):
                 return "retry"

@@ -440,6 +440,7 @@ def _create(
             by_id[item_id].body,
             by_id[item_id].max_tokens,
             line_endpoint(by_id[item_id].endpoint),
+            cache_prefix=by_id[item_id].prefix_key is not None,
         )
         for item_id in sorted(attempts)
     ]

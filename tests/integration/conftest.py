@@ -78,6 +78,7 @@ SLOW = frozenset(
         "test_rabbitmq.py::test_sigkill_worker_mid_call_redelivers_and_loses_nothing",
         "test_rate_limits.py::test_budget_starvation_fails_nothing_and_work_resumes",
         "test_rate_limits.py::test_four_workers_stay_within_the_provider_limits",
+        "test_routes.py::test_flex_calls_cost_half_and_a_busy_tier_falls_back_to_standard_in_time",
         "test_totals.py::test_the_scans_use_their_indexes_on_a_large_history",
         "test_sdk_dropin.py::test_openai_files_and_batches_flow",
         "test_sdk_dropin.py::test_openai_batch_cancel_and_file_errors",

@@ -107,6 +107,32 @@ def test_a_messages_request_is_offloaded_whole_and_its_message_kept(sim):
     assert row.response.completion_tokens == message["usage"]["output_tokens"] > 0
 
 
+def test_an_anthropic_row_of_a_shared_prefix_marks_it_for_the_cache(sim):
+    """A row whose prefix is shared (``cache_prefix``) carries an ephemeral breakpoint on
+    its system prompt; one that shares nothing, or marks its own, is sent as it is."""
+    shared = chat_line("s", model="sim-claude")["body"]
+    shared["messages"].insert(0, {"role": "system", "content": "Brand guidelines."})
+    own = {"type": "text", "text": "Mine.", "cache_control": {"type": "ephemeral"}}
+    native = {"model": "sim-claude", "max_tokens": 30, "system": [own]}
+    native["messages"] = [{"role": "user", "content": "hi"}]
+    mine = to_chat_line(0, {"custom_id": "m", "params": native})["body"]
+    rows = [
+        OfflineRow(1, shared, 30, cache_prefix=True),
+        OfflineRow(2, shared, 30),
+        OfflineRow(3, mine, 30, cache_prefix=True),
+    ]
+    spec = _spec(sim, "sim-claude")
+    jobs_for(spec).create(spec, rows, "tag-cache")
+    sent = httpx.get(f"{sim.base_url}/_sim/last_request", params={"api": "anthropic_batch"})
+    marked, plain, own_row = (r["params"] for r in sent.json()["requests"])
+    breakpoint = {"type": "ephemeral"}
+    assert marked["system"] == [
+        {"type": "text", "text": "Brand guidelines.", "cache_control": breakpoint}
+    ]
+    assert plain["system"] == "Brand guidelines."
+    assert own_row["system"] == [own]
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_a_job_is_created_found_and_read(sim, model):
     spec = _spec(sim, model)

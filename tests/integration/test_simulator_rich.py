@@ -125,7 +125,7 @@ def test_anthropic_tool_use_thinking_and_cache_control(claude: anthropic.Anthrop
     system = [
         {
             "type": "text",
-            "text": "You are a catalog assistant. " * 30,
+            "text": "You are a catalog assistant. " * 200,  # cacheable: 1024 tokens or more
             "cache_control": {"type": "ephemeral"},
         }
     ]

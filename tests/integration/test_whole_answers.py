@@ -56,7 +56,7 @@ IMAGE = {
 CLAUDE_PARAMS: dict[str, Any] = {
     "max_tokens": 200,
     "system": [
-        {"type": "text", "text": "You write product copy. " * 40},
+        {"type": "text", "text": "You write product copy. " * 250},  # cacheable: 1024+
         {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}},
     ],
     "tools": CLAUDE_TOOLS,
@@ -124,15 +124,21 @@ def claude(runtime: str) -> Iterator[anthropic.Anthropic]:
         yield client
 
 
+def _key() -> str:
+    """The key batchgen calls the simulator with: its prompt caches, like a provider's,
+    are per key (an organisation's), so a direct call warms the one batchgen reads."""
+    return get_registry()["sim-small"].api_key()
+
+
 @pytest.fixture(scope="module")
 def direct_oai(simulator) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{simulator.base_url}/v1", api_key="k", max_retries=0) as c:
+    with openai.OpenAI(base_url=f"{simulator.base_url}/v1", api_key=_key(), max_retries=0) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def direct_claude(simulator) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(base_url=simulator.base_url, api_key="k", max_retries=0) as c:
+    with anthropic.Anthropic(base_url=simulator.base_url, api_key=_key(), max_retries=0) as c:
         yield c
 
 

@@ -50,7 +50,7 @@ class BatchAdmin(ReadOnly):
         "created_at",
         "finished_at",
     )
-    list_filter = ("status", "priority", "offload", "tenant")
+    list_filter = ("status", "priority", "offload", "route", "tenant")
     search_fields = ("id",)
     readonly_fields = ("items_link", "results_link")
     actions = ("cancel",)
@@ -99,12 +99,13 @@ class UsageAdmin(ReadOnly):
         "tenant",
         "model",
         "route",
+        "tier",
         "prompt_tokens",
         "completion_tokens",
         "cost_usd",
         "waste_reason",
     )
-    list_filter = ("model", "route", "tenant")
+    list_filter = ("model", "route", "tier", "tenant")
 
 
 @admin.register(models.Tenant)

@@ -43,6 +43,7 @@ class Batch(models.Model):
     endpoint = models.CharField(max_length=100)
     priority = models.CharField(max_length=20)
     offload = models.CharField(max_length=10)
+    route = models.CharField(max_length=10)
     completion_window_s = models.IntegerField()
     deadline_at = models.DateTimeField()
     metadata = models.JSONField(null=True)
@@ -135,6 +136,7 @@ class Usage(models.Model):
     cost_usd = models.DecimalField(max_digits=20, decimal_places=10)
     waste_reason = models.CharField(max_length=64, null=True)
     route = models.CharField(max_length=10)
+    tier = models.CharField(max_length=10)  # standard, flex or batch: its price tier
     created_at = models.DateTimeField()
 
     class Meta:

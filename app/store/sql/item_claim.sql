@@ -11,4 +11,4 @@ WHERE i.id = :item_id AND i.status = ANY(:sources) AND i.deadline_at > now()
 RETURNING i.id, i.batch_id, i.tenant_id, i.model, i.body, i.attempts, i.deadline_at,
           i.created_at, i.started_at, i.prompt_tokens_est, i.max_tokens,
           t.tokens_per_min, i.lease_expires_at, i.rate_limited, b.endpoint, i.failovers,
-          now() AS now
+          i.route, i.flex_refusals, i.prefix_key, now() AS now

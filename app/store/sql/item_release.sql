@@ -27,7 +27,7 @@ released AS (
     WHERE items.id = picked.id AND t.id = items.tenant_id AND items.status = ANY(:sources)
     RETURNING items.id, items.batch_id, items.tenant_id, items.attempts,
         items.prompt_tokens_est, items.max_tokens, t.tokens_per_min, items.priority_rank,
-        t.name, t.weight, items.dispatch_key
+        t.name, t.weight, items.dispatch_key, items.prefix_key
 ),
 clocks AS (
     INSERT INTO dispatch_clocks AS k (tenant_id, model, released_key)

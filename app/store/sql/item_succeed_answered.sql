@@ -15,10 +15,10 @@ WITH locked AS (
     INSERT INTO usage_ledger (item_id, attempt, tenant_id, batch_id, model,
                               prompt_tokens, completion_tokens, cached_tokens,
                               cache_write_tokens, reasoning_tokens, cost_usd, waste_reason,
-                              deployment)
+                              deployment, tier)
     SELECT locked.id, :attempt, :tenant_id, :batch_id, :model, :prompt_tokens,
            :completion_tokens, :cached_tokens, :cache_write_tokens, :reasoning_tokens,
-           :cost_usd, NULL, :deployment
+           :cost_usd, NULL, :deployment, :tier
     FROM locked
     ON CONFLICT (item_id, attempt) DO NOTHING
     RETURNING item_id, created_at

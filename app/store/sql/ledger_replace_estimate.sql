@@ -20,7 +20,8 @@ WITH old AS (
         reasoning_tokens = :reasoning_tokens,
         cost_usd = :cost_usd,
         waste_reason = :waste_reason,
-        deployment = COALESCE(:deployment, u.deployment)
+        deployment = COALESCE(:deployment, u.deployment),
+        tier = :tier
     FROM old
     WHERE u.id = old.id
     RETURNING u.id
