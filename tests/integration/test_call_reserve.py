@@ -161,9 +161,11 @@ def test_a_call_behind_a_full_backlog_passes_the_gate_at_its_first_try(
     enter = gate.budget.enter
 
     def first_try_counted(*args: Any, **kwargs: Any) -> Grant:
-        # The call's first try waits until the backlog holds every slot it may take.
+        # The call's first try waits until the backlog holds every slot it may take and
+        # the first call's slot is free again (its caller hears of its end just before
+        # the slot is given back).
         if not tries:
-            wait_until(lambda: held() >= slots - 1, 30, "the backlog holds its slots")
+            wait_until(lambda: held() == slots - 1, 30, "the backlog holds its slots")
         before = held()
         grant = enter(*args, **kwargs)
         tries.append((before, grant))
