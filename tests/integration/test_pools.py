@@ -7,6 +7,7 @@ import datetime as dt
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from decimal import Decimal
 
 import httpx
@@ -319,6 +320,42 @@ def test_a_failover_after_its_batch_was_cancelled_ends_the_item_cancelled(clean_
         assert s.scalar(select(Item.status).where(Item.id == item.item_id)) == "cancelled"
         ledger = s.execute(select(UsageLedger.attempt, UsageLedger.waste_reason)).all()
     assert [tuple(r) for r in ledger] == [(1, "failover_server_error")]
+    assert python_api.get_batch(batch["id"], tenant="acme")["status"] == "cancelled"
+
+
+def test_an_item_handed_back_after_its_batch_was_cancelled_is_never_claimed(clean_db):
+    """A 429 (or a budget wait) hands a running item back to the queue; if its batch was
+    cancelled meanwhile (the cancel left the sent item to its worker), no claim may take
+    it again: a provider request would start after the cancel. The sweep ends it."""
+    from batchgen.errors import RateLimited
+    from batchgen.registry import get_registry
+    from batchgen.store import items
+    from batchgen.worker.cancellation import cancel_batch
+    from batchgen.worker.dispatch import release_all
+    from batchgen.worker.failures import rate_limited_call
+    from batchgen.worker.sweep import sweep
+
+    registry, settings = get_registry(), get_settings()
+    make_tenant("acme")
+    batch = python_api.submit_batch([chat_line("only")], tenant="acme")
+    with db.session_scope() as s:
+        (released,) = release_all(s, registry, settings)
+    with db.autocommit() as connection:
+        item = items.claim_sent(connection, released.ticket, 60.0, time.monotonic(), "a")
+    assert item is not None
+    cancel_batch(batch["id"], "acme")  # the call is under way: the item stays running
+
+    limited = RateLimited("429", retry_after_s=0.1)
+    assert rate_limited_call(item, settings, limited).outcome == "wait"
+    with db.session_scope() as s:
+        assert s.scalar(select(Item.status).where(Item.id == item.item_id)) == "queued"
+    again = replace(released.ticket, attempt=item.attempt)  # the attempt was handed back
+    with db.autocommit() as connection:
+        assert items.claim_sent(connection, again, 60.0, time.monotonic(), "a") is None
+        assert items.claim(connection, item.item_id, 60.0, time.monotonic()) is None
+
+    with db.session_scope() as s:
+        sweep(s, settings)
     assert python_api.get_batch(batch["id"], tenant="acme")["status"] == "cancelled"
 
 

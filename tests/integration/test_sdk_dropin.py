@@ -137,7 +137,7 @@ def test_anthropic_errors_come_in_its_shape(claude: anthropic.Anthropic):
 
 BATCH_FIELDS = set(openai.types.Batch.model_fields)
 # Our own fields of the batch object, kept by the SDK as extras (documented in docs/http-api.md).
-BATCH_EXTRAS = {"priority", "offload", "cancel_requested_at", "finished_at"}
+BATCH_EXTRAS = {"priority", "offload", "route", "cancel_requested_at", "finished_at"}
 
 
 def _jsonl(lines: list[dict[str, Any]]) -> bytes:

@@ -10,6 +10,7 @@ SET status = :target, attempts = i.attempts + 1, started_at = now(), sent_at = n
 FROM tenants AS t, batches AS b
 WHERE i.id = :item_id AND i.status = ANY(:sources) AND i.attempts = :attempt - 1
   AND i.deadline_at > now() AND t.id = i.tenant_id AND b.id = i.batch_id
+  AND b.cancel_requested_at IS NULL  -- handed back after a cancel: never sent again
 RETURNING i.id, i.batch_id, i.tenant_id, i.model, i.body, i.attempts, i.deadline_at,
           i.created_at, i.started_at, i.prompt_tokens_est, i.max_tokens,
           t.tokens_per_min, i.lease_expires_at, i.rate_limited, b.endpoint, i.failovers,
