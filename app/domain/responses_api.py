@@ -31,9 +31,13 @@ IMAGE_DETAILS = ("low", "high", "auto")
 ITEM_STRINGS = {
     "function_call": ("call_id", "name", "arguments"),
     "function_call_output": ("call_id",),
-    "item_reference": ("id",),
 }
 TEXT_FORMATS = ("text", "json_object", "json_schema")
+# batchgen calls the provider with keys every tenant shares: an object the provider
+# stored under them (a response, a conversation, an uploaded file) is not one tenant's,
+# so a request may not name one. Its text goes in the request itself.
+SHARED_KEY = "names an object stored at the provider under keys all tenants share"
+PROVIDER_REFERENCES = ("previous_response_id", "conversation", "prompt")
 
 
 def _fail(field: str, message: str) -> ValidationFailed:
@@ -54,9 +58,11 @@ def _part(part: Any, field: str) -> None:
         raise _fail(f"{field}.type", f"must be one of {', '.join(PART_TYPES)}, got {kind!r}")
     if kind in PART_TEXT:
         _string(part.get(PART_TEXT[kind]), f"{field}.{PART_TEXT[kind]}")
-    elif kind == "input_image":
-        if not isinstance(part.get("image_url"), str) and not isinstance(part.get("file_id"), str):
-            raise _fail(field, "an input_image needs an 'image_url' or a 'file_id'")
+    if part.get("file_id") is not None:
+        raise _fail(f"{field}.file_id", f"{SHARED_KEY}: send the file's data inline")
+    if kind == "input_image":
+        if not isinstance(part.get("image_url"), str):
+            raise _fail(field, "an input_image needs an 'image_url' (a URL or a data URL)")
         detail = part.get("detail", "auto")
         if detail is not None and detail not in IMAGE_DETAILS:
             raise _fail(f"{field}.detail", f"must be one of {', '.join(IMAGE_DETAILS)}")
@@ -85,6 +91,8 @@ def _item(item: Any, field: str) -> None:
         return
     if not isinstance(kind, str):
         raise _fail(field, "must be a message (with 'role' and 'content') or an item with a 'type'")
+    if kind == "item_reference":
+        raise _fail(f"{field}.type", f"an item_reference {SHARED_KEY}: send the item itself")
     for name in ITEM_STRINGS.get(kind, ()):
         _string(item.get(name), f"{field}.{name}")
     if kind == "function_call_output" and not isinstance(item.get("output"), str | list):
@@ -122,6 +130,9 @@ def check_body(body: Mapping[str, Any]) -> None:
     """Raise :class:`ValidationFailed` (its ``field`` the path) unless ``body`` is a
     Responses request the API takes. The model, ``stream`` and the output bound are the
     caller's to check."""
+    for name in PROVIDER_REFERENCES:
+        if body.get(name) is not None:
+            raise _fail(f"body.{name}", f"{SHARED_KEY}; send the whole input instead")
     if "input" not in body or body["input"] is None:
         raise _fail("body.input", "is required")
     value = body["input"]

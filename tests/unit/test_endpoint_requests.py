@@ -106,6 +106,24 @@ def refused(*lines: bytes, endpoint: str | None = None) -> ValidationFailed:
             "body.text.format.schema",
             "schema",
         ),
+        # Objects stored at the provider under the keys every tenant shares.
+        ({"input": "x", "previous_response_id": "resp_1"}, "body.previous_response_id", "share"),
+        ({"input": "x", "conversation": "conv_1"}, "body.conversation", "share"),
+        (
+            {"input": [{"type": "item_reference", "id": "msg_1"}]},
+            "body.input[0].type",
+            "share",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+            "body.input[0].content[0].file_id",
+            "share",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+            "body.input[0].content[0].file_id",
+            "share",
+        ),
         ({"input": "x", "model": "text-embedding-3-small"}, "body.model", "does not serve"),
         ({"input": "x", "model": "sim-claude"}, "body.model", "/v1/chat/completions"),
     ],
