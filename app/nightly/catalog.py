@@ -214,3 +214,23 @@ def chunks(rows: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str,
     it = iter(rows)
     while chunk := list(islice(it, size)):
         yield chunk
+
+
+def parts(
+    lines: Iterable[dict[str, Any]], max_lines: int, max_bytes: int
+) -> Iterator[list[dict[str, Any]]]:
+    """A run's request lines as batches: at most ``max_lines`` lines and ``max_bytes``
+    of JSON each (a long shared system prompt makes a part's text large long before
+    its line count is), in order. A line larger than ``max_bytes`` goes alone (and
+    admission names it)."""
+    part: list[dict[str, Any]] = []
+    size = 0
+    for line in lines:
+        line_bytes = len(json.dumps(line)) + 1
+        if part and (len(part) >= max_lines or size + line_bytes > max_bytes):
+            yield part
+            part, size = [], 0
+        part.append(line)
+        size += line_bytes
+    if part:
+        yield part

@@ -15,7 +15,7 @@ from batchgen.config import Settings, get_settings
 from batchgen.domain.status import Priority
 from batchgen.errors import NotFound, ValidationFailed
 from batchgen.nightly import reuse
-from batchgen.nightly.catalog import PromptRenderer, Reject, chunks, requests
+from batchgen.nightly.catalog import PromptRenderer, Reject, parts, requests
 from batchgen.nightly.jobs import Job, TableRef
 from batchgen.nightly.output import description, write_file, write_table, write_text
 from batchgen.store import batches, usage
@@ -37,10 +37,11 @@ def submit_job(job: Job, day: dt.date, settings: Settings | None = None) -> tupl
     A catalog row that cannot make a prompt (a value the template uses is
     missing or empty, a malformed line) is not submitted: it goes to the run's
     rejects file (:meth:`Job.rejects_path`) with its source line, and the other
-    rows run. A catalog larger than ``BATCHGEN_MAX_BATCH_LINES`` goes in
-    several parts, each a batch with its own idempotency key. An incremental job
-    submits only the products whose request changed since their last description
-    (:mod:`batchgen.nightly.reuse`); when none did, the run has no batch.
+    rows run. A catalog larger than ``BATCHGEN_MAX_BATCH_LINES`` (or than a
+    submit's bytes) goes in several parts, each a batch with its own idempotency
+    key. An incremental job submits only the products whose request changed since
+    their last description (:mod:`batchgen.nightly.reuse`); when none did, the run
+    has no batch.
     """
     settings = settings or get_settings()
     before = set(run_batch_ids(job, day))
@@ -55,7 +56,10 @@ def submit_job(job: Job, day: dt.date, settings: Settings | None = None) -> tupl
             reused, recorded = reuse.record(job, day, planned, rejects)
         lines_to_submit = reuse.to_describe(job, renderer, planned, reused)
     ids: list[str] = []
-    for part, lines in enumerate(chunks(lines_to_submit, settings.max_batch_lines)):
+    # Each part within a submit's bounds: its lines, its bytes and the text the
+    # tokenizer may be handed (a repeated system prompt counts on every line).
+    max_bytes = min(settings.max_body_bytes, settings.max_tokenize_bytes)
+    for part, lines in enumerate(parts(lines_to_submit, settings.max_batch_lines, max_bytes)):
         batch = python_api.submit_batch(
             lines,
             tenant=job.tenant,

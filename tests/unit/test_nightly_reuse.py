@@ -3,6 +3,7 @@ check, the catalog read twice, the jobs file's ``incremental`` and the report li
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from pathlib import Path
 
@@ -130,3 +131,19 @@ def test_the_report_line_counts_the_reused_products():
         "cost_usd=0.000000 batches="
     )
     assert report.as_dict()["reused"] == 9
+
+
+def test_a_runs_parts_keep_within_lines_and_bytes():
+    """A long shared system prompt makes a part's text large long before its line
+    count is: parts are cut at whichever bound comes first, in order."""
+    from batchgen.nightly.catalog import parts
+
+    lines = [{"custom_id": f"p{i}", "body": {"system": "x" * 100}} for i in range(10)]
+    size = len(json.dumps(lines[0])) + 1
+    by_lines = list(parts(lines, max_lines=4, max_bytes=10**9))
+    assert [len(p) for p in by_lines] == [4, 4, 2]
+    by_bytes = list(parts(lines, max_lines=100, max_bytes=3 * size))
+    assert [len(p) for p in by_bytes] == [3, 3, 3, 1]
+    assert [line for part in by_bytes for line in part] == lines
+    alone = list(parts(lines[:2], max_lines=100, max_bytes=size // 2))
+    assert [len(p) for p in alone] == [1, 1]  # each over the bound: alone, for admission
