@@ -17,8 +17,10 @@
 - files.content is stored uncompressed (EXTERNAL), so that a batch is created from an
   upload read in pieces; uploads stored before stay compressed (read whole per piece).
 
-On a large items table the index builds take a while and block writes: run the
-migration in a quiet moment.
+On a large items table the index builds take a while; they are built concurrently
+(writes go on meanwhile), outside the migration's transaction. A build cut short
+leaves an invalid index behind: drop it (``DROP INDEX CONCURRENTLY``) before running
+the migration again.
 
 Revision ID: 0014
 Revises: 0013
@@ -58,28 +60,53 @@ def upgrade() -> None:
     op.add_column(
         "items", sa.Column("dispatch_key", sa.BigInteger(), server_default="0", nullable=False)
     )
-    op.drop_index("ix_items_pending_by_model", table_name="items")
-    op.create_index(
-        "ix_items_pending_by_model",
-        "items",
-        ["model", "tenant_id", "priority_rank", "dispatch_key", "id"],
-        postgresql_where=READY,
-    )
-    op.create_index(
-        "ix_items_batch_id_status_line_no", "items", ["batch_id", "status", "line_no"]
-    )
-    op.drop_index("ix_items_batch_id_status", table_name="items")
-    op.create_index(
-        "ix_items_job_id", "items", ["job_id"], postgresql_where=sa.text("job_id IS NOT NULL")
-    )
-    op.create_index(
-        "ix_batches_finished_at",
-        "batches",
-        ["finished_at"],
-        postgresql_where=sa.text("finished_at IS NOT NULL"),
-    )
-    op.create_index("ix_usage_ledger_batch_id", "usage_ledger", ["batch_id"])
-    op.create_index("ix_provider_job_items_item_id", "provider_job_items", ["item_id"])
+    # The indexes are built CONCURRENTLY, outside the migration's transaction: on a
+    # long history the build takes minutes, and a plain build would block every write
+    # to items (the dispatcher, the workers) for all of it. The dispatcher's index is
+    # built under another name first and swapped in, so dispatch never lacks one.
+    with op.get_context().autocommit_block():
+        op.create_index(
+            "ix_items_pending_by_model_0014",
+            "items",
+            ["model", "tenant_id", "priority_rank", "dispatch_key", "id"],
+            postgresql_where=READY,
+            postgresql_concurrently=True,
+        )
+        op.drop_index("ix_items_pending_by_model", table_name="items", postgresql_concurrently=True)
+        op.execute("ALTER INDEX ix_items_pending_by_model_0014 RENAME TO ix_items_pending_by_model")
+        op.create_index(
+            "ix_items_batch_id_status_line_no",
+            "items",
+            ["batch_id", "status", "line_no"],
+            postgresql_concurrently=True,
+        )
+        op.drop_index("ix_items_batch_id_status", table_name="items", postgresql_concurrently=True)
+        op.create_index(
+            "ix_items_job_id",
+            "items",
+            ["job_id"],
+            postgresql_where=sa.text("job_id IS NOT NULL"),
+            postgresql_concurrently=True,
+        )
+        op.create_index(
+            "ix_batches_finished_at",
+            "batches",
+            ["finished_at"],
+            postgresql_where=sa.text("finished_at IS NOT NULL"),
+            postgresql_concurrently=True,
+        )
+        op.create_index(
+            "ix_usage_ledger_batch_id",
+            "usage_ledger",
+            ["batch_id"],
+            postgresql_concurrently=True,
+        )
+        op.create_index(
+            "ix_provider_job_items_item_id",
+            "provider_job_items",
+            ["item_id"],
+            postgresql_concurrently=True,
+        )
     op.add_column("batch_totals", sa.Column("bytes", sa.BigInteger(), nullable=True))
     op.execute("ALTER TABLE files ALTER COLUMN content SET STORAGE EXTERNAL")
 
