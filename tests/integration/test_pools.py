@@ -162,6 +162,21 @@ def test_a_failing_deployment_cools_down_is_skipped_then_tried_again(clean_db):
     assert [budget.settle(a, "", fail).tripped_s for _ in range(3)] == [0, 0, 0.4]
 
 
+def test_a_call_sent_before_the_trip_does_not_trip_it_again(clean_db):
+    spec = pool_spec(("a", 10**6, 10**4, 9), ("b", 1000, 10**4, 9))
+    budget = budget_of(breaker_failures=3, breaker_cooldown_s=0.4, max_cooldown_s=5)
+    a = spec.at("a")
+    fail = SettleOps(breaker="fail")
+    # A call granted on a (most headroom) before a trips, still out when it cools down.
+    assert budget.enter(spec, "early:1", 0, 10).deployment == "a"
+    assert [budget.settle(a, "", fail).tripped_s for _ in range(3)] == [0, 0, 0.4]
+    get_redis().delete(keys.cooldown(a.budget_key))  # the cooldown is over
+    # Its failure, coming in after the cooldown, says nothing of a now: no new trip.
+    assert budget.settle(a, "early:1", fail).tripped_s == 0
+    # A probe sent after the cooldown does: it opens again, for twice as long.
+    assert budget.settle(a, "", fail).tripped_s == pytest.approx(breaker_cooldown_s(2, 0.4, 5))
+
+
 def test_a_model_of_one_deployment_keeps_its_keys(clean_db):
     spec = load_registry(get_settings().models_file)["sim-small"]
     assert [d.name for d in spec.deployments] == ["default"]
@@ -384,6 +399,9 @@ max_concurrency = 8
 """
 
 
+DEADLINE_S = 8.0
+
+
 def test_a_call_cut_short_by_its_own_deadline_does_not_trip_the_breaker(
     clean_db, tmp_path, monkeypatch
 ):
@@ -398,7 +416,9 @@ def test_a_call_cut_short_by_its_own_deadline_does_not_trip_the_breaker(
     from batchgen.worker.execution import run_item
 
     lanes = {"slow": {"fault_rate": 1.0, "fault_kinds": ["hang"]}, "other": {}}
-    with SimulatorThread(SimulatorConfig(hang_s=3.0, seed=1, deployments=lanes)) as sim:
+    # The deadline (DEADLINE_S) leaves a loaded machine ample time to start the call,
+    # and the hang outlasts it: the call is cut by the deadline, not by the hang.
+    with SimulatorThread(SimulatorConfig(hang_s=30.0, seed=1, deployments=lanes)) as sim:
         models = tmp_path / "models.toml"
         models.write_text(SLOW_POOL_TOML.format(base_url=sim.base_url))
         monkeypatch.setenv("BATCHGEN_MODELS_FILE", str(models))
@@ -409,8 +429,9 @@ def test_a_call_cut_short_by_its_own_deadline_does_not_trip_the_breaker(
             spec = registry["pool"]
             make_tenant("acme")
             python_api.submit_batch([chat_line("r", model="pool")], tenant="acme")
-            with db.session_scope() as s:  # the item has two seconds left
-                s.execute(update(Item).values(deadline_at=func.now() + dt.timedelta(seconds=2)))
+            with db.session_scope() as s:  # the item has DEADLINE_S left
+                left = dt.timedelta(seconds=DEADLINE_S)
+                s.execute(update(Item).values(deadline_at=func.now() + left))
                 (released,) = release_all(s, registry, settings)
             verdict = run_item(
                 released.ticket.item_id,

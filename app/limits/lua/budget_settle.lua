@@ -95,23 +95,28 @@ if cooldown_ms > 0 then cooldown_left = extend_cooldown(cooldown_key, cooldown_m
 -- The circuit breaker (app/domain/pools.py breaker_trips, breaker_cooldown_s): an
 -- answer closes it; breaker_failures failures within its window open it, and so does
 -- one failure after a cooldown that no answer has followed yet. A failure while the
--- deployment cools down (a call sent before) says nothing new.
+-- deployment cools down, or of a call granted before the last trip (sent before it,
+-- ending after the cooldown), says nothing new.
 local breaker, tripped_ms = ARGV[27] or '', 0
 if breaker == 'ok' then
     redis.call('DEL', KEYS[12])
 elseif breaker == 'fail' and redis.call('PTTL', cooldown_key) <= 0 then
-    local b = redis.call('HMGET', KEYS[12], 'n', 'since', 'trips')
+    local b = redis.call('HMGET', KEYS[12], 'n', 'since', 'trips', 'tripped')
     local n, since, trips = tonumber(b[1]) or 0, tonumber(b[2]), tonumber(b[3]) or 0
+    local last_trip, sent = tonumber(b[4]), tonumber(redis.call('ZSCORE', log, id))
     local longest_ms = tonumber(ARGV[31])
-    if since == nil or now - since > tonumber(ARGV[29]) then n, since = 0, now end
-    n = n + 1
-    if trips > 0 or n >= tonumber(ARGV[28]) then
-        trips = trips + 1
-        tripped_ms = math.floor(math.min(longest_ms, tonumber(ARGV[30]) * 2 ^ (trips - 1)))
-        extend_cooldown(cooldown_key, tripped_ms)
-        n, since = 0, now
+    if not (last_trip and sent and sent < last_trip) then
+        if since == nil or now - since > tonumber(ARGV[29]) then n, since = 0, now end
+        n = n + 1
+        if trips > 0 or n >= tonumber(ARGV[28]) then
+            trips = trips + 1
+            tripped_ms = math.floor(math.min(longest_ms, tonumber(ARGV[30]) * 2 ^ (trips - 1)))
+            extend_cooldown(cooldown_key, tripped_ms)
+            n, since, last_trip = 0, now, now
+        end
+        redis.call('HSET', KEYS[12], 'n', n, 'since', num(since), 'trips', trips)
+        if last_trip then redis.call('HSET', KEYS[12], 'tripped', num(last_trip)) end
     end
-    redis.call('HSET', KEYS[12], 'n', n, 'since', num(since), 'trips', trips)
     redis.call('PEXPIRE', KEYS[12], math.ceil(2 * longest_ms + 1000 * tonumber(ARGV[29])))
 end
 for field in string.gmatch(ARGV[23] or '', '[^,]+') do
