@@ -70,7 +70,10 @@ def test_items_whose_requests_cannot_leave_end_failed_with_the_reason(
             "BATCHGEN_MODELS_FILE": str(models),
             BAD_KEY_ENV: "sk-unsendable-key\n",
             "BATCHGEN_MAX_FAILOVERS": "3",
-            "BATCHGEN_BREAKER_COOLDOWN_S": "0.5",  # both deployments keep failing
+            # Both deployments keep failing: their breakers trip again and again, each
+            # cooldown twice the last; kept short, it only slows the pool's items down.
+            "BATCHGEN_BREAKER_COOLDOWN_S": "0.5",
+            "BATCHGEN_MAX_COOLDOWN_S": "1",
         }
         for key, value in env.items():
             monkeypatch.setenv(key, value)
