@@ -28,6 +28,8 @@ QUEUE_PREFIX = "llm."
 # The most model names an "unknown model" error lists.
 LISTED_MODELS = 20
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# A URL's user and password (``//user:secret@``).
+_USERINFO = re.compile(r"//[^/@]*@")
 
 
 class ProviderKind(StrEnum):
@@ -535,7 +537,9 @@ def _check_base_urls(name: str, raw: dict[str, object], source: str) -> None:
         expanded = _expand_env(value)
         problem = _unset_reference(value) or url_problem(expanded)
         if problem is not None:
-            shown = f" (expands to {expanded!r})" if expanded != value else ""
+            # A credential that came from the environment stays out of the message.
+            masked = _USERINFO.sub("//***@", expanded)
+            shown = f" (expands to {masked!r})" if expanded != value else ""
             raise ConfigError(
                 f"{source}: model {name!r}{where}: base_url {value!r}{shown} is not a usable"
                 f" URL: {problem}"

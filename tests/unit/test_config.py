@@ -137,6 +137,13 @@ def test_an_unusable_base_url_is_refused_at_load_naming_the_file_and_key(
         parse_registry(model, "models.toml")
 
 
+def test_a_refused_base_url_shows_no_credential_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SIM_URL", "http://user:s3cret@")
+    with pytest.raises(ConfigError, match="has no host") as refused:
+        parse_registry(MODEL, "models.toml")
+    assert "s3cret" not in str(refused.value) and "//***@" in str(refused.value)
+
+
 def test_tiktoken_works_offline_and_is_verified():
     enc = tokens.get_encoding("cl100k_base")
     assert enc is not None
