@@ -23,7 +23,8 @@
     │   ├── ``FlexUnavailable``      429 "resource unavailable": a flex call refused
     │   └── ``MalformedResponse``    an unreadable answer (transient: retried)
     ├── ``PermanentProviderError``   fail the item (400, 401, 403, 404, 422)
-    │   └── ``ContextLengthExceeded``
+    │   ├── ``ContextLengthExceeded``
+    │   └── ``Unsendable``           the request could not leave (a deployment's config)
     └── ``CallCancelled``            ``request.cancel`` was set: the call was abandoned
 """
 
@@ -238,6 +239,18 @@ class PermanentProviderError(ProviderError):
 
 class ContextLengthExceeded(PermanentProviderError):
     kind = "context_length_exceeded"
+
+
+class Unsendable(PermanentProviderError):
+    """The request could not be built or sent as the deployment is configured (a base
+    URL no client can use, an API key no header can carry, an SDK configuration error):
+    a local failure before any byte left, so never billed, and no retry can mend it.
+    A pool hands the item to another deployment; else the item fails."""
+
+    kind = "unsendable"
+
+    def __init__(self, message: str):
+        super().__init__(message, status=None, billed=False)
 
 
 class MalformedResponse(TransientProviderError):

@@ -10,6 +10,7 @@ import tomllib
 from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -27,6 +28,8 @@ QUEUE_PREFIX = "llm."
 # The most model names an "unknown model" error lists.
 LISTED_MODELS = 20
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# A URL's user and password (``//user:secret@``).
+_USERINFO = re.compile(r"//[^/@]*@")
 
 
 class ProviderKind(StrEnum):
@@ -482,6 +485,67 @@ def _expand_env(value: str) -> str:
     return _ENV_REF.sub(sub, value)
 
 
+def _expand_all(value: object) -> object:
+    """``${VAR}`` and ``${VAR:-default}`` expanded in every string of a model's table,
+    its deployments, tiers, flex and offline tables and arrays included."""
+    if isinstance(value, str):
+        return _expand_env(value)
+    if isinstance(value, dict):
+        return {k: _expand_all(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_all(v) for v in value]
+    return value
+
+
+def url_problem(url: str) -> str | None:
+    """Why no client can call ``url`` (its scheme, host or port), or None: it is usable."""
+    if any(c.isspace() for c in url):
+        return "contains whitespace"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises on a port that is not a number in range)
+    except ValueError as exc:
+        return f"does not parse ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return "needs the scheme http:// or https://"
+    if not parts.hostname:
+        return "has no host"
+    return None
+
+
+def _unset_reference(value: str) -> str | None:
+    """A ``${VAR}`` without a default whose variable is unset or empty (it would leave a
+    hole in the URL: ``https://.openai.azure.com``), named; else None."""
+    for match in _ENV_REF.finditer(value):
+        if match.group(2) is None and not os.environ.get(match.group(1)):
+            return f"${{{match.group(1)}}} is unset or empty"
+    return None
+
+
+def _check_base_urls(name: str, raw: dict[str, object], source: str) -> None:
+    """Refuse a model's or a deployment's ``base_url`` that no call could use, once
+    expanded (a ``${VAR}`` unset leaves ``http://`` or ``/v1``), naming where it is:
+    loaded, it would fail every call of the model."""
+    declared = raw.get("deployments")
+    places: list[tuple[str, object]] = [("", raw)]
+    if isinstance(declared, dict):
+        places += [(f" deployment {d!r}", table) for d, table in declared.items()]
+    for where, table in places:
+        value = table.get("base_url") if isinstance(table, dict) else None
+        if not isinstance(value, str):
+            continue
+        expanded = _expand_env(value)
+        problem = _unset_reference(value) or url_problem(expanded)
+        if problem is not None:
+            # A credential that came from the environment stays out of the message.
+            masked = _USERINFO.sub("//***@", expanded)
+            shown = f" (expands to {masked!r})" if expanded != value else ""
+            raise ConfigError(
+                f"{source}: model {name!r}{where}: base_url {value!r}{shown} is not a usable"
+                f" URL: {problem}"
+            )
+
+
 def parse_registry(text: str, source: str = "<string>") -> Registry:
     """Parse registry TOML; raises :class:`ConfigError` naming the model and field."""
     try:
@@ -493,7 +557,8 @@ def parse_registry(text: str, source: str = "<string>") -> Registry:
         raise ConfigError(f'{source}: no [models."<name>"] tables')
     models: dict[str, ModelSpec] = {}
     for name, raw in tables.items():
-        fields = {k: _expand_env(v) if isinstance(v, str) else v for k, v in raw.items()}
+        _check_base_urls(name, raw, source)
+        fields = {k: _expand_all(v) for k, v in raw.items()}
         try:
             models[name] = ModelSpec.model_validate({"name": name, **fields})
         except ValidationError as exc:

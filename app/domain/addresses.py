@@ -25,6 +25,16 @@ METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(a)
     for a in ("169.254.169.254", "169.254.170.2", "100.100.100.200", "fd00:ec2::254")
 )
+# IPv6 forms whose traffic ends at an IPv4 address written inside them: a translator or
+# relay (NAT64, 6to4, Teredo) or the host's own stack (IPv4-compatible) carries it
+# there, so the IPv4 address is what must pass.
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")  # RFC 8215, any prefix length
+IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+# RFC 6052 2.2: where the IPv4 address sits, per translator prefix length in bits, once
+# bits 64-71 (the zero "u" octet) are left out of the address's 16 bytes.
+NAT64_OFFSETS = {48: 6, 56: 7, 64: 8, 96: 11}
+ISATAP_IDS = (b"\x00\x00\x5e\xfe", b"\x02\x00\x5e\xfe")  # interface id ::0:5efe:a.b.c.d
 # Names that mean this host whatever DNS says (RFC 6761).
 LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 
@@ -62,13 +72,55 @@ def is_local_name(host: str) -> bool:
     return name in LOCAL_NAMES or name.endswith(".localhost")
 
 
+def _nat64_local(packed: bytes) -> list[ipaddress.IPv4Address]:
+    """Every IPv4 address a 64:ff9b:1::/48 address may carry: the translator's prefix
+    length is the operator's choice, so each layout whose suffix is zero counts (0.0.0.0,
+    which no translator is asked for, is the zero bits of a layout that does not apply)."""
+    octets = packed[:8] + packed[9:]  # without the u octet
+    return [
+        ipaddress.IPv4Address(octets[at : at + 4])
+        for length, at in NAT64_OFFSETS.items()
+        if any(octets[at : at + 4])
+        and (length == 96 or (packed[8] == 0 and not any(octets[at + 4 :])))
+    ]
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address leads to (IPv4-mapped, 6to4, Teredo's client
+    and server, NAT64, IPv4-compatible, ISATAP), [] for a plain IPv6 address."""
+    last32 = ipaddress.IPv4Address(address.packed[12:])
+    if address.ipv4_mapped is not None:
+        return [address.ipv4_mapped]
+    if address.sixtofour is not None:
+        return [address.sixtofour]
+    if address.teredo is not None:
+        server, client = address.teredo  # client already un-inverted
+        return [client, server]
+    if address in NAT64 or (address in IPV4_COMPATIBLE and int(address) > 1):  # not ::, ::1
+        return [last32]
+    if address in NAT64_LOCAL:
+        return _nat64_local(address.packed)
+    if address.packed[8:12] in ISATAP_IDS:
+        return [last32]
+    return []
+
+
 def refusal(address: IPAddress, allow_nets: Sequence[IPNetwork] = ()) -> str | None:
     """Why a webhook must not be sent to ``address`` (``loopback``, ``private``,
     ``link_local``, ``multicast``, ``reserved``, ``metadata``, ``unspecified``,
     ``not_global``), or None: it may. An address inside ``allow_nets`` may, except a
-    metadata service's unless that address itself is listed."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
+    metadata service's unless that address itself is listed. An IPv6 address that
+    carries IPv4 addresses (:func:`embedded_ipv4`) is judged by them."""
+    if isinstance(address, ipaddress.IPv6Address):
+        carried = embedded_ipv4(address)
+        reason = first_refusal(carried, allow_nets)
+        # An ISATAP address is routed by its own IPv6 prefix first, so that is judged too.
+        if carried and (reason or address.packed[8:12] not in ISATAP_IDS):
+            return reason
+    return _own_refusal(address, allow_nets)
+
+
+def _own_refusal(address: IPAddress, allow_nets: Sequence[IPNetwork]) -> str | None:
     allowed = [net for net in allow_nets if address.version == net.version and address in net]
     if address in METADATA_ADDRESSES:
         return None if any(net.num_addresses == 1 for net in allowed) else "metadata"

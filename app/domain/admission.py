@@ -388,6 +388,51 @@ def validate_line(
     )
 
 
+def binding_tokens_per_min(spec: ModelSpec, tenant_tokens_per_min: int | None) -> tuple[int, str]:
+    """The tokens-per-minute limit one request must fit within, and its name: the
+    tenant's own or the model's, whichever is smaller (a pooled model's largest
+    deployment's: one request runs on one deployment)."""
+    largest = max(spec.deployments, key=lambda d: d.tokens_per_min)
+    if tenant_tokens_per_min is not None and tenant_tokens_per_min <= largest.tokens_per_min:
+        return tenant_tokens_per_min, "the tenant's tokens_per_min"
+    if spec.pooled:
+        return largest.tokens_per_min, (
+            f"the tokens_per_min of {spec.name}'s largest deployment {largest.name!r}"
+        )
+    return largest.tokens_per_min, f"the tokens_per_min of {spec.name}"
+
+
+def never_fits(tokens: int, spec: ModelSpec, tenant_tokens_per_min: int | None) -> str | None:
+    """Why a request reserving ``tokens`` (its prompt and every choice's max output) can
+    never be granted, naming the limit that binds; None when it can."""
+    limit, name = binding_tokens_per_min(spec, tenant_tokens_per_min)
+    if tokens <= limit:
+        return None
+    return (
+        f"a request of {tokens} tokens (the prompt plus max_tokens times n) can never fit "
+        f"{name} of {limit}"
+    )
+
+
+def fitting(
+    drafts: Iterable[ItemDraft], registry: Registry, tenant_tokens_per_min: int | None
+) -> Iterator[ItemDraft]:
+    """The drafts, refusing the first one that could never be granted (it would wait
+    for ever): :func:`never_fits`."""
+    for draft in drafts:
+        tokens = draft.prompt_tokens_est + draft.max_tokens
+        why = never_fits(tokens, registry[draft.model], tenant_tokens_per_min)
+        if why is not None:
+            raise _fail(draft.line_no, _size_field(draft.body), why)
+        yield draft
+
+
+def _size_field(body: dict[str, Any]) -> str:
+    """The field that sets a request's size: its output bound when it has one."""
+    given = [k for k in (*MAX_TOKENS_FIELDS, "max_output_tokens") if body.get(k) is not None]
+    return f"body.{given[0]}" if given else "body"
+
+
 def iter_lines(stream: Iterable[bytes], limits: Limits) -> Iterator[tuple[int, bytes]]:
     """Numbered non-blank lines of a byte stream, enforcing line and byte limits."""
     total_bytes = 0

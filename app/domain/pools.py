@@ -17,7 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batchgen.errors import MalformedResponse, ProviderError, RateLimited, TransientProviderError
+from batchgen.errors import (
+    MalformedResponse,
+    ProviderError,
+    RateLimited,
+    TransientProviderError,
+    Unsendable,
+)
 
 # Statuses that say the deployment (not the request) failed: the next try goes elsewhere.
 TIMEOUT_STATUSES = frozenset({408})
@@ -69,9 +75,12 @@ def pick(rooms: Sequence[Room]) -> int | None:
 def failover_reason(error: ProviderError) -> str | None:
     """Why a failed call points at its deployment rather than at the request (a 429, a
     5xx, a time-out, a refused or dropped connection), or None. A malformed answer or a
-    4xx other than 408/429 is the request's own failure: it fails over nowhere."""
+    4xx other than 408/429 is the request's own failure: it fails over nowhere. A request
+    the deployment's configuration could not send is the deployment's failure."""
     if isinstance(error, RateLimited):
         return "rate_limited"
+    if isinstance(error, Unsendable):
+        return "unsendable"
     if isinstance(error, MalformedResponse) or not isinstance(error, TransientProviderError):
         return None
     if error.status is None or error.status in TIMEOUT_STATUSES:

@@ -23,6 +23,7 @@ from typing import Protocol
 import redis
 
 from batchgen.config import Settings
+from batchgen.domain.admission import never_fits
 from batchgen.domain.call_shares import share_of
 from batchgen.domain.pools import breaker_signal
 from batchgen.domain.rate_limits import RateLimitState
@@ -245,9 +246,8 @@ class Gate:
             )
         if grant.never:
             tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)
-            return Never(
-                f"request of {tokens} tokens exceeds the tokens-per-minute limit of {spec.name}"
-            )
+            why = never_fits(tokens, spec, item.tenant_tokens_per_min)
+            return Never(why or f"a request of {tokens} tokens can never fit {spec.name}")
         kind = WaitKind(grant.reason) if grant.reason in _KINDS else WaitKind.TOKENS
         return Wait(grant.countdown_s, _REASONS[kind], kind)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batchgen.providers.base import Provider
+from batchgen.providers.base import Provider, UnusableProvider, unusable_client
 from batchgen.registry import ModelSpec, ProviderKind
 
 # (provider, base URL, key env) of the clients this process has built: a first call
@@ -13,11 +13,17 @@ _WARMED: set[tuple[str, ...]] = set()
 def warmed_provider(spec: ModelSpec) -> Provider:
     """The adapter for ``spec`` with its client built once per process (``warm``), so
     what a first call would build (the SDK's imports and client: seconds in a fresh
-    process) never sits between an item being marked sent and its request leaving."""
+    process) never sits between an item being marked sent and its request leaving.
+    A client that cannot be built gives :class:`UnusableProvider`."""
     provider = get_provider(spec)
     key = (spec.provider.value, spec.base_url, spec.api_key_env, spec.azure_deployment or "")
     if key not in _WARMED:
-        provider.warm(spec)
+        try:
+            provider.warm(spec)
+        except Exception as exc:  # noqa: BLE001 - building a client sends nothing
+            # A client no configuration of this deployment can build (its base_url, its
+            # key): its calls fail as such, instead of raising before the item's claim.
+            return UnusableProvider(unusable_client(exc))
         _WARMED.add(key)
     return provider
 

@@ -39,6 +39,8 @@ from batchgen.providers.base import (
     safe_code,
     status_message,
     transport_error,
+    unsendable,
+    unusable_client,
 )
 from batchgen.providers.headers import anthropic_rate_limits
 from batchgen.registry import ModelSpec
@@ -127,6 +129,11 @@ def translate(exc: BaseException, *, in_stream: bool = False) -> ProviderError:
         )
     if isinstance(exc, (anthropic.APIResponseValidationError, httpx2.DecodingError, *_MALFORMED)):
         return MalformedResponse(f"malformed response ({type(exc).__name__})", billed=True)
+    if isinstance(exc, anthropic.AnthropicError) and not isinstance(exc, anthropic.APIError):
+        return unusable_client(exc)  # the SDK's own configuration check: nothing was sent
+    local = None if in_stream else unsendable(exc)
+    if local is not None:
+        return local
     # APIConnectionError (and APITimeoutError), raw httpx2 transport errors.
     return transport_error(exc, in_stream=in_stream)
 

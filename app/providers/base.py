@@ -36,6 +36,7 @@ from batchgen.errors import (
     ProviderError,
     RateLimited,
     TransientProviderError,
+    Unsendable,
 )
 from batchgen.providers.headers import rate_limits_of
 from batchgen.registry import ModelSpec
@@ -64,6 +65,19 @@ _NEVER_SENT: tuple[type[BaseException], ...] = (
     httpcore2.PoolTimeout,
     urllib3.exceptions.ConnectTimeoutError,
 )
+
+# Failures of building or writing the request itself, before any byte left: a URL the
+# client cannot use (scheme, host, port), a header it cannot carry (an API key with a
+# newline). The deployment's configuration, not the network: no retry mends them.
+_UNSENDABLE: tuple[type[BaseException], ...] = (
+    httpx2.UnsupportedProtocol,
+    httpx2.InvalidURL,
+    httpx2.LocalProtocolError,
+    httpcore2.UnsupportedProtocol,
+    httpcore2.LocalProtocolError,
+    urllib3.exceptions.LocationValueError,
+)
+UNSENDABLE_HINT = "check the deployment's base_url and API key"
 
 
 @dataclass(frozen=True)
@@ -218,6 +232,38 @@ def never_sent(exc: BaseException) -> bool:
     """True when the request surely never reached the provider: the connection
     (or a connection from the pool) could not be had, so no byte was written."""
     return any(isinstance(e, _NEVER_SENT) for e in exception_chain(exc))
+
+
+def unsendable(exc: BaseException) -> Unsendable | None:
+    """The failure as :class:`Unsendable` when the request could not be built or
+    written (:data:`_UNSENDABLE` anywhere in its chain), else None. The message names
+    the exception's class only: its text may quote the URL or the key."""
+    local = next((e for e in exception_chain(exc) if isinstance(e, _UNSENDABLE)), None)
+    if local is None:
+        return None
+    return Unsendable(f"request not sendable ({type(local).__name__}): {UNSENDABLE_HINT}")
+
+
+def unusable_client(exc: BaseException) -> Unsendable:
+    """A client that could not be built (it sends nothing): the deployment's
+    configuration, named by the exception's class only."""
+    return Unsendable(f"client not buildable ({type(exc).__name__}): {UNSENDABLE_HINT}")
+
+
+class UnusableProvider:
+    """The adapter of a deployment whose client could not be built: every call fails
+    with :class:`Unsendable` and sends nothing, so its item fails over or fails rather
+    than raising before it is claimed, again and again."""
+
+    def __init__(self, error: Unsendable) -> None:
+        self.message = error.message
+
+    def warm(self, spec: ModelSpec) -> None:
+        """Nothing to build."""
+
+    def complete(self, request: ProviderRequest) -> ProviderResponse:
+        cancelled_before_call(request)
+        raise Unsendable(self.message)
 
 
 def transport_error(exc: BaseException, *, in_stream: bool = False) -> TransientProviderError:

@@ -137,6 +137,11 @@ class LeanEndpoint:
             raise openai.APITimeoutError(request=httpx2.Request("POST", url)) from exc
         except HTTPError as exc:
             raise openai.APIConnectionError(request=httpx2.Request("POST", url)) from exc
+        except ValueError as exc:
+            # http.client refusing a header (an API key with a newline) before sending:
+            # its text quotes the header, so only the kind of failure goes on.
+            unsent = httpx2.LocalProtocolError(f"request not sendable ({type(exc).__name__})")
+            raise openai.APIConnectionError(request=httpx2.Request("POST", url)) from unsent
         response = LeanResponse(raw, url)
         if raw.status >= 400:
             try:
@@ -168,13 +173,16 @@ def _behind_proxy(url: str) -> bool:
 @functools.cache
 def _endpoint_for(client: openai.OpenAI) -> LeanEndpoint | None:
     base = str(client.base_url)
-    if type(client) is not openai.OpenAI or urlsplit(base).query or _behind_proxy(base):
+    parts = urlsplit(base)
+    if type(client) is not openai.OpenAI or parts.query or _behind_proxy(base):
+        return None
+    if parts.scheme not in ("http", "https"):  # the SDK's own stack refuses it as such
         return None
     return LeanEndpoint(client)
 
 
 def endpoint(client: openai.OpenAI, enabled: bool) -> LeanEndpoint | None:
     """The lean path for ``client`` (one per client and process), or None: turned off,
-    not a plain OpenAI client (Azure's routes differ), a base URL with a query, or
-    behind a proxy."""
+    not a plain OpenAI client (Azure's routes differ), a base URL with a query or a
+    scheme other than http(s), or behind a proxy."""
     return _endpoint_for(client) if enabled else None

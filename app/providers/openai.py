@@ -43,6 +43,8 @@ from batchgen.providers.base import (
     sse_data,
     status_message,
     transport_error,
+    unsendable,
+    unusable_client,
 )
 from batchgen.providers.headers import openai_rate_limits
 from batchgen.registry import ModelSpec, ProviderKind
@@ -128,6 +130,11 @@ def translate(exc: BaseException, *, in_stream: bool = False) -> ProviderError:
         code = safe_code(exc.code) or safe_code(exc.type)
         message = f"stream error event {type(exc).__name__}" + (f" code={code}" if code else "")
         return classify_status(500, message, None, code, billed=True)
+    if isinstance(exc, openai.OpenAIError) and not isinstance(exc, openai.APIError):
+        return unusable_client(exc)  # the SDK's own configuration check: nothing was sent
+    local = None if in_stream else unsendable(exc)
+    if local is not None:
+        return local
     # APIConnectionError (and APITimeoutError), raw httpx2 transport errors.
     return transport_error(exc, in_stream=in_stream)
 

@@ -28,6 +28,7 @@ from batchgen.domain.admission import (
     ItemDraft,
     Limits,
     RequestFingerprint,
+    fitting,
     parse_lines,
     unstorable_path,
 )
@@ -380,7 +381,8 @@ def store_batch(
     )
     limits = submission_limits(settings)
     expected = line_endpoint(endpoint) if endpoint is not None else None
-    drafts = fingerprint.track(parse_lines(lines, registry, limits, expected))
+    parsed = parse_lines(lines, registry, limits, expected)
+    drafts = fingerprint.track(fitting(parsed, registry, tenant.tokens_per_min))
     first = next(drafts)  # the lines name the batch's endpoint when the caller did not
     drafts = itertools.chain([first], drafts)
     if key is not None:

@@ -65,6 +65,7 @@ SLOW = frozenset(
         "test_pgbouncer.py::test_worker_and_api_processes_keep_to_their_connection_budget",
         "test_pipeline.py::test_three_tenants_two_models_200_items",
         "test_pools.py::test_calls_fail_over_to_azure_within_the_deadline_using_no_attempt",
+        "test_unsendable.py::test_items_whose_requests_cannot_leave_end_failed_with_the_reason",
         "test_estimates.py",
         "test_first_call.py::test_an_unmigrated_database_says_batchgen_db_upgrade",
         "test_first_call.py::test_creating_the_app_loads_the_provider_sdks",

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from batchgen.domain import tokens
-from batchgen.domain.admission import Limits, parse_lines
+from batchgen.domain.admission import Limits, binding_tokens_per_min, never_fits, parse_lines
 from batchgen.errors import PayloadTooLarge, ValidationFailed
-from batchgen.registry import get_registry
+from batchgen.registry import get_registry, parse_registry
+from tests.unit import test_pools as pools
 
 LIMITS = Limits(max_lines=100, max_bytes=1 << 20)
 
@@ -128,3 +129,26 @@ def test_offline_rows_ask_one_choice_its_own_bound():
 
     (draft,) = parse(line("a", max_tokens=100, n=3))
     assert per_choice_max_tokens(draft.body, draft.max_tokens) == 100
+
+
+def test_the_smaller_of_the_tenants_and_the_models_limit_binds():
+    """A request runs on one deployment: a pool's largest one bounds it, not the sum."""
+    spec = parse_registry(pools.MODEL + pools.POOL)["m"]  # deployments of 1000 and 500
+    assert spec.tokens_per_min == 1500
+    assert binding_tokens_per_min(spec, None) == (
+        1000,
+        "the tokens_per_min of m's largest deployment 'a'",
+    )
+    assert binding_tokens_per_min(spec, 5000)[0] == 1000
+    assert binding_tokens_per_min(spec, 800) == (800, "the tenant's tokens_per_min")
+    assert never_fits(1000, spec, None) is None
+    assert never_fits(1001, spec, None) == (
+        "a request of 1001 tokens (the prompt plus max_tokens times n) can never fit "
+        "the tokens_per_min of m's largest deployment 'a' of 1000"
+    )
+    assert "the tenant's tokens_per_min of 800" in (never_fits(801, spec, 800) or "")
+    lone = parse_registry(pools.ONE)["m"]
+    assert never_fits(101, lone, None) == (
+        "a request of 101 tokens (the prompt plus max_tokens times n) can never fit "
+        "the tokens_per_min of m of 100"
+    )

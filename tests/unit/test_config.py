@@ -72,6 +72,78 @@ def test_registry_expands_env_and_names_bad_fields(monkeypatch):
         parse_registry("[models")
 
 
+POOL = (
+    MODEL.replace("tokens_per_min = 1000\nrequests_per_min = 10\nmax_concurrency = 2\n", "")
+    + """
+[models."m".deployments.eu]
+base_url = "https://${EU_HOST}/v1"
+api_key_env = "${EU_KEY_VAR:-EU_KEY}"
+region = "${EU_REGION:-eu-west}"
+tokens_per_min = 1000
+requests_per_min = 10
+max_concurrency = 2
+[models."m".deployments.eu.tiers.batch]
+input_usd_per_1m = 0.5
+output_usd_per_1m = 1
+"""
+)
+
+
+def test_env_references_are_expanded_in_deployments_and_nested_tables(monkeypatch):
+    """docs/providers.md: ${VAR} and ${VAR:-default} are expanded, in a deployment's
+    fields as in the model's."""
+    monkeypatch.setenv("EU_HOST", "eu.example.com")
+    monkeypatch.delenv("EU_KEY_VAR", raising=False)
+    monkeypatch.setenv("EU_REGION", "eu-central")
+    eu = parse_registry(POOL)["m"].deployment("eu")
+    assert eu.base_url == "https://eu.example.com/v1"
+    assert (eu.api_key_env, eu.region) == ("EU_KEY", "eu-central")
+
+
+@pytest.mark.parametrize(
+    ("url", "env", "problem"),
+    [
+        (
+            "http://${X}",
+            {},
+            "'http://\\$\\{X\\}' \\(expands to 'http://'\\) is not a usable URL: "
+            "\\$\\{X\\} is unset or empty",
+        ),
+        ("http://${X}/v1", {"X": ""}, "\\$\\{X\\} is unset or empty"),
+        ("https://${X}.openai.azure.com", {}, "\\$\\{X\\} is unset or empty"),
+        ("http://${X:-}/v1", {}, "has no host"),
+        ("${X}/v1", {"X": "api.example.com"}, "needs the scheme http:// or https://"),
+        ("ftp://files.example.com/v1", {}, "needs the scheme http:// or https://"),
+        ("api.example.com/v1", {}, "needs the scheme"),
+        ("http://127.0.0.1:99999/v1", {}, "does not parse"),
+        ("http://[::1/v1", {}, "does not parse"),
+        ("http://exa mple.com/v1", {}, "contains whitespace"),
+    ],
+)
+def test_an_unusable_base_url_is_refused_at_load_naming_the_file_and_key(
+    monkeypatch, url, env, problem
+):
+    monkeypatch.delenv("X", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("EU_HOST", "eu.example.com")
+    deployment = POOL.replace('"https://${EU_HOST}/v1"', f'"{url}"')
+    with pytest.raises(
+        ConfigError, match=f"^models.toml: model 'm' deployment 'eu': base_url .*{problem}"
+    ):
+        parse_registry(deployment, "models.toml")
+    model = MODEL.replace('"${SIM_URL:-http://localhost:1}/v1"', f'"{url}"')
+    with pytest.raises(ConfigError, match=f"^models.toml: model 'm': base_url .*{problem}"):
+        parse_registry(model, "models.toml")
+
+
+def test_a_refused_base_url_shows_no_credential_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SIM_URL", "http://user:s3cret@")
+    with pytest.raises(ConfigError, match="has no host") as refused:
+        parse_registry(MODEL, "models.toml")
+    assert "s3cret" not in str(refused.value) and "//***@" in str(refused.value)
+
+
 def test_tiktoken_works_offline_and_is_verified():
     enc = tokens.get_encoding("cl100k_base")
     assert enc is not None

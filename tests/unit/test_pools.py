@@ -26,6 +26,7 @@ from batchgen.errors import (
     PermanentProviderError,
     RateLimited,
     TransientProviderError,
+    Unsendable,
 )
 from batchgen.registry import ProviderKind, parse_registry
 from batchgen.simulator.lanes import Lane, LaneConfig
@@ -198,6 +199,7 @@ def test_pick_never_takes_one_that_does_not_fit_nor_an_avoided_one_needlessly(ro
         (PermanentProviderError("HTTP 401", status=401), None),
         (ContextLengthExceeded("too long", status=400), None),
         (CallCancelled("cancelled"), None),
+        (Unsendable("request not sendable (LocalProtocolError)"), "unsendable"),
     ],
 )
 def test_failover_reason_blames_the_deployment_only_for_its_own_failures(error, reason):

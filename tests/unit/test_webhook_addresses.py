@@ -15,6 +15,8 @@ from batchgen.domain.addresses import (
     parse_nets,
     refusal,
 )
+from batchgen.errors import ValidationFailed
+from batchgen.worker import webhooks
 
 
 def _decide(host: str, allow: list[str] | None = None) -> str | None:
@@ -81,3 +83,62 @@ def test_names_are_left_to_the_resolver_and_bad_cidrs_are_named():
     assert not is_local_name("localhost.example.com")
     with pytest.raises(ValueError, match="not a CIDR network: 'ten'"):
         parse_nets(["ten"])
+
+
+def _teredo(client: str, server: str = "65.54.227.120") -> str:
+    """A Teredo address: 2001:0::/32, the server, flags and port, the client inverted."""
+    inverted = int(ipaddress.IPv4Address(client)) ^ 0xFFFFFFFF
+    value = (0x20010000 << 96) | (int(ipaddress.IPv4Address(server)) << 64) | inverted
+    return str(ipaddress.IPv6Address(value))
+
+
+def _six_to_four(v4: str) -> str:
+    return str(ipaddress.IPv6Address((0x2002 << 112) | (int(ipaddress.IPv4Address(v4)) << 80)))
+
+
+# Each IPv6 form that carries an IPv4 address, as a function of that address.
+EMBEDDINGS = {
+    "6to4": _six_to_four,
+    "nat64": lambda v4: f"64:ff9b::{v4}",
+    "nat64_local_96": lambda v4: f"64:ff9b:1::{v4}",
+    "nat64_local_48": lambda v4: "64:ff9b:1:{:02x}{:02x}:{:02x}:{:02x}00::".format(
+        *ipaddress.IPv4Address(v4).packed
+    ),
+    "ipv4_mapped": lambda v4: f"::ffff:{v4}",
+    "ipv4_compatible": lambda v4: f"::{v4}",
+    "teredo": _teredo,
+    "isatap": lambda v4: f"2606:4700::5efe:{v4}",
+}
+EMBEDDED_REFUSALS = {
+    "127.0.0.1": "loopback",
+    "10.0.0.5": "private",
+    "192.168.1.1": "private",
+    "169.254.1.1": "link_local",
+    "169.254.169.254": "metadata",
+}
+
+
+@pytest.mark.parametrize("form", sorted(EMBEDDINGS))
+@pytest.mark.parametrize(("v4", "reason"), sorted(EMBEDDED_REFUSALS.items()))
+def test_an_ipv6_form_carrying_a_refused_ipv4_address_is_refused(form, v4, reason):
+    host = EMBEDDINGS[form](v4)
+    assert _decide(f"[{host}]") == reason, host
+
+
+@pytest.mark.parametrize("form", sorted(EMBEDDINGS))
+def test_an_ipv6_form_carrying_a_public_ipv4_address_passes(form):
+    host = EMBEDDINGS[form]("8.8.8.8")
+    assert _decide(f"[{host}]") is None, host
+
+
+def test_a_teredo_address_is_judged_by_its_server_too():
+    assert _decide(_teredo("8.8.8.8", server="10.0.0.1")) == "private"
+
+
+def test_an_embedded_address_is_refused_at_submit_and_at_delivery():
+    url = "https://[2002:7f00:1::]/hook"  # 6to4 around 127.0.0.1
+    with pytest.raises(ValidationFailed, match="its host is loopback"):
+        webhooks.check_url(url, [])
+    with pytest.raises(webhooks.Refused, match="loopback"):
+        webhooks.resolve(url, [])
+    assert webhooks.resolve("https://[2002:808:808::]/hook", []).address is not None
