@@ -2,7 +2,7 @@
 
 The test builds batchgen's wheel, fetches the wheels of its declared dependencies into a
 local wheelhouse (cached in ``~/.cache/batchgen-test-wheelhouse/<hash of the dependency lists>``,
-so a rerun downloads nothing), and installs ``batchgen[django]`` from there alone
+so a rerun downloads nothing), and installs ``batchgen-llm[django]`` from there alone
 (``--no-index``) into a fresh venv: a module imported but not declared is missing there,
 as it is in a user's install. From that venv run batchgen's own processes (``batchgen
 worker``, ``batchgen dispatcher``, ``batchgen api``) and two host projects beside them
@@ -48,6 +48,9 @@ HOSTS = ROOT / "tests" / "host_projects"
 # What a wheel is built from (the rest of the checkout is not the package's).
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "app", "tasks", "migrations")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+# The wheel's file name starts with the distribution's name, normalised (batchgen_llm-).
+WHEELS = f"{PROJECT['name'].replace('-', '_')}-*.whl"
 CALLBACK_TASKS = ["flask_host.batch_done", "django_host.batch_done"]
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -89,7 +92,7 @@ def build_wheel(out: Path) -> Path:
             str(src),
         ]
     )
-    (wheel,) = dist.glob("batchgen-*.whl")
+    (wheel,) = dist.glob(WHEELS)
     return wheel
 
 
@@ -106,7 +109,7 @@ def wheelhouse(wheel: Path) -> Path:
     partial = folder.with_name(f"{key}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     _run([sys.executable, "-m", "pip", "wheel", "--wheel-dir", str(partial), f"{wheel}[django]"])
-    for built in partial.glob("batchgen-*.whl"):
+    for built in partial.glob(WHEELS):
         built.unlink()  # this checkout's own wheel is built anew every run
     try:
         partial.rename(folder)
