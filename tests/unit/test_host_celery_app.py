@@ -50,6 +50,9 @@ def import_batchgen():
     # Modules that make or use a Celery app, named in case the walk ever misses them.
     for name in ("batchgen.tasks", "batchgen.worker.publish", "batchgen.worker.notify"):
         importlib.import_module(name)
+    from batchgen.worker.notify import callback_app
+
+    callback_app("redis://127.0.0.1:1/0")  # the notifier's publishing app, made here too
 
 
 @shared_task(name="shop.tasks.before")
@@ -69,10 +72,7 @@ def after():
     pass
 
 
-from batchgen.worker.notify import callback_app
 from batchgen.worker.publish import celery_app
-
-callback_app("redis://127.0.0.1:1/0")  # the notifier's publishing app, made here too
 
 
 def seen():
