@@ -12,7 +12,7 @@ COPY tasks ./tasks
 COPY migrations ./migrations
 # gunicorn serves the API in production ('batchgen.api:create_app()').
 RUN pip wheel --no-deps --wheel-dir /wheels . \
- && pip wheel --wheel-dir /wheels --constraint constraints.txt /wheels/batchgen-*.whl "gunicorn>=22"
+ && pip wheel --wheel-dir /wheels --constraint constraints.txt /wheels/batchgen_llm-*.whl "gunicorn>=22"
 
 # Stage 2: a plain (not editable) install of those wheels, nothing else; no source tree.
 FROM python:3.11-slim
@@ -21,7 +21,7 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     --mount=type=bind,from=build,source=/src/constraints.txt,target=/constraints.txt \
-    pip install --no-index --find-links /wheels --constraint /constraints.txt batchgen gunicorn \
+    pip install --no-index --find-links /wheels --constraint /constraints.txt batchgen-llm gunicorn \
  && useradd --system --uid 10001 --user-group --home-dir /srv --no-create-home batchgen
 WORKDIR /srv
 COPY app/models.toml ./models.toml

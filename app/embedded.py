@@ -42,7 +42,7 @@ def free_port() -> int:
 
 EMBEDDED_MISSING = (
     "no {what} address ({names}) and the embedded servers are not installed: set it, "
-    "or install them with pip install 'batchgen[embedded]'"
+    "or install them with pip install 'batchgen-llm[embedded]'"
 )
 
 

@@ -39,9 +39,15 @@ def services() -> Iterator[Settings]:
         yield get_settings()
 
 
+def print_error(message: str) -> None:
+    """Print ``error: message`` on stderr, the message as written (escaped: rich would
+    take ``[embedded]`` in ``pip install 'batchgen-llm[embedded]'`` for markup)."""
+    err.print(f"[red]error:[/red] {escape(message)}")
+
+
 def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code``."""
-    err.print(f"[red]error:[/red] {escape(message)}")
+    print_error(message)
     raise typer.Exit(code)
 
 

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from batchgen.cli.batches import register as register_batch_commands
-from batchgen.cli.common import console, err, fail, handled, print_json
+from batchgen.cli.common import console, err, fail, handled, print_error, print_json
 from batchgen.cli.common import services as _services
 from batchgen.cli.ops import register as register_ops_commands
 from batchgen.config import get_settings
@@ -406,7 +406,7 @@ def main() -> None:
     try:
         cli()
     except BatchgenError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        print_error(str(exc))
         sys.exit(1)
 
 

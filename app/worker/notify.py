@@ -53,7 +53,8 @@ class NotifyReport:
 @functools.cache
 def callback_app(broker_url: str) -> Celery:
     """A Celery app that only publishes, to the host's broker (one per URL)."""
-    app = Celery("batchgen-callbacks", broker=broker_url, set_as_current=False)
+    # Never the process's current or default app (see batchgen.worker.publish).
+    app = Celery("batchgen-callbacks", broker=broker_url, set_as_current=False, fixups=[])
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],

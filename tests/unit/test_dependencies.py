@@ -1,7 +1,7 @@
 """Every third-party module the package imports comes from a dependency it declares.
 
 A module that only the ``dev`` extra installs (httpx once was one) is there in the
-development venv, so nothing else notices; a plain ``pip install batchgen`` then dies
+development venv, so nothing else notices; a plain ``pip install batchgen-llm`` then dies
 at start with ``ModuleNotFoundError``. The imports are read with :mod:`ast` (also the
 ones inside functions); the distribution that provides each module comes from
 :func:`importlib.metadata.packages_distributions`, and must be named in

@@ -33,3 +33,10 @@ TEMPLATES = [
 DATABASES: dict[str, dict[str, str]] = {}
 USE_TZ = True
 # batchgen's database, Redis and callback settings come from the environment.
+
+# The site's own Celery app (host_site/celery.py) reads these, on its own broker.
+CELERY_BROKER_URL = os.environ["HOST_BROKER_URL"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "django_host"

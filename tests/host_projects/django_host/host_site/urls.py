@@ -4,4 +4,5 @@ from django.urls import include, path
 urlpatterns = [
     path("llm/", include("batchgen.integrations.django.urls")),
     path("dashboard/", views.show_dashboard),
+    path("ping/", views.send_ping),
 ]
