@@ -51,6 +51,9 @@ class StoredCall:
     item_id: int
     model: str
     queue_ticket: items.Ticket | None
+    # The call's Idempotency-Key named an earlier call of the same request: its answer
+    # is this one's, and nothing was stored or released for it.
+    replayed: bool = False
 
 
 def calls_ahead_tokens(session: Session, model: str) -> int:
@@ -81,17 +84,26 @@ def store_call(
     endpoint: str,
     registry: Registry,
     settings: Settings,
+    idempotency_key: str | None = None,
 ) -> StoredCall:
     """Validate and store a call's line as a batch of one, and release it (one
-    transaction, the caller's)."""
-    options = SubmitOptions(completion_window=deadline_s, priority=Priority.CALL, endpoint=endpoint)
+    transaction, the caller's). With an ``idempotency_key`` the tenant used for the
+    same request, the earlier call is returned (``replayed``) and nothing is stored;
+    for another request, :class:`~batchgen.errors.IdempotencyKeyReused` (422)."""
+    options = SubmitOptions(
+        completion_window=deadline_s,
+        priority=Priority.CALL,
+        endpoint=endpoint,
+        idempotency_key=idempotency_key,
+    )
     raw = json.dumps(line, ensure_ascii=False).encode("utf-8")
-    batch, _ = batches.store_batch(session, tenant, iter([raw]), options, registry, settings)
-    ticket = items.release_call(session, batch.id, settings.queued_lease_s)
+    batch, created = batches.store_batch(session, tenant, iter([raw]), options, registry, settings)
+    # A replayed call is not released again: its one run (done or under way) answers it.
+    ticket = items.release_call(session, batch.id, settings.queued_lease_s) if created else None
     item_id, model = session.execute(
         select(Item.id, Item.model).where(Item.batch_id == batch.id)
     ).one()
-    return StoredCall(batch.id, item_id, model, ticket)
+    return StoredCall(batch.id, item_id, model, ticket, replayed=not created)
 
 
 def backoff_left_s(session: Session, item_id: int) -> float | None:
