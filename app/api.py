@@ -518,9 +518,7 @@ def messages() -> Response:
         raise ValidationFailed("the body must be a JSON object", field="body")
     stream = bool(body.get("stream"))
     params = {k: v for k, v in body.items() if k not in ("stream", "timeout")}
-    line = message_batches.to_chat_line(
-        0, {"custom_id": call_rules.CALL_CUSTOM_ID, "params": params}
-    )
+    line = python_api.message_line(0, {"custom_id": call_rules.CALL_CUSTOM_ID, "params": params})
     if stream:
         parts, replayed = _stream_call(line, MESSAGES, body.get("timeout"))
         return _replayed(_event_stream(call_streams.anthropic_sse(parts), parts), replayed)
