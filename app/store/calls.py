@@ -161,7 +161,8 @@ class CallWaiter:
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
-        self._events: dict[int, threading.Event] = {}
+        # Several per item: an Idempotency-Key's replays wait on the call beside its caller.
+        self._events: dict[int, list[threading.Event]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._listening = threading.Event()
@@ -205,8 +206,8 @@ class CallWaiter:
         except ValueError:
             return
         with self._lock:
-            event = self._events.get(item_id)
-        if event is not None:
+            events = list(self._events.get(item_id, ()))
+        for event in events:
             event.set()
 
     def register(
@@ -217,13 +218,17 @@ class CallWaiter:
         self._start()
         event = event if event is not None else threading.Event()
         with self._lock:
-            self._events[item_id] = event
+            self._events.setdefault(item_id, []).append(event)
         self._listening.wait(ready_timeout_s)
         return event
 
-    def forget(self, item_id: int) -> None:
+    def forget(self, item_id: int, event: threading.Event | None = None) -> None:
+        """Stop waking ``event`` for ``item_id`` (None: every waiter of it)."""
         with self._lock:
-            self._events.pop(item_id, None)
+            events = self._events.pop(item_id, [])
+            kept = [e for e in events if event is not None and e is not event]
+            if kept:
+                self._events[item_id] = kept
 
     @staticmethod
     def wait_ticks(
