@@ -75,6 +75,12 @@ def open_calls(session: Session, model: str, tenant_id: int) -> int:
     return int(session.scalar(query) or 0)
 
 
+def key_used(session: Session, tenant_id: int, key: str) -> bool:
+    """Whether the tenant stored a request under this Idempotency-Key."""
+    query = select(Batch.id).where(Batch.tenant_id == tenant_id, Batch.idempotency_key == key)
+    return session.scalar(query) is not None
+
+
 def store_call(
     session: Session,
     tenant: Tenant,

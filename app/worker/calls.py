@@ -157,6 +157,15 @@ def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> No
     )
 
 
+def _key_used(tenant: str | Tenant, key: str | None) -> bool:
+    """Whether ``key`` names a request the tenant stored: its replay starts no call (or
+    is refused as another request's), so the fail-fast rule does not refuse it."""
+    if not key:
+        return False
+    with session_scope() as session:
+        return calls.key_used(session, tenants.find(session, tenant).id, key)
+
+
 def start_call(
     line: dict[str, Any],
     *,
@@ -181,7 +190,7 @@ def start_call(
     settings = get_settings()
     body = line.get("body")
     spec = get_registry().get(body.get("model", "")) if isinstance(body, dict) else None
-    if spec is not None:
+    if spec is not None and not _key_used(tenant, idempotency_key):
         refuse_early(spec, tenant, deadline_s)
     started = time.monotonic()
     with session_scope() as session:

@@ -149,3 +149,28 @@ def test_embeddings_and_responses_replay_too(api: httpx.Client, simulator):
         again = _post(api, key, path, body, f"k{path}")
         assert again.json() == first.json() and again.headers["Idempotent-Replayed"] == "true"
     assert (_provider_calls(simulator), _ledger_rows("idem-more")) == (2, 2)
+
+
+def test_a_replay_is_answered_while_new_calls_are_refused(api: httpx.Client, simulator):
+    """The fail-fast rule refuses a call that cannot start in time; a replay starts
+    nothing, so it gets its stored answer even then (an SDK retrying after a 503 with
+    its key is answered)."""
+    from batchgen.limits import redis_keys as keys
+    from batchgen.limits.backend import get_redis
+    from batchgen.registry import get_registry
+
+    key = make_tenant("idem-busy")
+    first = _post(api, key, "/v1/chat/completions", CHAT, "busy-1")
+    assert first.status_code == 200, first.text
+    cooldowns = [keys.cooldown(d.budget_key) for d in get_registry()["sim-small"].deployments]
+    try:
+        for name in cooldowns:  # the provider asked for a pause longer than any deadline
+            get_redis().set(name, "1", px=3_600_000)
+        refused = _post(api, key, "/v1/chat/completions", CHAT, "busy-2")
+        assert refused.status_code == 503, refused.text
+        again = _post(api, key, "/v1/chat/completions", CHAT, "busy-1")
+        assert again.status_code == 200 and again.json() == first.json()
+        assert again.headers["Idempotent-Replayed"] == "true"
+    finally:
+        get_redis().delete(*cooldowns)
+    assert (_provider_calls(simulator), _ledger_rows("idem-busy")) == (1, 1)
