@@ -116,6 +116,17 @@ def _limit(default: int) -> int:
         raise ValidationFailed("limit must be an integer", field="limit") from exc
 
 
+def _idempotency_key() -> str | None:
+    return request.headers.get("Idempotency-Key")
+
+
+def _replayed(response: Response, replayed: bool) -> Response:
+    """Mark an answer an Idempotency-Key replayed (an earlier batch's or call's)."""
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return response
+
+
 def _submit_options() -> SubmitOptions:
     args = request.args
     metadata: dict[str, Any] | None = None
@@ -128,7 +139,7 @@ def _submit_options() -> SubmitOptions:
     return SubmitOptions(
         completion_window=args.get("completion_window"),
         metadata=metadata,
-        idempotency_key=request.headers.get("Idempotency-Key"),
+        idempotency_key=_idempotency_key(),
         priority=priority,
         endpoint=args.get("endpoint"),
         offload=parse_offload(args.get("offload")),
@@ -173,7 +184,7 @@ def _create_from_file(tenant: Tenant, body: dict[str, Any]) -> tuple[dict[str, A
         endpoint=body.get("endpoint"),
         completion_window=body.get("completion_window", "24h"),
         metadata=metadata,
-        idempotency_key=request.headers.get("Idempotency-Key"),
+        idempotency_key=_idempotency_key(),
         priority=extra.get("priority", request.args.get("priority")),
         offload=extra.get("offload", request.args.get("offload", OffloadMode.AUTO)),
         route=extra.get("route", request.args.get("route", RouteMode.AUTO)),
@@ -206,10 +217,7 @@ def create_batch() -> tuple[Response, int]:
         described, created = _create_from_file(tenant, from_file)
     else:
         described, created = python_api.submit(tenant, _body_source(limit), _submit_options())
-    response = jsonify(described)
-    if not created:
-        response.headers["Idempotent-Replayed"] = "true"
-    return response, 200
+    return _replayed(jsonify(described), not created), 200
 
 
 @blueprint.get("/v1/batches")
@@ -344,16 +352,13 @@ def create_message_batch() -> Response:
     described, created = python_api.create_message_batch(
         body.get("requests"),  # type: ignore[arg-type]
         tenant=tenant,
-        idempotency_key=request.headers.get("Idempotency-Key"),
+        idempotency_key=_idempotency_key(),
         priority=body.get("priority"),
         offload=body.get("offload", OffloadMode.AUTO),
         route=body.get("route", RouteMode.AUTO),
         **{k: body.get(k) for k in python_api.TOLD},
     )
-    response = jsonify(described)
-    if not created:
-        response.headers["Idempotent-Replayed"] = "true"
-    return response
+    return _replayed(jsonify(described), not created)
 
 
 @blueprint.get("/v1/messages/batches")
@@ -425,24 +430,33 @@ def _deadline_s(body_timeout: Any) -> float:
     )
 
 
-def _run_call(line: dict[str, Any], endpoint: str, body_timeout: Any) -> Any:
+def _run_call(line: dict[str, Any], endpoint: str, body_timeout: Any) -> tuple[Any, bool]:
+    """A call's answer, and whether its Idempotency-Key replayed an earlier call's."""
     pending = python_api.start_call(
-        line, tenant=_caller(), endpoint=endpoint, deadline_s=_deadline_s(body_timeout)
+        line,
+        tenant=_caller(),
+        endpoint=endpoint,
+        deadline_s=_deadline_s(body_timeout),
+        idempotency_key=_idempotency_key(),
     )
-    return python_api.wait_call(pending, _caller_connected).response
+    answer = python_api.wait_call(pending, _caller_connected).response
+    return answer, pending.stored.replayed
 
 
 def _stream_call(
     line: dict[str, Any], endpoint: str, body_timeout: Any
-) -> Generator[python_api.StreamPart, None, None]:
+) -> tuple[Generator[python_api.StreamPart, None, None], bool]:
     """A streamed call's parts, once its first one is in: until then, an error is the
-    answer's status (a 429, a 503, a 504...); after it, an error event of the stream."""
+    answer's status (a 429, a 503, a 504...); after it, an error event of the stream.
+    Also whether its Idempotency-Key replayed an earlier call (whose whole answer of
+    record is then the one part)."""
     pending = python_api.start_call(
         line,
         tenant=_caller(),
         endpoint=endpoint,
         deadline_s=_deadline_s(body_timeout),
         stream=True,
+        idempotency_key=_idempotency_key(),
     )
     parts = python_api.stream_call(pending, _caller_connected)
     try:
@@ -457,7 +471,7 @@ def _stream_call(
         finally:
             parts.close()  # also when closed before the first part was written
 
-    return started()
+    return started(), pending.stored.replayed
 
 
 def _event_stream(
@@ -489,9 +503,11 @@ def chat_completions() -> Response:
     body = _call_body()
     line, stream, include_usage = call_rules.as_line(body)
     if stream:
-        parts = _stream_call(line, CHAT_COMPLETIONS, body.get("timeout"))
-        return _event_stream(call_streams.openai_sse(parts, include_usage), parts)
-    return jsonify(_run_call(line, CHAT_COMPLETIONS, body.get("timeout")))
+        parts, replayed = _stream_call(line, CHAT_COMPLETIONS, body.get("timeout"))
+        sse = _event_stream(call_streams.openai_sse(parts, include_usage), parts)
+        return _replayed(sse, replayed)
+    answer, replayed = _run_call(line, CHAT_COMPLETIONS, body.get("timeout"))
+    return _replayed(jsonify(answer), replayed)
 
 
 @blueprint.post("/v1/messages")
@@ -502,13 +518,12 @@ def messages() -> Response:
         raise ValidationFailed("the body must be a JSON object", field="body")
     stream = bool(body.get("stream"))
     params = {k: v for k, v in body.items() if k not in ("stream", "timeout")}
-    line = message_batches.to_chat_line(
-        0, {"custom_id": call_rules.CALL_CUSTOM_ID, "params": params}
-    )
+    line = python_api.message_line(0, {"custom_id": call_rules.CALL_CUSTOM_ID, "params": params})
     if stream:
-        parts = _stream_call(line, MESSAGES, body.get("timeout"))
-        return _event_stream(call_streams.anthropic_sse(parts), parts)
-    return jsonify(message_batches.to_message(_run_call(line, MESSAGES, body.get("timeout"))))
+        parts, replayed = _stream_call(line, MESSAGES, body.get("timeout"))
+        return _replayed(_event_stream(call_streams.anthropic_sse(parts), parts), replayed)
+    answer, replayed = _run_call(line, MESSAGES, body.get("timeout"))
+    return _replayed(jsonify(message_batches.to_message(answer)), replayed)
 
 
 @blueprint.post("/v1/responses")
@@ -517,10 +532,10 @@ def responses() -> Response:
     provider's Response whole, or, with ``stream``, the events of its stream."""
     body = _call_body()
     line, stream, _ = call_rules.as_line(body, RESPONSES)
-    answer = _run_call(line, RESPONSES, body.get("timeout"))
+    answer, replayed = _run_call(line, RESPONSES, body.get("timeout"))
     if stream:
-        return _event_stream(call_rules.responses_stream(answer))
-    return jsonify(answer)
+        return _replayed(_event_stream(call_rules.responses_stream(answer)), replayed)
+    return _replayed(jsonify(answer), replayed)
 
 
 @blueprint.post("/v1/embeddings")
@@ -528,7 +543,8 @@ def embeddings() -> Response:
     """Embeddings through the scheduler: the provider's list of embeddings whole."""
     body = _call_body()
     line, _, _ = call_rules.as_line(body, EMBEDDINGS)
-    return jsonify(_run_call(line, EMBEDDINGS, body.get("timeout")))
+    answer, replayed = _run_call(line, EMBEDDINGS, body.get("timeout"))
+    return _replayed(jsonify(answer), replayed)
 
 
 def _anthropic_client() -> bool:

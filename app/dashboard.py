@@ -147,14 +147,16 @@ def _login_page(
 
 
 def _operator_view(name: str) -> dict[str, Any]:
-    """The operator view a trusted host bridge asked for: every model's state and
-    every tenant's usage today, no tenant's batches, nothing to change."""
+    """The operator view a trusted host bridge asked for: every model's state, every
+    tenant's batches and usage today; nothing to change (no tenant to submit or cancel
+    as)."""
     from batchgen.monitoring import pages
     from batchgen.registry import get_registry
 
-    view: dict[str, Any] = {"tenant": f"{name} (operator)", "batches": [], "admin": True}
+    view: dict[str, Any] = {"tenant": f"{name} (operator)", "admin": True, "operator": True}
     view.update(_admin_view())
     with session_scope() as session:
+        view["batches"] = pages.batch_rows(session, None, LIST_LIMIT)  # read only
         view["charts"] = pages.charts(session, get_registry(), None, view["usage"])
     return view
 
@@ -267,9 +269,13 @@ def submit() -> BaseResponse:
 
 @dashboard.post("/dashboard/batches/<batch_id>/cancel")
 def cancel(batch_id: str) -> BaseResponse:
+    """Cancel, once confirmed: a post without ``confirm=yes`` (a form of an older page)
+    gets the confirmation page instead, so no single click cancels a batch."""
     tenant = _tenant()
     if tenant is None or not _csrf_ok():
         return _login_page("sign in again", 401)
+    if request.form.get("confirm") != "yes":
+        return _batch_view(tenant, batch_id, "batchgen/dashboard_cancel.html")
     try:
         python_api.cancel_batch(batch_id, tenant=tenant)
     except BatchgenError as exc:
@@ -277,16 +283,31 @@ def cancel(batch_id: str) -> BaseResponse:
     return _back(f"cancelled {batch_id}")
 
 
+@dashboard.get("/dashboard/batches/<batch_id>/cancel")
+def confirm_cancel(batch_id: str) -> Response:
+    """The question before a cancel (it changes nothing): the batch's progress, what
+    cancelling does, and the form that does it; no script needed."""
+    tenant = _tenant()
+    if tenant is None:
+        return _login_page()
+    return _batch_view(tenant, batch_id, "batchgen/dashboard_cancel.html")
+
+
 @dashboard.get("/dashboard/batches/<batch_id>")
 def batch_page(batch_id: str) -> Response:
     """One batch: counts and progress by status, rate and time left, tokens, cost,
     errors by code; a tenant's own batches only (404 for another's), any for an admin."""
-    from batchgen.errors import NotFound
-    from batchgen.monitoring import pages
-
     tenant = _tenant()
     if tenant is None:
         return _login_page()
+    return _batch_view(tenant, batch_id, "batchgen/dashboard_batch.html")
+
+
+def _batch_view(tenant: Tenant, batch_id: str, template: str) -> Response:
+    """A page of one batch the tenant may read (404 for another's)."""
+    from batchgen.errors import NotFound
+    from batchgen.monitoring import pages
+
     key = _key()
     assert key is not None
     try:
@@ -298,7 +319,7 @@ def batch_page(batch_id: str) -> Response:
         )
     return Response(
         render_template(
-            "batchgen/dashboard_batch.html",
+            template,
             view={"tenant": tenant.name, "admin": tenant.is_admin},
             b=batch,
             csrf=csrf_token(key),

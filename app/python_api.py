@@ -38,7 +38,7 @@ from batchgen.errors import (
 )
 from batchgen.limits import counters
 from batchgen.limits.backend import get_redis
-from batchgen.registry import ModelSpec, get_registry
+from batchgen.registry import ModelSpec, ProviderKind, get_registry
 from batchgen.store import batches, files, notifications, tenants
 from batchgen.store.batches import SubmitOptions
 from batchgen.store.db import session_scope
@@ -456,6 +456,21 @@ def _message_batch(session: Session, batch: Any, results_url: ResultsUrl | None)
     return batches.describe_message_batch(session, batch, url)
 
 
+def _served_by_anthropic(request: Any) -> bool:
+    """Whether the request's model is served by Anthropic providers only (an unknown
+    model too: its line is refused for that, by admission)."""
+    params = request.get("params") if isinstance(request, dict) else None
+    model = params.get("model") if isinstance(params, dict) else None
+    spec = get_registry().get(model) if isinstance(model, str) else None
+    return spec is None or all(d.provider is ProviderKind.ANTHROPIC for d in spec.deployments)
+
+
+def message_line(index: int, request: Any) -> dict[str, Any]:
+    """A Messages request (``{custom_id, params}``) as a line of the item format,
+    refused by name where its model's provider could not be sent all of it."""
+    return message_batches.to_chat_line(index, request, anthropic=_served_by_anthropic(request))
+
+
 def create_message_batch(
     requests: list[Any],
     *,
@@ -474,7 +489,7 @@ def create_message_batch(
     ``priority``, a window of 24 h or more (the default) makes it bulk."""
     if not isinstance(requests, list) or not requests:
         raise ValidationFailed("requests must be a non-empty list", field="requests")
-    lines = [message_batches.to_chat_line(i, r) for i, r in enumerate(requests)]
+    lines = [message_line(i, r) for i, r in enumerate(requests)]
     window_s = (
         parse_duration_s(completion_window)
         if completion_window is not None

@@ -142,6 +142,25 @@ def untested_inline_commands(text: str | None = None) -> list[str]:
     return [s for s in spans if Path(s.split()[0]).name in OTHER_PROGRAMS or "=" in s.split()[0]]
 
 
+def quick_start_program() -> str:
+    """The Python program of the quick start (its openai-SDK code)."""
+    section = "Quick start: the SDK you already have"
+    (program,) = [b.text for b in blocks() if b.section == section and b.lang == "python"]
+    return program
+
+
+def polling_loop(program: str) -> str:
+    """A program's ``while`` loop as code to run, after the constants it may read (the
+    capitalised assignments above it)."""
+    lines = program.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("while "))
+    end = start + 1
+    while end < len(lines) and lines[end].startswith(" "):
+        end += 1
+    constants = [line for line in lines[:start] if re.match(r"[A-Z][A-Z0-9_]* = ", line)]
+    return "\n".join([*constants, *lines[start:end]]) + "\n"
+
+
 def ci_test_command() -> str:
     """The command .ci/run runs (its last line)."""
     return CI_RUN.read_text().strip().splitlines()[-1].strip()

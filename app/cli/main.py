@@ -11,14 +11,22 @@ import typer
 from rich.table import Table
 
 from batchgen.cli.batches import register as register_batch_commands
-from batchgen.cli.common import console, err, fail, handled, print_error, print_json
+from batchgen.cli.common import (
+    JsonErrorsGroup,
+    console,
+    err,
+    fail,
+    handled,
+    print_error,
+    print_json,
+)
 from batchgen.cli.common import services as _services
 from batchgen.cli.ops import register as register_ops_commands
 from batchgen.config import get_settings
 from batchgen.errors import BatchgenError
 from batchgen.registry import ChargePolicy
 
-cli = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+cli = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, cls=JsonErrorsGroup)
 tenants_cli = typer.Typer(no_args_is_help=True, help="Create, list and revoke tenants.")
 db_cli = typer.Typer(no_args_is_help=True, help="Database schema (Alembic).")
 cli.add_typer(tenants_cli, name="tenants")
@@ -406,6 +414,8 @@ def main() -> None:
     try:
         cli()
     except BatchgenError as exc:
+        if "--json" in sys.argv[1:]:  # an error no command turned into its document
+            print_json({"error": {"code": getattr(exc, "code", "error"), "message": str(exc)}})
         print_error(str(exc))
         sys.exit(1)
 

@@ -63,6 +63,30 @@ def bar_segments(counts: Mapping[str, int]) -> list[Segment]:
     ]
 
 
+# Ends an item reaches without its request running to an answer or an error: a
+# batch's progress does not count them as done, and names them beside it.
+UNRUN_ENDS = (ItemStatus.CANCELLED, ItemStatus.EXPIRED)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A batch's progress as its table reads it: ``done`` of ``total`` items ran to an
+    end (succeeded or failed); ``unrun``, the items that ended without running, by
+    status, so a cancelled batch reads ``0/2000 · cancelled 2000``, not ``2000/2000``."""
+
+    done: int
+    total: int
+    unrun: dict[str, int]
+
+
+def progress(counts: Mapping[str, int]) -> Progress:
+    """The progress of a batch of these counts by status (``total`` among them)."""
+    done = counts.get(ItemStatus.SUCCEEDED.value, 0) + counts.get(ItemStatus.FAILED.value, 0)
+    unrun = {s.value: n for s in UNRUN_ENDS if (n := counts.get(s.value, 0))}
+    total = counts.get("total", sum(counts.get(s.value, 0) for s in ItemStatus))
+    return Progress(done, total, unrun)
+
+
 def open_items(counts: Mapping[str, int]) -> int:
     """Items of a batch not yet ended."""
     return sum(counts.get(s.value, 0) for s in OPEN)

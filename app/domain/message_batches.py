@@ -12,7 +12,9 @@ The request's own parameters travel with the line whole (``body.anthropic_params
 system prompt given as a list, image and document blocks reach an Anthropic provider
 as the caller wrote them, and its ``Message`` is the result of record, returned as it
 came. The line's chat ``messages`` (the text of the text blocks) are what admission
-counts, and what a non-Anthropic provider is sent.
+counts, and what a non-Anthropic provider is sent: a request for a model of another
+kind is refused, by name, when it carries what that translation would drop (images
+and other non-text blocks, ``thinking``, server tools), not sent without it.
 """
 
 from __future__ import annotations
@@ -138,13 +140,44 @@ def _chat_tools(tools: Any, index: int) -> list[dict[str, Any]]:
     return out
 
 
-def to_chat_line(index: int, request: Any) -> dict[str, Any]:
+def _text_only(index: int, content: Any, field: str) -> None:
+    """Refuse a content block other than text, naming it (a chat line keeps text only)."""
+    for i, block in enumerate(content if isinstance(content, list) else ()):
+        if block["type"] != "text":
+            raise _fail(
+                index,
+                f"{field}[{i}]",
+                f"a {block['type']!r} block needs a model served by an Anthropic provider",
+            )
+
+
+def check_chat_only(index: int, params: dict[str, Any]) -> None:
+    """Refuse, by name, what a model of another provider kind would not be sent (it
+    gets the chat translation: text and function tools): non-text blocks (images,
+    documents, tool use and results), ``thinking``, server tools."""
+    _text_only(index, params.get("system"), "params.system")
+    for m, message in enumerate(params["messages"]):
+        _text_only(index, message["content"], f"params.messages[{m}].content")
+    if params.get("thinking") not in (None, {"type": "disabled"}):
+        raise _fail(index, "params.thinking", "needs a model served by an Anthropic provider")
+    for i, tool in enumerate(params.get("tools") or ()):
+        if "input_schema" not in tool:
+            raise _fail(
+                index,
+                f"params.tools[{i}]",
+                "a server tool needs a model served by an Anthropic provider",
+            )
+
+
+def to_chat_line(index: int, request: Any, *, anthropic: bool = True) -> dict[str, Any]:
     """One Message Batch request as a line of the OpenAI Batch input format; raises
     :class:`ValidationFailed` naming ``requests[index]`` and the field.
 
     The line's ``body`` has the request's text as chat ``messages`` and its tools as
     chat ``tools`` (what admission counts), and the request's parameters whole under
-    :data:`NATIVE_PARAMS`."""
+    :data:`NATIVE_PARAMS`. For a model not served by an Anthropic provider
+    (``anthropic=False``), what the chat translation drops is refused
+    (:func:`check_chat_only`)."""
     if not isinstance(request, dict):
         raise ValidationFailed(f"requests[{index}] must be an object", line=index + 1)
     params = request.get("params")
@@ -175,6 +208,8 @@ def to_chat_line(index: int, request: Any) -> dict[str, Any]:
     if tools is not None:
         body["tools"] = _chat_tools(tools, index)
     body[NATIVE_PARAMS] = {k: v for k, v in params.items() if k != "model"}
+    if not anthropic:
+        check_chat_only(index, params)
     line: dict[str, Any] = {"method": "POST", "url": CHAT_COMPLETIONS, "body": body}
     if "custom_id" in request:
         line["custom_id"] = request["custom_id"]

@@ -32,7 +32,6 @@ def _when(value: dt.datetime | None) -> str:
 def _row(session: Session, batch: Any, tenant_name: str) -> dict[str, Any]:
     described = batches.describe(session, batch)
     counts = described["request_counts"]
-    done = sum(counts[s.value] for s in ItemStatus) - ui.open_items(counts)
     return {
         "id": batch.id,
         "tenant": tenant_name,
@@ -43,20 +42,22 @@ def _row(session: Session, batch: Any, tenant_name: str) -> dict[str, Any]:
         "finished_at": _when(batch.finished_at),
         "counts": {s.value: counts[s.value] for s in ItemStatus if counts.get(s.value)},
         "segments": ui.bar_segments(counts),
-        "progress": {"done": done, "total": counts["total"]},
+        "progress": ui.progress(counts),
         "finished": batch.finished_at is not None,
     }
 
 
-def batch_rows(session: Session, tenant: Tenant, limit: int) -> list[dict[str, Any]]:
-    """The newest batches the key may see (an admin: every tenant's), with their counts
-    by status, progress segments and error codes."""
-    listed = activity.recent_batches(session, None if tenant.is_admin else tenant.id, limit)
+def batch_rows(session: Session, tenant: Tenant | None, limit: int) -> list[dict[str, Any]]:
+    """The newest batches the key may see (an admin, or with ``tenant`` None a host's
+    operator: every tenant's), with their counts by status, progress and error codes."""
+    every_tenant = tenant is None or tenant.is_admin
+    listed = activity.recent_batches(session, None if every_tenant else tenant.id, limit)
     rows = [_row(session, batch, name) for batch, name in listed]
     errors = batches.error_codes(session, [r["id"] for r in rows])
     for row in rows:
         row["errors"] = errors.get(row["id"], {})
-        row["own"] = row["tenant_id"] == tenant.id  # only its own may be cancelled
+        # Only a tenant's own may be cancelled (an operator has none: it only reads).
+        row["own"] = tenant is not None and row["tenant_id"] == tenant.id
     return rows
 
 

@@ -51,6 +51,9 @@ class StoredCall:
     item_id: int
     model: str
     queue_ticket: items.Ticket | None
+    # The call's Idempotency-Key named an earlier call of the same request: its answer
+    # is this one's, and nothing was stored or released for it.
+    replayed: bool = False
 
 
 def calls_ahead_tokens(session: Session, model: str) -> int:
@@ -72,6 +75,12 @@ def open_calls(session: Session, model: str, tenant_id: int) -> int:
     return int(session.scalar(query) or 0)
 
 
+def key_used(session: Session, tenant_id: int, key: str) -> bool:
+    """Whether the tenant stored a request under this Idempotency-Key."""
+    query = select(Batch.id).where(Batch.tenant_id == tenant_id, Batch.idempotency_key == key)
+    return session.scalar(query) is not None
+
+
 def store_call(
     session: Session,
     tenant: Tenant,
@@ -81,17 +90,26 @@ def store_call(
     endpoint: str,
     registry: Registry,
     settings: Settings,
+    idempotency_key: str | None = None,
 ) -> StoredCall:
     """Validate and store a call's line as a batch of one, and release it (one
-    transaction, the caller's)."""
-    options = SubmitOptions(completion_window=deadline_s, priority=Priority.CALL, endpoint=endpoint)
+    transaction, the caller's). With an ``idempotency_key`` the tenant used for the
+    same request, the earlier call is returned (``replayed``) and nothing is stored;
+    for another request, :class:`~batchgen.errors.IdempotencyKeyReused` (422)."""
+    options = SubmitOptions(
+        completion_window=deadline_s,
+        priority=Priority.CALL,
+        endpoint=endpoint,
+        idempotency_key=idempotency_key,
+    )
     raw = json.dumps(line, ensure_ascii=False).encode("utf-8")
-    batch, _ = batches.store_batch(session, tenant, iter([raw]), options, registry, settings)
-    ticket = items.release_call(session, batch.id, settings.queued_lease_s)
+    batch, created = batches.store_batch(session, tenant, iter([raw]), options, registry, settings)
+    # A replayed call is not released again: its one run (done or under way) answers it.
+    ticket = items.release_call(session, batch.id, settings.queued_lease_s) if created else None
     item_id, model = session.execute(
         select(Item.id, Item.model).where(Item.batch_id == batch.id)
     ).one()
-    return StoredCall(batch.id, item_id, model, ticket)
+    return StoredCall(batch.id, item_id, model, ticket, replayed=not created)
 
 
 def backoff_left_s(session: Session, item_id: int) -> float | None:
@@ -149,7 +167,8 @@ class CallWaiter:
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
-        self._events: dict[int, threading.Event] = {}
+        # Several per item: an Idempotency-Key's replays wait on the call beside its caller.
+        self._events: dict[int, list[threading.Event]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._listening = threading.Event()
@@ -193,8 +212,8 @@ class CallWaiter:
         except ValueError:
             return
         with self._lock:
-            event = self._events.get(item_id)
-        if event is not None:
+            events = list(self._events.get(item_id, ()))
+        for event in events:
             event.set()
 
     def register(
@@ -205,13 +224,17 @@ class CallWaiter:
         self._start()
         event = event if event is not None else threading.Event()
         with self._lock:
-            self._events[item_id] = event
+            self._events.setdefault(item_id, []).append(event)
         self._listening.wait(ready_timeout_s)
         return event
 
-    def forget(self, item_id: int) -> None:
+    def forget(self, item_id: int, event: threading.Event | None = None) -> None:
+        """Stop waking ``event`` for ``item_id`` (None: every waiter of it)."""
         with self._lock:
-            self._events.pop(item_id, None)
+            events = self._events.pop(item_id, [])
+            kept = [e for e in events if event is not None and e is not event]
+            if kept:
+                self._events[item_id] = kept
 
     @staticmethod
     def wait_ticks(

@@ -92,7 +92,9 @@ def _caller_gone(pending: PendingCall) -> NoReturn:
 
 
 def _forget(pending: PendingCall) -> None:
-    call_waiter().forget(pending.stored.item_id)
+    call_waiter().forget(pending.stored.item_id, pending.woken)
+    if pending.stored.replayed:
+        return  # the presence is the first caller's, who may still be waiting
     with contextlib.suppress(Exception):  # the key expires by itself
         liveness.drop_caller(get_redis(), pending.stored.item_id)
 

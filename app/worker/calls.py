@@ -157,6 +157,15 @@ def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> No
     )
 
 
+def _key_used(tenant: str | Tenant, key: str | None) -> bool:
+    """Whether ``key`` names a request the tenant stored: its replay starts no call (or
+    is refused as another request's), so the fail-fast rule does not refuse it."""
+    if not key:
+        return False
+    with session_scope() as session:
+        return calls.key_used(session, tenants.find(session, tenant).id, key)
+
+
 def start_call(
     line: dict[str, Any],
     *,
@@ -164,6 +173,7 @@ def start_call(
     endpoint: str,
     deadline_s: float,
     stream: bool = False,
+    idempotency_key: str | None = None,
 ) -> PendingCall:
     """Store a call (one item, priority ``call``) and run it in this process, unless it
     cannot start before ``deadline_s``: :class:`Overloaded` (503) when the model's
@@ -171,11 +181,16 @@ def start_call(
     (its calls hold at most its weighted share of the model's slots), each with that
     wait as ``retry_after_s`` (:func:`refuse_early`). Wait for its answer with
     :func:`batchgen.worker.call_answers.wait_call`; with ``stream``, read its provider's
-    chunks as they arrive with :func:`batchgen.worker.call_answers.stream_call`."""
+    chunks as they arrive with :func:`batchgen.worker.call_answers.stream_call`.
+
+    An ``idempotency_key`` the tenant used for the same request waits for that earlier
+    call's answer instead (``stored.replayed``: no second provider call, no second
+    ledger row); used for another request, it raises
+    :class:`~batchgen.errors.IdempotencyKeyReused` (422)."""
     settings = get_settings()
     body = line.get("body")
     spec = get_registry().get(body.get("model", "")) if isinstance(body, dict) else None
-    if spec is not None:
+    if spec is not None and not _key_used(tenant, idempotency_key):
         refuse_early(spec, tenant, deadline_s)
     started = time.monotonic()
     with session_scope() as session:
@@ -187,11 +202,14 @@ def start_call(
             endpoint=endpoint,
             registry=get_registry(),
             settings=settings,
+            idempotency_key=idempotency_key,
         )
     relay = ChunkRelay() if stream else None
     woken = call_waiter().register(stored.item_id, event=Wake(relay) if relay else None)
-    caller_waits(stored.item_id, settings.caller_lease_s)
     pending = PendingCall(stored, tenant, started + deadline_s, woken, relay=relay)
+    if stored.replayed:
+        return pending  # the earlier call's run (done, or under way elsewhere) answers it
+    caller_waits(stored.item_id, settings.caller_lease_s)
     # The thread runs in this context (a host app's settings scope goes with it).
     runner = threading.Thread(
         target=contextvars.copy_context().run,
@@ -301,7 +319,10 @@ def caller_waits(item_id: int, lease_s: float) -> None:
 
 def cancel_call(pending: PendingCall) -> None:
     """Cancel a call's batch; a provider call this process runs for it stops at its next
-    chunk at once, not when the announcement comes back (a worker's call hears that)."""
+    chunk at once, not when the announcement comes back (a worker's call hears that).
+    A replay's caller leaving cancels nothing: the call is the first caller's."""
+    if pending.stored.replayed:
+        return
     batch_id = pending.stored.batch_id
     cancel_batch(batch_id, pending.tenant)
     call_runtime()[1].cancel(batch_id)

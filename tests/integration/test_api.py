@@ -216,3 +216,36 @@ def test_concurrent_submits_with_one_idempotency_key_store_one_batch(key):
         t.join()
     assert len(answers) == 2 and answers[0] == answers[1]
     assert _stored() == (1, 300)
+
+
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+
+
+def _message_request(model: str) -> dict:
+    content = [{"type": "text", "text": "What is this?"}, IMAGE]
+    return {"max_tokens": 20, "model": model, "messages": [{"role": "user", "content": content}]}
+
+
+def test_an_image_for_a_chat_model_is_refused_by_name(api, key):
+    """A Message Batch request with an image, for a model an OpenAI-kind provider serves
+    (it would be sent the text alone): 400 naming the request and the block, nothing
+    stored; the same for a synchronous /v1/messages call. For an Anthropic model it is
+    stored, to travel whole (tests/integration/test_whole_answers.py runs that)."""
+    text_only = [{"role": "user", "content": "hi"}]
+    ok = {"custom_id": "ok", "params": {**_message_request("sim-small"), "messages": text_only}}
+    requests = [ok, {"custom_id": "img", "params": _message_request("sim-small")}]
+    r = api.post("/v1/messages/batches", json={"requests": requests}, headers=_auth(key))
+    assert r.status_code == 400, r.get_json()
+    error = r.get_json()["error"]
+    assert error["param"] == "params.messages[0].content[1]" and error["line"] == 2
+    assert error["message"].startswith("requests[1].params.messages[0].content[1]: ")
+    assert _stored() == (0, 0)
+
+    call = api.post("/v1/messages", json=_message_request("sim-small"), headers=_auth(key))
+    assert call.status_code == 400 and "content[1]" in call.get_json()["error"]["message"]
+    assert _stored() == (0, 0)
+
+    requests[1]["params"]["model"] = "sim-claude"
+    r = api.post("/v1/messages/batches", json={"requests": requests[1:]}, headers=_auth(key))
+    assert r.status_code == 200, r.get_json()
+    assert _stored() == (1, 1)

@@ -179,3 +179,50 @@ def test_the_charts_draw_items_and_errors_per_minute(clean_db):
     every = _signed_in(app, admin).get("/dashboard").text
     assert _series(every, "Items finished per minute") == {"sim-small", "sim-large"}
     assert _series(every, errors) == {"server_error", "expired", "rate_limited"}
+
+
+def _csrf(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, "no form token on the page"
+    return found.group(1)
+
+
+def _status(batch_id: str) -> str:
+    return client.get_batch(batch_id, tenant="acme")["status"]
+
+
+def test_cancel_asks_first_and_a_cancelled_batch_reads_as_not_run(clean_db):
+    """The table's Cancel opens a confirmation page (no script needed); only its form,
+    with ``confirm=yes``, cancels; a post without it gets the question again. Then the
+    batch reads 0 done of 4, cancelled 4, not 4/4."""
+    key = make_tenant("acme")
+    batch = client.submit_batch([chat_line(f"c{i}") for i in range(4)], tenant="acme")
+    web = _signed_in(create_app(), key)
+    page = web.get("/dashboard").text
+    row = re.search(rf'<tr data-batch="{batch["id"]}">(.*?)</tr>', page, re.S)
+    assert row, page
+    ask = f"/dashboard/batches/{batch['id']}/cancel"
+    assert f'method="get" action="{ask}"' in row.group(1)  # the button asks, it cancels nothing
+
+    question = web.get(ask)
+    assert question.status_code == 200 and _status(batch["id"]) == "in_progress"
+    assert f"Cancel batch <code>{batch['id']}</code>?" in question.text
+    assert '<input type="hidden" name="confirm" value="yes">' in question.text
+    token = _csrf(question.text)
+
+    unconfirmed = web.post(ask, data={"csrf": token})
+    assert unconfirmed.status_code == 200 and 'id="confirm-cancel"' in unconfirmed.text
+    assert _status(batch["id"]) == "in_progress"
+    assert web.post(ask, data={"csrf": "forged", "confirm": "yes"}).status_code == 401
+    assert _status(batch["id"]) == "in_progress"
+
+    done = web.post(ask, data={"csrf": token, "confirm": "yes"})
+    assert done.status_code == 302 and _status(batch["id"]) == "cancelled"
+
+    progress = (
+        '<span class="done">0</span>/<span class="total">4</span> · '
+        '<span class="unrun unrun-cancelled">cancelled 4</span>'
+    )
+    assert progress in web.get("/dashboard").text
+    assert progress in web.get(f"/dashboard/batches/{batch['id']}").text
+    assert '<span class="done">4</span>' not in web.get("/dashboard").text

@@ -521,3 +521,25 @@ def test_the_dashboard_follows_the_sites_login(clean_db, client, django_user_mod
     assert cookie["path"] == "/batchgen" and cookie["httponly"] and cookie.value != key
     mine = client.get("/batchgen/dashboard").content.decode()
     assert 'id="batches"' in mine and "(operator)" not in mine
+
+
+def test_the_staff_view_lists_every_tenants_batches(clean_db, client, django_user_model):
+    """A staff user's operator view lists the batches of every tenant (read only: no
+    cancel, and no submit form, as the operator is no tenant), not "no batches yet"."""
+    from batchgen import python_api
+
+    make_tenant("acme")
+    make_tenant("globex")
+    made = [
+        python_api.submit_batch([chat_line(f"{name}-{i}") for i in range(2)], tenant=name)
+        for name in ("acme", "acme", "acme", "globex", "globex")
+    ]
+    staff = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
+    client.force_login(staff)
+    for url in ("/batchgen/dashboard", "/batchgen/dashboard/fragment"):
+        text = client.get(url).content.decode()
+        assert "no batches yet" not in text, url
+        for batch in made:
+            assert f'<tr data-batch="{batch["id"]}">' in text, (url, batch["id"])
+        assert '<td class="tenant">globex</td>' in text
+        assert 'class="cancel"' not in text and 'id="submit-form"' not in text

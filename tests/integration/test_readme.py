@@ -216,20 +216,32 @@ def test_quick_start(runner: Runner) -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def run_doctor(runner: Runner, command: readme.Command) -> subprocess.CompletedProcess:
+    """`batchgen doctor` once the started processes are up; a worker is seen once it
+    answers Celery's ping, so it is asked again until it passes or a minute is up."""
+    runner.wait_ready()
+    deadline = time.monotonic() + 60
+    while (done := runner.run(command)).returncode and time.monotonic() < deadline:
+        time.sleep(1)
+    return done
+
+
 def run_quick_start(runner: Runner, section: str) -> None:
     key = ""
-    for command in readme.sh_commands(section):
+    commands = readme.sh_commands(section)
+    assert commands[-1].argv[1:] == ["doctor"]  # the check comes once the parts are up
+    for command in commands:
         if command.background:
             runner.start(command)
             continue
-        done = runner.run(command)
+        is_doctor = command.argv[1] == "doctor"
+        done = run_doctor(runner, command) if is_doctor else runner.run(command)
         assert done.returncode == 0, done.stdout + done.stderr
         if command.argv[1:3] == ["tenants", "create"]:
             key = done.stdout.strip().splitlines()[-1]
     assert key.startswith("bg"), key
-    runner.wait_ready()
 
-    (program,) = [b.text for b in readme.blocks() if b.section == section and b.lang == "python"]
+    program = readme.quick_start_program()
     (lines,) = [b.text for b in readme.blocks() if b.section == section and b.lang == "json"]
     api = f"http://127.0.0.1:{runner.ports['8000']}"
     assert 'TENANT_KEY = "..."' in program and "http://localhost:8000" in program
@@ -249,6 +261,34 @@ def run_quick_start(runner: Runner, section: str) -> None:
     assert [r["custom_id"] for r in rows] == ["p-1"]
     assert rows[0]["response"]["status_code"] == 200
     assert done.stdout.rstrip().endswith("SYNC-DONE")
+    poll_a_cancelled_batch(runner, key, api)
+
+
+def poll_a_cancelled_batch(runner: Runner, key: str, api: str) -> None:
+    """The program's polling loop ends on a batch that was cancelled, not completed."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{api}/v1", api_key=key)
+    line = json.loads((runner.folder / "requests.jsonl").read_text())
+    # Enough requests that the cancel comes before they are all done.
+    lines = "".join(json.dumps({**line, "custom_id": f"c-{i}"}) + "\n" for i in range(50))
+    upload = client.files.create(file=("r.jsonl", lines.encode()), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    client.batches.cancel(batch.id)
+    program = (
+        "import time\nfrom openai import OpenAI\n"
+        f"client = OpenAI(base_url={api + '/v1'!r}, api_key={key!r})\n"
+        f"batch = client.batches.retrieve({batch.id!r})\n"
+        + readme.polling_loop(readme.quick_start_program())
+        + "print(batch.status)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split() == ["cancelled"]
 
 
 def test_production_processes(clean_db, simulator, runner: Runner) -> None:
@@ -262,11 +302,7 @@ def test_production_processes(clean_db, simulator, runner: Runner) -> None:
             runner.start(command)
             continue
         if command.argv[1] == "doctor":
-            runner.wait_ready()
-            # A worker is seen once it answers Celery's ping; give it a moment.
-            deadline = time.monotonic() + 60
-            while (done := runner.run(command)).returncode and time.monotonic() < deadline:
-                time.sleep(1)
+            done = run_doctor(runner, command)
         else:
             runner.wait_ready()
             done = runner.run(command)

@@ -113,3 +113,29 @@ def test_the_anthropic_stream_is_the_messages_event_sequence():
     ]
     delta = json.loads(events[2].split("\n")[1].removeprefix("data: "))
     assert delta["delta"] == {"type": "text_delta", "text": "Hi."}
+
+
+def test_a_calls_end_wakes_every_request_waiting_on_it():
+    """An Idempotency-Key's replay waits on the call beside its first caller: the end
+    wakes both, and the replay forgetting it leaves the caller's wait in place."""
+    import threading
+
+    from batchgen.store.calls import CallWaiter
+
+    waiter = CallWaiter("postgresql://127.0.0.1:1/none")  # nothing listens: no database
+    try:
+        caller, replay = threading.Event(), threading.Event()
+        waiter.register(7, ready_timeout_s=0, event=caller)
+        waiter.register(7, ready_timeout_s=0, event=replay)
+        waiter._wake("7")
+        assert caller.is_set() and replay.is_set()
+        caller.clear()
+        waiter.forget(7, replay)
+        waiter._wake("7")
+        assert caller.is_set()
+        waiter.forget(7)
+        caller.clear()
+        waiter._wake("7")
+        assert not caller.is_set()
+    finally:
+        waiter.close()

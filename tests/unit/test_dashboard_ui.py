@@ -17,6 +17,7 @@ from batchgen.domain.dashboard import (
     line_chart,
     nice_max,
     open_items,
+    progress,
     rate_per_min,
     time_left_s,
 )
@@ -128,3 +129,12 @@ def test_bar_chart():
         ("globex", 142.0, 56.0, 90.0, 20.0, "$1.00"),
     ]
     assert bar_chart([]) == []
+
+
+def test_a_cancelled_batchs_progress_is_not_a_done_ones():
+    """Done counts what ran to an end; what ended without running is named beside it."""
+    cancelled = progress({"total": 2000, "cancelled": 2000})
+    assert (cancelled.done, cancelled.total, cancelled.unrun) == (0, 2000, {"cancelled": 2000})
+    mixed = progress({"total": 10, "succeeded": 5, "failed": 1, "expired": 1, "cancelled": 3})
+    assert (mixed.done, mixed.unrun) == (6, {"cancelled": 3, "expired": 1})
+    assert progress({"total": 4, "succeeded": 4}).unrun == {}

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -130,6 +131,24 @@ def test_the_readme_inline_commands_exist(argv: list[str]) -> None:
     (`--help` after them: an unknown command or option is still a usage error)."""
     result = CliRunner().invoke(cli, [*argv[1:], "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("end", ["completed", "failed", "expired", "cancelled"])
+def test_the_readme_polling_loop_stops_at_every_end_of_a_batch(end: str) -> None:
+    """The quick start's program polls until the batch ends, however it ends (a loop
+    on ``!= "completed"`` would spin forever on a cancelled one): its loop, run on
+    a batch that reads as ``end`` on the third poll."""
+    statuses = iter(["validating", "in_progress", end])
+    batches = SimpleNamespace(
+        retrieve=lambda batch_id: SimpleNamespace(id=batch_id, status=next(statuses))
+    )
+    scope = {
+        "client": SimpleNamespace(batches=batches),
+        "batch": SimpleNamespace(id="batch_1"),
+        "time": SimpleNamespace(sleep=lambda seconds: None),
+    }
+    exec(readme.polling_loop(readme.quick_start_program()), scope)
+    assert scope["batch"].status == end
 
 
 def test_the_readme_prose_names_no_command_a_test_does_not_run() -> None:

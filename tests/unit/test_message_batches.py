@@ -89,6 +89,48 @@ def test_tools_images_thinking_cache_control_and_a_list_system_travel_whole():
     ]
 
 
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+TEXT = {"type": "text", "text": "x"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        (
+            {"messages": [{"role": "user", "content": [TEXT, IMAGE]}]},
+            "params.messages[0].content[1]",
+        ),
+        ({"system": [IMAGE]}, "params.system[0]"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "params.thinking"),
+        (
+            {"tools": [{"name": "f", "input_schema": {}}, {"type": "web", "name": "w"}]},
+            "params.tools[1]",
+        ),
+    ],
+)
+def test_what_a_chat_provider_would_not_be_sent_is_refused_by_name(extra, field):
+    """For a model served by another provider kind (it is sent the chat translation),
+    a request carrying what that drops is refused, naming the request and the field."""
+    params = {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    request = {"custom_id": "a", "params": {**params, **extra}}
+    with pytest.raises(ValidationFailed) as raised:
+        to_chat_line(3, request, anthropic=False)
+    assert raised.value.field == field and raised.value.line == 4
+    assert str(raised.value).startswith(f"requests[3].{field}: ")
+    assert to_chat_line(3, request)["body"]["anthropic_params"]  # an Anthropic model: whole
+
+
+def test_a_chat_provider_gets_text_and_function_tools():
+    params = {
+        "max_tokens": 5,
+        "tools": [{"name": "lookup", "input_schema": {"type": "object"}}],
+        "thinking": {"type": "disabled"},
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}],
+    }
+    body = to_chat_line(0, {"custom_id": "a", "params": params}, anthropic=False)["body"]
+    assert body["tools"][0]["function"]["name"] == "lookup"
+
+
 @pytest.mark.parametrize("tools", [{"name": "x"}, [{"input_schema": {}}], ["lookup"]])
 def test_malformed_tools_are_refused_by_name(tools):
     params = {"max_tokens": 5, "tools": tools, "messages": [{"role": "user", "content": "x"}]}
