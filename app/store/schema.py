@@ -534,6 +534,17 @@ class DispatchClock(Base):
     released_key: Mapped[int] = mapped_column(BigInteger)
 
 
+class BudgetHold(Base):
+    """Until when a tenant's own budget (its ``tokens_per_min``) turns its items away, as
+    the budget said when it last deferred one: the dispatcher passes the tenant over
+    until then, so it takes no place another tenant could use."""
+
+    __tablename__ = "budget_holds"
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    held_until: Mapped[dt.datetime] = mapped_column(TZ)
+
+
 class TotalsWatermark(Base):
     """One row: items finished before ``rolled_up_before`` are in the rolled-up totals
     (None: nothing yet)."""

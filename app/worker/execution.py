@@ -45,11 +45,11 @@ from batchgen.errors import (
 )
 from batchgen.limits import liveness
 from batchgen.limits.backend import get_redis
-from batchgen.limits.gate import Gate, Never, Pass, Wait, running_lease_s
+from batchgen.limits.gate import Gate, Never, Pass, Wait, WaitKind, running_lease_s
 from batchgen.providers import warmed_provider
 from batchgen.providers.base import Provider, ProviderRequest, ProviderResponse
 from batchgen.registry import ModelSpec, Registry
-from batchgen.store import batches, db, items
+from batchgen.store import batches, db, items, rounds
 from batchgen.store.batches import Progress
 from batchgen.store.db import session_scope
 from batchgen.store.items import Claimed, Ticket
@@ -249,7 +249,11 @@ def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
             max_countdown_s=settings.max_countdown_s,
         )
         if plan.action is retry.WaitAction.DEFER:
-            items.defer(session, item, plan.wait_s, decision.reason)
+            deferred = items.defer(session, item, plan.wait_s, decision.reason)
+            if deferred and decision.kind is WaitKind.TENANT:
+                # Its other items would meet the same no: the dispatcher passes the
+                # tenant over until its budget frees, and gives its places to others.
+                rounds.hold_tenant(session, item.tenant_id, plan.wait_s)
             return Verdict("deferred")
         if plan.action is retry.WaitAction.REQUEUE:
             items.requeue(session, item, plan.wait_s, settings.queued_lease_s)
