@@ -12,6 +12,7 @@ Every item state move is a call into :mod:`batchgen.store.items`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from batchgen.domain.routes import (
     with_service_tier,
 )
 from batchgen.domain.status import ItemStatus
+from batchgen.domain.stream_usage import ReportedUsage, StreamUsage
 from batchgen.errors import (
     CallCancelled,
     FlexUnavailable,
@@ -340,7 +342,7 @@ def _call(
         cancel=cancel,
         stream=settings.stream_calls,
         endpoint=line_endpoint(item.endpoint),
-        on_chunk=on_chunk,
+        on_chunk=_keeping_usage(item, on_chunk) if on_chunk is not None else None,
         cache_prefix=item.prefix_key is not None,
     )
     started = time.monotonic()
@@ -385,6 +387,8 @@ def _call(
         tier=route.tier,
     )
     recorded = _record(item, outcome, served)
+    if on_chunk is not None:
+        _forget_usage(item)
     log.info(
         "item %d attempt %d model %s deployment %s route %s succeeded prompt_tokens=%d "
         "completion_tokens=%d latency_ms=%d recorded=%s",
@@ -399,6 +403,35 @@ def _call(
         recorded,
     )
     return Verdict("succeeded" if recorded else "duplicate", call_s=latency_s)
+
+
+def _keeping_usage(item: Claimed, relay: OnChunk) -> OnChunk:
+    """``relay``, once the provider's usage is kept in Redis as soon as its stream
+    reports it, before the chunk is passed on: if this process dies before it records
+    the answer, the sweep ledgers what the provider billed rather than an estimate."""
+    stream = StreamUsage()
+
+    def on_chunk(chunk: dict[str, Any]) -> None:
+        usage = stream.add(chunk)
+        if usage is not None:
+            _keep_usage(item, usage)
+        relay(chunk)
+
+    return on_chunk
+
+
+def _keep_usage(item: Claimed, usage: ReportedUsage) -> None:
+    try:
+        # As long as an unsent mark: past any outage after which the sweep could ask.
+        ttl_s = UNSENT_MARK_S
+        liveness.keep_usage(get_redis(), item.item_id, item.attempt, usage.to_json(), ttl_s)
+    except Exception as exc:  # noqa: BLE001 - Redis away: a lost call ledgers its estimate
+        log.warning("item %d: could not keep its usage (%s)", item.item_id, type(exc).__name__)
+
+
+def _forget_usage(item: Claimed) -> None:
+    with contextlib.suppress(Exception):  # the key expires by itself
+        liveness.drop_usage(get_redis(), item.item_id)
 
 
 def _record(item: Claimed, outcome: CallOutcome, spec: ModelSpec) -> bool:
