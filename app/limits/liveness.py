@@ -80,6 +80,24 @@ def drop_caller(client: redis.Redis, item_id: int) -> None:
     client.delete(keys.call_caller(item_id))
 
 
+def mark_run_by_caller(client: redis.Redis, item_id: int, attempt: int, ttl_s: float) -> None:
+    """The process the call's caller waits in runs ``attempt`` of it itself."""
+    client.set(keys.call_run_by_caller(item_id), attempt, px=max(1, int(ttl_s * 1000)))
+
+
+def run_by_caller(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
+    """Of ``(item_id, attempt)``, the calls whose attempt their caller's process runs."""
+    pairs = list(attempts)
+    if not pairs:
+        return set()
+    values = client.mget([keys.call_run_by_caller(item_id) for item_id, _ in pairs])
+    return {
+        item_id
+        for (item_id, attempt), value in zip(pairs, values, strict=True)
+        if value is not None and int(value) == attempt
+    }
+
+
 def callers_waiting(client: redis.Redis, item_ids: Iterable[int]) -> set[int]:
     """Of ``item_ids`` (synchronous calls), those whose caller still waits."""
     ids = list(item_ids)

@@ -881,20 +881,30 @@ def renew_leases(
     return int(connection.execute(statement).rowcount)  # type: ignore[attr-defined]
 
 
-def calls_to_check(session: Session, caller_lease_s: float) -> list[int]:
+@dataclass(frozen=True)
+class OpenCall:
+    """A synchronous call's item, queued or running, for the sweep to ask after its
+    caller: its current attempt, and whether its lease has run out."""
+
+    item_id: int
+    attempt: int
+    ran_out: bool
+
+
+def calls_to_check(session: Session, caller_lease_s: float) -> list[OpenCall]:
     """Synchronous calls' items (queued or running) whose lease has run out, or that were
     stored over ``caller_lease_s`` ago (their caller has renewed its presence since, if
     it still waits)."""
     stored_before = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, caller_lease_s)
-    return list(
-        session.scalars(
-            select(Item.id).where(
-                Item.priority_rank == CALL_RANK,
-                Item.status.in_([S.QUEUED.value, S.RUNNING.value]),
-                or_(Item.lease_expires_at < func.now(), Item.created_at < stored_before),
-            )
+    ran_out = Item.lease_expires_at < func.now()
+    rows = session.execute(
+        select(Item.id, Item.attempts, ran_out.label("ran_out")).where(
+            Item.priority_rank == CALL_RANK,
+            Item.status.in_([S.QUEUED.value, S.RUNNING.value]),
+            or_(ran_out, Item.created_at < stored_before),
         )
     )
+    return [OpenCall(r.id, r.attempts, bool(r.ran_out)) for r in rows]
 
 
 def leases_ran_out(session: Session) -> list[tuple[int, int]]:

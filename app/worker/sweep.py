@@ -9,8 +9,9 @@ reported where that was kept in Redis, else with what it reserved.
 
 A synchronous call whose caller no longer waits (the API process it ran in died)
 is taken back as soon as its caller's presence lapses
-(``BATCHGEN_CALLER_LEASE_S``), not when its running lease runs out: what it
-cost is in the ledger within about that time.
+(``BATCHGEN_CALLER_LEASE_S``), not when its running lease runs out, if that
+process ran its attempt itself: what it cost is in the ledger within about that
+time, and its slot is freed. An attempt a worker runs is left to its lease.
 """
 
 from __future__ import annotations
@@ -70,16 +71,21 @@ def _alive_owners(session: Session) -> set[int]:
 
 def _callers_gone(session: Session, caller_lease_s: float) -> set[int]:
     """Synchronous calls whose caller no longer waits (the API process it waited in
-    died), their lease run out or not: cancelled, not handed on. Redis unreachable:
-    none."""
-    open_calls = items.calls_to_check(session, caller_lease_s)
-    if not open_calls:
+    died): cancelled, not handed on, once their lease ran out; or at once when that
+    process ran their attempt itself (its runner is gone with the caller; a worker's
+    attempt is left to its lease). Redis unreachable: none."""
+    checked = items.calls_to_check(session, caller_lease_s)
+    if not checked:
         return set()
     try:
-        waiting = liveness.callers_waiting(get_redis(), open_calls)
+        client = get_redis()
+        waiting = liveness.callers_waiting(client, [c.item_id for c in checked])
+        gone = [c for c in checked if c.item_id not in waiting]
+        early = [(c.item_id, c.attempt) for c in gone if not c.ran_out]
+        run_here = liveness.run_by_caller(client, early)
     except redis.RedisError:
         return set()
-    return set(open_calls) - waiting
+    return {c.item_id for c in gone if c.ran_out or c.item_id in run_here}
 
 
 def _never_left(lost: list[items.LostAttempt]) -> set[int]:
