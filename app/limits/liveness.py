@@ -18,7 +18,7 @@ records the answer, the sweep ledgers what the provider billed, not an estimate.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import redis
 
@@ -38,17 +38,25 @@ def drop(client: redis.Redis, item_id: int) -> None:
     client.delete(keys.running_item(item_id))
 
 
-def alive(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
-    """Of ``(item_id, attempt)``, the items whose attempt a live worker still holds."""
+def _marked(
+    client: redis.Redis, key_of: Callable[[int], str], attempts: Iterable[tuple[int, int]]
+) -> set[int]:
+    """Of ``(item_id, attempt)``, the items whose key (``key_of(item_id)``) names that
+    very attempt (one round trip)."""
     pairs = list(attempts)
     if not pairs:
         return set()
-    values = client.mget([keys.running_item(item_id) for item_id, _ in pairs])
+    values = client.mget([key_of(item_id) for item_id, _ in pairs])
     return {
         item_id
         for (item_id, attempt), value in zip(pairs, values, strict=True)
         if value is not None and int(value) == attempt
     }
+
+
+def alive(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
+    """Of ``(item_id, attempt)``, the items whose attempt a live worker still holds."""
+    return _marked(client, keys.running_item, attempts)
 
 
 def mark_unsent(client: redis.Redis, item_id: int, attempt: int, ttl_s: float) -> None:
@@ -59,15 +67,7 @@ def mark_unsent(client: redis.Redis, item_id: int, attempt: int, ttl_s: float) -
 
 def unsent(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
     """Of ``(item_id, attempt)``, the items whose attempt a worker marked never sent."""
-    pairs = list(attempts)
-    if not pairs:
-        return set()
-    values = client.mget([keys.unsent_attempt(item_id) for item_id, _ in pairs])
-    return {
-        item_id
-        for (item_id, attempt), value in zip(pairs, values, strict=True)
-        if value is not None and int(value) == attempt
-    }
+    return _marked(client, keys.unsent_attempt, attempts)
 
 
 def renew_caller(client: redis.Redis, item_id: int, ttl_s: float) -> None:
@@ -87,15 +87,7 @@ def mark_run_by_caller(client: redis.Redis, item_id: int, attempt: int, ttl_s: f
 
 def run_by_caller(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
     """Of ``(item_id, attempt)``, the calls whose attempt their caller's process runs."""
-    pairs = list(attempts)
-    if not pairs:
-        return set()
-    values = client.mget([keys.call_run_by_caller(item_id) for item_id, _ in pairs])
-    return {
-        item_id
-        for (item_id, attempt), value in zip(pairs, values, strict=True)
-        if value is not None and int(value) == attempt
-    }
+    return _marked(client, keys.call_run_by_caller, attempts)
 
 
 def callers_waiting(client: redis.Redis, item_ids: Iterable[int]) -> set[int]:
