@@ -15,6 +15,11 @@ A tenant whose ready work runs out ends its turn and loses what was left of its
 deficit (:meth:`Plan.next_turn`): an idle tenant saves no credit, and a tenant that
 comes back joins the ring where it stands.
 
+A tenant held back by its own budget (its ``tokens_per_min``, known from the last of its
+items the budget turned away, until when it frees) is passed over as if it had no
+ready work: it takes no place another tenant could use, and keeps no deficit. Once its
+budget frees it is in the ring again where it stands, so it is not starved.
+
 A round reads only the tenants it serves: with ``places`` free places, no tenant past
 the first ``places`` of the ring (from its position) can be reached, since each turn
 grants at least one item. The store reads that many tenants of the ring, or the
@@ -31,7 +36,7 @@ together, so the provider finds the prefix it has just cached.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -143,19 +148,23 @@ def run_round(
     places: int,
     max_passes: int = MAX_PASSES,
     group: Group[T] | None = None,
+    held: Collection[int] = frozenset(),
 ) -> tuple[list[T], Turn]:
     """One dispatch round: plan, take each tenant's items (``take({tenant: n})`` returns
     up to ``n`` picks of each, in the tenant's order), and give the places of tenants
-    that ran out of ready work to the next ones. Returns the picks in release order
-    (:func:`interleave`, each tenant's picks :func:`order_picks` by ``group``) and where
-    the ring stands for the next round."""
+    that ran out of ready work to the next ones. Tenants in ``held`` (held back by their
+    own budget now) get no place. Returns the picks in release order (:func:`interleave`,
+    each tenant's picks :func:`order_picks` by ``group``) and where the ring stands for
+    the next round."""
     released: list[T] = []
-    dry: set[int] = set()
+    # Passed over: the held tenants, and those that ran dry in an earlier pass. Reading
+    # as many more tenants as there are of them leaves enough for the places.
+    skip: set[int] = set(held)
     for _ in range(max_passes):
         if places <= 0:
             break
-        members, whole = read_ring(turn.start, places + len(dry))
-        ring = [m for m in members if m.tenant_id not in dry]
+        members, whole = read_ring(turn.start, places + len(skip))
+        ring = [m for m in members if m.tenant_id not in skip]
         if not whole:
             ring = ring[:places]
         plan = plan_round(ring, turn, places, whole=whole)
@@ -169,7 +178,7 @@ def run_round(
         short = plan.short(got)
         if not short:
             break
-        dry |= short
+        skip |= short
     return released, turn
 
 

@@ -148,6 +148,22 @@ _REASONS = {
 }
 
 
+def slot_holder(item_id: int, attempt: int) -> str:
+    """Who holds a slot (and a reservation): one attempt of one item."""
+    return f"{item_id}:{attempt}"
+
+
+def free_slot(slots: Slots, spec: ModelSpec, holder: str) -> None:
+    """Release ``holder``'s slot (best effort: if Redis is down, its lease ends): the
+    model's, and the deployments' own, whichever holds it."""
+    own = [d.slot_key for d in spec.deployments if d.slot_key != spec.name]
+    with contextlib.suppress(redis.RedisError):
+        if own:
+            slots.release(spec.name, holder, own)
+        else:
+            slots.release(spec.name, holder)
+
+
 class Gate:
     def __init__(self, client: redis.Redis, settings: Settings):
         self.client = client
@@ -163,12 +179,7 @@ class Gate:
     def _free_slot(self, spec: ModelSpec, holder: str) -> None:
         """Release a slot after a failure (best effort: if Redis is down, its lease ends):
         the model's, and the deployments' own, whichever holds it."""
-        own = [d.slot_key for d in spec.deployments if d.slot_key != spec.name]
-        with contextlib.suppress(redis.RedisError):
-            if own:
-                self.slots.release(spec.name, holder, own)
-            else:
-                self.slots.release(spec.name, holder)
+        free_slot(self.slots, spec, holder)
 
     def enter(self, spec: ModelSpec, item: CallTicket) -> Pass | Wait | Never:
         """Take a slot and reserve tokens (one script), or say how long to wait.
@@ -187,7 +198,7 @@ class Gate:
         leaves the slots that free to the others' calls and batches. Other work adds
         its tenant to that demand (in the same one script) when it is denied a slot.
         """
-        reservation_id = f"{item.item_id}:{item.attempt}"
+        reservation_id = slot_holder(item.item_id, item.attempt)
         avoid = getattr(item, "avoid", None)
         if not self.enabled:  # no budget: the first deployment, unless the item avoids it
             tokens = reservation_tokens(item.prompt_tokens_est, item.max_tokens)

@@ -9,11 +9,16 @@ PostgreSQL was unreachable, with its owner alive, is not a lost worker.
 Likewise an API process renews one key per synchronous call whose caller waits in
 it (:func:`batchgen.limits.redis_keys.call_caller`): a call whose lease ran out and
 whose caller's key is gone is cancelled by the sweep, not run again for nobody.
+
+And a streamed call's usage, as the provider reported it at the end of its stream, is
+kept here as soon as it arrives (:func:`keep_usage`): if the process dies before it
+records the answer, the sweep ledgers what the provider billed, not an estimate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Callable, Iterable
 
 import redis
 
@@ -33,17 +38,25 @@ def drop(client: redis.Redis, item_id: int) -> None:
     client.delete(keys.running_item(item_id))
 
 
-def alive(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
-    """Of ``(item_id, attempt)``, the items whose attempt a live worker still holds."""
+def _marked(
+    client: redis.Redis, key_of: Callable[[int], str], attempts: Iterable[tuple[int, int]]
+) -> set[int]:
+    """Of ``(item_id, attempt)``, the items whose key (``key_of(item_id)``) names that
+    very attempt (one round trip)."""
     pairs = list(attempts)
     if not pairs:
         return set()
-    values = client.mget([keys.running_item(item_id) for item_id, _ in pairs])
+    values = client.mget([key_of(item_id) for item_id, _ in pairs])
     return {
         item_id
         for (item_id, attempt), value in zip(pairs, values, strict=True)
         if value is not None and int(value) == attempt
     }
+
+
+def alive(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
+    """Of ``(item_id, attempt)``, the items whose attempt a live worker still holds."""
+    return _marked(client, keys.running_item, attempts)
 
 
 def mark_unsent(client: redis.Redis, item_id: int, attempt: int, ttl_s: float) -> None:
@@ -54,15 +67,7 @@ def mark_unsent(client: redis.Redis, item_id: int, attempt: int, ttl_s: float) -
 
 def unsent(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
     """Of ``(item_id, attempt)``, the items whose attempt a worker marked never sent."""
-    pairs = list(attempts)
-    if not pairs:
-        return set()
-    values = client.mget([keys.unsent_attempt(item_id) for item_id, _ in pairs])
-    return {
-        item_id
-        for (item_id, attempt), value in zip(pairs, values, strict=True)
-        if value is not None and int(value) == attempt
-    }
+    return _marked(client, keys.unsent_attempt, attempts)
 
 
 def renew_caller(client: redis.Redis, item_id: int, ttl_s: float) -> None:
@@ -75,6 +80,16 @@ def drop_caller(client: redis.Redis, item_id: int) -> None:
     client.delete(keys.call_caller(item_id))
 
 
+def mark_run_by_caller(client: redis.Redis, item_id: int, attempt: int, ttl_s: float) -> None:
+    """The process the call's caller waits in runs ``attempt`` of it itself."""
+    client.set(keys.call_run_by_caller(item_id), attempt, px=max(1, int(ttl_s * 1000)))
+
+
+def run_by_caller(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
+    """Of ``(item_id, attempt)``, the calls whose attempt their caller's process runs."""
+    return _marked(client, keys.call_run_by_caller, attempts)
+
+
 def callers_waiting(client: redis.Redis, item_ids: Iterable[int]) -> set[int]:
     """Of ``item_ids`` (synchronous calls), those whose caller still waits."""
     ids = list(item_ids)
@@ -82,3 +97,31 @@ def callers_waiting(client: redis.Redis, item_ids: Iterable[int]) -> set[int]:
         return set()
     values = client.mget([keys.call_caller(item_id) for item_id in ids])
     return {item_id for item_id, value in zip(ids, values, strict=True) if value is not None}
+
+
+def keep_usage(client: redis.Redis, item_id: int, attempt: int, usage: dict, ttl_s: float) -> None:
+    """The provider reported ``usage`` (a JSON object) for ``attempt`` of the item: kept
+    for ``ttl_s``."""
+    value = json.dumps({"attempt": attempt, "usage": usage}, separators=(",", ":"))
+    client.set(keys.stream_usage(item_id), value, px=max(1, int(ttl_s * 1000)))
+
+
+def drop_usage(client: redis.Redis, item_id: int) -> None:
+    """The answer was recorded: its kept usage is no longer needed."""
+    client.delete(keys.stream_usage(item_id))
+
+
+def kept_usage(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> dict[int, dict]:
+    """Of ``(item_id, attempt)``, the usage kept for that very attempt, per item."""
+    pairs = list(attempts)
+    if not pairs:
+        return {}
+    values = client.mget([keys.stream_usage(item_id) for item_id, _ in pairs])
+    kept: dict[int, dict] = {}
+    for (item_id, attempt), value in zip(pairs, values, strict=True):
+        if value is None:
+            continue
+        data = json.loads(value)
+        if data.get("attempt") == attempt and isinstance(data.get("usage"), dict):
+            kept[item_id] = data["usage"]
+    return kept

@@ -123,6 +123,18 @@ def unsent_attempt(item_id: int) -> str:
     return f"{PREFIX}unsent:{item_id}"
 
 
+def stream_usage(item_id: int) -> str:
+    """String: the provider's usage of a streamed attempt, kept as its last chunk came
+    (app/worker/execution.py), so the sweep ledgers it if the process dies unrecorded."""
+    return f"{PREFIX}usage:{item_id}"
+
+
+def call_run_by_caller(item_id: int) -> str:
+    """String: the attempt of a synchronous call that the process its caller waits in
+    runs itself (app/worker/calls.py): if its caller is gone, so is its runner."""
+    return f"{PREFIX}callrun:{item_id}"
+
+
 def call_caller(item_id: int) -> str:
     """String: a synchronous call's caller still waits for it, renewed by the API
     process it waits in (app/python_api.py), expiring ``BATCHGEN_CALLER_LEASE_S`` after."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import Connection, func, select, text, tuple_, update
+from sqlalchemy import Connection, func, or_, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
 from batchgen.domain.deadlines import carried_forward
@@ -444,6 +444,7 @@ class LockedItem:
     sent_at: dt.datetime | None
     prompt_tokens_est: int
     deployment: str | None = None  # the deployment of the current attempt's call
+    max_tokens: int = 0  # the most output a call of it may be billed for
 
 
 def lock(session: Session, item_id: int, *, for_update: bool = True) -> LockedItem | None:
@@ -463,6 +464,7 @@ def lock(session: Session, item_id: int, *, for_update: bool = True) -> LockedIt
         sent_at=row.sent_at,
         prompt_tokens_est=row.prompt_tokens_est,
         deployment=row.deployment,
+        max_tokens=row.max_tokens,
     )
 
 
@@ -816,6 +818,7 @@ class LostAttempt:
     attempts: int
     was_sent: bool  # the lost attempt's request had been sent: it may be billed
     lease: str = "running"  # which lease ran out: 'queued' or 'running'
+    model: str = ""
 
 
 def sweep_cancel_orphans(session: Session) -> int:
@@ -854,6 +857,7 @@ def sweep_lost(
             attempts=r.attempts,
             was_sent=r.was_sent,
             lease=r.prev_status,
+            model=r.model,
         )
         for r in rows
     ]
@@ -877,17 +881,30 @@ def renew_leases(
     return int(connection.execute(statement).rowcount)  # type: ignore[attr-defined]
 
 
-def call_leases_ran_out(session: Session) -> list[int]:
-    """Synchronous calls' items (queued or running) whose lease has run out."""
-    return list(
-        session.scalars(
-            select(Item.id).where(
-                Item.priority_rank == CALL_RANK,
-                Item.status.in_([S.QUEUED.value, S.RUNNING.value]),
-                Item.lease_expires_at < func.now(),
-            )
+@dataclass(frozen=True)
+class OpenCall:
+    """A synchronous call's item, queued or running, for the sweep to ask after its
+    caller: its current attempt, and whether its lease has run out."""
+
+    item_id: int
+    attempt: int
+    ran_out: bool
+
+
+def calls_to_check(session: Session, caller_lease_s: float) -> list[OpenCall]:
+    """Synchronous calls' items (queued or running) whose lease has run out, or that were
+    stored over ``caller_lease_s`` ago (their caller has renewed its presence since, if
+    it still waits)."""
+    stored_before = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, caller_lease_s)
+    ran_out = Item.lease_expires_at < func.now()
+    rows = session.execute(
+        select(Item.id, Item.attempts, ran_out.label("ran_out")).where(
+            Item.priority_rank == CALL_RANK,
+            Item.status.in_([S.QUEUED.value, S.RUNNING.value]),
+            or_(ran_out, Item.created_at < stored_before),
         )
     )
+    return [OpenCall(r.id, r.attempts, bool(r.ran_out)) for r in rows]
 
 
 def leases_ran_out(session: Session) -> list[tuple[int, int]]:

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from batchgen.domain.cost import TokenUsage, cost_usd, price_usage, tier_of, usage_of
 from batchgen.domain.offload import Route
 from batchgen.domain.status import TERMINAL, ItemStatus
+from batchgen.domain.stream_usage import ReportedUsage, UsageSource
 from batchgen.registry import ModelSpec, Registry, Tier
 from batchgen.store import items
 from batchgen.store.items import Answered, Claimed, LockedItem
@@ -49,6 +50,8 @@ class CallOutcome:
     deployment: str | None = None
     # The tier the call asked for (its route's): the answer's own word wins.
     tier: Tier = Tier.STANDARD
+    # The provider's usage, or an estimate (no usage came back).
+    usage_source: UsageSource = UsageSource.PROVIDER
 
     @property
     def usage(self) -> TokenUsage:
@@ -67,8 +70,9 @@ class CallOutcome:
 
 # Waste rows written without the provider's answer, because the worker that sent
 # the call was lost (its lease ran out) or another attempt finished the item while
-# this one was in flight. Their usage is the prompt estimate; if the answer still
-# comes, it replaces the estimate in place (never a second row for one call).
+# this one was in flight. Their usage is the provider's where its stream reported it
+# before the process died, else what the call reserved (an estimate, marked so); if
+# the answer still comes, it replaces that in place (never a second row for one call).
 LOST_CALL = "worker_lost"
 SUPERSEDED_CALL = "superseded_in_flight"
 ESTIMATED = frozenset({LOST_CALL, SUPERSEDED_CALL})
@@ -117,6 +121,7 @@ def _params(item: LockedItem, outcome: CallOutcome, priced: Priced, waste: str |
         "tier": priced.tier.value,
         "waste_reason": waste,
         "deployment": outcome.deployment or item.deployment,
+        "usage_source": outcome.usage_source.value,
     }
 
 
@@ -150,17 +155,50 @@ def _replace_estimate(
 def _estimate(
     item: LockedItem, attempt: int, spec: ModelSpec | None
 ) -> tuple[CallOutcome, Decimal]:
-    """A sent call whose answer we do not have: the prompt estimate, no completion."""
-    outcome = CallOutcome(item_id=item.id, attempt=attempt, prompt_tokens=item.prompt_tokens_est)
-    cost = cost_usd(item.prompt_tokens_est, 0, spec) if spec is not None else Decimal(0)
+    """A sent call whose usage we do not have: what it reserved, the prompt estimate and
+    its ``max_tokens`` (the most the provider may bill it)."""
+    prompt, completion = item.prompt_tokens_est, item.max_tokens
+    outcome = CallOutcome(
+        item_id=item.id,
+        attempt=attempt,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        usage_source=UsageSource.ESTIMATE,
+    )
+    cost = cost_usd(prompt, completion, spec) if spec is not None else Decimal(0)
     return outcome, cost
 
 
-def record_lost_call(session: Session, item_id: int, attempt: int, registry: Registry) -> bool:
-    """Ledger as waste a sent call whose worker was lost (once per (item, attempt))."""
+def _reported(
+    item: LockedItem, attempt: int, usage: ReportedUsage, spec: ModelSpec | None
+) -> tuple[CallOutcome, Decimal]:
+    """A sent call whose answer we do not have, but whose usage its stream reported."""
+    outcome = CallOutcome(
+        item_id=item.id,
+        attempt=attempt,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        response=usage.body,
+    )
+    return outcome, price(outcome, spec).cost if spec is not None else Decimal(0)
+
+
+def record_lost_call(
+    session: Session,
+    item_id: int,
+    attempt: int,
+    registry: Registry,
+    usage: ReportedUsage | None = None,
+) -> bool:
+    """Ledger as waste a sent call whose worker was lost (once per (item, attempt)):
+    with the ``usage`` its provider reported, else with what it reserved."""
     item = items.lock(session, item_id, for_update=False)
     assert item is not None
-    outcome, cost = _estimate(item, attempt, registry.get(item.model))
+    spec = registry.get(item.model)
+    if usage is not None:
+        outcome, cost = _reported(item, attempt, usage, spec)
+    else:
+        outcome, cost = _estimate(item, attempt, spec)
     return _ledger(session, item, outcome, cost, LOST_CALL)
 
 

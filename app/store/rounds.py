@@ -8,6 +8,10 @@ ready-items index per tenant found) and releases each served tenant's items in i
 own order (:func:`batchgen.store.items.release_picks`). The set of tenants with ready
 work is the index itself, kept by PostgreSQL with the items: nothing to keep in step.
 
+A tenant held back by its own budget (``budget_holds``, written when the budget defers
+one of its items: :func:`hold_tenant`) is passed over by the round until its budget
+frees, so the places it cannot use go to the other tenants at once.
+
 Within a tenant, interactive items go before bulk ones, and its open batches of one
 priority take turns: a batch's items are keyed from the tenant's dispatch clock on the
 model at submit (:func:`next_keys`), so batch 100 starts alongside what batches 1 to 99
@@ -23,13 +27,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from batchgen.domain.round_robin import Member, Turn, ring_order, run_round
 from batchgen.store import items
-from batchgen.store.schema import DispatchClock, DispatchRing
+from batchgen.store.schema import BudgetHold, DispatchClock, DispatchRing
 from batchgen.store.sqlfiles import query
 
 _LOWEST_ID = -(2**63)
@@ -62,7 +66,9 @@ def release(session: Session, model: str, window: int, queued_lease_s: float) ->
             picks[pick.ticket.tenant_id].append(pick)
         return picks
 
-    released, after = run_round(read_ring, take, turn, free, group=items.Pick.cache_group)
+    released, after = run_round(
+        read_ring, take, turn, free, group=items.Pick.cache_group, held=_held(session)
+    )
     if after != turn:
         _save_turn(session, model, after)
     return [pick.ticket for pick in released]
@@ -71,6 +77,18 @@ def release(session: Session, model: str, window: int, queued_lease_s: float) ->
 def _ring(session: Session, model: str, lo: int, hi: int, limit: int) -> list[Member]:
     params = {"model": model, "lo": lo, "hi": hi, "limit": limit}
     return [Member(r.tenant_id, r.weight) for r in session.execute(query("dispatch_ring"), params)]
+
+
+def hold_tenant(session: Session, tenant_id: int, wait_s: float) -> None:
+    """The tenant's own budget turned an item away for ``wait_s``: dispatch rounds pass
+    the tenant over until then."""
+    session.execute(query("budget_hold"), {"tenant_id": tenant_id, "wait_s": wait_s})
+
+
+def _held(session: Session) -> set[int]:
+    """The tenants whose own budget holds them back now."""
+    rows = session.execute(select(BudgetHold.tenant_id).where(BudgetHold.held_until > func.now()))
+    return set(rows.scalars())
 
 
 def _turn(session: Session, model: str) -> Turn:

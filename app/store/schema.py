@@ -32,6 +32,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from batchgen.domain.routes import ItemRoute
 from batchgen.domain.status import BatchStatus, ItemStatus, JobStatus
+from batchgen.domain.stream_usage import UsageSource
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -51,7 +52,12 @@ class Base(DeclarativeBase):
 
 
 def one_of(
-    column: str, statuses: type[ItemStatus] | type[BatchStatus] | type[JobStatus] | type[ItemRoute]
+    column: str,
+    statuses: type[ItemStatus]
+    | type[BatchStatus]
+    | type[JobStatus]
+    | type[ItemRoute]
+    | type[UsageSource],
 ) -> str:
     """A CHECK expression allowing exactly the enum's values (migration 0004)."""
     listed = ", ".join(f"'{s.value}'" for s in sorted(statuses, key=lambda s: s.value))
@@ -407,10 +413,14 @@ class UsageLedger(Base):
     deployment: Mapped[str | None] = mapped_column(String(64))
     # The price tier the call was billed at: standard, flex or batch (migration 0016).
     tier: Mapped[str] = mapped_column(String(10), server_default="standard")
+    # provider: the tokens the provider reported; estimate: none came back (a lost
+    # call), the row holds what the call reserved (migration 0017).
+    usage_source: Mapped[str] = mapped_column(String(10), server_default="provider")
     created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
 
     __table_args__ = (
         UniqueConstraint("item_id", "attempt"),
+        CheckConstraint(one_of("usage_source", UsageSource), name="usage_source_known"),
         Index("ix_usage_ledger_tenant_id_created_at", "tenant_id", "created_at"),
         # Retention removes a batch's rows (and the foreign key checks them) by batch.
         Index("ix_usage_ledger_batch_id", "batch_id"),
@@ -532,6 +542,17 @@ class DispatchClock(Base):
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
     model: Mapped[str] = mapped_column(String(200), primary_key=True)
     released_key: Mapped[int] = mapped_column(BigInteger)
+
+
+class BudgetHold(Base):
+    """Until when a tenant's own budget (its ``tokens_per_min``) turns its items away, as
+    the budget said when it last deferred one: the dispatcher passes the tenant over
+    until then, so it takes no place another tenant could use."""
+
+    __tablename__ = "budget_holds"
+
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    held_until: Mapped[dt.datetime] = mapped_column(TZ)
 
 
 class TotalsWatermark(Base):

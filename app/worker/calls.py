@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from batchgen.config import current_scope, get_settings
+from batchgen.config import Settings, current_scope, get_settings
 from batchgen.domain import call_shares
 from batchgen.domain import calls as call_rules
 from batchgen.errors import Overloaded, OverShare, Unavailable
@@ -34,7 +34,7 @@ from batchgen.limits import liveness
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import REDIS_DOWN, get_redis
 from batchgen.limits.call_shares import CallDemand, demand_entry
-from batchgen.limits.gate import Gate
+from batchgen.limits.gate import Gate, running_lease_s
 from batchgen.registry import ModelSpec, get_registry
 from batchgen.store import calls, items, tenants
 from batchgen.store.calls import CallWaiter
@@ -253,6 +253,7 @@ def _run_here(
     on_chunk = relay.chunk if relay is not None else None
     try:
         while ticket is not None:
+            _run_by_caller(registry.get(stored.model), ticket, settings)
             verdict = run_item(
                 stored.item_id,
                 registry,
@@ -306,6 +307,19 @@ def _release_again(
     time.sleep(wait_s)
     with session_scope() as session:
         return calls.release_again(session, stored.item_id, queued_lease_s)
+
+
+def _run_by_caller(spec: ModelSpec | None, ticket: items.Ticket, settings: Settings) -> None:
+    """Mark the attempt as run in the caller's own process: once its caller is gone, the
+    sweep takes it back without waiting for its running lease (a worker's attempt, alive
+    without the caller, is left to end). Best effort: unmarked, the lease decides."""
+    if spec is None:
+        return
+    try:
+        ttl_s = running_lease_s(spec, settings) + settings.caller_lease_s
+        liveness.mark_run_by_caller(get_redis(), ticket.item_id, ticket.attempt, ttl_s)
+    except Exception as exc:  # noqa: BLE001
+        log.debug("call item %d: could not mark its run (%s)", ticket.item_id, type(exc).__name__)
 
 
 def caller_waits(item_id: int, lease_s: float) -> None:

@@ -12,6 +12,7 @@ Every item state move is a call into :mod:`batchgen.store.items`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from batchgen.domain.routes import (
     with_service_tier,
 )
 from batchgen.domain.status import ItemStatus
+from batchgen.domain.stream_usage import ReportedUsage, StreamUsage
 from batchgen.errors import (
     CallCancelled,
     FlexUnavailable,
@@ -45,11 +47,11 @@ from batchgen.errors import (
 )
 from batchgen.limits import liveness
 from batchgen.limits.backend import get_redis
-from batchgen.limits.gate import Gate, Never, Pass, Wait, running_lease_s
+from batchgen.limits.gate import Gate, Never, Pass, Wait, WaitKind, running_lease_s
 from batchgen.providers import warmed_provider
 from batchgen.providers.base import Provider, ProviderRequest, ProviderResponse
 from batchgen.registry import ModelSpec, Registry
-from batchgen.store import batches, db, items
+from batchgen.store import batches, db, items, rounds
 from batchgen.store.batches import Progress
 from batchgen.store.db import session_scope
 from batchgen.store.items import Claimed, Ticket
@@ -249,7 +251,11 @@ def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
             max_countdown_s=settings.max_countdown_s,
         )
         if plan.action is retry.WaitAction.DEFER:
-            items.defer(session, item, plan.wait_s, decision.reason)
+            deferred = items.defer(session, item, plan.wait_s, decision.reason)
+            if deferred and decision.kind is WaitKind.TENANT:
+                # Its other items would meet the same no: the dispatcher passes the
+                # tenant over until its budget frees, and gives its places to others.
+                rounds.hold_tenant(session, item.tenant_id, plan.wait_s)
             return Verdict("deferred")
         if plan.action is retry.WaitAction.REQUEUE:
             items.requeue(session, item, plan.wait_s, settings.queued_lease_s)
@@ -336,7 +342,7 @@ def _call(
         cancel=cancel,
         stream=settings.stream_calls,
         endpoint=line_endpoint(item.endpoint),
-        on_chunk=on_chunk,
+        on_chunk=_keeping_usage(item, on_chunk) if on_chunk is not None else None,
         cache_prefix=item.prefix_key is not None,
     )
     started = time.monotonic()
@@ -381,6 +387,8 @@ def _call(
         tier=route.tier,
     )
     recorded = _record(item, outcome, served)
+    if on_chunk is not None:
+        _forget_usage(item)
     log.info(
         "item %d attempt %d model %s deployment %s route %s succeeded prompt_tokens=%d "
         "completion_tokens=%d latency_ms=%d recorded=%s",
@@ -395,6 +403,35 @@ def _call(
         recorded,
     )
     return Verdict("succeeded" if recorded else "duplicate", call_s=latency_s)
+
+
+def _keeping_usage(item: Claimed, relay: OnChunk) -> OnChunk:
+    """``relay``, once the provider's usage is kept in Redis as soon as its stream
+    reports it, before the chunk is passed on: if this process dies before it records
+    the answer, the sweep ledgers what the provider billed rather than an estimate."""
+    stream = StreamUsage()
+
+    def on_chunk(chunk: dict[str, Any]) -> None:
+        usage = stream.add(chunk)
+        if usage is not None:
+            _keep_usage(item, usage)
+        relay(chunk)
+
+    return on_chunk
+
+
+def _keep_usage(item: Claimed, usage: ReportedUsage) -> None:
+    try:
+        # As long as an unsent mark: past any outage after which the sweep could ask.
+        ttl_s = UNSENT_MARK_S
+        liveness.keep_usage(get_redis(), item.item_id, item.attempt, usage.to_json(), ttl_s)
+    except Exception as exc:  # noqa: BLE001 - Redis away: a lost call ledgers its estimate
+        log.warning("item %d: could not keep its usage (%s)", item.item_id, type(exc).__name__)
+
+
+def _forget_usage(item: Claimed) -> None:
+    with contextlib.suppress(Exception):  # the key expires by itself
+        liveness.drop_usage(get_redis(), item.item_id)
 
 
 def _record(item: Claimed, outcome: CallOutcome, spec: ModelSpec) -> bool:

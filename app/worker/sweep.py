@@ -4,7 +4,14 @@ Postgres is the truth, so recovering from a lost broker message, a flushed
 Redis or a SIGKILLed worker is one UPDATE on leases that ran out. A lost
 attempt whose request had been sent may be billed by the provider: it is
 ledgered as waste in the same transaction
-(:func:`batchgen.store.ledger.record_lost_call`).
+(:func:`batchgen.store.ledger.record_lost_call`), with the usage its stream
+reported where that was kept in Redis, else with what it reserved.
+
+A synchronous call whose caller no longer waits (the API process it ran in died)
+is taken back as soon as its caller's presence lapses
+(``BATCHGEN_CALLER_LEASE_S``), not when its running lease runs out, if that
+process ran its attempt itself: what it cost is in the ledger within about that
+time, and its slot is freed. An attempt a worker runs is left to its lease.
 """
 
 from __future__ import annotations
@@ -18,8 +25,11 @@ from sqlalchemy.orm import Session
 from batchgen.config import Settings
 from batchgen.domain.decisions import attempt_cap
 from batchgen.domain.status import ItemStatus
+from batchgen.domain.stream_usage import ReportedUsage
 from batchgen.limits import liveness
 from batchgen.limits.backend import get_redis
+from batchgen.limits.concurrency import Slots
+from batchgen.limits.gate import free_slot, slot_holder
 from batchgen.registry import Registry, get_registry
 from batchgen.store import batches, files, items, notifications
 from batchgen.store.ledger import record_lost_call
@@ -59,17 +69,23 @@ def _alive_owners(session: Session) -> set[int]:
     return alive
 
 
-def _callers_gone(session: Session) -> set[int]:
-    """Synchronous calls whose lease ran out and whose caller no longer waits (the API
-    process it waited in died): cancelled, not handed on. Redis unreachable: none."""
-    ran_out = items.call_leases_ran_out(session)
-    if not ran_out:
+def _callers_gone(session: Session, caller_lease_s: float) -> set[int]:
+    """Synchronous calls whose caller no longer waits (the API process it waited in
+    died): cancelled, not handed on, once their lease ran out; or at once when that
+    process ran their attempt itself (its runner is gone with the caller; a worker's
+    attempt is left to its lease). Redis unreachable: none."""
+    checked = items.calls_to_check(session, caller_lease_s)
+    if not checked:
         return set()
     try:
-        waiting = liveness.callers_waiting(get_redis(), ran_out)
+        client = get_redis()
+        waiting = liveness.callers_waiting(client, [c.item_id for c in checked])
+        gone = [c for c in checked if c.item_id not in waiting]
+        early = [(c.item_id, c.attempt) for c in gone if not c.ran_out]
+        run_here = liveness.run_by_caller(client, early)
     except redis.RedisError:
         return set()
-    return set(ran_out) - waiting
+    return {c.item_id for c in gone if c.ran_out or c.item_id in run_here}
 
 
 def _never_left(lost: list[items.LostAttempt]) -> set[int]:
@@ -86,6 +102,30 @@ def _never_left(lost: list[items.LostAttempt]) -> set[int]:
         return set()
 
 
+def _reported_usage(lost: list[items.LostAttempt]) -> dict[int, ReportedUsage]:
+    """Of the attempts marked sent, the usage their stream reported before their process
+    died (:func:`batchgen.worker.execution._keeping_usage`). Redis unreachable: none
+    (their rows hold what they reserved, marked as estimates)."""
+    sent = [(a.item_id, a.attempts) for a in lost if a.was_sent]
+    if not sent:
+        return {}
+    try:
+        kept = liveness.kept_usage(get_redis(), sent)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("sweep: cannot read kept usage (%s)", type(exc).__name__)
+        return {}
+    return {item_id: ReportedUsage.from_json(usage) for item_id, usage in kept.items()}
+
+
+def _free_slot(registry: Registry, attempt: items.LostAttempt) -> None:
+    """A call whose caller is gone (its API process died) holds its model's slot until the
+    slot's lease ends, as long as the running lease: freed now that the call is taken
+    back, so the model's other work need not wait for it."""
+    spec = registry.get(attempt.model)
+    if spec is not None:
+        free_slot(Slots(get_redis()), spec, slot_holder(attempt.item_id, attempt.attempts))
+
+
 def sweep(session: Session, settings: Settings, registry: Registry | None = None) -> SweepReport:
     """One sweep pass in the caller's transaction."""
     registry = registry or get_registry()
@@ -93,11 +133,12 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
     expired = items.sweep_expire(session)
     alive = _alive_owners(session)
     caps = attempt_caps(registry, settings)
-    gone = _callers_gone(session)
+    gone = _callers_gone(session, settings.caller_lease_s)
     lost = items.sweep_lost(
         session, settings.max_attempts, caps, alive=alive, callers_gone=gone - alive
     )
     never_left = _never_left(lost)
+    reported = _reported_usage(lost)
     for attempt in lost:
         log.info(
             "item %d: its %s lease ran out on attempt %d (request sent: %s); now %s",
@@ -114,7 +155,10 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
                 attempt.attempts,
             )
         elif attempt.was_sent:
-            record_lost_call(session, attempt.item_id, attempt.attempts, registry)
+            usage = reported.get(attempt.item_id)
+            record_lost_call(session, attempt.item_id, attempt.attempts, registry, usage)
+        if attempt.item_id in gone and attempt.lease == "running":
+            _free_slot(registry, attempt)
     files_deleted = files.delete_expired(session)
     notifications.delete_old(session, settings.notification_retention_s)
     finished = 0

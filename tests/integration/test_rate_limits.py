@@ -18,7 +18,7 @@ from batchgen.limits.budget import Budget
 from batchgen.registry import get_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.store import db
-from batchgen.store.schema import Item
+from batchgen.store.schema import Item, Tenant
 from tests.helpers import chat_line, make_tenant, wait_batches
 
 pytestmark = pytest.mark.integration
@@ -214,25 +214,41 @@ def succeeded(batch_id: str) -> int:
         )
 
 
+def _two_tenants(
+    tmp_path, monkeypatch, models_toml: str, limited: str, **settings: str
+) -> dict[str, str]:
+    """The registry ``models_toml`` and ``settings`` in this process's environment (and
+    returned for the workers'); tenant ``limited`` allowed one ~75-token item per budget
+    window, and tenant ``free`` with no budget of its own."""
+    models = tmp_path / "models.toml"
+    models.write_text(models_toml)
+    env = {
+        "BATCHGEN_MODELS_FILE": str(models),
+        "BATCHGEN_BUDGET_GUARD_S": "0.5",
+        "BATCHGEN_DISPATCH_INTERVAL_S": "0.3",
+        **settings,
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    get_settings.cache_clear()
+    make_tenant(limited, tokens_per_min=100)
+    make_tenant("free")
+    return env
+
+
 def test_tenant_token_limit_does_not_starve_other_tenants(clean_db, tmp_path, monkeypatch, workers):
     """A tenant allowed one item per budget window fills the model's dispatch window
     (2 slots × 2) with items that only wait for its own budget. Another tenant must
     still run at once: all its items finish before the limited tenant's budget lets
     its second item run (before the fix it could not even start until then)."""
     with SimulatorThread(SimulatorConfig(latency_base_ms=20, seed=5)) as sim:
-        models = tmp_path / "models.toml"
-        models.write_text(FAIR_TOML.format(base_url=sim.base_url))
-        env = {
-            "BATCHGEN_MODELS_FILE": str(models),
-            "BATCHGEN_BUDGET_WINDOW_S": "15",
-            "BATCHGEN_BUDGET_GUARD_S": "0.5",
-            "BATCHGEN_DISPATCH_INTERVAL_S": "0.3",
-        }
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        get_settings.cache_clear()
-        make_tenant("limited", tokens_per_min=100)  # one ~75-token item per window
-        make_tenant("free")
+        env = _two_tenants(
+            tmp_path,
+            monkeypatch,
+            FAIR_TOML.format(base_url=sim.base_url),
+            "limited",
+            BATCHGEN_BUDGET_WINDOW_S="15",
+        )
         slow = client.submit_batch(
             [chat_line(f"l{i}", model="shared") for i in range(12)], tenant="limited"
         )
@@ -379,3 +395,67 @@ def test_a_429_answer_carries_the_providers_rate_limit_headers(kind, stream):
     assert state is not None and state.remaining_tokens == first.rate_limits.remaining_tokens
     assert state.remaining_requests == 49 and state.reset_tokens_s is not None
     assert refused.value.retry_after_s is not None
+
+
+HELD_TOML = FAIR_TOML.replace("max_concurrency = 2", "max_concurrency = 4")
+
+
+def _while_held(tenant: str) -> tuple[bool, int, int]:
+    """Whether ``tenant``'s own budget holds it back now (an item it turned away is not
+    due yet), how many of its items that budget has turned away so far, and how many
+    items of the other tenants run."""
+    with db.session_scope() as session:
+        tenant_id = session.scalar(select(Tenant.id).where(Tenant.name == tenant))
+        turned_away = Item.tenant_id == tenant_id, Item.error_code == "budget_wait"
+        held = session.scalar(
+            select(func.count())
+            .select_from(Item)
+            .where(*turned_away, Item.status == "pending", Item.not_before > func.now())
+        )
+        count = session.scalar(select(func.count()).select_from(Item).where(*turned_away))
+        others_running = session.scalar(
+            select(func.count())
+            .select_from(Item)
+            .where(Item.tenant_id != tenant_id, Item.status == "running")
+        )
+    return bool(held), count, others_running
+
+
+def test_a_tenant_held_by_its_own_budget_leaves_the_slots_to_others(
+    clean_db, tmp_path, monkeypatch, workers
+):
+    """Tenant A may run one item per budget window; A and B both have many items on a
+    model of 4 slots (a window of 4). Once A's budget turns an item away, the dispatcher
+    passes A over while it is held: no more of A's items are released only to be turned
+    away again (before the fix each round released one), and B's items fill all 4
+    slots."""
+    with SimulatorThread(SimulatorConfig(latency_base_ms=400, seed=5)) as sim:
+        toml = HELD_TOML.format(base_url=sim.base_url)
+        env = _two_tenants(
+            tmp_path,
+            monkeypatch,
+            toml,
+            "held",
+            BATCHGEN_BUDGET_WINDOW_S="60",
+            BATCHGEN_DISPATCH_AHEAD_FACTOR="1",
+        )
+        client.submit_batch([chat_line(f"a{i}", model="shared") for i in range(30)], tenant="held")
+        fast = client.submit_batch(
+            [chat_line(f"b{i}", model="shared") for i in range(40)], tenant="free"
+        )
+        workers(["llm.shared", "batchgen.control"], concurrency=8, env=env)
+        deadline = time.monotonic() + 60
+        while not _while_held("held")[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        held, first_turned_away, _ = _while_held("held")
+        assert held, "tenant A's budget never held it back"
+        most_running, turned_away = 0, first_turned_away
+        while held and succeeded(fast["id"]) < 40:
+            held, turned_away, running = _while_held("held")
+            most_running = max(most_running, running)
+            time.sleep(0.05)
+    get_settings.cache_clear()
+    # The items already released when the hold began may still be turned away (the
+    # window holds 4); no item of A is released after that while it is held.
+    assert turned_away <= 3, f"A's items kept being released while held: {turned_away}"
+    assert most_running == 4  # B used every slot

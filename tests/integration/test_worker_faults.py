@@ -441,7 +441,8 @@ def test_sweep_honours_model_max_attempts(clean_db, simulator, restore_env, tmp_
 @pytest.mark.parametrize("cancelled", [False, True], ids=["requeued", "cancelled"])
 def test_killed_worker_sent_calls_are_ledgered_by_the_sweep(clean_db, simulator, cancelled):
     """A running item whose call was sent loses its lease: the sweep ledgers the call as
-    waste (prompt estimate), once, and the daily usage follows the ledger."""
+    waste, once, at what it reserved (marked as an estimate: its usage never came
+    back), and the daily usage follows the ledger."""
     registry = _registry()
     item_id = _queue_one(registry, "sim-small", "lost")
     _lose_lease(item_id, attempts=1, sent=True)
@@ -452,11 +453,19 @@ def test_killed_worker_sent_calls_are_ledgered_by_the_sweep(clean_db, simulator,
         with db.session_scope() as s:
             sweep(s, get_settings())
     with db.session_scope() as s:
-        rows = s.execute(select(UsageLedger.attempt, UsageLedger.waste_reason)).all()
+        rows = s.execute(
+            select(
+                UsageLedger.attempt,
+                UsageLedger.waste_reason,
+                UsageLedger.usage_source,
+                UsageLedger.prompt_tokens + UsageLedger.completion_tokens,
+            )
+        ).all()
         item = s.get(Item, item_id)
         assert item is not None
         assert item.status == ("cancelled" if cancelled else "pending")
-    assert rows == [(1, "worker_lost")]
+        reserved = item.prompt_tokens_est + item.max_tokens
+    assert rows == [(1, "worker_lost", "estimate", reserved)]
     assert_ledger_is_results_plus_waste()
     assert_daily_usage_matches_ledger()
 
@@ -486,12 +495,17 @@ def test_lost_attempt_answer_turns_its_waste_row_into_the_result(clean_db, simul
         assert record_success(s, answer, spec) is True
     with db.session_scope() as s:
         rows = s.execute(
-            select(UsageLedger.attempt, UsageLedger.waste_reason, UsageLedger.completion_tokens)
+            select(
+                UsageLedger.attempt,
+                UsageLedger.waste_reason,
+                UsageLedger.completion_tokens,
+                UsageLedger.usage_source,
+            )
         ).all()
         item = s.get(Item, item_id)
         assert item is not None and item.status == "succeeded"
         daily = s.execute(select(TenantDailyUsage.requests, TenantDailyUsage.prompt_tokens)).all()
-    assert rows == [(1, None, 22)]
+    assert rows == [(1, None, 22, "provider")]  # the estimate made way for the answer
     assert daily == [(1, 11)]
     assert_ledger_is_results_plus_waste()
     assert_daily_usage_matches_ledger()

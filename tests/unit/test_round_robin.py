@@ -142,6 +142,41 @@ def test_a_round_fills_its_places_from_the_tenants_that_still_have_work(backlogs
         assert all(n >= 0 for n in left.values())
 
 
+@given(backlogs, st.data(), st.lists(st.integers(1, 30), min_size=1, max_size=15))
+def test_a_tenant_held_by_its_own_budget_leaves_its_places_to_the_others(backlogs, data, sizes):
+    """Tenants held back by their own budget get no place while held, every place goes
+    to the others while they have work, and once the holds end every tenant with work
+    left is served within one lap of the ring (a held tenant is not starved)."""
+    left = {t: n for t, (_, n) in backlogs.items()}
+    weight = {t: w for t, (w, _) in backlogs.items()}
+    held = data.draw(st.sets(st.sampled_from(sorted(backlogs))))
+
+    def read_ring(start: int, limit: int) -> tuple[list[Member], bool]:
+        ready = ring_order([t for t, n in left.items() if n > 0], start)
+        return [Member(t, weight[t]) for t in ready[:limit]], len(ready) <= limit
+
+    def take(wanted: dict[int, int]) -> dict[int, list[int]]:
+        out = {}
+        for tenant, n in wanted.items():
+            got = min(n, left[tenant])
+            left[tenant] -= got
+            out[tenant] = [tenant] * got
+        return out
+
+    turn = Turn()
+    for size in sizes:
+        free_work = sum(n for t, n in left.items() if t not in held)
+        released, turn = run_round(read_ring, take, turn, size, max_passes=size + 1, held=held)
+        assert not set(released) & held
+        assert len(released) == min(size, free_work)
+    waiting = {t for t, n in left.items() if n > 0}
+    served: set[int] = set()
+    for _ in range(sum(weight.values())):  # one lap of the ring, one place a round
+        released, turn = run_round(read_ring, take, turn, 1)
+        served |= set(released)
+    assert waiting <= served
+
+
 def test_jain_index():
     assert jain_index([2, 2, 2]) == 1.0
     assert jain_index([1, 0, 0, 0]) == 0.25

@@ -6,11 +6,11 @@ WITH ledgered AS (
     INSERT INTO usage_ledger (item_id, attempt, tenant_id, batch_id, model,
                               prompt_tokens, completion_tokens, cached_tokens,
                               cache_write_tokens, reasoning_tokens, cost_usd, waste_reason,
-                              route, online_cost_usd, deployment, tier)
+                              route, online_cost_usd, deployment, tier, usage_source)
     VALUES (:item_id, :attempt, :tenant_id, :batch_id, :model,
             :prompt_tokens, :completion_tokens, :cached_tokens,
             :cache_write_tokens, :reasoning_tokens, :cost_usd, :waste_reason,
-            :route, :online_cost_usd, :deployment, :tier)
+            :route, :online_cost_usd, :deployment, :tier, :usage_source)
     ON CONFLICT (item_id, attempt) DO NOTHING
     RETURNING id, created_at
 ),

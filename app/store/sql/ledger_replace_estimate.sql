@@ -1,5 +1,5 @@
 -- The answer of a call ledgered as an estimate (worker_lost, superseded_in_flight)
--- arrived after all: its row takes the real usage and the given waste reason
+-- arrived after all: its row takes the real usage (usage_source: the provider's) and the given waste reason
 -- (NULL: it became the result's row), and the daily totals of the row's own UTC
 -- day follow the difference, in one statement. No row when (item, attempt) has
 -- no estimated row.
@@ -21,7 +21,8 @@ WITH old AS (
         cost_usd = :cost_usd,
         waste_reason = :waste_reason,
         deployment = COALESCE(:deployment, u.deployment),
-        tier = :tier
+        tier = :tier,
+        usage_source = :usage_source
     FROM old
     WHERE u.id = old.id
     RETURNING u.id

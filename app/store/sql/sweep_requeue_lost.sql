@@ -8,7 +8,8 @@
 -- it use :max_attempts). :alive lists running items whose owner's heartbeat
 -- is still live in Redis (a lease that ran out while PostgreSQL was away): not lost.
 -- :callers_gone lists synchronous calls whose caller no longer waits (its API
--- process died): they end cancelled, never run again for nobody.
+-- process died): they end cancelled, never run again for nobody, their lease run
+-- out or not (nobody renews it any more).
 --
 -- ``was_sent``: the lost attempt's request had been sent, so the provider may
 -- bill it; the caller ledgers it as waste in the same transaction.
@@ -30,7 +31,7 @@ WITH lost AS (
     FROM items AS i
     JOIN batches AS b ON b.id = i.batch_id
     WHERE i.status IN ('queued', 'running')
-      AND i.lease_expires_at < now()
+      AND (i.lease_expires_at < now() OR i.id = ANY(CAST(:callers_gone AS bigint[])))
       AND i.id <> ALL(CAST(:alive AS bigint[]))
     ORDER BY i.id
     FOR UPDATE OF i
@@ -60,4 +61,4 @@ SET status = lost.next_status,
 FROM lost
 WHERE items.id = lost.id
 RETURNING items.id, items.batch_id, items.status, items.attempts, lost.was_sent,
-    lost.prev_status
+    lost.prev_status, items.model
