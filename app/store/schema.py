@@ -462,6 +462,10 @@ class TenantDailyUsage(Base):
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
     day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
     model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    # The deployment that served the calls ('': none, rows of a provider's Batch API,
+    # and totals from before migration 0017 whose ledger rows were gone by then): the
+    # usage by deployment reads these totals, not the ledger.
+    deployment: Mapped[str] = mapped_column(String(64), primary_key=True, server_default="")
     shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default="0")
     requests: Mapped[int] = mapped_column(BigInteger)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger)
@@ -478,6 +482,9 @@ class TenantDailyUsage(Base):
     offline_completion_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
     offline_cost_usd: Mapped[Decimal] = mapped_column(USD, server_default="0")
     saved_usd: Mapped[Decimal] = mapped_column(USD, server_default="0")
+    # The part of it that was waste (ledger rows with a waste_reason; migration 0017).
+    wasted_requests: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    wasted_cost_usd: Mapped[Decimal] = mapped_column(USD, server_default="0")
 
 
 class AdmittedTotals(Base):

@@ -5,16 +5,15 @@ at ten times the calls (migration 0017's partial indexes)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import event, text
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from batchgen.store import activity, batches, db, tenants
 from batchgen.store.schema import Tenant
-from tests.helpers import make_tenant
+from tests.helpers import make_tenant, statements_sent
 
 LISTED = 3  # the tenant's batches, older than all of its calls
 CALLS = 2000  # the calls at the first measure; ten times as many at the second
@@ -48,27 +47,11 @@ def _add_calls(tenant_id: int, first: int, n: int) -> None:
     _add(tenant_id, "call", first, n, "0 s")
 
 
-@contextmanager
-def _statements() -> Iterator[list[tuple[str, Any]]]:
-    """The SELECTs on batches sent inside the block, with their parameters."""
-    seen: list[tuple[str, Any]] = []
-
-    def record(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
-        if statement.lstrip().startswith("SELECT") and "FROM batches" in statement:
-            seen.append((statement, parameters))
-
-    engine = db.get_engine()
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
-
-
 def _buffers(read: Callable[[Session], Any]) -> tuple[int, str]:
     """Shared buffers the plan of ``read``'s query touches (hit or read), and the plan."""
-    with _statements() as seen, db.session_scope() as session:
+    with statements_sent() as sent, db.session_scope() as session:
         read(session)
+    seen = [(q, p) for q, p in sent if q.lstrip().startswith("SELECT") and "FROM batches" in q]
     assert len(seen) == 1, seen
     statement, parameters = seen[0]
     with db.get_engine().connect() as conn:
