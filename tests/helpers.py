@@ -141,10 +141,12 @@ def assert_daily_usage_matches_ledger() -> None:
     assert daily == ledger
 
 
-def usage_by_deployment_from_ledger(tenant_id: int | None = None) -> list[dict[str, Any]]:
+def usage_by_deployment_from_ledger(
+    tenant_id: int | None = None, session: Any = None
+) -> list[dict[str, Any]]:
     """``GET /v1/usage?group_by=deployment`` as the ledger's own rows give it, all of
     them (what the report read before the deployments had totals): the reference for
-    those totals."""
+    those totals. ``session``: on another database than the app's."""
     from batchgen.store.schema import UsageLedger as u
     from batchgen.store.usage import deployment_row
 
@@ -170,8 +172,10 @@ def usage_by_deployment_from_ledger(tenant_id: int | None = None) -> list[dict[s
     )
     if tenant_id is not None:
         query = query.where(u.tenant_id == tenant_id)
-    with db.session_scope() as session:
+    if session is not None:
         return [deployment_row(r) for r in session.execute(query)]
+    with db.session_scope() as own:
+        return [deployment_row(r) for r in own.execute(query)]
 
 
 @contextmanager
