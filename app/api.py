@@ -604,7 +604,7 @@ def status() -> Response:
 
     with session_scope() as session:
         data = snapshot(session, get_redis(), get_registry(), get_settings())
-    return jsonify({**data, **queue_view(get_registry(), get_settings())})
+    return jsonify({**data, **queue_view(get_registry(), get_settings(), get_redis())})
 
 
 def _check_metrics_access() -> None:

@@ -174,7 +174,13 @@ class Settings(BaseSettings):
     # are removed with their items, results and ledger rows; the daily usage totals
     # stay. None (the default): everything is kept.
     retention_days: float | None = Field(default=None, gt=0)
-    retention_interval_s: float = 3600.0
+    # A tick every retention_interval_s removes expired batches, retention_chunk_batches
+    # at a time, until none is left or it has run retention_budget_s: a chunk started is
+    # finished, so a budget of 0 removes one chunk. Half of every interval is enough to
+    # keep up with a history growing far faster than anything else writes it.
+    retention_interval_s: float = Field(default=600.0, gt=0)
+    retention_budget_s: float = Field(default=300.0, ge=0)
+    retention_chunk_batches: int = Field(default=100, ge=1)
     # One Celery beat sends the ticks: it holds a Redis lock with this lease (app/worker/beat.py).
     beat_lock_lease_s: float = 10.0
     # How far ahead of a model's concurrency cap the dispatcher releases work.

@@ -126,7 +126,7 @@ def load(url: str, history: History) -> None:
                    count(*), sum(prompt_tokens), sum(completion_tokens), sum(cost_usd)
             FROM usage_ledger WHERE batch_id LIKE 'batch_hist_' || %(prefix)s || '%%'
             GROUP BY 1, 2, 3, 4
-            ON CONFLICT (tenant_id, day, model, shard) DO UPDATE
+            ON CONFLICT (tenant_id, day, model, deployment, shard) DO UPDATE
             SET requests = d.requests + EXCLUDED.requests,
                 prompt_tokens = d.prompt_tokens + EXCLUDED.prompt_tokens,
                 completion_tokens = d.completion_tokens + EXCLUDED.completion_tokens,

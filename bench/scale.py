@@ -11,6 +11,10 @@ history    (bench/scale_history.py) ``--pending`` pending items (all deferred),
            expiry, against the formulas of migration 0008; the plans of the scans.
 retention  (bench/scale_retention.py) one retention pass over that finished history,
            timed, and the hot path's items/s while it runs against the hot path alone.
+ticks      (bench/scale_retention.py) retention alone, ticks back to back with the
+           default chunks and budget, over ``--calls`` expired synchronous calls and
+           ``--finished`` expired items: batches/s and items/s (alone in its run: it
+           loads a history of its own).
 dispatch   (bench/scale_dispatch.py) ``--pending`` ready items on a model for each of
            ``--tenants`` (spread over that many tenants, two batches each; ``--idle``
            tenants with no work besides): the median round, the sizes taken in turn;
@@ -40,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import history, scale_dispatch, scale_files, scale_history, scale_retention
 from bench.harness import servers
 
-PARTS = ("history", "retention", "dispatch", "files", "upload")
+PARTS = ("history", "retention", "ticks", "dispatch", "files", "upload")
 TARGETS_MS = {"/metrics": 100.0, "submit 1k": 100.0, "idle round": 20.0}
 ROUND_MS, ROUNDS_SPREAD, JAIN = 20.0, 1.5, 0.95
 META_MS, DOWNLOAD_ROWS_S = 50.0, 20_000.0
@@ -78,6 +82,14 @@ def _print_retention(found: scale_retention.Retention) -> None:
     print(
         f"  hot path: {found.hot_alone_per_s:.0f} items/s alone, {found.hot_during_per_s:.0f} "
         f"items/s while the pass ran ({ratio:.2f} of alone)"
+    )
+
+
+def _print_ticks(found: scale_retention.Ticks) -> None:
+    print(
+        f"retention ticks: {found.ticks} removed {found.batches:,} batches, {found.items:,} "
+        f"items in {found.purge_s:.1f} s: {found.batches / found.purge_s:,.0f} batches/s, "
+        f"{found.items / found.purge_s:,.0f} items/s"
     )
 
 
@@ -171,6 +183,8 @@ def main() -> None:
         if "retention" in parts:
             found["retention"] = scale_retention.run(args.hot_items, alone_s=15.0)
             _print_retention(found["retention"])
+        if "ticks" in parts:
+            _print_ticks(scale_retention.ticks(libpq, args.calls, args.finished))
         if "dispatch" in parts:
             repeat = max(args.repeat, 15)
             rows, load_s = scale_dispatch.run(

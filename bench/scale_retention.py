@@ -1,6 +1,7 @@
-"""bench/scale.py's retention part: one retention pass over the finished history (a
+"""bench/scale.py's retention parts: one retention pass over the finished history (a
 million items: results, ledger rows and all), timed, with the hot path's items per
-second while it runs next to the same hot path alone.
+second while it runs next to the same hot path alone; and retention's throughput
+alone, its ticks back to back over expired synchronous calls and batches.
 
 The hot path is the worker's PostgreSQL work for an item, run in a loop on a batch of
 its own: a dispatch round, then per released item the claim that marks it sent and
@@ -112,3 +113,37 @@ def run(hot_items: int, alone_s: float) -> Retention:
     after, took_after = hot_path(time.monotonic() + alone_s)
     alone = (before + after) / (took_before + took_after)
     return Retention(purged[0].batches, purged[0].items, timing[0], alone, done / took)
+
+
+@dataclass
+class Ticks:
+    ticks: int
+    batches: int
+    items: int
+    purge_s: float
+
+
+def ticks(libpq: str, calls: int, finished: int) -> Ticks:
+    """Retention's own throughput: its ticks back to back, with the default settings
+    (chunks and budget), over a history of ``calls`` synchronous calls (a batch each)
+    and ``finished`` items in batches of 10 000, all of it expired."""
+    from batchgen.config import get_settings
+    from batchgen.worker.retention import purge
+
+    history.load(libpq, history.History(pending=0, finished=finished, calls=calls))
+    os.environ["BATCHGEN_RETENTION_DAYS"] = "0.5"
+    get_settings.cache_clear()
+    done = Ticks(0, 0, 0, 0.0)
+    try:
+        while True:
+            started = time.perf_counter()
+            tick = purge(get_settings())
+            done.purge_s += time.perf_counter() - started
+            done.ticks += 1
+            done.batches += tick.batches
+            done.items += tick.items
+            if not tick.budget_spent:
+                return done
+    finally:
+        del os.environ["BATCHGEN_RETENTION_DAYS"]
+        get_settings.cache_clear()

@@ -21,6 +21,7 @@ from batchgen.worker.lifecycle import (
     is_worker_command,
     wake_loop_on_signals,
 )
+from batchgen.worker.presence import Presence, consumed_queues
 from batchgen.worker.procs import pool_error, requested_pool
 from batchgen.worker.publish import celery_app
 
@@ -110,6 +111,26 @@ def _warm_up(**_: Any) -> None:
     ready_file = os.environ.get("BATCHGEN_READY_FILE")
     if ready_file:
         Path(ready_file).touch()
+
+
+_presence: list[Presence] = []
+
+
+# The status view lists the live workers from what they announce in Redis
+# (app/worker/presence.py), not by a broadcast that waits for their replies.
+@signals.worker_ready.connect
+def _announce(sender: Any = None, **_: Any) -> None:
+    hostname = getattr(sender, "hostname", None)
+    if hostname is None:
+        return
+    fallback = sorted(celery_app.amqp.queues.consume_from or {})
+    _presence.append(Presence(str(hostname), consumed_queues(sender, fallback)).start())
+
+
+@signals.worker_shutdown.connect
+def _withdraw(**_: Any) -> None:
+    while _presence:
+        _presence.pop().stop()
 
 
 @signals.worker_shutdown.connect

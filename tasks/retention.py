@@ -10,5 +10,5 @@ from batchgen.worker.retention import purge
 
 @celery_app.task(name=RETENTION_TASK, ignore_result=True, send_events=False)
 def retention() -> int:
-    """One pass; returns how many batches it removed."""
+    """One tick; returns how many batches it removed."""
     return purge(get_settings()).batches

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +139,62 @@ def assert_daily_usage_matches_ledger() -> None:
     ledger = totals(UsageLedger, func.count())
     daily = totals(TenantDailyUsage, func.sum(TenantDailyUsage.requests))
     assert daily == ledger
+
+
+def usage_by_deployment_from_ledger(
+    tenant_id: int | None = None, session: Any = None
+) -> list[dict[str, Any]]:
+    """``GET /v1/usage?group_by=deployment`` as the ledger's own rows give it, all of
+    them (what the report read before the deployments had totals): the reference for
+    those totals. ``session``: on another database than the app's."""
+    from batchgen.store.schema import UsageLedger as u
+    from batchgen.store.usage import deployment_row
+
+    wasted, offline = u.waste_reason.is_not(None), u.route == "offline"
+    query = (
+        select(
+            u.model,
+            u.deployment,
+            func.count(),
+            *(func.sum(getattr(u, k)) for k in ("prompt_tokens", "completion_tokens")),
+            *(func.sum(getattr(u, k)) for k in TOKEN_KINDS),
+            func.sum(u.cost_usd),
+            func.count().filter(wasted),
+            func.coalesce(func.sum(u.cost_usd).filter(wasted), 0),
+            func.count().filter(offline),
+            func.coalesce(func.sum(u.cost_usd).filter(offline), 0),
+            func.coalesce(func.sum(u.prompt_tokens).filter(offline), 0),
+            func.coalesce(func.sum(u.completion_tokens).filter(offline), 0),
+            func.coalesce(func.sum(u.online_cost_usd - u.cost_usd).filter(offline), 0),
+        )
+        .group_by(u.model, u.deployment)
+        .order_by(u.model, u.deployment)
+    )
+    if tenant_id is not None:
+        query = query.where(u.tenant_id == tenant_id)
+    if session is not None:
+        return [deployment_row(r) for r in session.execute(query)]
+    with db.session_scope() as own:
+        return [deployment_row(r) for r in own.execute(query)]
+
+
+@contextmanager
+def statements_sent() -> Iterator[list[tuple[str, Any]]]:
+    """Every statement the process's engine sends inside the block, with its
+    parameters (SQLAlchemy's ``before_cursor_execute``)."""
+    from sqlalchemy import event
+
+    seen: list[tuple[str, Any]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        seen.append((statement, parameters))
+
+    engine = db.get_engine()
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
 
 
 # --- Fault tests (tests/integration/test_faults_*.py) -----------------------------

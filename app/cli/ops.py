@@ -81,7 +81,7 @@ def status(as_json: bool = JSON) -> None:
 
     with services(), handled(as_json), session_scope() as session:
         data = snapshot(session, get_redis(), get_registry(), get_settings())
-        data.update(queue_view(get_registry(), get_settings()))
+        data.update(queue_view(get_registry(), get_settings(), get_redis()))
     if as_json:
         print_json(data)
         return

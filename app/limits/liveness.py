@@ -6,6 +6,10 @@ running lease after the last renewal). The sweep reads them before it takes back
 running items whose PostgreSQL lease ran out: a lease that ran out while
 PostgreSQL was unreachable, with its owner alive, is not a lost worker.
 
+A worker process renews one key naming the queues it consumes
+(:func:`batchgen.limits.redis_keys.worker`): the status view lists the live workers
+from them, without a Celery broadcast that waits for replies.
+
 Likewise an API process renews one key per synchronous call whose caller waits in
 it (:func:`batchgen.limits.redis_keys.call_caller`): a call whose lease ran out and
 whose caller's key is gone is cancelled by the sweep, not run again for nobody.
@@ -125,3 +129,43 @@ def kept_usage(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> dict
         if data.get("attempt") == attempt and isinstance(data.get("usage"), dict):
             kept[item_id] = data["usage"]
     return kept
+
+
+def announce_worker(client: redis.Redis, name: str, queues: Iterable[str], ttl_s: float) -> None:
+    """The worker ``name`` is alive and consumes ``queues``, for ``ttl_s`` more."""
+    pipe = client.pipeline(transaction=False)
+    pipe.set(keys.worker(name), ",".join(queues), px=max(1, int(ttl_s * 1000)))
+    pipe.sadd(keys.workers(), name)
+    pipe.execute()
+
+
+def withdraw_worker(client: redis.Redis, name: str) -> None:
+    """The worker ``name`` stops: it is gone at once, not when its key expires."""
+    pipe = client.pipeline(transaction=False)
+    pipe.delete(keys.worker(name))
+    pipe.srem(keys.workers(), name)
+    pipe.execute()
+
+
+def live_workers(client: redis.Redis) -> dict[str, list[str]]:
+    """Worker name → the queues it consumes, of the workers whose key is live; the
+    names of those gone are forgotten on the way."""
+    names = sorted(_text(n) for n in client.smembers(keys.workers()))
+    if not names:
+        return {}
+    values = client.mget([keys.worker(name) for name in names])
+    live = {
+        name: [q for q in _text(v).split(",") if q]
+        for name, v in zip(names, values, strict=True)
+        if v is not None
+    }
+    # A worker of a name forgotten here just as it came back is named again at its
+    # next renewal.
+    gone = [name for name in names if name not in live]
+    if gone:
+        client.srem(keys.workers(), *gone)
+    return live
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

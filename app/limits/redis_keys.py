@@ -141,6 +141,18 @@ def call_caller(item_id: int) -> str:
     return f"{PREFIX}caller:{item_id}"
 
 
+def workers() -> str:
+    """Set of the names of workers that announced themselves (app/worker/presence.py);
+    a name whose :func:`worker` key has expired is a worker gone."""
+    return f"{PREFIX}workers"
+
+
+def worker(name: str) -> str:
+    """String: the queues a live worker consumes (comma-separated), renewed by it,
+    expiring a few renewals after the last (app/worker/presence.py)."""
+    return f"{PREFIX}worker:{name}"
+
+
 CANCEL_CHANNEL = f"{PREFIX}cancel"
 
 

@@ -1,8 +1,10 @@
 """The broker's side of ``batchgen status``: messages waiting in each queue and the
 workers consuming it, and a warning for a queue that has messages but no worker.
 
-Consumers are asked of the workers themselves (Celery's remote control,
-``inspect().active_queues()``, as Flower does); queue lengths are read from the
+Consumers are the live workers' own announcements in Redis
+(:mod:`batchgen.worker.presence`), read in one round trip; ``batchgen doctor`` asks
+the workers themselves (Celery's remote control, ``inspect().active_queues()``, as
+Flower does), which waits a second for their replies. Queue lengths are read from the
 broker: Redis, the list's length; RabbitMQ, a passive declare's message count. Both
 count the messages ready for delivery: not those delivered and unacknowledged, and
 on RabbitMQ not the countdowns waiting in its delay queues (``celery_delayed_*``).
@@ -18,6 +20,7 @@ import redis
 from kombu import Connection
 
 from batchgen.config import Settings
+from batchgen.limits import liveness
 from batchgen.registry import Registry
 from batchgen.worker.names import CONTROL_QUEUE
 from batchgen.worker.publish import celery_app
@@ -34,6 +37,15 @@ def consumers(timeout_s: float = INSPECT_TIMEOUT_S) -> dict[str, list[str]]:
     for worker, queues in sorted(replies.items()):
         for queue in queues or []:
             by_queue.setdefault(queue["name"], []).append(worker)
+    return by_queue
+
+
+def announced(client: redis.Redis) -> dict[str, list[str]]:
+    """Queue name → the live workers consuming it, as they announce themselves."""
+    by_queue: dict[str, list[str]] = {}
+    for worker, queues in sorted(liveness.live_workers(client).items()):
+        for queue in queues:
+            by_queue.setdefault(queue, []).append(worker)
     return by_queue
 
 
@@ -72,14 +84,13 @@ def _amqp_lengths(broker_url: str, queues: list[str], found: dict[str, int | Non
                     channel.close()
 
 
-def queue_view(
-    registry: Registry, settings: Settings, timeout_s: float = INSPECT_TIMEOUT_S
-) -> dict[str, Any]:
-    """Every queue batchgen uses, its messages and consumers, and what to do about a
-    queue whose messages nobody consumes."""
+def queue_view(registry: Registry, settings: Settings, client: redis.Redis) -> dict[str, Any]:
+    """Every queue batchgen uses, its messages and live consumers (``client``: the
+    Redis they announce themselves in), and what to do about a queue whose messages
+    nobody consumes."""
     names = [*registry.queues, CONTROL_QUEUE]
     waiting = lengths(settings.broker_url, names)
-    served = consumers(timeout_s)
+    served = announced(client)
     groups = {spec.queue: spec.group for spec in registry}
     rows, warnings = [], []
     for name in names:

@@ -13,8 +13,7 @@ from decimal import Decimal
 from sqlalchemy import Integer, cast, extract, func, select
 from sqlalchemy.orm import Session
 
-from batchgen.domain.status import Priority
-from batchgen.store.schema import Batch, Item, Result, Tenant
+from batchgen.store.schema import Batch, Item, Result, Tenant, listed_batch
 
 
 def recent_batches(session: Session, tenant_id: int | None, limit: int) -> list[tuple[Batch, str]]:
@@ -23,7 +22,7 @@ def recent_batches(session: Session, tenant_id: int | None, limit: int) -> list[
     query = (
         select(Batch, Tenant.name)
         .join(Tenant, Tenant.id == Batch.tenant_id)
-        .where(Batch.priority != Priority.CALL.value)
+        .where(listed_batch())
         .order_by(Batch.created_at.desc(), Batch.id.desc())
         .limit(limit)
     )

@@ -70,7 +70,7 @@ from batchgen.domain.status import (
 from batchgen.errors import IdempotencyKeyReused, NotFound, ValidationFailed
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store import items, notifications, quotas, rounds, totals
-from batchgen.store.schema import Batch, Item, Result, Tenant
+from batchgen.store.schema import Batch, Item, Result, Tenant, listed_batch
 from batchgen.store.sqlfiles import query
 
 OPEN_VALUES = values(OPEN)
@@ -550,7 +550,7 @@ def list_page(
     if not 1 <= limit <= max_limit:
         raise ValidationFailed(f"limit must be between 1 and {max_limit}", field="limit")
     # Synchronous calls are batches of one for the machinery, not in the tenant's list.
-    query = select(Batch).where(Batch.tenant_id == tenant.id, Batch.priority != Priority.CALL.value)
+    query = select(Batch).where(Batch.tenant_id == tenant.id, listed_batch())
     if endpoint is not None:
         query = query.where(Batch.endpoint == endpoint)
     key = (Batch.created_at, Batch.id)

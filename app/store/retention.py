@@ -26,6 +26,7 @@ SECONDS_PER_DAY = 86400
 class Purged:
     batches: int = 0
     items: int = 0
+    budget_spent: bool = False  # the tick stopped at its time budget, more expired left
 
 
 def expired_batches(session: Session, retention_days: float, limit: int) -> list[str]:

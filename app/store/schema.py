@@ -31,7 +31,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from batchgen.domain.routes import ItemRoute
-from batchgen.domain.status import BatchStatus, ItemStatus, JobStatus
+from batchgen.domain.status import BatchStatus, ItemStatus, JobStatus, Priority
 from batchgen.domain.stream_usage import UsageSource
 
 NAMING = {
@@ -49,6 +49,13 @@ TZ = DateTime(timezone=True)
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
+
+
+# The batches a tenant's lists show (GET /v1/batches, the dashboard): a synchronous
+# call is a batch of one for the machinery, never listed, and there may be millions of
+# them. Written with its literal, in the lists' queries as in their partial indexes,
+# so that the planner matches the indexes also in a generic (prepared) plan.
+LISTED_BATCHES = f"priority <> '{Priority.CALL.value}'"
 
 
 def one_of(
@@ -143,7 +150,27 @@ class Batch(Base):
             "finished_at",
             postgresql_where=text("finished_at IS NOT NULL"),
         ),
+        # The lists, newest first (read backwards), of a tenant and of every tenant
+        # (migration 0018): a page reads its rows, never the synchronous calls between.
+        Index(
+            "ix_batches_listed_by_tenant",
+            "tenant_id",
+            "created_at",
+            "id",
+            postgresql_where=text(LISTED_BATCHES),
+        ),
+        Index(
+            "ix_batches_listed",
+            "created_at",
+            "id",
+            postgresql_where=text(LISTED_BATCHES),
+        ),
     )
+
+
+def listed_batch() -> Any:
+    """The lists' filter, :data:`LISTED_BATCHES` as a clause of a query on batches."""
+    return text(f"batches.{LISTED_BATCHES}")
 
 
 class File(Base):
@@ -445,6 +472,10 @@ class TenantDailyUsage(Base):
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
     day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
     model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    # The deployment that served the calls ('': none, rows of a provider's Batch API,
+    # and totals from before migration 0018 whose ledger rows were gone by then): the
+    # usage by deployment reads these totals, not the ledger.
+    deployment: Mapped[str] = mapped_column(String(64), primary_key=True, server_default="")
     shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, server_default="0")
     requests: Mapped[int] = mapped_column(BigInteger)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger)
@@ -461,6 +492,9 @@ class TenantDailyUsage(Base):
     offline_completion_tokens: Mapped[int] = mapped_column(BigInteger, server_default="0")
     offline_cost_usd: Mapped[Decimal] = mapped_column(USD, server_default="0")
     saved_usd: Mapped[Decimal] = mapped_column(USD, server_default="0")
+    # The part of it that was waste (ledger rows with a waste_reason; migration 0018).
+    wasted_requests: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    wasted_cost_usd: Mapped[Decimal] = mapped_column(USD, server_default="0")
 
 
 class AdmittedTotals(Base):

@@ -3,9 +3,11 @@
 A line ``--! include <name>`` is replaced by ``sql/include/<name>.sql`` (a part that
 two statements share, such as the daily totals that follow a ledger row).
 
-Comment lines are for the reader of the file and are left out of the statement: psycopg
-caches the parsing of a statement only up to 4 096 bytes (longer ones are parsed again
-on every execution), and the hot path's record of an answer was longer with them.
+Comment lines and indentation are for the reader of the file and are left out of the
+statement: psycopg caches the parsing of a statement only up to 4 096 bytes (longer ones
+are parsed again on every execution), and the hot path's record of an answer was longer
+with them (tests/unit/test_architecture.py checks every statement fits). No string
+literal in these files spans lines, so no indentation is inside one.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from sqlalchemy import TextClause, text
 
 _INCLUDE = re.compile(r"^--! include ([a-z_]+)$", re.MULTILINE)
 _COMMENT_LINE = re.compile(r"^\s*--.*(?:\n|$)", re.MULTILINE)
+_INDENT = re.compile(r"^[ \t]+", re.MULTILINE)
 # A bind parameter ``:name`` (not a ``::type`` cast, not a time literal's colon).
 _BIND = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
@@ -32,7 +35,7 @@ def source(name: str) -> str:
     def part(match: re.Match[str]) -> str:
         return _read("include", f"{match.group(1)}.sql").rstrip("\n")
 
-    return _COMMENT_LINE.sub("", _INCLUDE.sub(part, _read(f"{name}.sql")))
+    return _INDENT.sub("", _COMMENT_LINE.sub("", _INCLUDE.sub(part, _read(f"{name}.sql"))))
 
 
 @functools.cache

@@ -4,7 +4,8 @@ Totals come from ``tenant_daily_usage`` (kept in the same transaction as each
 ledger row, so they equal the ledger to the token), the offline part of them (rows
 of the providers' Batch APIs) and what it saved beside them; the part of it that was
 waste (duplicate runs, calls cut by a cancel) is read from the ledger rows
-marked with a ``waste_reason``.
+marked with a ``waste_reason``. By deployment, everything comes from the totals,
+which carry the deployment and the wasted part too (migration 0018).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Date, cast, func, select
+from sqlalchemy import Date, case, cast, func, select
 from sqlalchemy.orm import Session
 
 from batchgen.errors import ValidationFailed
@@ -46,7 +47,7 @@ def report(
     tenant_id: int | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of requests, tokens, cost and waste, grouped by ``model``, ``day``, ``tenant``
-    or ``deployment`` (each model's deployments apart: read from the ledger's rows).
+    or ``deployment`` (each model's deployments apart: from their own totals).
 
     ``tenant_id=None`` is the admin view over every tenant.
     """
@@ -130,58 +131,71 @@ def _waste(
 def _by_deployment(
     session: Session, first: dt.date, last: dt.date, tenant_id: int | None
 ) -> list[dict[str, Any]]:
-    """The ledger's rows of the range by model and deployment (``deployment`` None: rows
-    of the providers' Batch APIs, and rows from before deployments were recorded)."""
-    u = UsageLedger
-    day = cast(func.timezone("UTC", u.created_at), Date)
-    wasted = u.waste_reason.is_not(None)
-    offline = u.route == "offline"
+    """The range's totals by model and deployment, from ``tenant_daily_usage``, waste
+    included (``deployment`` None: rows of the providers' Batch APIs, and rows from
+    before deployments were recorded). A key whose ledger rows all moved to another (an
+    estimate whose answer came from another deployment) counts no request: left out,
+    as the ledger has none of it."""
+    d = TenantDailyUsage
+    deployment = func.nullif(d.deployment, "")
     query = (
         select(
-            u.model,
-            u.deployment,
-            func.count(),
-            func.sum(u.prompt_tokens),
-            func.sum(u.completion_tokens),
-            func.sum(u.cached_tokens),
-            func.sum(u.cache_write_tokens),
-            func.sum(u.reasoning_tokens),
-            func.sum(u.cost_usd),
-            func.count().filter(wasted),
-            func.coalesce(func.sum(u.cost_usd).filter(wasted), 0),
-            func.count().filter(offline),
-            func.coalesce(func.sum(u.cost_usd).filter(offline), 0),
-            func.coalesce(func.sum(u.prompt_tokens).filter(offline), 0),
-            func.coalesce(func.sum(u.completion_tokens).filter(offline), 0),
-            func.coalesce(func.sum(u.online_cost_usd - u.cost_usd).filter(offline), 0),
+            d.model,
+            deployment,
+            func.sum(d.requests),
+            func.sum(d.prompt_tokens),
+            func.sum(d.completion_tokens),
+            func.sum(d.cached_tokens),
+            func.sum(d.cache_write_tokens),
+            func.sum(d.reasoning_tokens),
+            func.sum(d.cost_usd),
+            func.sum(d.wasted_requests),
+            _if_any(d.wasted_requests, d.wasted_cost_usd),
+            func.sum(d.offline_requests),
+            _if_any(d.offline_requests, d.offline_cost_usd),
+            func.sum(d.offline_prompt_tokens),
+            func.sum(d.offline_completion_tokens),
+            _if_any(d.offline_requests, d.saved_usd),
         )
-        .where(day >= first, day <= last)
-        .group_by(u.model, u.deployment)
-        .order_by(u.model, u.deployment)
+        .where(d.day >= first, d.day <= last)
+        .group_by(d.model, deployment)
+        .having(func.sum(d.requests) > 0)
+        .order_by(d.model, deployment)
     )
     if tenant_id is not None:
-        query = query.where(u.tenant_id == tenant_id)
-    return [
-        {
-            "model": r[0],
-            "deployment": r[1],
-            "requests": int(r[2]),
-            "prompt_tokens": int(r[3]),
-            "completion_tokens": int(r[4]),
-            "cached_tokens": int(r[5]),
-            "cache_write_tokens": int(r[6]),
-            "reasoning_tokens": int(r[7]),
-            "cost_usd": str(r[8]),
-            "wasted_requests": int(r[9]),
-            "wasted_cost_usd": str(r[10]),
-            "offline_requests": int(r[11]),
-            "offline_prompt_tokens": int(r[13]),
-            "offline_completion_tokens": int(r[14]),
-            "offline_cost_usd": f"{r[12]:f}",
-            "saved_usd": f"{r[15]:f}",
-        }
-        for r in session.execute(query)
-    ]
+        query = query.where(d.tenant_id == tenant_id)
+    return [deployment_row(r) for r in session.execute(query)]
+
+
+def deployment_row(r: Any) -> dict[str, Any]:
+    """A row of the usage by deployment, from the sums of a query in this order: model,
+    deployment, requests, prompt, completion, cached, cache-write and reasoning tokens,
+    cost, wasted requests and cost, offline requests and cost, offline prompt and
+    completion tokens, saved."""
+    return {
+        "model": r[0],
+        "deployment": r[1],
+        "requests": int(r[2]),
+        "prompt_tokens": int(r[3]),
+        "completion_tokens": int(r[4]),
+        "cached_tokens": int(r[5]),
+        "cache_write_tokens": int(r[6]),
+        "reasoning_tokens": int(r[7]),
+        "cost_usd": str(r[8]),
+        "wasted_requests": int(r[9]),
+        "wasted_cost_usd": str(r[10]),
+        "offline_requests": int(r[11]),
+        "offline_prompt_tokens": int(r[13]),
+        "offline_completion_tokens": int(r[14]),
+        "offline_cost_usd": f"{r[12]:f}",
+        "saved_usd": f"{r[15]:f}",
+    }
+
+
+def _if_any(requests: Any, usd: Any) -> Any:
+    """The sum of ``usd``, or a plain 0 when no request counts in it: the same value
+    and scale as the ledger's sum over none of its rows (``0``, not ``0E-10``)."""
+    return case((func.sum(requests) > 0, func.sum(usd)), else_=0)
 
 
 def of_batches(session: Session, batch_ids: list[str]) -> tuple[int, int, Decimal]:

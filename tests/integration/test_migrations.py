@@ -101,3 +101,87 @@ def test_status_check_allows_exactly_the_enum(empty_database):
             )
     finally:
         engine.dispose()
+
+
+# A history written by release 0016: ledger rows on two deployments, none, waste and
+# an offline row, and the daily totals its statements kept (no deployment, no waste).
+HISTORY_0016 = """
+INSERT INTO tenants (name, key_hash, key_prefix) VALUES ('old', md5('old'), 'bg_old');
+INSERT INTO batches (id, tenant_id, status, endpoint, priority, completion_window_s,
+                     deadline_at, total_items, created_at, finished_at)
+SELECT 'batch_old', id, 'completed', '/v1/chat/completions', 'bulk', 86400, now(), 12,
+       now(), now() FROM tenants;
+INSERT INTO items (batch_id, tenant_id, line_no, custom_id, model, priority_rank, body,
+                   prompt_tokens_est, max_tokens, status, attempts, deadline_at)
+SELECT 'batch_old', t.id, g, 'r' || g, 'pool', 1, '{}'::jsonb, 10, 60, 'succeeded', 1,
+       now() + interval '1 day'
+FROM tenants AS t, generate_series(1, 12) AS g;
+INSERT INTO usage_ledger (item_id, attempt, tenant_id, batch_id, model, prompt_tokens,
+                          completion_tokens, cached_tokens, reasoning_tokens, cost_usd,
+                          waste_reason, route, online_cost_usd, deployment)
+SELECT i.id, 1, i.tenant_id, i.batch_id, i.model, 10 + i.line_no, 20 * i.line_no,
+       i.line_no % 3, i.line_no % 2, 0.001 * i.line_no,
+       CASE WHEN i.line_no % 4 = 0 THEN 'item_already_succeeded' END,
+       CASE WHEN i.line_no = 12 THEN 'offline' ELSE 'online' END,
+       CASE WHEN i.line_no = 12 THEN 0.024 END,
+       CASE WHEN i.line_no = 12 THEN NULL
+            ELSE (ARRAY['east', 'west', NULL])[1 + i.line_no % 3] END
+FROM items AS i;
+INSERT INTO tenant_daily_usage (tenant_id, day, model, shard, requests, prompt_tokens,
+                                completion_tokens, cost_usd, cached_tokens,
+                                cache_write_tokens, reasoning_tokens, offline_requests,
+                                offline_prompt_tokens, offline_completion_tokens,
+                                offline_cost_usd, saved_usd)
+SELECT tenant_id, CAST(timezone('UTC', created_at) AS date), model, item_id % 16, count(*),
+       sum(prompt_tokens), sum(completion_tokens), sum(cost_usd), sum(cached_tokens),
+       sum(cache_write_tokens), sum(reasoning_tokens),
+       count(*) FILTER (WHERE route = 'offline'),
+       COALESCE(sum(prompt_tokens) FILTER (WHERE route = 'offline'), 0),
+       COALESCE(sum(completion_tokens) FILTER (WHERE route = 'offline'), 0),
+       COALESCE(sum(cost_usd) FILTER (WHERE route = 'offline'), 0),
+       COALESCE(sum(online_cost_usd - cost_usd) FILTER (WHERE route = 'offline'), 0)
+FROM usage_ledger GROUP BY 1, 2, 3, 4;
+"""
+# The totals per tenant, day and model, as every grouping but the deployment reads them.
+TOTALS = """
+SELECT tenant_id, day, model, sum(requests), sum(prompt_tokens), sum(completion_tokens),
+       sum(cost_usd), sum(cached_tokens), sum(reasoning_tokens), sum(offline_requests),
+       sum(offline_cost_usd), sum(saved_usd)
+FROM tenant_daily_usage GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+"""
+
+
+def test_0018_splits_the_totals_by_the_ledgers_deployments_and_back(empty_database):
+    """Upgraded, the totals of a 0016 history give the ledger's usage by deployment
+    (waste and offline part included) and the same sums per tenant, day and model;
+    downgraded, they fold back into what they were."""
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from batchgen.config import Settings
+    from batchgen.store import usage
+    from tests.helpers import usage_by_deployment_from_ledger
+
+    url = Settings(DATABASE_URL=empty_database).sqlalchemy_url
+    cfg = db.alembic_config(url)
+    command.upgrade(cfg, "0016")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for statement in HISTORY_0016.split(";"):
+                if statement.strip():
+                    conn.execute(text(statement))
+            before = conn.execute(text(TOTALS)).all()
+        command.upgrade(cfg, "0018")
+        with Session(engine) as session:
+            today = session.scalar(text("SELECT CAST(timezone('UTC', now()) AS date)"))
+            found = usage.report(session, today, today, "deployment")
+            assert found == usage_by_deployment_from_ledger(session=session)
+            assert {r["deployment"] for r in found} == {"east", "west", None}
+            assert sum(r["wasted_requests"] for r in found) == 3
+            assert session.execute(text(TOTALS)).all() == before
+        command.downgrade(cfg, "0016")
+        with engine.connect() as conn:
+            assert conn.execute(text(TOTALS)).all() == before
+    finally:
+        engine.dispose()

@@ -24,8 +24,14 @@ from batchgen.registry import ModelSpec, load_registry, parse_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.simulator.state import key_id
 from batchgen.store import db
-from batchgen.store.schema import Item, UsageLedger
-from tests.helpers import chat_line, make_tenant, wait_batches
+from batchgen.store.schema import Item, Tenant, UsageLedger
+from tests.helpers import (
+    chat_line,
+    make_tenant,
+    statements_sent,
+    usage_by_deployment_from_ledger,
+    wait_batches,
+)
 
 NOW = 1_000_000.0
 
@@ -192,7 +198,7 @@ def test_a_model_of_one_deployment_keeps_its_keys(clean_db):
     }
 
 
-POOL_TOML = """
+POOL_MODEL = """
 [models."pool"]
 provider = "openai"
 api_key_env = "BATCHGEN_SIMULATOR_KEY"
@@ -201,7 +207,10 @@ context_window = 16384
 max_output_tokens = 400
 input_usd_per_1m = 1.0
 output_usd_per_1m = 2.0
-max_attempts = 1
+"""
+POOL_TOML = (
+    POOL_MODEL
+    + """max_attempts = 1
 call_timeout_s = 1.0
 
 # Listed first: with room everywhere, the first calls go here.
@@ -223,6 +232,7 @@ requests_per_min = 100000
 max_concurrency = 8
 output_usd_per_1m = 4.0
 """
+)
 
 
 def test_calls_fail_over_to_azure_within_the_deadline_using_no_attempt(
@@ -302,6 +312,67 @@ def test_calls_fail_over_to_azure_within_the_deadline_using_no_attempt(
     assert by_model["requests"] == sum(r["requests"] for r in rows.values())
     if hangs:
         assert rows["bad"]["requests"] == rows["bad"]["wasted_requests"] == len(hangs)
+    assert python_api.usage(tenant=None, group_by="deployment") == (
+        usage_by_deployment_from_ledger()
+    )
+
+
+TWO_LANES_TOML = (
+    POOL_MODEL
+    + """
+# One call at a time each: with calls in flight on one, the next goes to the other.
+[models."pool".deployments.east]
+base_url = "{base_url}/d/east/v1"
+tokens_per_min = 10000000
+requests_per_min = 100000
+max_concurrency = 1
+
+[models."pool".deployments.west]
+base_url = "{base_url}/d/west/v1"
+tokens_per_min = 10000000
+requests_per_min = 100000
+max_concurrency = 1
+output_usd_per_1m = 3.0
+"""
+)
+
+
+def test_usage_by_deployment_is_the_ledgers_read_from_totals(
+    clean_db, tmp_path, monkeypatch, workers
+):
+    """Real calls on two deployments of a model, for two tenants: the usage by
+    deployment, from deployment_daily_usage, is what the ledger's rows sum to (each
+    tenant's and every tenant's), and reading it sends no statement to the ledger."""
+    config = SimulatorConfig(latency_base_ms=100, seed=7, deployments={"east": {}, "west": {}})
+    with SimulatorThread(config) as sim:
+        models = tmp_path / "models.toml"
+        models.write_text(TWO_LANES_TOML.format(base_url=sim.base_url))
+        monkeypatch.setenv("BATCHGEN_MODELS_FILE", str(models))
+        get_settings.cache_clear()
+        batches = []
+        for tenant in ("acme", "zeta"):
+            make_tenant(tenant)
+            rows = [chat_line(f"r{i}", model="pool", text=f"{tenant} {i}") for i in range(8)]
+            batches.append(python_api.submit_batch(rows, tenant=tenant)["id"])
+        workers(
+            ["llm.pool", "batchgen.control"],
+            concurrency=4,
+            env={"BATCHGEN_MODELS_FILE": str(models)},
+        )
+        wait_batches(batches, timeout_s=120)
+    get_settings.cache_clear()
+
+    with statements_sent() as sent:
+        everyone = python_api.usage(tenant=None, group_by="deployment")
+    assert {r["deployment"] for r in everyone} == {"east", "west"}
+    assert sum(r["requests"] for r in everyone) == 16
+    assert everyone == usage_by_deployment_from_ledger()
+    assert not [q for q, _ in sent if "usage_ledger" in q], sent
+    with db.session_scope() as s:
+        acme = s.scalar(select(Tenant.id).where(Tenant.name == "acme"))
+    by_acme = python_api.usage(tenant="acme", group_by="deployment")
+    assert by_acme == usage_by_deployment_from_ledger(acme)
+    assert sum(r["requests"] for r in by_acme) == 8
 
 
 def test_a_failover_after_its_batch_was_cancelled_ends_the_item_cancelled(clean_db):

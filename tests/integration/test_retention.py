@@ -13,6 +13,7 @@ from batchgen.errors import NotFound
 from batchgen.store import db, retention
 from batchgen.store.schema import BatchNotification, Item, Result, TenantDailyUsage, UsageLedger
 from batchgen.worker.retention import purge
+from bench import history
 from tests.helpers import chat_line, make_tenant, wait_batches
 
 
@@ -65,6 +66,44 @@ def test_old_batches_go_and_their_usage_history_stays(clean_db, simulator, worke
     assert client.usage(tenant="kept")[0]["requests"] == 8
     assert purge(get_settings()).batches == 0
     get_settings.cache_clear()
+
+
+def _expired_calls(calls: int, monkeypatch: pytest.MonkeyPatch, **settings: str) -> None:
+    """``calls`` finished synchronous calls (a batch of one item each, with its result
+    and ledger row) twenty hours old, and retention at half a day with ``settings``."""
+    libpq = get_settings().sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://")
+    history.load(libpq, history.History(pending=0, finished=0, calls=calls))
+    monkeypatch.setenv("BATCHGEN_RETENTION_DAYS", "0.5")
+    for name, value in settings.items():
+        monkeypatch.setenv(f"BATCHGEN_RETENTION_{name.upper()}", value)
+    get_settings.cache_clear()
+
+
+def test_one_tick_removes_more_than_a_chunk_within_its_budget(clean_db, monkeypatch):
+    """A history that grows faster than one chunk per tick is not left behind: the tick
+    goes on, chunk after chunk, until nothing expired is left."""
+    _expired_calls(250, monkeypatch)  # two and a half chunks of the default 100
+    try:
+        purged = purge(get_settings())
+        assert (purged.batches, purged.items) == (250, 250)
+        assert not purged.budget_spent
+        assert _count(Item) == 0
+        assert _count(UsageLedger) == 0
+    finally:
+        get_settings.cache_clear()
+
+
+def test_a_tick_stops_at_its_budget_and_the_next_goes_on(clean_db, monkeypatch):
+    """A budget of 0 s: each tick removes the one chunk it started, and stops."""
+    _expired_calls(5, monkeypatch, budget_s="0", chunk_batches="2")
+    try:
+        ticks = [purge(get_settings()) for _ in range(4)]
+        assert [t.batches for t in ticks] == [2, 2, 1, 0]
+        # The last of them was less than a chunk: nothing was left.
+        assert [t.budget_spent for t in ticks] == [True, True, False, False]
+        assert _count(Item) == 0
+    finally:
+        get_settings.cache_clear()
 
 
 def test_a_bad_retention_setting_is_refused(monkeypatch):

@@ -37,6 +37,7 @@ from tests.helpers import (
     chat_line,
     make_tenant,
     models_file_with,
+    usage_by_deployment_from_ledger,
     wait_batches,
 )
 from tests.tcp_proxy import proxy_for_postgres
@@ -473,26 +474,7 @@ def test_killed_worker_sent_calls_are_ledgered_by_the_sweep(clean_db, simulator,
 def test_lost_attempt_answer_turns_its_waste_row_into_the_result(clean_db, simulator):
     """The 'lost' worker was alive after all: its answer becomes the result, and the
     sweep's waste row for that same call becomes the result's row (never two rows)."""
-    from batchgen.store.ledger import CallOutcome, record_success
-
-    registry = _registry()
-    spec = registry["sim-small"]
-    item_id = _queue_one(registry, "sim-small", "alive")
-    _lose_lease(item_id, attempts=1, sent=True)
-    with db.session_scope() as s:
-        sweep(s, get_settings())
-    with db.session_scope() as s:
-        answer = CallOutcome(
-            item_id=item_id,
-            attempt=1,
-            prompt_tokens=11,
-            completion_tokens=22,
-            response={"choices": []},
-            provider_request_id="req-1",
-            upstream_latency_ms=5,
-            queue_wait_ms=1,
-        )
-        assert record_success(s, answer, spec) is True
+    item_id = _lost_answer_recorded("alive")
     with db.session_scope() as s:
         rows = s.execute(
             select(
@@ -509,6 +491,53 @@ def test_lost_attempt_answer_turns_its_waste_row_into_the_result(clean_db, simul
     assert daily == [(1, 11)]
     assert_ledger_is_results_plus_waste()
     assert_daily_usage_matches_ledger()
+
+
+def _lost_answer_recorded(
+    name: str, deployment: str | None = None, estimated_on: str | None = None
+) -> int:
+    """An item whose lease the sweep took back (ledgering its sent call as lost, on
+    ``estimated_on``), then the answer of that call after all, from ``deployment``;
+    returns the item's id."""
+    from batchgen.store.ledger import CallOutcome, record_success
+
+    registry = _registry()
+    spec = registry["sim-small"]
+    item_id = _queue_one(registry, "sim-small", name)
+    _lose_lease(item_id, attempts=1, sent=True)
+    with db.session_scope() as s:
+        s.execute(update(Item).where(Item.id == item_id).values(deployment=estimated_on))
+        sweep(s, get_settings())
+    with db.session_scope() as s:
+        answer = CallOutcome(
+            item_id=item_id,
+            attempt=1,
+            prompt_tokens=11,
+            completion_tokens=22,
+            response={"choices": []},
+            provider_request_id="req-1",
+            upstream_latency_ms=5,
+            queue_wait_ms=1,
+            deployment=deployment,
+        )
+        assert record_success(s, answer, spec) is True
+    return item_id
+
+
+def test_a_lost_call_answered_by_another_deployment_moves_its_totals(clean_db, simulator):
+    """The estimate's totals leave its deployment and its waste, the answer's go to the
+    deployment that answered: the usage by deployment, from the totals, stays the
+    ledger's."""
+    item_id = _lost_answer_recorded("moved", deployment="second", estimated_on="first")
+    with db.session_scope() as s:
+        row = s.execute(select(UsageLedger.deployment, UsageLedger.waste_reason)).one()
+    assert tuple(row) == ("second", None)
+    (usage,) = client.usage(tenant=None, group_by="deployment")
+    assert (usage["deployment"], usage["requests"], usage["wasted_requests"]) == ("second", 1, 0)
+    assert client.usage(tenant=None, group_by="deployment") == usage_by_deployment_from_ledger()
+    assert_daily_usage_matches_ledger()
+    with db.session_scope() as s:
+        assert s.get(Item, item_id).status == "succeeded"  # type: ignore[union-attr]
 
 
 def _answer(item_id: int, attempt: int = 1) -> Any:

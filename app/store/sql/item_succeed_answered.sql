@@ -21,7 +21,7 @@ WITH locked AS (
            :cost_usd, NULL, :deployment, :tier
     FROM locked
     ON CONFLICT (item_id, attempt) DO NOTHING
-    RETURNING item_id, created_at
+    RETURNING item_id, created_at, deployment, waste_reason
 ),
 --! include daily_totals
 , resulted AS (

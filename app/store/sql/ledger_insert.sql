@@ -12,7 +12,7 @@ WITH ledgered AS (
             :cache_write_tokens, :reasoning_tokens, :cost_usd, :waste_reason,
             :route, :online_cost_usd, :deployment, :tier, :usage_source)
     ON CONFLICT (item_id, attempt) DO NOTHING
-    RETURNING id, created_at
+    RETURNING id, created_at, deployment, waste_reason
 ),
 --! include daily_totals
 SELECT id FROM ledgered
