@@ -25,6 +25,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from tests import reaper
+
 TEST_REDIS_DB = 15
 # Most tests wait on servers, workers and the simulator rather than compute: more
 # pytest-xdist workers than cores keeps both cores busy. BATCHGEN_TEST_WORKERS sets it.
@@ -63,10 +65,18 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def pytest_configure(config: pytest.Config) -> None:
     """An xdist worker starts with ``COLUMNS=80`` and ``LINES=24`` of its own making,
     which the CLI's consoles (made at import) would keep: a worker's environment is
-    put back to what a run without workers has."""
+    put back to what a run without workers has. Every process the run starts is
+    marked and reaped at its end (:mod:`tests.reaper`)."""
+    reaper.install()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         for name in ("COLUMNS", "LINES"):
             os.environ.pop(name, None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After the session's teardown (an interrupted one's too): stop whatever process
+    of this run a failure or an interrupt left running."""
+    reaper.reap()
 
 
 # Rough seconds of a test, to order files by: slow (tests/integration/conftest.py),
