@@ -270,11 +270,12 @@ def test_sigkill_worker_mid_call_redelivers_and_loses_nothing(rabbit, sim, worke
     survivor = workers(env=env, name="survivor", wait=False)
     victim.wait_ready()  # both start at once
     survivor.wait_ready()
-    wait_until(lambda: "succeeded in" in _log(victim), 30, "the victim to finish a call")
-    time.sleep(0.3)  # its threads are mid-call now
-    in_hand = _received(victim) - _finished(victim)
+    wait_until(lambda: "succeeded in" in _log(victim), 60, "the victim to finish a call")
+    in_hand = wait_until(
+        lambda: _received(victim) - _finished(victim), 60, "the victim to hold messages"
+    )
     victim.kill()
-    wait_batches([batch_id], timeout_s=60)
+    wait_batches([batch_id], timeout_s=180)
 
     survivor.kill()  # the run is over; no warm shutdown to wait for
     redelivered = in_hand & _received(survivor)
