@@ -140,7 +140,9 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
         else:
             # Its data stays out of pytest's temporary root, which every other pytest
             # run on the machine locks again (mode 0700) when it starts.
-            server_url = str(stack.enter_context(embedded.private_postgres()).get_uri())
+            postgres = stack.enter_context(embedded.private_postgres())
+            server_url = str(postgres.get_uri())
+            reaper.guard_daemon(postmaster_pid(postgres))
         if os.environ.get("REDIS_URL"):
             redis_url = _redis_test_url(os.environ["REDIS_URL"])
         else:
@@ -157,6 +159,12 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
         stack.callback(_close_call_waiters)  # before the servers stop (callbacks run LIFO)
         db.upgrade()
         yield {"DATABASE_URL": db_url, "REDIS_URL": redis_url, "server_url": server_url}
+
+
+def postmaster_pid(postgres: Any) -> int:
+    """The pid of an embedded PostgreSQL (pgserver's handle): its postmaster.pid's first
+    line."""
+    return int((Path(postgres.pgdata) / "postmaster.pid").read_text().split()[0])
 
 
 def _close_call_waiters() -> None:

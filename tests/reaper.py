@@ -11,7 +11,9 @@ process and in each xdist worker) does three things:
   child started with an environment of its own gets the mark added
   (:class:`MarkedPopen`).
 - **Ties children to us.** A child started from the main thread dies with this
-  process (``PR_SET_PDEATHSIG``, SIGKILL), even when pytest itself is SIGKILLed.
+  process (``PR_SET_PDEATHSIG``, SIGKILL), even when pytest itself is SIGKILLed;
+  a daemon (embedded PostgreSQL) gets a guard process that stops it then
+  (:func:`guard_daemon`).
 - **Reaps.** :func:`reap` stops every live process that carries this process's token
   (PostgreSQL with a fast shutdown, the rest with SIGTERM, then SIGKILL after
   :data:`GRACE_S`): at ``pytest_unconfigure`` (after an interrupted session's
@@ -43,6 +45,7 @@ GRACE_S = 10.0
 ROUNDS = 3
 
 _token: str | None = None
+_guards: list[subprocess.Popen[bytes]] = []  # kept: a guard outlives its caller's frame
 _prctl: Any = None  # libc's prctl, looked up before any fork
 
 
@@ -101,6 +104,35 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     reap()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+# A guard of a daemon (PostgreSQL, which pg_ctl starts outside our process tree): it
+# waits for SIGTERM, sent when its parent ends however (PR_SET_PDEATHSIG) or by
+# reap(), then gives the daemon a fast shutdown if it is still the same process.
+GUARD = """
+import ctypes, os, signal, sys
+parent, pid, started = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+ctypes.CDLL("libc.so.6").prctl(1, int(signal.SIGTERM), 0, 0, 0)
+if os.getppid() == parent:
+    signal.sigwait({signal.SIGTERM})
+try:
+    if open(f"/proc/{pid}/stat").read().split()[21] == started:
+        os.kill(pid, signal.SIGINT)
+except OSError:
+    pass
+"""
+
+
+def guard_daemon(pid: int) -> None:
+    """Stop daemon ``pid`` (PostgreSQL: SIGINT is its fast shutdown) when this process
+    ends, even by SIGKILL, unless it has stopped by then."""
+    import sys
+
+    with open(f"/proc/{pid}/stat") as stat:
+        started = stat.read().split()[21]  # its start time: the same process, not a reuse
+    argv = [sys.executable, "-c", GUARD, str(os.getpid()), str(pid), started]
+    _guards.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True))
 
 
 def marked_processes(token: str) -> list[Any]:

@@ -1,6 +1,6 @@
 """A pytest session of the suite's own fixtures leaves no process behind: not when a
 test fails, not when it is interrupted (Ctrl-C: SIGINT to its process group; or
-SIGTERM to the main pytest process), with embedded servers or with ``DATABASE_URL``
+SIGTERM, even SIGKILL, to the main pytest process), with embedded servers or with ``DATABASE_URL``
 and ``REDIS_URL`` given.
 
 Each test runs a small session in a pytest process of its own (on one xdist worker,
@@ -135,14 +135,14 @@ def test_a_failing_test_leaves_no_process(inner, servers):
 
 def interrupt(session: subprocess.Popen[str], how: str) -> None:
     """Ctrl-C in the shell that ran it (SIGINT to its process group: pytest and its
-    xdist worker), or SIGTERM to the main pytest process alone."""
+    xdist worker), or SIGTERM or SIGKILL to the main pytest process alone."""
     if how == "ctrl-c":
         os.killpg(session.pid, signal.SIGINT)
     else:
-        session.send_signal(signal.SIGTERM)
+        session.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "sigkill"])
 def test_an_interrupted_session_leaves_no_process(inner, how):
     session = start_session(inner, "wait")
     try:
