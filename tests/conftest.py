@@ -25,6 +25,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from tests import reaper
+
 TEST_REDIS_DB = 15
 # Most tests wait on servers, workers and the simulator rather than compute: more
 # pytest-xdist workers than cores keeps both cores busy. BATCHGEN_TEST_WORKERS sets it.
@@ -63,10 +65,18 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def pytest_configure(config: pytest.Config) -> None:
     """An xdist worker starts with ``COLUMNS=80`` and ``LINES=24`` of its own making,
     which the CLI's consoles (made at import) would keep: a worker's environment is
-    put back to what a run without workers has."""
+    put back to what a run without workers has. Every process the run starts is
+    marked and reaped at its end (:mod:`tests.reaper`)."""
+    reaper.install()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         for name in ("COLUMNS", "LINES"):
             os.environ.pop(name, None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After the session's teardown (an interrupted one's too): stop whatever process
+    of this run a failure or an interrupt left running."""
+    reaper.reap()
 
 
 # Rough seconds of a test, to order files by: slow (tests/integration/conftest.py),
@@ -130,7 +140,9 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
         else:
             # Its data stays out of pytest's temporary root, which every other pytest
             # run on the machine locks again (mode 0700) when it starts.
-            server_url = str(stack.enter_context(embedded.private_postgres()).get_uri())
+            postgres = stack.enter_context(embedded.private_postgres())
+            server_url = str(postgres.get_uri())
+            reaper.guard_daemon(postmaster_pid(postgres))
         if os.environ.get("REDIS_URL"):
             redis_url = _redis_test_url(os.environ["REDIS_URL"])
         else:
@@ -147,6 +159,12 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
         stack.callback(_close_call_waiters)  # before the servers stop (callbacks run LIFO)
         db.upgrade()
         yield {"DATABASE_URL": db_url, "REDIS_URL": redis_url, "server_url": server_url}
+
+
+def postmaster_pid(postgres: Any) -> int:
+    """The pid of an embedded PostgreSQL (pgserver's handle): its postmaster.pid's first
+    line."""
+    return int((Path(postgres.pgdata) / "postmaster.pid").read_text().split()[0])
 
 
 def _close_call_waiters() -> None:

@@ -36,6 +36,8 @@ SLOW = frozenset(
         # A fresh venv and a host project; a second pytest run.
         "test_host_project.py",
         "test_embedded_isolation.py",
+        # A pytest session of its own per test, failed or interrupted.
+        "test_hygiene.py",
         "test_beat.py::test_dispatcher_kill_9_takes_its_beat_along",
         "test_beat.py::test_two_dispatchers_one_schedule",
         "test_dashboard.py",

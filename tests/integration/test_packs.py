@@ -1,7 +1,7 @@
 """Packs: a model's short calls travel several to a message (app/worker/packs.py).
 
 Real worker processes, the session's PostgreSQL and Redis, the simulator over HTTP
-answering at once (or in a few milliseconds), so that the workers' refills pack.
+answering at once (or in a few tens of milliseconds), so that the workers' refills pack.
 Each test proves that packs really went out (the messages' own results and log
 lines, the broker's unacknowledged messages), then checks the shared invariants
 against the simulator's own log: every item ended once, one result each, every
@@ -38,6 +38,14 @@ pytestmark = pytest.mark.integration
 # No sweep during the run: an item of a pack that waits or is handed back reaches a
 # worker again only through the pack's own retry or hand-back.
 NO_SWEEP = {"BATCHGEN_SWEEP_INTERVAL_S": "3600"}
+# Full packs whatever the machine's load: a refill sizes its packs by this process's
+# recent call times (a loaded machine's calls take longer, its packs would be smaller),
+# and a pack that ran pack_max_s hands its rest back. Any call time under half a
+# second fills a pack of 8, and no pack runs out of time.
+FULL_PACKS = {"BATCHGEN_PACK_TARGET_S": "5", "BATCHGEN_PACK_MAX_S": "120"}
+# What a quick provider's call takes on a loaded machine (the wait for a core
+# included): more than the default pack_target_s (0.05 s) over two calls.
+LOADED_CALL_MS = 30
 PACK_RESULT = re.compile(r"succeeded in [0-9.e-]+s: '([^']*)'")
 
 
@@ -77,11 +85,14 @@ def unacked_packs() -> list[list[int]]:
 
 @pytest.mark.parametrize("max_items", [8, 1])
 def test_short_calls_travel_in_packs_and_each_item_runs_once(sim, workers, max_items):
-    """Calls answered at once: the refills pack up to BATCHGEN_PACK_MAX_ITEMS items a
-    message (1: never), and every item succeeds once with one billed call."""
+    """Short calls (30 ms, as a loaded machine's quick calls take): the refills pack
+    up to BATCHGEN_PACK_MAX_ITEMS items a message (1: never), and every item succeeds
+    once with one billed call."""
+    sim_config(sim.base_url, latency_base_ms=LOADED_CALL_MS)
     n = 300
     batch_id = submit_items(f"packs{max_items}", n)
-    worker = workers(concurrency=4, env={"BATCHGEN_PACK_MAX_ITEMS": str(max_items)})
+    env = {"BATCHGEN_PACK_MAX_ITEMS": str(max_items), **FULL_PACKS}
+    worker = workers(concurrency=4, env=env)
     wait_batches([batch_id], timeout_s=120)
 
     sizes = pack_sizes(worker.log_tail(1_000_000))
@@ -164,12 +175,14 @@ def test_a_pack_that_meets_the_budget_waits_with_its_rest(sim, workers, tmp_path
     """A budget of a few calls a window: a pack's item that is denied goes back to the
     broker with the pack's untried items in one retry after the wait (with no sweep
     running, nothing else could bring them back); nobody loses an attempt, and every
-    item succeeds once."""
+    item succeeds once. Calls of 30 ms, as a loaded machine's quick calls take."""
+    sim_config(sim.base_url, latency_base_ms=LOADED_CALL_MS)
     env = {
         "BATCHGEN_MODELS_FILE": str(
             models_file_with(tmp_path / "models.toml", tokens_per_min=3000)
         ),
         "BATCHGEN_BUDGET_WINDOW_S": "2",
+        **FULL_PACKS,
         **NO_SWEEP,
     }
     n = 80
