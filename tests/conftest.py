@@ -115,11 +115,38 @@ def _redis_test_url(url: str) -> str:
     return urlunsplit(parts._replace(path=f"/{TEST_REDIS_DB - worker_index()}"))
 
 
+def _broker_follows_the_settings() -> None:
+    """batchgen's Celery app reads its broker once per process (``batchgen.celeryconfig``
+    at import): if that happened under a module's own broker (test_multihost's Redis in
+    a network namespace, gone once the module ends), a later test of this worker would
+    publish there. Point it at the broker of the settings now, with fresh connections."""
+    publish = sys.modules.get("batchgen.worker.publish")
+    if publish is None:
+        return
+    from batchgen.config import get_settings
+
+    app = publish.celery_app
+    try:
+        wanted = get_settings().broker_url
+    except Exception:  # no broker (or no valid settings) in this test's environment
+        return
+    if app.conf.broker_url == wanted:
+        return
+    app.conf.broker_url = wanted
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+    app.amqp._producer_pool = None
+
+
 @pytest.fixture(autouse=True)
 def _settings_follow_the_environment() -> Iterator[None]:
-    """After each test, the cached settings and registry are read again from the
-    environment: a test that changed them (and put the environment back at its
-    teardown) leaves nothing of its own to the next test or module."""
+    """Before each test, batchgen's Celery app publishes to the broker of the settings
+    (:func:`_broker_follows_the_settings`); after it, the cached settings and registry
+    are read again from the environment: a test that changed them (and put the
+    environment back at its teardown) leaves nothing of its own to the next test or
+    module."""
+    _broker_follows_the_settings()
     yield
     from batchgen.config import get_settings
     from batchgen.registry import load_registry

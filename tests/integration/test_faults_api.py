@@ -194,7 +194,7 @@ def test_streamed_calls_of_a_killed_api_are_ledgered_with_the_providers_usage(
     try:
         for caller in callers:
             caller.start()
-        wait_until(lambda: sim_in_flight(simulator.base_url) == calls, 30, "the calls in flight")
+        wait_until(lambda: sim_in_flight(simulator.base_url) == calls, 60, "the calls in flight")
         # Every call was sent. Their items stay locked here, so an answer the API has
         # read cannot be recorded: the process dies between the two.
         with db.session_scope() as lock:

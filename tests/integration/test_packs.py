@@ -132,10 +132,14 @@ def test_a_worker_killed_mid_pack_loses_nothing(sim, workers):
     call is swept back when its running lease runs out, the pack's untried items when
     their queued leases do, and another worker runs them all. Every item succeeded
     once; the ledger matches the simulator's log."""
-    sim_config(sim.base_url, latency_base_ms=8)
-    n = 400
+    # Calls of 100 ms in full packs (within the default pack_max_s, which the queued
+    # lease follows): a pack takes most of a second, so the items it has not yet tried
+    # at the look below are still untried at the kill, however loaded the machine.
+    sim_config(sim.base_url, latency_base_ms=100)
+    n = 160
     batch_id = submit_items("packkill", n)
-    victim = workers(concurrency=4, env=FAULT_ENV, name="victim")
+    env = {**FAULT_ENV, "BATCHGEN_PACK_TARGET_S": FULL_PACKS["BATCHGEN_PACK_TARGET_S"]}
+    victim = workers(concurrency=4, env=env, name="victim")
     held = wait_until(partly_run_packs, 60, "a pack partly run", poll_s=0.01)
     victim.kill()
     assert victim.process.poll() is not None
