@@ -537,12 +537,13 @@ def _check_base_urls(name: str, raw: dict[str, object], source: str) -> None:
         expanded = _expand_env(value)
         problem = _unset_reference(value) or url_problem(expanded)
         if problem is not None:
-            # A credential that came from the environment stays out of the message.
-            masked = _USERINFO.sub("//***@", expanded)
+            # A credential, written in the file or from the environment, stays out of
+            # the message.
+            masked, written = _USERINFO.sub("//***@", expanded), _USERINFO.sub("//***@", value)
             shown = f" (expands to {masked!r})" if expanded != value else ""
             raise ConfigError(
-                f"{source}: model {name!r}{where}: base_url {value!r}{shown} is not a usable"
-                f" URL: {problem}"
+                f"{source}: model {name!r}{where}: base_url {written!r}{shown} is not a"
+                f" usable URL: {problem}"
             )
 
 

@@ -107,12 +107,12 @@ def keep_usage(client: redis.Redis, item_id: int, attempt: int, usage: dict, ttl
     """The provider reported ``usage`` (a JSON object) for ``attempt`` of the item: kept
     for ``ttl_s``."""
     value = json.dumps({"attempt": attempt, "usage": usage}, separators=(",", ":"))
-    client.set(keys.stream_usage(item_id), value, px=max(1, int(ttl_s * 1000)))
+    client.set(keys.stream_usage(item_id, attempt), value, px=max(1, int(ttl_s * 1000)))
 
 
-def drop_usage(client: redis.Redis, item_id: int) -> None:
-    """The answer was recorded: its kept usage is no longer needed."""
-    client.delete(keys.stream_usage(item_id))
+def drop_usage(client: redis.Redis, item_id: int, attempt: int) -> None:
+    """The attempt's answer was recorded: its kept usage is no longer needed."""
+    client.delete(keys.stream_usage(item_id, attempt))
 
 
 def kept_usage(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> dict[int, dict]:
@@ -120,7 +120,7 @@ def kept_usage(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> dict
     pairs = list(attempts)
     if not pairs:
         return {}
-    values = client.mget([keys.stream_usage(item_id) for item_id, _ in pairs])
+    values = client.mget([keys.stream_usage(item_id, attempt) for item_id, attempt in pairs])
     kept: dict[int, dict] = {}
     for (item_id, attempt), value in zip(pairs, values, strict=True):
         if value is None:

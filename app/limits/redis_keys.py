@@ -123,10 +123,11 @@ def unsent_attempt(item_id: int) -> str:
     return f"{PREFIX}unsent:{item_id}"
 
 
-def stream_usage(item_id: int) -> str:
+def stream_usage(item_id: int, attempt: int) -> str:
     """String: the provider's usage of a streamed attempt, kept as its last chunk came
-    (app/worker/execution.py), so the sweep ledgers it if the process dies unrecorded."""
-    return f"{PREFIX}usage:{item_id}"
+    (app/worker/execution.py), so the sweep ledgers it if the process dies unrecorded.
+    Per attempt: another attempt's record never drops it."""
+    return f"{PREFIX}usage:{item_id}:{attempt}"
 
 
 def call_run_by_caller(item_id: int) -> str:

@@ -431,7 +431,7 @@ def _keep_usage(item: Claimed, usage: ReportedUsage) -> None:
 
 def _forget_usage(item: Claimed) -> None:
     with contextlib.suppress(Exception):  # the key expires by itself
-        liveness.drop_usage(get_redis(), item.item_id)
+        liveness.drop_usage(get_redis(), item.item_id, item.attempt)
 
 
 def _record(item: Claimed, outcome: CallOutcome, spec: ModelSpec) -> bool:

@@ -9,8 +9,11 @@
   its statement, are per deployment too and count its waste, so
   ``GET /v1/usage?group_by=deployment`` reads them instead of the ledger. The totals
   there are split here by the ledger rows there are (what retention removed stays
-  under ''); a ledger row that a release before this one writes while the migration
-  runs is counted under '': upgrade with the workers stopped for exact figures.
+  under '').
+
+Stop every process of the release before (workers, dispatchers, beat, API) before
+this migration: once the key is swapped, their statements that add to the totals
+name the old key and fail, and with them the recording of answers.
 
 The indexes are built concurrently (writes go on meanwhile), outside the migration's
 transaction. A build cut short leaves an invalid index behind: drop it (``DROP INDEX
@@ -59,6 +62,10 @@ WASTE = {
 }
 
 
+# The new primary key's index, built before the swap takes it over (and its name).
+NEW_KEY = "pk_tenant_daily_usage_0017"
+
+
 def _adding(columns: list[str], rows: str) -> str:
     """An upsert of ``rows`` (a query of the key and ``columns``) into the totals,
     summed per key first, added to what the key has."""
@@ -94,18 +101,14 @@ def _split_by_deployment() -> str:
 
 
 def upgrade() -> None:
-    op.add_column(
-        "tenant_daily_usage",
-        sa.Column("deployment", sa.String(length=64), server_default="", nullable=False),
-    )
-    op.add_column(
-        "tenant_daily_usage",
-        sa.Column("wasted_requests", sa.BigInteger(), server_default="0", nullable=False),
-    )
-    op.add_column(
-        "tenant_daily_usage",
-        sa.Column("wasted_cost_usd", USD, server_default="0", nullable=False),
-    )
+    # Each step may be run again after a migration cut short (the columns and indexes
+    # are committed before the swap): none fails on what an earlier run left.
+    for column in (
+        "deployment varchar(64) NOT NULL DEFAULT ''",
+        "wasted_requests bigint NOT NULL DEFAULT 0",
+        "wasted_cost_usd numeric(20, 10) NOT NULL DEFAULT 0",
+    ):
+        op.execute(f"ALTER TABLE tenant_daily_usage ADD COLUMN IF NOT EXISTS {column}")
     # The indexes are built CONCURRENTLY, outside the migration's transaction: on a
     # long history a plain build would block every submit and every recorded answer.
     with op.get_context().autocommit_block():
@@ -115,6 +118,7 @@ def upgrade() -> None:
             ["tenant_id", "created_at", "id"],
             postgresql_where=LISTED,
             postgresql_concurrently=True,
+            if_not_exists=True,
         )
         op.create_index(
             "ix_batches_listed",
@@ -122,19 +126,26 @@ def upgrade() -> None:
             ["created_at", "id"],
             postgresql_where=LISTED,
             postgresql_concurrently=True,
+            if_not_exists=True,
         )
         op.create_index(
-            "pk_tenant_daily_usage_0017",
+            NEW_KEY,
             "tenant_daily_usage",
             ["tenant_id", "day", "model", "deployment", "shard"],
             unique=True,
             postgresql_concurrently=True,
+            if_not_exists=True,
         )
-        op.execute(
-            "ALTER TABLE tenant_daily_usage DROP CONSTRAINT pk_tenant_daily_usage, "
-            "ADD CONSTRAINT pk_tenant_daily_usage PRIMARY KEY USING INDEX "
-            "pk_tenant_daily_usage_0017"
-        )
+    # The swap of the key and the split in one transaction: the swap locks the totals
+    # until the split is committed, so no row recorded meanwhile is split again. Its
+    # index is renamed by the swap: gone, the swap and the split were committed by an
+    # earlier run.
+    if op.get_bind().scalar(sa.text(f"SELECT to_regclass('{NEW_KEY}')")) is None:
+        return
+    op.execute(
+        "ALTER TABLE tenant_daily_usage DROP CONSTRAINT pk_tenant_daily_usage, "
+        f"ADD CONSTRAINT pk_tenant_daily_usage PRIMARY KEY USING INDEX {NEW_KEY}"
+    )
     op.execute(_split_by_deployment())
 
 

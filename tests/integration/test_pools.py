@@ -183,6 +183,21 @@ def test_a_call_sent_before_the_trip_does_not_trip_it_again(clean_db):
     assert budget.settle(a, "", fail).tripped_s == pytest.approx(breaker_cooldown_s(2, 0.4, 5))
 
 
+def test_a_call_sent_over_a_window_before_the_trip_does_not_trip_it_again(clean_db):
+    """A call granted so long ago that its reservation left the budget's log (a hung
+    call, cut by its time-out long after) was sent before a trip made since."""
+    spec = pool_spec(("a", 10**6, 10**4, 9), ("b", 1000, 10**4, 9))
+    budget = budget_of(breaker_failures=3, breaker_cooldown_s=0.4, max_cooldown_s=5)
+    a = spec.at("a")
+    fail = SettleOps(breaker="fail")
+    assert budget.enter(spec, "hung:1", 0, 10).deployment == "a"
+    assert [budget.settle(a, "", fail).tripped_s for _ in range(3)] == [0, 0, 0.4]
+    # A window later its reservation has aged out of the log.
+    assert get_redis().zrem(keys.budget_log(a.budget_key), "hung:1") == 1
+    get_redis().delete(keys.cooldown(a.budget_key))  # the cooldown is over
+    assert budget.settle(a, "hung:1", fail).tripped_s == 0
+
+
 def test_a_model_of_one_deployment_keeps_its_keys(clean_db):
     spec = load_registry(get_settings().models_file)["sim-small"]
     assert [d.name for d in spec.deployments] == ["default"]

@@ -144,6 +144,13 @@ def test_a_refused_base_url_shows_no_credential_from_the_environment(monkeypatch
     assert "s3cret" not in str(refused.value) and "//***@" in str(refused.value)
 
 
+def test_a_refused_base_url_shows_no_credential_written_in_the_file():
+    text = MODEL.replace("${SIM_URL:-http://localhost:1}/v1", "http://user:s3cret@host:bad/v1")
+    with pytest.raises(ConfigError, match="not a usable URL") as refused:
+        parse_registry(text, "models.toml")
+    assert "s3cret" not in str(refused.value) and "//***@" in str(refused.value)
+
+
 def test_tiktoken_works_offline_and_is_verified():
     enc = tokens.get_encoding("cl100k_base")
     assert enc is not None

@@ -104,6 +104,11 @@ elseif breaker == 'fail' and redis.call('PTTL', cooldown_key) <= 0 then
     local b = redis.call('HMGET', KEYS[12], 'n', 'since', 'trips', 'tripped')
     local n, since, trips = tonumber(b[1]) or 0, tonumber(b[2]), tonumber(b[3]) or 0
     local last_trip, sent = tonumber(b[4]), tonumber(redis.call('ZSCORE', log, id))
+    -- A reservation no longer in the log was granted over a window ago: before a trip
+    -- made within the last window.
+    if sent == nil and id ~= '' and last_trip and now - last_trip < span then
+        sent = now - span
+    end
     local longest_ms = tonumber(ARGV[31])
     if not (last_trip and sent and sent < last_trip) then
         if since == nil or now - since > tonumber(ARGV[29]) then n, since = 0, now end
