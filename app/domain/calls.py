@@ -19,6 +19,7 @@ from typing import Any
 from batchgen.domain import answers, response_stream
 from batchgen.domain.deadlines import parse_duration_s
 from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS
+from batchgen.domain.status import TERMINAL, ItemStatus
 from batchgen.errors import CallFailed, ValidationFailed
 
 CALL_CUSTOM_ID = "call"
@@ -99,6 +100,20 @@ def call_error(error_code: str | None, message: str | None) -> CallFailed:
     cancel a 409, and anything else the provider did (after the retries) a 502."""
     status, code = _CALL_STATUS.get(error_code or "", (502, "upstream_error"))
     return CallFailed(status, code, message or code)
+
+
+def key_replays(status: ItemStatus, error_code: str | None) -> bool:
+    """Whether the call that holds an ``Idempotency-Key`` answers a request under it
+    again: while it is open, once it succeeded, or when it failed for the request's own
+    fault (a 4xx other than a cancel or the provider's limits). A call cancelled (its
+    caller hung up), expired, rate-limited or failed at the provider leaves the key to
+    a new call: a client retrying with its key gets an answer, not that end again."""
+    if status is ItemStatus.SUCCEEDED or status not in TERMINAL:
+        return True
+    if status is not ItemStatus.FAILED:
+        return False
+    code = call_error(error_code, None).status_code
+    return 400 <= code < 500 and code not in (409, 429)
 
 
 # --- the answer, streamed --------------------------------------------------------

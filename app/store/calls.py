@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
+from batchgen.domain.calls import key_replays
 from batchgen.domain.status import CALL_RANK, OPEN, TERMINAL, ItemStatus, Priority, values
 from batchgen.registry import Registry
 from batchgen.store import batches, items
@@ -81,6 +82,25 @@ def key_used(session: Session, tenant_id: int, key: str) -> bool:
     return session.scalar(query) is not None
 
 
+def _free_a_spent_key(session: Session, tenant_id: int, key: str) -> None:
+    """The call holding the tenant's ``key``, if it ended in a way a retry must not get
+    again (:func:`batchgen.domain.calls.key_replays`), gives the key up: the request
+    under it is stored as a new call. Its row is locked, so of two such retries one
+    frees the key and the other finds the new call."""
+    held = session.execute(
+        select(Batch.id, Item.status, Item.error_code)
+        .join(Item, Item.batch_id == Batch.id)
+        .where(
+            Batch.tenant_id == tenant_id,
+            Batch.idempotency_key == key,
+            Batch.priority == Priority.CALL.value,
+        )
+        .with_for_update(of=Batch)
+    ).one_or_none()
+    if held is not None and not key_replays(ItemStatus(held.status), held.error_code):
+        session.execute(update(Batch).where(Batch.id == held.id).values(idempotency_key=None))
+
+
 def store_call(
     session: Session,
     tenant: Tenant,
@@ -102,6 +122,8 @@ def store_call(
         endpoint=endpoint,
         idempotency_key=idempotency_key,
     )
+    if idempotency_key:
+        _free_a_spent_key(session, tenant.id, idempotency_key)
     raw = json.dumps(line, ensure_ascii=False).encode("utf-8")
     batch, created = batches.store_batch(session, tenant, iter([raw]), options, registry, settings)
     # A replayed call is not released again: its one run (done or under way) answers it.

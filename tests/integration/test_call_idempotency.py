@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from batchgen.store import db
 from batchgen.store.schema import Tenant, UsageLedger
-from tests.helpers import make_tenant
+from tests.helpers import make_tenant, sim_config
 from tests.invariants import simulator_log
 
 pytestmark = pytest.mark.integration
@@ -174,3 +174,24 @@ def test_a_replay_is_answered_while_new_calls_are_refused(api: httpx.Client, sim
     finally:
         get_redis().delete(*cooldowns)
     assert (_provider_calls(simulator), _ledger_rows("idem-busy")) == (1, 1)
+
+
+def test_a_call_that_ran_out_of_time_leaves_its_key_to_a_retry(api: httpx.Client, simulator):
+    """A call that ended without an answer for no fault of the request (here its
+    deadline, as a client's retry after a time-out meets it): the retry under the same
+    key is a new call, and its answer is what the key replays from then on."""
+    key = make_tenant("idem-retry")
+    headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "retry-1"}
+    headers["X-Request-Timeout"] = "3"
+    sim_config(simulator.base_url, latency_base_ms=20_000)
+    try:
+        late = api.post("/v1/chat/completions", json=CHAT, headers=headers)
+    finally:
+        sim_config(simulator.base_url, latency_base_ms=50)
+    assert late.status_code == 504, late.text
+    retried = api.post("/v1/chat/completions", json=CHAT, headers=headers)
+    assert retried.status_code == 200, retried.text
+    assert "Idempotent-Replayed" not in retried.headers
+    again = api.post("/v1/chat/completions", json=CHAT, headers=headers)
+    assert again.status_code == 200 and again.headers.get("Idempotent-Replayed") == "true"
+    assert again.json() == retried.json()

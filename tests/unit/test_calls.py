@@ -139,3 +139,24 @@ def test_a_calls_end_wakes_every_request_waiting_on_it():
         assert not caller.is_set()
     finally:
         waiter.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "replays"),
+    [
+        ("running", None, True),
+        ("pending", None, True),
+        ("succeeded", None, True),
+        ("failed", "context_length_exceeded", True),
+        ("failed", "rate_limited", False),
+        ("failed", "upstream_error", False),
+        ("failed", None, False),
+        ("expired", "expired", False),
+        ("cancelled", "cancelled", False),
+    ],
+)
+def test_a_key_replays_only_an_open_call_or_one_the_request_ended(status, code, replays):
+    from batchgen.domain.calls import key_replays
+    from batchgen.domain.status import ItemStatus
+
+    assert key_replays(ItemStatus(status), code) is replays
