@@ -50,8 +50,8 @@ def _row(session: Session, batch: Any, tenant_name: str) -> dict[str, Any]:
 def batch_rows(session: Session, tenant: Tenant | None, limit: int) -> list[dict[str, Any]]:
     """The newest batches the key may see (an admin, or with ``tenant`` None a host's
     operator: every tenant's), with their counts by status, progress and error codes."""
-    every_tenant = tenant is None or tenant.is_admin
-    listed = activity.recent_batches(session, None if every_tenant else tenant.id, limit)
+    own = tenant.id if tenant is not None and not tenant.is_admin else None
+    listed = activity.recent_batches(session, own, limit)
     rows = [_row(session, batch, name) for batch, name in listed]
     errors = batches.error_codes(session, [r["id"] for r in rows])
     for row in rows:
