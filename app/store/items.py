@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -836,17 +836,19 @@ def sweep_lost(
     max_attempts: int,
     attempt_caps: dict[str, int],
     alive: Collection[int] = (),
-    callers_gone: Collection[int] = (),
+    callers_gone: Mapping[int, int] | None = None,
 ) -> list[LostAttempt]:
     """Queued and running items whose lease ran out: back to pending, or ended
     (cancelled, expired, or failed once a running one used its attempt cap). Items
     in ``alive`` (their owner's heartbeat is live) are left alone; synchronous calls
-    in ``callers_gone`` (nobody waits for them) end cancelled."""
+    in ``callers_gone`` (nobody waits for them; item id -> the attempt seen so) end
+    cancelled, unless another attempt has begun since."""
+    gone = {str(item_id): attempt for item_id, attempt in (callers_gone or {}).items()}
     params = {
         "max_attempts": max_attempts,
         "attempt_caps": json.dumps(attempt_caps),
         "alive": sorted(alive),
-        "callers_gone": sorted(callers_gone),
+        "callers_gone": json.dumps(gone),
     }
     rows = session.execute(query("sweep_requeue_lost"), params)
     return [

@@ -69,14 +69,15 @@ def _alive_owners(session: Session) -> set[int]:
     return alive
 
 
-def _callers_gone(session: Session, caller_lease_s: float) -> set[int]:
+def _callers_gone(session: Session, caller_lease_s: float) -> dict[int, int]:
     """Synchronous calls whose caller no longer waits (the API process it waited in
-    died): cancelled, not handed on, once their lease ran out; or at once when that
-    process ran their attempt itself (its runner is gone with the caller; a worker's
-    attempt is left to its lease). Redis unreachable: none."""
+    died), each with the attempt seen so: cancelled, not handed on, once their lease
+    ran out; or at once when that process ran their attempt itself (its runner is gone
+    with the caller; a worker's attempt is left to its lease). An attempt begun since
+    (a worker's claim) is not touched. Redis unreachable: none."""
     checked = items.calls_to_check(session, caller_lease_s)
     if not checked:
-        return set()
+        return {}
     try:
         client = get_redis()
         waiting = liveness.callers_waiting(client, [c.item_id for c in checked])
@@ -84,8 +85,8 @@ def _callers_gone(session: Session, caller_lease_s: float) -> set[int]:
         early = [(c.item_id, c.attempt) for c in gone if not c.ran_out]
         run_here = liveness.run_by_caller(client, early)
     except redis.RedisError:
-        return set()
-    return {c.item_id for c in gone if c.ran_out or c.item_id in run_here}
+        return {}
+    return {c.item_id: c.attempt for c in gone if c.ran_out or c.item_id in run_here}
 
 
 def _never_left(lost: list[items.LostAttempt]) -> set[int]:
@@ -135,7 +136,11 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
     caps = attempt_caps(registry, settings)
     gone = _callers_gone(session, settings.caller_lease_s)
     lost = items.sweep_lost(
-        session, settings.max_attempts, caps, alive=alive, callers_gone=gone - alive
+        session,
+        settings.max_attempts,
+        caps,
+        alive=alive,
+        callers_gone={i: a for i, a in gone.items() if i not in alive},
     )
     never_left = _never_left(lost)
     reported = _reported_usage(lost)
@@ -157,7 +162,7 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
         elif attempt.was_sent:
             usage = reported.get(attempt.item_id)
             record_lost_call(session, attempt.item_id, attempt.attempts, registry, usage)
-        if attempt.item_id in gone and attempt.lease == "running":
+        if gone.get(attempt.item_id) == attempt.attempts and attempt.lease == "running":
             _free_slot(registry, attempt)
     files_deleted = files.delete_expired(session)
     notifications.delete_old(session, settings.notification_retention_s)

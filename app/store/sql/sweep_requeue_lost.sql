@@ -7,19 +7,22 @@
 -- never above the global one (:attempt_caps maps model -> cap; models not in
 -- it use :max_attempts). :alive lists running items whose owner's heartbeat
 -- is still live in Redis (a lease that ran out while PostgreSQL was away): not lost.
--- :callers_gone lists synchronous calls whose caller no longer waits (its API
--- process died): they end cancelled, never run again for nobody, their lease run
--- out or not (nobody renews it any more).
+-- :callers_gone maps synchronous calls whose caller no longer waits (its API
+-- process died) to the attempt seen so: they end cancelled, never run again for
+-- nobody, their lease run out or not (nobody renews it any more), unless another
+-- attempt (a worker's) has begun since.
 --
 -- ``was_sent``: the lost attempt's request had been sent, so the provider may
 -- bill it; the caller ledgers it as waste in the same transaction.
 WITH lost AS (
     SELECT i.id,
         i.status = 'running' AND i.sent_at IS NOT NULL AS was_sent,
-        i.id = ANY(CAST(:callers_gone AS bigint[])) AS caller_gone,
+        COALESCE(
+            (CAST(:callers_gone AS jsonb) ->> CAST(i.id AS text))::int = i.attempts, false
+        ) AS caller_gone,
         CASE
             WHEN b.cancel_requested_at IS NOT NULL THEN 'cancelled'
-            WHEN i.id = ANY(CAST(:callers_gone AS bigint[])) THEN 'cancelled'
+            WHEN (CAST(:callers_gone AS jsonb) ->> CAST(i.id AS text))::int = i.attempts THEN 'cancelled'
             WHEN i.deadline_at <= now() THEN 'expired'
             WHEN i.status = 'running' AND i.attempts - i.failovers >= LEAST(
                 :max_attempts,
@@ -31,7 +34,10 @@ WITH lost AS (
     FROM items AS i
     JOIN batches AS b ON b.id = i.batch_id
     WHERE i.status IN ('queued', 'running')
-      AND (i.lease_expires_at < now() OR i.id = ANY(CAST(:callers_gone AS bigint[])))
+      AND (
+          i.lease_expires_at < now()
+          OR (CAST(:callers_gone AS jsonb) ->> CAST(i.id AS text))::int = i.attempts
+      )
       AND i.id <> ALL(CAST(:alive AS bigint[]))
     ORDER BY i.id
     FOR UPDATE OF i
