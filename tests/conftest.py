@@ -133,9 +133,9 @@ def _broker_follows_the_settings() -> None:
     if app.conf.broker_url == wanted:
         return
     app.conf.broker_url = wanted
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
+    # Only forgotten, not closed: kombu keeps its pools per broker address, and this
+    # address's (open, if it was used before) is the one taken from now on.
+    app._pool = None
     app.amqp._producer_pool = None
 
 
