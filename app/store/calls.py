@@ -76,18 +76,11 @@ def open_calls(session: Session, model: str, tenant_id: int) -> int:
     return int(session.scalar(query) or 0)
 
 
-def key_used(session: Session, tenant_id: int, key: str) -> bool:
-    """Whether the tenant stored a request under this Idempotency-Key."""
-    query = select(Batch.id).where(Batch.tenant_id == tenant_id, Batch.idempotency_key == key)
-    return session.scalar(query) is not None
-
-
-def _free_a_spent_key(session: Session, tenant_id: int, key: str) -> None:
-    """The call holding the tenant's ``key``, if it ended in a way a retry must not get
-    again (:func:`batchgen.domain.calls.key_replays`), gives the key up: the request
-    under it is stored as a new call. Its row is locked, so of two such retries one
-    frees the key and the other finds the new call."""
-    held = session.execute(
+def _spent_call(session: Session, tenant_id: int, key: str, lock: bool = False) -> Any:
+    """The batch id of the call holding the tenant's ``key`` if it ended in a way a
+    retry must not get again (:func:`batchgen.domain.calls.key_replays`), else None;
+    ``lock``: its batch row locked."""
+    query = (
         select(Batch.id, Item.status, Item.error_code)
         .join(Item, Item.batch_id == Batch.id)
         .where(
@@ -95,10 +88,28 @@ def _free_a_spent_key(session: Session, tenant_id: int, key: str) -> None:
             Batch.idempotency_key == key,
             Batch.priority == Priority.CALL.value,
         )
-        .with_for_update(of=Batch)
-    ).one_or_none()
-    if held is not None and not key_replays(ItemStatus(held.status), held.error_code):
-        session.execute(update(Batch).where(Batch.id == held.id).values(idempotency_key=None))
+    )
+    held = session.execute(query.with_for_update(of=Batch) if lock else query).first()
+    if held is None or key_replays(ItemStatus(held.status), held.error_code):
+        return None
+    return held.id
+
+
+def key_used(session: Session, tenant_id: int, key: str) -> bool:
+    """Whether the tenant stored a request under this Idempotency-Key that a request
+    under it is answered from (replayed, or refused as another request's): a call the
+    key is freed from (:func:`_free_a_spent_key`) does not count."""
+    query = select(Batch.id).where(Batch.tenant_id == tenant_id, Batch.idempotency_key == key)
+    return session.scalar(query) is not None and _spent_call(session, tenant_id, key) is None
+
+
+def _free_a_spent_key(session: Session, tenant_id: int, key: str) -> None:
+    """The call holding the tenant's ``key``, if it ended in a way a retry must not get
+    again, gives the key up: the request under it is stored as a new call. Its row is
+    locked, so of two such retries one frees the key and the other finds the new call."""
+    spent = _spent_call(session, tenant_id, key, lock=True)
+    if spent is not None:
+        session.execute(update(Batch).where(Batch.id == spent).values(idempotency_key=None))
 
 
 def store_call(
