@@ -320,11 +320,11 @@ def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(offloading, sim
     tenant = "offload-late"
     make_tenant(tenant)
     # always: offloaded whenever more than fallback_s (10 s) is left; cut off 10 s
-    # (plus the drain time) before the 25 s deadline.
-    batch_id = submit(tenant, 4, "sim-small", offload="always", completion_window="25s")
+    # (plus the drain time) before the 40 s deadline: a loaded machine has 25 s to create the job.
+    batch_id = submit(tenant, 4, "sim-small", offload="always", completion_window="40s")
     assert statuses(batch_id) == {"offloaded": 4}
     workers(env=env)
-    reports = ticks_until(lambda: finished(batch_id), timeout_s=40)
+    reports = ticks_until(lambda: finished(batch_id), timeout_s=60)
 
     assert statuses(batch_id) == {"succeeded": 4}
     assert sum(r.cut_off for r in reports) == 1
