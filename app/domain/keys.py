@@ -112,6 +112,23 @@ def check_scope(endpoint: str | None, scopes: Iterable[str]) -> None:
     )
 
 
+# The dashboard shows a tenant's batches and submits and cancels them: signing in takes
+# a key that may do both.
+DASHBOARD_SCOPES = (Scope.BATCHES, Scope.READ)
+
+
+def check_dashboard_scopes(scopes: Iterable[str]) -> None:
+    """Raise :class:`KeyOutOfScope` unless a key holding ``scopes`` may sign in to the
+    dashboard (it needs every one of :data:`DASHBOARD_SCOPES`)."""
+    missing = [s.value for s in DASHBOARD_SCOPES if s not in set(scopes)]
+    if missing:
+        raise KeyOutOfScope(
+            f"signing in to the dashboard needs a key with the scopes batches and read "
+            f"(this one lacks {', '.join(missing)})",
+            needed=missing,
+        )
+
+
 class KeyOutOfScope(Forbidden):
     """A working key without the scope the route needs (403 ``key_out_of_scope``)."""
 

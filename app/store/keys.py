@@ -112,8 +112,15 @@ def authenticate(session: Session, secret: str | None) -> Caller:
         raise Unauthorized("this API key's tenant is suspended")
     if rules.last_used_due(at, key.last_used_at):
         touch(session, key.id, at)
-    session.expunge(tenant)
     return Caller(key.id, key.name, tuple(key.scopes), key.requests_per_min, tenant)
+
+
+def works(session: Session, key_id: int) -> bool:
+    """Whether the key ``key_id`` works now (not revoked, not expired)."""
+    row = session.execute(
+        select(ApiKey.expires_at, ApiKey.revoked_at, func.now()).where(ApiKey.id == key_id)
+    ).one_or_none()
+    return row is not None and rules.refusal(row[2], row[0], row[1]) is None
 
 
 def touch(session: Session, key_id: int, at: dt.datetime) -> None:

@@ -543,3 +543,44 @@ def test_the_staff_view_lists_every_tenants_batches(clean_db, client, django_use
             assert f'<tr data-batch="{batch["id"]}">' in text, (url, batch["id"])
         assert '<td class="tenant">globex</td>' in text
         assert 'class="cancel"' not in text and 'id="submit-form"' not in text
+
+
+@pytest.mark.django_db
+def test_staff_users_use_the_admin_api_behind_djangos_csrf_check(
+    clean_db, client, django_user_model
+):
+    """A signed-in staff user reaches /admin/v1 below the mount (as ``django:<user>`` in
+    the audit log); a change needs Django's CSRF token, as a cookie authenticates it; a
+    user who is not staff, or anonymous, gets 401; a tenant key is judged alone (403)."""
+    from batchgen import admin
+
+    key = make_tenant("acme")
+    assert client.get("/batchgen/admin/v1/tenants").status_code == 401
+    clerk = django_user_model.objects.create_user("clerk", password="pw")
+    client.force_login(clerk)
+    assert client.get("/batchgen/admin/v1/tenants").status_code == 401
+
+    staff = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
+    guarded = Client(enforce_csrf_checks=True)
+    guarded.force_login(staff)
+    listed = guarded.get("/batchgen/admin/v1/tenants")
+    assert listed.status_code == 200 and [t["name"] for t in listed.json()["data"]] == ["acme"]
+    forged = guarded.post(
+        "/batchgen/admin/v1/tenants", data={"name": "evil"}, content_type="application/json"
+    )
+    assert forged.status_code == 403  # Django's CSRF refusal: nothing made
+    assert [t["name"] for t in admin.list_tenants()] == ["acme"]
+    token = "k" * 32
+    guarded.cookies["csrftoken"] = token
+    made = guarded.post(
+        "/batchgen/admin/v1/tenants",
+        data={"name": "globex", "weight": 3},
+        content_type="application/json",
+        headers={"X-CSRFToken": token},
+    )
+    assert made.status_code == 201, made.content
+    assert made.json()["weight"] == 3 and made.json()["api_key"]["secret"].startswith("bg_")
+    assert admin.audit_log(tenant="globex")[-1]["actor"] == "django:ops"
+    # A request that carries a key is the key's, whoever is signed in.
+    as_key = guarded.get("/batchgen/admin/v1/tenants", headers={"Authorization": f"Bearer {key}"})
+    assert as_key.status_code == 403 and as_key.json()["error"]["code"] == "operator_key_required"
