@@ -614,11 +614,15 @@ def works(secret):
     except Exception:
         return False
 
-new_key = client.post("/admin/batchgen/tenant/", {"action": "new_key", "_selected_action": [tenant_id]})
+new_key = client.post(
+    "/admin/batchgen/tenant/", {"action": "new_key", "_selected_action": [tenant_id]}
+)
 new_secret = re.search(r"<code>(bg_[^<]+)</code>", new_key.content.decode()).group(1)
 new_works = works(new_secret)
 listing = client.get("/admin/batchgen/apikey/")
-rotated = client.post("/admin/batchgen/apikey/", {"action": "rotate", "_selected_action": [first["id"]]})
+rotated = client.post(
+    "/admin/batchgen/apikey/", {"action": "rotate", "_selected_action": [first["id"]]}
+)
 rotated_secret = re.search(r"<code>(bg_[^<]+)</code>", rotated.content.decode()).group(1)
 both_work = [works(rotated_secret), works(first["secret"])]
 revoked = client.post(
