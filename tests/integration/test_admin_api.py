@@ -117,8 +117,11 @@ def test_an_operator_provisions_a_tenant_and_its_keys(api):
     revoked = api.post(f"/admin/v1/tenants/acme/keys/{key.json['id']}/revoke", headers=OPS)
     assert revoked.json["state"] == "revoked"
     assert api.get("/v1/batches", headers=_auth(secret)).status_code == 401
-    assert api.get("/v1/batches", headers=_auth(rotated.json["new"]["secret"])).status_code == 200
 
+    newest = rotated.json["new"]
+    gone = api.delete(f"/admin/v1/tenants/acme/keys/{newest['id']}", headers=OPS)
+    assert gone.json["state"] == "revoked"
+    assert api.get("/v1/batches", headers=_auth(newest["secret"])).status_code == 401
     assert api.post("/admin/v1/tenants/acme/suspend", headers=OPS).json["suspended"] is True
     assert api.get("/v1/batches", headers=_auth(first["secret"])).status_code == 401
     assert api.post("/admin/v1/tenants/acme/resume", headers=OPS).json["suspended"] is False
@@ -133,6 +136,7 @@ def test_an_operator_provisions_a_tenant_and_its_keys(api):
         "key.update",
         "key.rotate",
         "key.revoke",
+        "key.revoke",
         "tenant.suspend",
         "tenant.resume",
     ]
@@ -144,5 +148,6 @@ def test_an_operator_provisions_a_tenant_and_its_keys(api):
     for shown_once in (first["secret"], secret, rotated.json["new"]["secret"]):
         assert shown_once not in dumped
         assert hashlib.sha256(shown_once.encode()).hexdigest() not in dumped
+    assert api.get("/admin/v1/audit?limit=501", headers=OPS).status_code == 400
     paged = api.get(f"/admin/v1/audit?limit=2&before={log[1]['id']}", headers=OPS).json["data"]
     assert [e["id"] for e in paged] == [log[2]["id"], log[3]["id"]]

@@ -244,6 +244,8 @@ def test_keys_tenants_and_the_audit_log_from_the_cli(services, run, monkeypatch)
     assert created["api_key"] not in json.dumps(log) and secret not in json.dumps(log)
     assert name in run("audit", "--tenant", name).stdout
 
+    by_key = run("usage", "--tenant", name, "--group-by", "key", "--json")
+    assert by_key.exit_code == 0 and json.loads(by_key.stdout) == []  # nothing billed yet
     operator = json.loads(run("admin", "operator-key", "deploy", "--json").stdout)
     assert operator["admin_keys_entry"].startswith("deploy:")
     monkeypatch.setenv("BATCHGEN_ADMIN_KEYS", json.dumps([operator["admin_keys_entry"]]))

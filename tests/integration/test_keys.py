@@ -87,8 +87,22 @@ def test_a_key_out_of_scope_gets_403_naming_the_scope_and_nothing_is_stored(api)
     # Any working key lists the models (what an SDK asks first).
     for secret in (reader, caller, batcher):
         assert api.get("/v1/models", headers=_auth(secret)).status_code == 200
-    # Key management needs the admin scope.
-    assert api.get("/v1/keys", headers=_auth(batcher)).json["error"]["code"] == ("key_out_of_scope")
+    # Key management needs the admin scope...
+    assert api.get("/v1/keys", headers=_auth(batcher)).json["error"]["code"] == "key_out_of_scope"
+    # ... which opens nothing else.
+    keeper = _key("acme", "admin")["secret"]
+    assert api.get("/v1/keys", headers=_auth(keeper)).status_code == 200
+    assert api.get("/v1/batches", headers=_auth(keeper)).status_code == 403
+
+
+def test_the_status_view_needs_the_read_scope_as_well_as_an_admin_tenant(api):
+    make_tenant("ops", is_admin=True)
+    caller = _key("ops", "calls")["secret"]
+    refused = api.get("/v1/status", headers=_auth(caller))
+    assert refused.status_code == 403 and refused.json["error"]["code"] == "key_out_of_scope"
+    make_tenant("acme")
+    reader = _key("acme", "read")["secret"]  # the scope, of a tenant that is no admin
+    assert api.get("/v1/status", headers=_auth(reader)).json["error"]["code"] == "forbidden"
 
 
 def test_a_batch_records_the_key_it_was_made_with(api):
