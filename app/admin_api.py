@@ -146,6 +146,8 @@ def admin_create_tenant() -> tuple[Response, int]:
     unknown = set(body) - allowed
     if unknown:
         raise ValidationFailed(f"unknown fields: {', '.join(sorted(unknown))}")
+    if not isinstance(body.get("webhook_url") or "", str):
+        raise ValidationFailed("webhook_url must be a string", field="webhook_url")
     weight = body.pop("weight", 1)
     made = admin.create_tenant(name, actor=_operator(), **body, weight=weight)
     return jsonify(made), 201

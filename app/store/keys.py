@@ -3,7 +3,7 @@
 A key's secret is shown once, when it is made; only its SHA-256 and its first
 characters are kept. Authenticating is one lookup by the hash's unique index (with
 its tenant); its last use is written at most once a minute per key, by a
-conditional UPDATE that a concurrent twin finds already done.
+conditional UPDATE that a concurrent twin skips (it never waits for the row).
 """
 
 from __future__ import annotations
@@ -124,16 +124,20 @@ def works(session: Session, key_id: int) -> bool:
 
 
 def touch(session: Session, key_id: int, at: dt.datetime) -> None:
-    """Note a use at ``at`` unless one in the last minute was noted (by anyone)."""
+    """Note a use at ``at`` unless one in the last minute was noted (by anyone), or
+    another request is noting one now (then this one neither writes nor waits)."""
     stale = at - dt.timedelta(seconds=rules.LAST_USED_EVERY_S)
-    session.execute(
-        update(ApiKey)
+    # A twin request writing it right now holds the row: skip it rather than wait.
+    due = (
+        select(ApiKey.id)
         .where(
             ApiKey.id == key_id,
             (ApiKey.last_used_at.is_(None)) | (ApiKey.last_used_at <= stale),
         )
-        .values(last_used_at=at)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
     )
+    session.execute(update(ApiKey).where(ApiKey.id == due).values(last_used_at=at))
 
 
 def of_tenant(session: Session, tenant_id: int) -> list[ApiKey]:

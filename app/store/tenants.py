@@ -119,12 +119,6 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def authenticate(session: Session, key: str | None) -> Tenant:
-    """The tenant owning ``key``; :class:`Unauthorized` if missing, unknown, revoked,
-    expired, or its tenant suspended."""
-    return keys.authenticate(session, key).tenant
-
-
 def describe(tenant: Tenant) -> dict[str, Any]:
     """A tenant as the admin API shows it (its webhook secret left out)."""
     return {

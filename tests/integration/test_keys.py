@@ -203,6 +203,29 @@ def test_the_last_use_is_written_at_most_once_a_minute(api):
     ]
 
 
+def test_a_request_never_waits_for_another_noting_the_keys_last_use(api):
+    """While another transaction holds the key's row (a twin request writing its last
+    use), a request with the key is answered without waiting for it."""
+    import threading
+
+    make_tenant("acme")
+    made = _key("acme", "read")
+    answers: list[int] = []
+    with db.get_engine().connect() as holder:
+        holder.execute(text("SELECT 1 FROM api_keys WHERE id = :id FOR UPDATE"), {"id": made["id"]})
+        asking = threading.Thread(
+            target=lambda: answers.append(
+                api.get("/v1/batches", headers=_auth(made["secret"])).status_code
+            )
+        )
+        asking.start()
+        asking.join(60)  # a request blocked on the row would still be waiting
+        assert not asking.is_alive() and answers == [200]
+        holder.rollback()
+    with db.session_scope() as s:  # it skipped the write: the next use notes it
+        assert s.scalar(select(ApiKey.last_used_at).where(ApiKey.id == made["id"])) is None
+
+
 def test_a_keys_own_requests_per_minute_is_429_with_retry_after(api):
     make_tenant("acme")
     limited = _key("acme", "read", requests_per_min=3)["secret"]
