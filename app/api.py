@@ -24,7 +24,6 @@ from flask import (
     Blueprint,
     Flask,
     Response,
-    g,
     has_request_context,
     jsonify,
     request,
@@ -64,11 +63,12 @@ from batchgen.errors import (
     Unavailable,
     ValidationFailed,
 )
+from batchgen.request_auth import bearer as _bearer
+from batchgen.request_auth import current_key
 from batchgen.store import batches, tenants
 from batchgen.store.batches import SubmitOptions
 from batchgen.store.db import UNMIGRATED_SQLSTATES, session_scope
 from batchgen.store.schema import Tenant
-from batchgen.store.tenants import authenticate
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("batchgen_api", __name__)
@@ -83,24 +83,8 @@ HTTP_CODES = {
 }
 
 
-def _bearer() -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def _api_key() -> str | None:
-    """The tenant key: ``Authorization: Bearer`` (OpenAI's SDK), else ``x-api-key``
-    (Anthropic's SDK)."""
-    return _bearer() or (request.headers.get("x-api-key", "").strip() or None)
-
-
 def _caller() -> Tenant:
-    if "tenant" not in g:
-        with session_scope() as session:
-            g.tenant = authenticate(session, _api_key())
-    tenant: Tenant = g.tenant
-    return tenant
+    return current_key().tenant
 
 
 def _reload(session: Session, tenant: Tenant) -> Tenant:
@@ -147,6 +131,7 @@ def _submit_options() -> SubmitOptions:
         on_finished=args.get("on_finished"),
         on_finished_queue=args.get("on_finished_queue"),
         webhook_url=args.get("webhook_url"),
+        key_id=current_key().key_id,
     )
 
 
@@ -188,6 +173,7 @@ def _create_from_file(tenant: Tenant, body: dict[str, Any]) -> tuple[dict[str, A
         priority=extra.get("priority", request.args.get("priority")),
         offload=extra.get("offload", request.args.get("offload", OffloadMode.AUTO)),
         route=extra.get("route", request.args.get("route", RouteMode.AUTO)),
+        key_id=current_key().key_id,
         **told,
     )
 
@@ -356,6 +342,7 @@ def create_message_batch() -> Response:
         priority=body.get("priority"),
         offload=body.get("offload", OffloadMode.AUTO),
         route=body.get("route", RouteMode.AUTO),
+        key_id=current_key().key_id,
         **{k: body.get(k) for k in python_api.TOLD},
     )
     return _replayed(jsonify(described), not created)
@@ -435,6 +422,7 @@ def _run_call(line: dict[str, Any], endpoint: str, body_timeout: Any) -> tuple[A
     pending = python_api.start_call(
         line,
         tenant=_caller(),
+        key_id=current_key().key_id,
         endpoint=endpoint,
         deadline_s=_deadline_s(body_timeout),
         idempotency_key=_idempotency_key(),
@@ -453,6 +441,7 @@ def _stream_call(
     pending = python_api.start_call(
         line,
         tenant=_caller(),
+        key_id=current_key().key_id,
         endpoint=endpoint,
         deadline_s=_deadline_s(body_timeout),
         stream=True,
@@ -790,11 +779,13 @@ def create_app() -> Flask:
     from batchgen.logs import configure_logging
 
     configure_logging()
+    from batchgen.admin_api import admin_blueprint
     from batchgen.dashboard import dashboard
 
     app = Flask("batchgen")
     app.register_blueprint(blueprint)
     app.register_blueprint(dashboard)
+    app.register_blueprint(admin_blueprint)
     install_error_handlers(app)
     load_encodings()
     warm_providers()

@@ -308,6 +308,11 @@ class Settings(BaseSettings):
     api_port: int = 8000
     # GET /metrics wants "Authorization: Bearer <token>" (or an admin API key).
     metrics_token: str | None = Field(default=None, repr=False)
+    # Operator keys of the admin API (/admin/v1, app/admin_api.py): JSON list of
+    # "<name>:<sha256 of the key>" (`batchgen admin operator-key NAME` makes one). Only
+    # hashes are configured; the name is who the audit log says made a change. Empty:
+    # the admin API answers 401 (in Django, staff users may still use it).
+    admin_keys: list[str] = Field(default_factory=list, repr=False)
 
     # Nightly description jobs (app/nightly/, tasks/nightly.py) -----------------
     # The TOML file listing the jobs; unset: the nightly task has nothing to do.
@@ -331,6 +336,19 @@ class Settings(BaseSettings):
                 ipaddress.ip_network(value, strict=False)
             except ValueError as exc:
                 raise ValueError(f"not a CIDR network: {value!r}") from exc
+        return values
+
+    @field_validator("admin_keys")
+    @classmethod
+    def _operator_hashes(cls, values: list[str]) -> list[str]:
+        import re
+
+        for value in values:
+            name, _, digest = value.rpartition(":")
+            if not name or not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise ValueError(
+                    "BATCHGEN_ADMIN_KEYS entries are '<name>:<64 hex digits of SHA-256>'"
+                )
         return values
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:

@@ -40,9 +40,10 @@ from batchgen.bodies import (
     refused_over,
 )
 from batchgen.config import get_settings
+from batchgen.domain import keys as key_rules
 from batchgen.domain.dashboard import format_usd
 from batchgen.errors import BatchgenError, PayloadTooLarge, Unauthorized
-from batchgen.store import tenants
+from batchgen.store import keys
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
 
@@ -214,14 +215,18 @@ def login() -> BaseResponse:
     try:
         auth.check_signin(key)
         with session_scope() as session:
-            tenant = tenants.authenticate(session, key)
-            session.expunge(tenant)
+            caller = keys.authenticate(session, key)
+            session.expunge(caller.tenant)
+        tenant = caller.tenant
+        key_rules.check_dashboard_scopes(caller.scopes)
     except auth.SigninRefused as refused:
         return _login_page(refused.message, refused.status, refused.retry_after_s)
     except Unauthorized as exc:
         return _login_page(str(exc), 401)
+    except key_rules.KeyOutOfScope as exc:
+        return _login_page(str(exc), 403)
     response = redirect(url_for(".page"))
-    auth.start_session(response, tenant)
+    auth.start_session(response, tenant, caller.key_id)
     return response
 
 

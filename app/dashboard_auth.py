@@ -30,7 +30,7 @@ from werkzeug.wrappers import Response as BaseResponse
 from batchgen.config import get_settings
 from batchgen.limits import sessions
 from batchgen.limits.backend import get_redis
-from batchgen.store import tenants
+from batchgen.store import keys, tenants
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
 
@@ -111,17 +111,20 @@ def operator() -> str | None:
 
 
 def current_tenant() -> Tenant | None:
-    """The tenant of the browser's live session (None: signed out, expired, revoked)."""
+    """The tenant of the browser's live session (None: signed out, expired, its tenant
+    suspended, or the key it signed in with revoked or expired)."""
     token = session_token()
     if token is None:
         return None
-    tenant_id = sessions.tenant_of(get_redis(), token)
-    if tenant_id is None:
+    found = sessions.of(get_redis(), token)
+    if found is None:
         return None
+    tenant_id, key_id = found
     with session_scope() as session:
         tenant = tenants.get_active(session, tenant_id)
-        if tenant is not None:
-            session.expunge(tenant)
+        if tenant is None or (key_id is not None and not keys.works(session, key_id)):
+            return None  # its tenant suspended, or the key it signed in with stopped
+        session.expunge(tenant)
         return tenant
 
 
@@ -135,9 +138,9 @@ def csrf_ok(form_token: str) -> bool:
     return token is not None and hmac.compare_digest(form_token, csrf_token(token))
 
 
-def start_session(response: BaseResponse, tenant: Tenant) -> None:
+def start_session(response: BaseResponse, tenant: Tenant, key_id: int | None = None) -> None:
     ttl_s = get_settings().dashboard_session_s
-    token = sessions.create(get_redis(), tenant.id, ttl_s)
+    token = sessions.create(get_redis(), tenant.id, ttl_s, key_id)
     _set_cookie(response, SESSION_COOKIE, token, ttl_s)
     _delete_cookie(response, SIGNIN_COOKIE)
 

@@ -126,6 +126,13 @@ class OverShare(OverQuota):
     code = "tenant_over_share"
 
 
+class KeyRateLimited(OverQuota):
+    """The API key's own requests-per-minute limit is used up (429); Retry-After is
+    when its next request may go."""
+
+    code = "key_rate_limited"
+
+
 class Overloaded(BatchgenError, RetryAdvice):
     """The model's backlog is full; come back later (503)."""
 

@@ -8,6 +8,10 @@ tenant it found. All raise the project's typed exceptions (:mod:`batchgen.errors
 
     batch = submit_batch(requests, tenant="acme", completion_window="2h")
     get_batch(batch["id"], tenant="acme")["request_counts"]
+
+Tenants and keys are managed with the functions of :mod:`batchgen.admin`, also
+importable from here (``create_tenant``, ``create_key``, ``rotate_key``, ...): each
+change is written to the audit log with its ``actor``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from batchgen import admin
 from batchgen.config import get_settings
 from batchgen.domain import message_batches
 from batchgen.domain.deadlines import parse_duration_s
@@ -51,6 +56,20 @@ from batchgen.worker.calls import PendingCall as PendingCall
 from batchgen.worker.calls import start_call as start_call
 
 log = logging.getLogger(__name__)
+
+# Tenant and key management (batchgen.admin), from here too.
+audit_log = admin.audit_log
+create_key = admin.create_key
+create_tenant = admin.create_tenant
+get_tenant = admin.get_tenant
+list_keys = admin.list_keys
+list_tenants = admin.list_tenants
+resume_tenant = admin.resume_tenant
+revoke_key = admin.revoke_key
+rotate_key = admin.rotate_key
+suspend_tenant = admin.suspend_tenant
+update_key = admin.update_key
+update_tenant = admin.update_tenant
 
 RequestLines = Iterable[bytes] | Iterable[Mapping[str, Any]] | str | Path
 
@@ -413,6 +432,7 @@ def create_batch(
     priority: Priority | str | None = None,
     offload: OffloadMode | str = OffloadMode.AUTO,
     route: RouteMode | str = RouteMode.AUTO,
+    key_id: int | None = None,
     **told: str | None,
 ) -> tuple[dict[str, Any], bool]:
     """A batch of the requests of an uploaded file (``client.batches.create``); returns
@@ -435,6 +455,7 @@ def create_batch(
         on_finished=_told(told).get("on_finished"),
         on_finished_queue=told.get("on_finished_queue"),
         webhook_url=told.get("webhook_url"),
+        key_id=key_id,
     )
     # The upload goes through admission line by line from a temporary file (on disk past
     # a few MB), filled piece by piece: never whole in memory.
@@ -481,6 +502,7 @@ def create_message_batch(
     metadata: dict[str, Any] | None = None,
     offload: OffloadMode | str = OffloadMode.AUTO,
     route: RouteMode | str = RouteMode.AUTO,
+    key_id: int | None = None,
     **told: str | None,
 ) -> tuple[dict[str, Any], bool]:
     """A batch of Message Batch requests (``client.messages.batches.create``), stored
@@ -507,6 +529,7 @@ def create_message_batch(
         on_finished=_told(told).get("on_finished"),
         on_finished_queue=told.get("on_finished_queue"),
         webhook_url=told.get("webhook_url"),
+        key_id=key_id,
     )
     described, created = submit(tenant, as_lines(lines), options)
     with session_scope() as session:

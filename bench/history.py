@@ -50,8 +50,8 @@ def load(url: str, history: History) -> None:
     }
     with psycopg.connect(url) as conn:
         conn.execute(
-            "INSERT INTO tenants (name, key_hash, key_prefix) "
-            "SELECT 'history-' || g, md5('history-' || g), 'bg_hist' "
+            "INSERT INTO tenants (name) "
+            "SELECT 'history-' || g "
             "FROM generate_series(1, %(tenants)s) AS g ON CONFLICT DO NOTHING",
             params,
         )

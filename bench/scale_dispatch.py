@@ -53,8 +53,8 @@ def make_tenants(busy: int, idle: int, weights: int) -> None:
         for prefix, n in (("history-", busy), ("idle-", idle)):
             conn.execute(
                 text(
-                    "INSERT INTO tenants (name, key_hash, key_prefix, weight) "
-                    "SELECT :prefix || g, md5(:prefix || g), 'bg_hist', 1 + (g - 1) % :w "
+                    "INSERT INTO tenants (name, weight) "
+                    "SELECT :prefix || g, 1 + (g - 1) % :w "
                     "FROM generate_series(1, :n) AS g ON CONFLICT DO NOTHING"
                 ),
                 {"prefix": prefix, "n": n, "w": weights},

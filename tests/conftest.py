@@ -235,7 +235,7 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
                 "batch_notifications, "
                 "provider_jobs, batches, files, admitted_totals, finished_totals, "
                 "batch_totals, latency_totals, dispatch_ring, dispatch_clocks, "
-                "tenants RESTART IDENTITY CASCADE"
+                "audit_log, api_keys, tenants RESTART IDENTITY CASCADE"
             )
         )
         conn.execute(text("UPDATE totals_watermark SET rolled_up_before = NULL"))

@@ -10,6 +10,7 @@ import sys
 import typer
 from rich.table import Table
 
+from batchgen.cli.admin import register as register_admin_commands
 from batchgen.cli.batches import register as register_batch_commands
 from batchgen.cli.common import (
     JsonErrorsGroup,
@@ -27,12 +28,15 @@ from batchgen.errors import BatchgenError
 from batchgen.registry import ChargePolicy
 
 cli = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, cls=JsonErrorsGroup)
-tenants_cli = typer.Typer(no_args_is_help=True, help="Create, list and revoke tenants.")
+tenants_cli = typer.Typer(
+    no_args_is_help=True, help="Create, list, change, suspend and resume tenants."
+)
 db_cli = typer.Typer(no_args_is_help=True, help="Database schema (Alembic).")
 cli.add_typer(tenants_cli, name="tenants")
 cli.add_typer(db_cli, name="db")
 register_batch_commands(cli)  # submit, watch, results, cancel, nightly run
 register_ops_commands(cli)  # usage, status, doctor
+register_admin_commands(cli, tenants_cli)  # keys, audit, admin, tenants update/suspend/resume
 JSON = typer.Option(False, "--json", help="Print one JSON document for scripts.")
 
 
@@ -96,35 +100,47 @@ def tenants_create(
     max_file_bytes: int | None = typer.Option(
         None, min=1, help="Bytes of uploads kept at most (BATCHGEN_TENANT_MAX_FILE_BYTES)."
     ),
-    admin: bool = typer.Option(False, help="May read every tenant's batches and usage."),
+    admin_: bool = typer.Option(
+        False, "--admin/--no-admin", help="May read every tenant's batches and usage."
+    ),
     webhook_url: str | None = typer.Option(
         None, help="Where its batches' ends are POSTed, signed (unless a batch names its own)."
     ),
     as_json: bool = JSON,
 ) -> None:
-    """Create a tenant and print its API key (shown this once; only a hash is kept)."""
-    from batchgen.store import db, tenants
+    """Create a tenant and print its first API key, ``default``, with every scope (shown
+    this once; only a hash is kept). More keys: ``batchgen keys create``."""
+    from batchgen import admin
+    from batchgen.cli.admin import actor
 
-    with _services(), handled(as_json), db.session_scope() as session:
-        tenant, key = tenants.create_tenant(
-            session,
+    with _services(), handled(as_json):
+        made = admin.create_tenant(
             name,
+            actor=actor(),
             weight=weight,
             max_pending_items=max_pending_items,
             daily_token_quota=daily_token_quota,
             tokens_per_min=tokens_per_min,
-            is_admin=admin,
+            is_admin=admin_,
             webhook_url=webhook_url,
             max_files=max_files,
             max_file_bytes=max_file_bytes,
         )
-        tenant_id, secret = tenant.id, tenant.webhook_secret
+    key, secret = made["api_key"], made["webhook_secret"]
     if as_json:
-        print_json({"id": tenant_id, "name": name, "api_key": key, "webhook_secret": secret})
+        print_json(
+            {
+                "id": made["id"],
+                "name": made["name"],
+                "api_key": key["secret"],
+                "key_id": key["id"],
+                "webhook_secret": secret,
+            }
+        )
     else:
-        err.print(f"tenant {name} (id {tenant_id}) created; webhook secret {secret}")
-        err.print("API key, shown once:")
-        print(key)
+        err.print(f"tenant {name} (id {made['id']}) created; webhook secret {secret}")
+        err.print(f"API key {key['id']} (default, every scope), shown once:")
+        print(key["secret"])
 
 
 @tenants_cli.command("webhook")
@@ -147,52 +163,36 @@ def tenants_webhook(
 
 @tenants_cli.command("list")
 def tenants_list(as_json: bool = JSON) -> None:
-    """List tenants (key prefixes only)."""
-    from batchgen.store import db, tenants
+    """List tenants (their keys: ``batchgen keys list NAME``)."""
+    from batchgen import admin
 
-    with _services(), handled(as_json), db.session_scope() as session:
-        rows = [
-            {
-                "id": t.id,
-                "name": t.name,
-                "key_prefix": t.key_prefix,
-                "weight": t.weight,
-                "max_pending_items": t.max_pending_items,
-                "daily_token_quota": t.daily_token_quota,
-                "tokens_per_min": t.tokens_per_min,
-                "max_files": t.max_files,
-                "max_file_bytes": t.max_file_bytes,
-                "revoked": t.revoked_at is not None,
-            }
-            for t in tenants.list_tenants(session)
-        ]
+    with _services(), handled(as_json):
+        rows = [{**t, "revoked": t["suspended"]} for t in admin.list_tenants()]
     if as_json:
         print_json(rows)
         return
-    table = Table(
-        "id", "name", "key prefix", "weight", "open items", "tokens/day", "tokens/min", "revoked"
-    )
+    table = Table("id", "name", "weight", "open items", "tokens/day", "tokens/min", "suspended")
     for r in rows:
         limits = [r[k] for k in ("max_pending_items", "daily_token_quota", "tokens_per_min")]
         cells = ["" if v is None else str(v) for v in limits]
-        revoked = "yes" if r["revoked"] else ""
-        table.add_row(
-            str(r["id"]), str(r["name"]), str(r["key_prefix"]), str(r["weight"]), *cells, revoked
-        )
+        suspended = "yes" if r["suspended"] else ""
+        table.add_row(str(r["id"]), str(r["name"]), str(r["weight"]), *cells, suspended)
     console.print(table)
 
 
 @tenants_cli.command("revoke")
 def tenants_revoke(name: str, as_json: bool = JSON) -> None:
-    """Revoke a tenant's API key (its batches stay; new requests get 401)."""
-    from batchgen.store import db, tenants
+    """Suspend a tenant: none of its keys works (401); its batches stay. The same as
+    ``tenants suspend``; to stop one key, ``batchgen keys revoke``."""
+    from batchgen import admin
+    from batchgen.cli.admin import actor
 
-    with _services(), handled(), db.session_scope() as session:
-        tenants.revoke(session, name)
+    with _services(), handled(as_json):
+        admin.suspend_tenant(name, actor=actor())
     if as_json:
         print_json({"name": name, "revoked": True})
     else:
-        console.print(f"tenant {name}: key revoked")
+        console.print(f"tenant {name}: suspended (every key refused)")
 
 
 @cli.command()

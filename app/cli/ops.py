@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -31,7 +32,7 @@ def usage(
         None, "--to", callback=_iso_day, help="Last day, YYYY-MM-DD (default: today)."
     ),
     group_by: str = typer.Option(
-        "model", help="model, day, deployment, or tenant (all tenants only)."
+        "model", help="model, day, deployment, key, or tenant (all tenants only)."
     ),
     as_json: bool = JSON,
 ) -> None:
@@ -57,17 +58,27 @@ def usage(
     )
     for r in rows:
         table.add_row(
-            f"{r['model']}@{r['deployment']}" if group_by == "deployment" else str(r[group_by]),
+            _usage_label(group_by, r),
             str(r["requests"]),
             str(r["prompt_tokens"]),
             str(r["completion_tokens"]),
             r["cost_usd"],
             str(r["wasted_requests"]),
             r["wasted_cost_usd"],
-            str(r["offline_requests"]),
-            r["saved_usd"],
+            str(r.get("offline_requests", "")),  # the usage by key has no offline part
+            r.get("saved_usd", ""),
         )
     console.print(table)
+
+
+def _usage_label(group_by: str, row: dict[str, Any]) -> str:
+    if group_by == "deployment":
+        return f"{row['model']}@{row['deployment']}"
+    if group_by == "key":
+        if row["key"] is None:
+            return f"{row['tenant']}/(no key)"
+        return f"{row['tenant']}/{row['key']} {row['key_name']} ({row['key_prefix']}…)"
+    return str(row[group_by])
 
 
 def status(as_json: bool = JSON) -> None:

@@ -164,6 +164,7 @@ class BatchGen:
     def init_app(self, app: Flask) -> None:
         """Build the app's settings from its ``BATCHGEN_*`` config, mount the API,
         register the extension."""
+        from batchgen.admin_api import admin_blueprint
         from batchgen.api import blueprint, install_error_handlers
         from batchgen.dashboard import dashboard
         from batchgen.logs import redact_access_logs
@@ -179,6 +180,7 @@ class BatchGen:
         mount = (prefix or "").rstrip("/")
         app.register_blueprint(blueprint, url_prefix=mount or None)
         app.register_blueprint(dashboard, url_prefix=mount or None)
+        app.register_blueprint(admin_blueprint, url_prefix=mount or None)
         install_error_handlers(app, mount)
         redact_access_logs()
         app.extensions[EXTENSION_KEY] = self

@@ -167,3 +167,9 @@ def signin_attempts(kind: str, value_hash: str) -> str:
     """Counter of dashboard sign-ins from one client address or for one key
     (``kind``: ``addr`` or ``key``; the value hashed), expiring with its window."""
     return f"{PREFIX}dashboard:signin:{kind}:{value_hash}"
+
+
+def key_rate(key_id: int) -> str:
+    """String: the theoretical arrival time (ms) of an API key's next request, for its
+    own requests-per-minute limit (limits.key_rate, GCRA), expiring when it is past."""
+    return f"{PREFIX}key:{key_id}:rate"

@@ -23,17 +23,29 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create(client: redis.Redis, tenant_id: int, ttl_s: float) -> str:
-    """A new session of ``tenant_id`` for ``ttl_s`` seconds; returns its token."""
+def create(client: redis.Redis, tenant_id: int, ttl_s: float, key_id: int | None = None) -> str:
+    """A new session of ``tenant_id``, signed in with the API key ``key_id``, for
+    ``ttl_s`` seconds; returns its token."""
     token = secrets.token_urlsafe(TOKEN_BYTES)
-    client.set(keys.dashboard_session(token_hash(token)), tenant_id, px=int(ttl_s * 1000))
+    value = f"{tenant_id}:{key_id}" if key_id is not None else str(tenant_id)
+    client.set(keys.dashboard_session(token_hash(token)), value, px=int(ttl_s * 1000))
     return token
 
 
 def tenant_of(client: redis.Redis, token: str) -> int | None:
     """The tenant id of a live session, None for an unknown or expired token."""
+    found = of(client, token)
+    return found[0] if found is not None else None
+
+
+def of(client: redis.Redis, token: str) -> tuple[int, int | None] | None:
+    """The tenant id and the key id (None: not recorded) of a live session, None for an
+    unknown or expired token."""
     raw = client.get(keys.dashboard_session(token_hash(token)))
-    return int(raw) if raw is not None else None
+    if raw is None:
+        return None
+    tenant, _, key = (raw.decode() if isinstance(raw, bytes) else str(raw)).partition(":")
+    return int(tenant), (int(key) if key else None)
 
 
 def delete(client: redis.Redis, token: str) -> None:

@@ -105,6 +105,8 @@ class SubmitOptions:
     # The host app (Flask, Django: its BATCHGEN_APP_ID) it came through; None: the
     # standalone API. Only that app's signal command fires its batch_finished.
     origin: str | None = None
+    # The API key it is submitted with (usage by key); None: not through a key.
+    key_id: int | None = None
 
 
 # A finished batch's output file (its succeeded requests) and error file (the rest),
@@ -408,6 +410,7 @@ def store_batch(
         on_finished_queue=queue,
         webhook_url=webhook_url,
         origin=options.origin,
+        key_id=options.key_id,
         total_items=0,
         created_at=now,
     )

@@ -122,6 +122,7 @@ def store_call(
     registry: Registry,
     settings: Settings,
     idempotency_key: str | None = None,
+    key_id: int | None = None,
 ) -> StoredCall:
     """Validate and store a call's line as a batch of one, and release it (one
     transaction, the caller's). With an ``idempotency_key`` the tenant used for the
@@ -132,6 +133,7 @@ def store_call(
         priority=Priority.CALL,
         endpoint=endpoint,
         idempotency_key=idempotency_key,
+        key_id=key_id,
     )
     if idempotency_key:
         _free_a_spent_key(session, tenant.id, idempotency_key)

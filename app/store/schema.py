@@ -27,7 +27,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from batchgen.domain.routes import ItemRoute
@@ -76,8 +76,7 @@ class Tenant(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
-    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    key_prefix: Mapped[str] = mapped_column(String(16))
+    # Its API keys are rows of api_keys (migration 0019 moved the one key it had there).
     weight: Mapped[int] = mapped_column(Integer, server_default="1")
     max_pending_items: Mapped[int | None] = mapped_column(Integer)
     daily_token_quota: Mapped[int | None] = mapped_column(BigInteger)
@@ -92,9 +91,54 @@ class Tenant(Base):
     webhook_url: Mapped[str | None] = mapped_column(String(2000))
     webhook_secret: Mapped[str | None] = mapped_column(String(128))
     created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+    # Suspended: none of its keys works (401) until it is resumed; its batches stay.
     revoked_at: Mapped[dt.datetime | None] = mapped_column(TZ)
 
     __table_args__ = (CheckConstraint("weight > 0", name="weight_positive"),)
+
+
+class ApiKey(Base):
+    """One of a tenant's API keys: only its SHA-256 is kept, and its first characters
+    to tell it apart (batchgen.domain.keys; migration 0019)."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    key_prefix: Mapped[str] = mapped_column(String(16))
+    # batches, calls, read, admin (batchgen.domain.keys.Scope)
+    scopes: Mapped[list[str]] = mapped_column(ARRAY(String(16)))
+    # Its own requests per minute (None: only the tenant's limits), in Redis.
+    requests_per_min: Mapped[int | None] = mapped_column(Integer)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    # Written at most once a minute per key (batchgen.domain.keys.LAST_USED_EVERY_S).
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    # The key this one was rotated from, if any.
+    rotated_from: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+
+    __table_args__ = (CheckConstraint("requests_per_min > 0", name="requests_per_min_positive"),)
+
+
+class AuditEntry(Base):
+    """One change made to tenants or keys: who, what, when, and the row before and
+    after it (never a key's secret nor its hash)."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+    # operator:<name> | django:<user> | cli:<os user> | tenant:<name>/key:<id> | python
+    actor: Mapped[str] = mapped_column(String(300))
+    # tenant.create, tenant.update, tenant.suspend, tenant.resume, key.create, ...
+    action: Mapped[str] = mapped_column(String(64))
+    tenant_id: Mapped[int | None] = mapped_column(ForeignKey("tenants.id"), index=True)
+    key_id: Mapped[int | None] = mapped_column(BigInteger)
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
 
 
 class Batch(Base):
@@ -128,6 +172,10 @@ class Batch(Base):
     # SHA-256 of the request that used the key (batchgen.domain.admission.RequestFingerprint):
     # the key replays this request only.
     request_sha256: Mapped[str | None] = mapped_column(String(64))
+    # The API key it (a batch, or a call: a batch of one) was made with; None from the
+    # Python API, the CLI and before migration 0019. Its ledger rows are that key's
+    # usage. No foreign key: a key is never deleted, and each insert stays one lookup.
+    key_id: Mapped[int | None] = mapped_column(BigInteger)
     total_items: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
     cancel_requested_at: Mapped[dt.datetime | None] = mapped_column(TZ)

@@ -1,30 +1,31 @@
-"""Tenants and their API keys. Keys are shown once; only a SHA-256 hash is stored."""
+"""Tenants: made (with a first API key, :mod:`batchgen.store.keys`), changed,
+suspended and resumed."""
 
 from __future__ import annotations
 
 import base64
-import datetime as dt
-import hashlib
 import secrets
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from batchgen.domain.keys import ALL_SCOPES
 from batchgen.domain.notifications import check_webhook_url
-from batchgen.errors import Conflict, NotFound, Unauthorized, ValidationFailed
+from batchgen.errors import Conflict, NotFound, ValidationFailed
+from batchgen.store import keys
 from batchgen.store.schema import Tenant
 
-KEY_PREFIX = "bg_"
-
-
-def hash_key(key: str) -> str:
-    """SHA-256 of a key. Keys carry 256 random bits, so a fast hash is enough."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-def new_key() -> str:
-    return KEY_PREFIX + secrets.token_urlsafe(32)
+# What an operator may change on a tenant, and the bounds of each (None: no limit).
+LIMITS = (
+    "max_pending_items",
+    "daily_token_quota",
+    "tokens_per_min",
+    "max_files",
+    "max_file_bytes",
+)
+SETTABLE = ("weight", *LIMITS, "is_admin")
 
 
 def new_webhook_secret() -> str:
@@ -60,47 +61,76 @@ def create_tenant(
     max_files: int | None = None,
     max_file_bytes: int | None = None,
 ) -> tuple[Tenant, str]:
-    """Create a tenant; returns it and its API key (the only time the key is visible).
-    Its webhook secret (``tenant.webhook_secret``) signs every webhook delivery of its
-    batches' ends (``webhook_url``: where they go unless a batch names its own)."""
-    name = name.strip()
-    if not name:
-        raise ValidationFailed("tenant name must not be empty", field="name")
-    if weight < 1:
-        raise ValidationFailed("weight must be at least 1", field="weight")
-    key = new_key()
+    """Create a tenant and its first API key, named ``default`` with every scope;
+    returns the tenant and that key (the only time it is visible). Its webhook secret
+    (``tenant.webhook_secret``) signs every webhook delivery of its batches' ends
+    (``webhook_url``: where they go unless a batch names its own)."""
+    name = name.strip() if isinstance(name, str) else ""
+    if not name or len(name) > 200:
+        raise ValidationFailed("a tenant name needs 1 to 200 characters", field="name")
     tenant = Tenant(
         name=name,
-        key_hash=hash_key(key),
-        key_prefix=key[:10],
-        weight=weight,
-        max_pending_items=max_pending_items,
-        daily_token_quota=daily_token_quota,
-        tokens_per_min=tokens_per_min,
-        max_files=max_files,
-        max_file_bytes=max_file_bytes,
-        is_admin=is_admin,
+        weight=1,
+        is_admin=False,
         webhook_url=check_webhook_url(webhook_url),
         webhook_secret=new_webhook_secret(),
     )
+    set_limits(
+        tenant,
+        {
+            "weight": weight,
+            "max_pending_items": max_pending_items,
+            "daily_token_quota": daily_token_quota,
+            "tokens_per_min": tokens_per_min,
+            "max_files": max_files,
+            "max_file_bytes": max_file_bytes,
+            "is_admin": is_admin,
+        },
+    )
     session.add(tenant)
     try:
-        session.flush()
+        with session.begin_nested():
+            session.flush()
     except IntegrityError as exc:
         raise Conflict(f"a tenant named {name!r} already exists", field="name") from exc
-    return tenant, key
+    _, secret = keys.create(session, tenant, "default", scopes=list(ALL_SCOPES))
+    return tenant, secret
 
 
-def authenticate(session: Session, key: str | None) -> Tenant:
-    """The tenant owning ``key``; :class:`Unauthorized` if missing, unknown or revoked."""
-    if not key:
-        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-    tenant = session.scalar(select(Tenant).where(Tenant.key_hash == hash_key(key)))
-    if tenant is None:
-        raise Unauthorized("unknown API key")
-    if tenant.revoked_at is not None:
-        raise Unauthorized("this API key was revoked")
-    return tenant
+def set_limits(tenant: Tenant, changes: dict[str, Any]) -> None:
+    """Apply ``changes`` (names of :data:`SETTABLE`) to ``tenant``, each checked."""
+    for field, value in changes.items():
+        if field not in SETTABLE:
+            raise ValidationFailed(
+                f"{field!r} cannot be set: settable are {', '.join(SETTABLE)}", field=field
+            )
+        if field == "is_admin":
+            if not isinstance(value, bool):
+                raise ValidationFailed("is_admin must be true or false", field=field)
+        elif field == "weight":
+            if not _whole(value) or value < 1:
+                raise ValidationFailed("weight must be an integer of at least 1", field=field)
+        elif value is not None and (not _whole(value) or value < 1):
+            raise ValidationFailed(f"{field} must be a positive integer or null", field=field)
+        setattr(tenant, field, value)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def describe(tenant: Tenant) -> dict[str, Any]:
+    """A tenant as the admin API shows it (its webhook secret left out)."""
+    return {
+        "id": tenant.id,
+        "object": "tenant",
+        "name": tenant.name,
+        **{field: getattr(tenant, field) for field in SETTABLE},
+        "webhook_url": tenant.webhook_url,
+        "suspended": tenant.revoked_at is not None,
+        "suspended_at": tenant.revoked_at.isoformat() if tenant.revoked_at else None,
+        "created_at": tenant.created_at.isoformat() if tenant.created_at else None,
+    }
 
 
 def find(session: Session, tenant: str | Tenant) -> Tenant:
@@ -118,17 +148,21 @@ def find(session: Session, tenant: str | Tenant) -> Tenant:
 
 
 def get_active(session: Session, tenant_id: int) -> Tenant | None:
-    """The tenant with this id, None if there is none or its key was revoked."""
+    """The tenant with this id, None if there is none or it is suspended."""
     tenant = session.get(Tenant, tenant_id)
     return tenant if tenant is not None and tenant.revoked_at is None else None
 
 
 def revoke(session: Session, name: str) -> None:
-    """Revoke a tenant's key; its batches stay, new requests get 401."""
-    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
-    if tenant is None:
-        raise NotFound(f"no tenant named {name!r}")
-    tenant.revoked_at = dt.datetime.now(dt.UTC)
+    """Suspend a tenant: none of its keys works (401); its batches stay."""
+    tenant = find(session, name)
+    if tenant.revoked_at is None:
+        tenant.revoked_at = keys.now(session)
+
+
+def resume(session: Session, name: str) -> None:
+    """Lift a tenant's suspension: its keys that are not revoked or expired work again."""
+    find(session, name).revoked_at = None
 
 
 def list_tenants(session: Session) -> list[Tenant]:

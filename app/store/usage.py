@@ -19,9 +19,17 @@ from sqlalchemy import Date, case, cast, func, select
 from sqlalchemy.orm import Session
 
 from batchgen.errors import ValidationFailed
-from batchgen.store.schema import Item, Result, Tenant, TenantDailyUsage, UsageLedger
+from batchgen.store.schema import (
+    ApiKey,
+    Batch,
+    Item,
+    Result,
+    Tenant,
+    TenantDailyUsage,
+    UsageLedger,
+)
 
-GROUPS = ("model", "day", "tenant", "deployment")
+GROUPS = ("model", "day", "tenant", "deployment", "key")
 MAX_RANGE_DAYS = 366
 
 
@@ -55,6 +63,8 @@ def report(
         raise ValidationFailed(f"group_by must be one of {', '.join(GROUPS)}", field="group_by")
     if group_by == "deployment":
         return _by_deployment(session, first, last, tenant_id)
+    if group_by == "key":
+        return _by_key(session, first, last, tenant_id)
     d = TenantDailyUsage
     key = {"model": d.model, "day": d.day, "tenant": Tenant.name}[group_by]
     query = (
@@ -190,6 +200,58 @@ def deployment_row(r: Any) -> dict[str, Any]:
         "offline_cost_usd": f"{r[12]:f}",
         "saved_usd": f"{r[15]:f}",
     }
+
+
+def _by_key(
+    session: Session, first: dt.date, last: dt.date, tenant_id: int | None
+) -> list[dict[str, Any]]:
+    """The range's ledger rows by the API key their batch or call was made with (key
+    None: made without one, through the Python API or the CLI, or before keys were
+    recorded), waste included and counted apart. Read from the ledger (by its tenant
+    and time index), not from the daily totals, which have no key."""
+    u = UsageLedger
+    day = cast(func.timezone("UTC", u.created_at), Date)
+    wasted = u.waste_reason.is_not(None)
+    query = (
+        select(
+            Batch.key_id,
+            ApiKey.name,
+            ApiKey.key_prefix,
+            Tenant.name,
+            func.count(),
+            func.sum(u.prompt_tokens),
+            func.sum(u.completion_tokens),
+            func.sum(u.cost_usd),
+            func.count().filter(wasted),
+            func.coalesce(func.sum(u.cost_usd).filter(wasted), 0),
+        )
+        .join(Batch, Batch.id == u.batch_id)
+        .join(Tenant, Tenant.id == u.tenant_id)
+        .outerjoin(ApiKey, ApiKey.id == Batch.key_id)
+        .where(day >= first, day <= last)
+        .group_by(Batch.key_id, ApiKey.name, ApiKey.key_prefix, Tenant.name)
+        .order_by(Tenant.name, Batch.key_id.nulls_first())
+    )
+    if tenant_id is not None:
+        # The index's own bounds, so that only the tenant's range is read.
+        start = dt.datetime.combine(first, dt.time(), dt.UTC)
+        end = dt.datetime.combine(last + dt.timedelta(days=1), dt.time(), dt.UTC)
+        query = query.where(u.tenant_id == tenant_id, u.created_at >= start, u.created_at < end)
+    return [
+        {
+            "key": r[0],
+            "key_name": r[1],
+            "key_prefix": r[2],
+            "tenant": r[3],
+            "requests": int(r[4]),
+            "prompt_tokens": int(r[5]),
+            "completion_tokens": int(r[6]),
+            "cost_usd": str(r[7]),
+            "wasted_requests": int(r[8]),
+            "wasted_cost_usd": str(r[9]),
+        }
+        for r in session.execute(query)
+    ]
 
 
 def _if_any(requests: Any, usd: Any) -> Any:

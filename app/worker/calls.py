@@ -174,6 +174,7 @@ def start_call(
     deadline_s: float,
     stream: bool = False,
     idempotency_key: str | None = None,
+    key_id: int | None = None,
 ) -> PendingCall:
     """Store a call (one item, priority ``call``) and run it in this process, unless it
     cannot start before ``deadline_s``: :class:`Overloaded` (503) when the model's
@@ -186,7 +187,8 @@ def start_call(
     An ``idempotency_key`` the tenant used for the same request waits for that earlier
     call's answer instead (``stored.replayed``: no second provider call, no second
     ledger row); used for another request, it raises
-    :class:`~batchgen.errors.IdempotencyKeyReused` (422)."""
+    :class:`~batchgen.errors.IdempotencyKeyReused` (422). ``key_id``: the API key it
+    is made with (its usage is that key's)."""
     settings = get_settings()
     body = line.get("body")
     spec = get_registry().get(body.get("model", "")) if isinstance(body, dict) else None
@@ -203,6 +205,7 @@ def start_call(
             registry=get_registry(),
             settings=settings,
             idempotency_key=idempotency_key,
+            key_id=key_id,
         )
     relay = ChunkRelay() if stream else None
     woken = call_waiter().register(stored.item_id, event=Wake(relay) if relay else None)

@@ -133,14 +133,14 @@ def test_missing_or_unknown_key_is_401(api, key, header):
     assert _stored() == (0, 0)
 
 
-def test_revoked_key_is_401(api, key):
+def test_a_suspended_tenants_key_is_401(api, key):
     from batchgen.store import tenants
 
     with db.session_scope() as s:
         tenants.revoke(s, "acme")
     res = api.post("/v1/batches", data=GOOD, headers=_auth(key))
     assert res.status_code == 401
-    assert "revoked" in res.json["error"]["message"]
+    assert "suspended" in res.json["error"]["message"]
 
 
 def test_another_tenants_batch_is_404(api, key):

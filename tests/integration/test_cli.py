@@ -189,6 +189,76 @@ def test_tenants(services, run):
     assert unknown.exit_code == 1 and "no tenant named" in unknown.stderr
 
 
+def test_keys_tenants_and_the_audit_log_from_the_cli(services, run, monkeypatch):
+    """Keys made, listed, rotated and revoked, a tenant's quotas changed, suspended and
+    resumed, from the CLI: each change in the audit log as ``cli:<user>``; an operator
+    key made by the CLI opens the admin API once its entry is configured."""
+    import getpass
+
+    from batchgen.api import create_app
+    from batchgen.store.keys import authenticate
+
+    name = "keys-" + uuid.uuid4().hex[:6]
+    created = json.loads(run("tenants", "create", name, "--json").stdout)
+    made = run("keys", "create", name, "--name", "ci", "--scope", "batches", "--scope", "read")
+    assert made.exit_code == 0, made.output
+    secret = made.stdout.strip()
+    assert secret.startswith("bg_") and "shown once" in made.stderr
+    listed = json.loads(run("keys", "list", name, "--json").stdout)
+    ci = next(k for k in listed if k["name"] == "ci")
+    assert ci["scopes"] == ["batches", "read"] and secret not in json.dumps(listed)
+    assert "ci" in run("keys", "list", name).stdout
+    rotated = json.loads(
+        run("keys", "rotate", name, str(ci["id"]), "--overlap-s", "600", "--json").stdout
+    )
+    with db.session_scope() as session:  # both work during the overlap
+        assert authenticate(session, secret).key_id == ci["id"]
+        assert authenticate(session, rotated["new"]["secret"]).key_name == "ci"
+    assert run("keys", "revoke", name, str(ci["id"])).exit_code == 0
+    assert run("keys", "revoke", name, "999999").exit_code == 1
+    bad_scope = run("keys", "create", name, "--name", "x", "--scope", "root")
+    assert bad_scope.exit_code == 1 and "unknown scope" in bad_scope.stderr
+
+    updated = run("tenants", "update", name, "--weight", "4", "--tokens-per-min", "900", "--json")
+    assert json.loads(updated.stdout)["weight"] == 4
+    cleared = json.loads(
+        run("tenants", "update", name, "--clear", "tokens_per_min", "--json").stdout
+    )
+    assert cleared["tokens_per_min"] is None
+    assert json.loads(run("tenants", "suspend", name, "--json").stdout)["suspended"]
+    assert not json.loads(run("tenants", "resume", name, "--json").stdout)["suspended"]
+
+    log = json.loads(run("audit", "--tenant", name, "--json").stdout)
+    assert [e["action"] for e in reversed(log)] == [
+        "tenant.create",
+        "key.create",
+        "key.create",
+        "key.rotate",
+        "key.revoke",
+        "tenant.update",
+        "tenant.update",
+        "tenant.suspend",
+        "tenant.resume",
+    ]
+    assert {e["actor"] for e in log} == {f"cli:{getpass.getuser()}"}
+    assert created["api_key"] not in json.dumps(log) and secret not in json.dumps(log)
+    assert name in run("audit", "--tenant", name).stdout
+
+    by_key = run("usage", "--tenant", name, "--group-by", "key", "--json")
+    assert by_key.exit_code == 0 and json.loads(by_key.stdout) == []  # nothing billed yet
+    operator = json.loads(run("admin", "operator-key", "deploy", "--json").stdout)
+    assert operator["admin_keys_entry"].startswith("deploy:")
+    monkeypatch.setenv("BATCHGEN_ADMIN_KEYS", json.dumps([operator["admin_keys_entry"]]))
+    get_settings.cache_clear()
+    try:
+        client = create_app().test_client()
+        headers = {"Authorization": f"Bearer {operator['key']}"}
+        assert client.get(f"/admin/v1/tenants/{name}", headers=headers).status_code == 200
+    finally:
+        monkeypatch.delenv("BATCHGEN_ADMIN_KEYS")
+        get_settings.cache_clear()
+
+
 def test_models_and_db_upgrade(services, run, tmp_path, restore_env):
     models = json.loads(run("models", "--json").stdout)
     assert {"sim-small", "sim-large"} <= {m["name"] for m in models}

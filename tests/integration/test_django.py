@@ -543,3 +543,152 @@ def test_the_staff_view_lists_every_tenants_batches(clean_db, client, django_use
             assert f'<tr data-batch="{batch["id"]}">' in text, (url, batch["id"])
         assert '<td class="tenant">globex</td>' in text
         assert 'class="cancel"' not in text and 'id="submit-form"' not in text
+
+
+@pytest.mark.django_db
+def test_staff_users_use_the_admin_api_behind_djangos_csrf_check(
+    clean_db, client, django_user_model
+):
+    """A signed-in staff user reaches /admin/v1 below the mount (as ``django:<user>`` in
+    the audit log); a change needs Django's CSRF token, as a cookie authenticates it; a
+    user who is not staff, or anonymous, gets 401; a tenant key is judged alone (403)."""
+    from batchgen import admin
+
+    key = make_tenant("acme")
+    assert client.get("/batchgen/admin/v1/tenants").status_code == 401
+    clerk = django_user_model.objects.create_user("clerk", password="pw")
+    client.force_login(clerk)
+    assert client.get("/batchgen/admin/v1/tenants").status_code == 401
+
+    staff = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
+    guarded = Client(enforce_csrf_checks=True)
+    guarded.force_login(staff)
+    listed = guarded.get("/batchgen/admin/v1/tenants")
+    assert listed.status_code == 200 and [t["name"] for t in listed.json()["data"]] == ["acme"]
+    forged = guarded.post(
+        "/batchgen/admin/v1/tenants", data={"name": "evil"}, content_type="application/json"
+    )
+    assert forged.status_code == 403  # Django's CSRF refusal: nothing made
+    assert [t["name"] for t in admin.list_tenants()] == ["acme"]
+    token = "k" * 32
+    guarded.cookies["csrftoken"] = token
+    made = guarded.post(
+        "/batchgen/admin/v1/tenants",
+        data={"name": "globex", "weight": 3},
+        content_type="application/json",
+        headers={"X-CSRFToken": token},
+    )
+    assert made.status_code == 201, made.content
+    assert made.json()["weight"] == 3 and made.json()["api_key"]["secret"].startswith("bg_")
+    assert admin.audit_log(tenant="globex")[-1]["actor"] == "django:ops"
+    # A request that carries a key is the key's, whoever is signed in.
+    as_key = guarded.get("/batchgen/admin/v1/tenants", headers={"Authorization": f"Bearer {key}"})
+    assert as_key.status_code == 403 and as_key.json()["error"]["code"] == "operator_key_required"
+
+
+KEYS_ADMIN_SCRIPT = """
+import json, os, re
+import django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
+django.setup()
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+from batchgen import admin
+from batchgen.store import db
+from batchgen.store.keys import authenticate
+
+call_command("migrate", verbosity=0)
+made = admin.create_tenant("shop-a", actor="python")
+tenant_id, first = made["id"], made["api_key"]
+spare = admin.create_key("shop-a", name="spare", scopes=["read"])
+User.objects.create_superuser("admin", "admin@example.com", "pw")
+client = Client()
+client.force_login(User.objects.get(username="admin"))
+
+def works(secret):
+    try:
+        with db.session_scope() as session:
+            authenticate(session, secret)
+        return True
+    except Exception:
+        return False
+
+new_key = client.post(
+    "/admin/batchgen/tenant/", {"action": "new_key", "_selected_action": [tenant_id]}
+)
+new_secret = re.search(r"<code>(bg_[^<]+)</code>", new_key.content.decode()).group(1)
+new_works = works(new_secret)
+listing = client.get("/admin/batchgen/apikey/")
+rotated = client.post(
+    "/admin/batchgen/apikey/", {"action": "rotate", "_selected_action": [first["id"]]}
+)
+rotated_secret = re.search(r"<code>(bg_[^<]+)</code>", rotated.content.decode()).group(1)
+both_work = [works(rotated_secret), works(first["secret"])]
+revoked = client.post(
+    "/admin/batchgen/apikey/", {"action": "revoke", "_selected_action": [spare["id"]]}, follow=True
+)
+changed = client.post(
+    f"/admin/batchgen/tenant/{tenant_id}/change/",
+    {"weight": "7", "max_pending_items": "", "daily_token_quota": "5000", "tokens_per_min": "",
+     "max_files": "", "max_file_bytes": "", "_save": "Save"},
+)
+suspended = client.post(
+    "/admin/batchgen/tenant/", {"action": "suspend", "_selected_action": [tenant_id]}, follow=True
+)
+audit_page = client.get("/admin/batchgen/auditentry/")
+shown = admin.get_tenant("shop-a")
+log = admin.audit_log(tenant="shop-a")
+print(json.dumps({
+    "new_key": [new_key.status_code, new_key["Cache-Control"], new_works],
+    "listing": [listing.status_code, first["prefix"] in listing.content.decode(),
+                first["secret"] in listing.content.decode()],
+    "rotated": [rotated.status_code, *both_work],
+    "revoked": [revoked.status_code, works(spare["secret"])],
+    "changed": [changed.status_code, shown["weight"], shown["daily_token_quota"]],
+    "suspended": [suspended.status_code, shown["suspended"]],
+    "audit_page": [audit_page.status_code, "key.rotate" in audit_page.content.decode()],
+    "actions": [[e["action"], e["actor"]] for e in reversed(log)],
+    "secrets_in_log": any(s in json.dumps(log) for s in (new_secret, rotated_secret)),
+}))
+"""
+
+
+def test_the_django_admin_manages_tenants_and_keys_through_batchgen(clean_db, tmp_path):
+    """In the example project's admin: a new key and a rotation show the secret once on
+    their page, a revoke stops one key, the change form sets a tenant's weight and
+    quota, an action suspends it; each change is in the audit log as django:<user>."""
+    import shutil
+
+    project = tmp_path / "django_project"
+    shutil.copytree(ROOT / "examples" / "django_project", project)
+    (project / "keys_admin_check.py").write_text(KEYS_ADMIN_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, "keys_admin_check.py"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(project)},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["new_key"][0] == 200 and "no-store" in seen["new_key"][1], seen
+    assert seen["new_key"][2] is True
+    assert seen["listing"] == [200, True, False]  # the prefix, never the key
+    assert seen["rotated"] == [200, True, True]  # both work during the overlap
+    assert seen["revoked"] == [200, False]
+    assert seen["changed"] == [302, 7, 5000]
+    assert seen["suspended"] == [200, True]
+    assert seen["audit_page"] == [200, True]
+    assert seen["actions"] == [
+        ["tenant.create", "python"],
+        ["key.create", "python"],
+        ["key.create", "python"],
+        ["key.create", "django:admin"],
+        ["key.rotate", "django:admin"],
+        ["key.revoke", "django:admin"],
+        ["tenant.update", "django:admin"],
+        ["tenant.suspend", "django:admin"],
+    ]
+    assert seen["secrets_in_log"] is False

@@ -301,3 +301,28 @@ def test_two_apps_in_one_process_each_see_only_their_own(clean_db, second_databa
     assert engine_b.pool.checkedin() == 0
     assert {b["id"] for b in exts["b"].list_batches(tenant="acme")} == ids["b"]
     exts["b"].close()
+
+
+def test_the_admin_api_is_mounted_under_the_hosts_prefix(clean_db):
+    """The host's BATCHGEN_ADMIN_KEYS (its config, not the environment) name the
+    operators of /<prefix>/admin/v1; a tenant key is refused there."""
+    import hashlib
+
+    operator = "bg_host-operator-key"
+    key = make_tenant("acme")
+    host = Flask("host")
+    host.config["BATCHGEN_URL_PREFIX"] = "/llm"
+    host.config["BATCHGEN_ADMIN_KEYS"] = [
+        f"host-ops:{hashlib.sha256(operator.encode()).hexdigest()}"
+    ]
+    BatchGen(host)
+    web = host.test_client()
+    made = web.post("/llm/admin/v1/tenants", json={"name": "globex"}, headers=_auth(operator))
+    assert made.status_code == 201, made.json
+    with host.app_context():
+        from batchgen import admin
+
+        assert admin.audit_log(tenant="globex")[-1]["actor"] == "operator:host-ops"
+    refused = web.get("/llm/admin/v1/tenants", headers=_auth(key))
+    assert refused.status_code == 403 and refused.json["error"]["code"] == "operator_key_required"
+    assert web.get("/admin/v1/tenants", headers=_auth(operator)).status_code == 404  # prefix only

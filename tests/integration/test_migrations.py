@@ -85,12 +85,7 @@ def test_status_check_allows_exactly_the_enum(empty_database):
             allowed = set(re.findall(r"'([a-z_]+)'", checks[name]))
             assert allowed == {s.value for s in enum}, name
         with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO tenants (name, key_hash, key_prefix, weight) "
-                    "VALUES ('t', 'h', 'p', 1)"
-                )
-            )
+            conn.execute(text("INSERT INTO tenants (name, weight) VALUES ('t', 1)"))
         with pytest.raises(IntegrityError), engine.begin() as conn:
             conn.execute(
                 text(
@@ -183,5 +178,54 @@ def test_0018_splits_the_totals_by_the_ledgers_deployments_and_back(empty_databa
         command.downgrade(cfg, "0016")
         with engine.connect() as conn:
             assert conn.execute(text(TOTALS)).all() == before
+    finally:
+        engine.dispose()
+
+
+def test_0019_moves_each_tenants_key_so_it_keeps_working_and_back(empty_database):
+    """A tenant's one key of release 0018 authenticates after the upgrade (named
+    ``default``, every scope; a revoked one stays refused); downgraded, the tenant
+    holds its key again."""
+    import hashlib
+
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from batchgen.config import Settings
+    from batchgen.errors import Unauthorized
+    from batchgen.store import keys
+
+    url = Settings(DATABASE_URL=empty_database).sqlalchemy_url
+    cfg = db.alembic_config(url)
+    command.upgrade(cfg, "0018")
+    secret, gone = "bg_kept-from-0018", "bg_revoked-in-0018"
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for name, key, revoked in (("old", secret, None), ("left", gone, "now()")):
+                conn.execute(
+                    text(
+                        "INSERT INTO tenants (name, key_hash, key_prefix, revoked_at) "
+                        f"VALUES (:name, :hash, :prefix, {revoked or 'NULL'})"
+                    ),
+                    {
+                        "name": name,
+                        "hash": hashlib.sha256(key.encode()).hexdigest(),
+                        "prefix": key[:10],
+                    },
+                )
+        command.upgrade(cfg, "head")
+        with Session(engine) as session, session.begin():
+            caller = keys.authenticate(session, secret)
+            assert caller.tenant.name == "old" and caller.key_name == "default"
+            assert caller.scopes == ("batches", "calls", "read", "admin")
+            with pytest.raises(Unauthorized, match="revoked"):
+                keys.authenticate(session, gone)
+        command.downgrade(cfg, "0018")
+        with engine.connect() as conn:
+            kept = conn.execute(
+                text("SELECT key_hash, key_prefix FROM tenants WHERE name = 'old'")
+            ).one()
+        assert kept == (hashlib.sha256(secret.encode()).hexdigest(), secret[:10])
     finally:
         engine.dispose()

@@ -32,6 +32,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "interfaces",
         (
             "batchgen.api",
+            "batchgen.admin",
+            "batchgen.admin_api",
+            "batchgen.request_auth",
             "batchgen.bodies",
             "batchgen.dashboard",
             "batchgen.dashboard_auth",

@@ -11,21 +11,24 @@ answer bodies are left out.
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 
 class Tenant(models.Model):
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=200, unique=True)
-    key_prefix = models.CharField(max_length=16)
     weight = models.IntegerField()
-    max_pending_items = models.IntegerField(null=True)
-    daily_token_quota = models.BigIntegerField(null=True)
-    tokens_per_min = models.IntegerField(null=True)
+    max_pending_items = models.IntegerField(null=True, blank=True)
+    daily_token_quota = models.BigIntegerField(null=True, blank=True)
+    tokens_per_min = models.IntegerField(null=True, blank=True)
+    max_files = models.IntegerField(null=True, blank=True)
+    max_file_bytes = models.BigIntegerField(null=True, blank=True)
     is_admin = models.BooleanField()
     webhook_url = models.CharField(max_length=2000, null=True)
     created_at = models.DateTimeField()
-    revoked_at = models.DateTimeField(null=True)
+    # Suspended: none of its keys works.
+    revoked_at = models.DateTimeField(null=True, verbose_name="suspended at")
 
     class Meta:
         managed = False
@@ -34,6 +37,54 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class ApiKey(models.Model):
+    """One of a tenant's API keys: its prefix, never its secret nor its hash."""
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.DO_NOTHING, db_constraint=False)
+    name = models.CharField(max_length=200)
+    key_prefix = models.CharField(max_length=16)
+    scopes = ArrayField(models.CharField(max_length=16))
+    requests_per_min = models.IntegerField(null=True)
+    expires_at = models.DateTimeField(null=True)
+    revoked_at = models.DateTimeField(null=True)
+    last_used_at = models.DateTimeField(null=True)
+    rotated_from = models.BigIntegerField(null=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = "api_keys"
+        ordering = ["tenant", "id"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.key_prefix}…)"
+
+
+class AuditEntry(models.Model):
+    """One change to a tenant or a key: who, what, when, before and after."""
+
+    id = models.BigAutoField(primary_key=True)
+    at = models.DateTimeField()
+    actor = models.CharField(max_length=300)
+    action = models.CharField(max_length=64)
+    tenant = models.ForeignKey(Tenant, null=True, on_delete=models.DO_NOTHING, db_constraint=False)
+    key_id = models.BigIntegerField(null=True)
+    before = models.JSONField(null=True)
+    after = models.JSONField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = "audit_log"
+        ordering = ["-id"]
+        verbose_name = "audit log entry"
+        verbose_name_plural = "audit log"
+
+    def __str__(self) -> str:
+        return f"{self.action} by {self.actor}"
 
 
 class Batch(models.Model):

@@ -11,6 +11,11 @@ view, so the request has passed the site's middleware; a signed-in staff user
 the user's name in the WSGI environ, a key no client can set), and an anonymous
 visitor of a dashboard page is sent to ``settings.LOGIN_URL``. Others sign in with
 an API key as on the standalone dashboard.
+
+The admin API below the mount (``admin/v1/...``) takes a staff user's session the
+same way (as ``django:<username>`` in the audit log), its changes behind Django's
+CSRF check since a cookie authenticates them; a request with an ``Authorization``
+header is judged by its key alone.
 """
 
 from __future__ import annotations
@@ -33,12 +38,14 @@ HOP_BY_HOP = frozenset(
 @functools.cache
 def wsgi_app() -> Flask:
     """The API as a WSGI app of its own (the host's logging is left alone)."""
+    from batchgen.admin_api import admin_blueprint
     from batchgen.api import blueprint, install_error_handlers
     from batchgen.dashboard import dashboard
 
     api_app = Flask("batchgen.django")
     api_app.register_blueprint(blueprint)
     api_app.register_blueprint(dashboard)
+    api_app.register_blueprint(admin_blueprint)
     install_error_handlers(api_app)  # every answer below the mount is JSON, errors too
     return api_app
 
@@ -112,6 +119,21 @@ def _dashboard_page(subpath: str) -> bool:
     return subpath == "dashboard" or subpath.startswith("dashboard/")
 
 
+def _admin_api(subpath: str) -> bool:
+    return subpath.startswith("admin/v1/")
+
+
+def _csrf_refusal(request: HttpRequest) -> HttpResponse | None:
+    """Django's own CSRF check, for a change the staff user's session cookie (not a
+    bearer key) authenticates: a 403 answer when it fails."""
+    from django.middleware.csrf import CsrfViewMiddleware
+
+    refused = CsrfViewMiddleware(lambda r: HttpResponse()).process_view(
+        request, lambda r: HttpResponse(), (), {}
+    )
+    return refused if isinstance(refused, HttpResponse) else None
+
+
 @csrf_exempt
 def api(request: HttpRequest, subpath: str) -> HttpResponse | StreamingHttpResponse:
     """Every API route below the include's prefix."""
@@ -120,6 +142,21 @@ def api(request: HttpRequest, subpath: str) -> HttpResponse | StreamingHttpRespo
     environ = wsgi_environ(request, subpath)
     environ.pop(OPERATOR_ENVIRON_KEY, None)  # only this bridge says who the operator is
     user = getattr(request, "user", None)  # None: the site has no auth middleware
+    staff = user is not None and user.is_authenticated and user.is_active and user.is_staff
+    if (
+        staff
+        and user is not None
+        and _admin_api(subpath)
+        and "HTTP_AUTHORIZATION" not in request.META
+    ):
+        # The admin API as the signed-in staff user: a cookie authenticates the
+        # request, so a change must pass Django's CSRF check.
+        if request.method not in ("GET", "HEAD", "OPTIONS"):
+            refused = _csrf_refusal(request)
+            if refused is not None:
+                return refused
+        environ[OPERATOR_ENVIRON_KEY] = user.get_username()
+        return call_wsgi(wsgi_app(), environ)
     if user is not None and _dashboard_page(subpath):
         if user.is_authenticated and user.is_active and user.is_staff:
             environ[OPERATOR_ENVIRON_KEY] = user.get_username()

@@ -1,0 +1,235 @@
+"""Operator commands for tenants and keys: ``batchgen tenants update|suspend|resume``,
+``batchgen keys create|list|rotate|revoke``, ``batchgen audit`` and
+``batchgen admin operator-key``. Every change goes through :mod:`batchgen.admin`,
+so the audit log records it, as ``cli:<os user>``."""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from batchgen.cli.common import console, err, handled, print_json, services
+
+JSON = typer.Option(False, "--json", help="Print one JSON document for scripts.")
+keys_cli = typer.Typer(
+    no_args_is_help=True, help="A tenant's API keys: create, list, rotate, revoke."
+)
+admin_cli = typer.Typer(no_args_is_help=True, help="The admin API's operator keys.")
+
+
+def actor() -> str:
+    """Who the audit log says ran a command: ``cli:<the OS user>``."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # no user name in this environment
+        return "cli:unknown"
+
+
+def _show_secret(described: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json(described)
+        return
+    err.print(
+        f"key {described['id']} '{described['name']}' ({', '.join(described['scopes'])}), "
+        "shown once:"
+    )
+    print(described["secret"])
+
+
+def _key_table(rows: list[dict[str, Any]]) -> None:
+    table = Table("id", "name", "prefix", "scopes", "state", "expires", "last used", "rpm")
+    for r in rows:
+        table.add_row(
+            str(r["id"]),
+            r["name"],
+            r["prefix"] + "…",
+            ",".join(r["scopes"]),
+            r["state"],
+            r["expires_at"] or "",
+            r["last_used_at"] or "",
+            "" if r["requests_per_min"] is None else str(r["requests_per_min"]),
+        )
+    console.print(table)
+
+
+@keys_cli.command("create")
+def keys_create(
+    tenant: str,
+    name: str = typer.Option(..., "--name", help="What the key is for (shown in lists)."),
+    scope: list[str] = typer.Option(
+        None, "--scope", help="batches, calls, read or admin; repeat it (default: all but admin)."
+    ),
+    expires_in_s: float | None = typer.Option(
+        None, min=1, help="It stops working this many seconds from now."
+    ),
+    requests_per_min: int | None = typer.Option(
+        None, min=1, help="Its own limit of requests per minute."
+    ),
+    as_json: bool = JSON,
+) -> None:
+    """Create a key for TENANT and print it (shown this once; only a hash is kept)."""
+    from batchgen import admin
+
+    with services(), handled(as_json):
+        made = admin.create_key(
+            tenant,
+            name=name,
+            scopes=scope or None,
+            expires_in_s=expires_in_s,
+            requests_per_min=requests_per_min,
+            actor=actor(),
+        )
+    _show_secret(made, as_json)
+
+
+@keys_cli.command("list")
+def keys_list(tenant: str, as_json: bool = JSON) -> None:
+    """List TENANT's keys (prefixes only; revoked and expired ones too)."""
+    from batchgen import admin
+
+    with services(), handled(as_json):
+        rows = admin.list_keys(tenant)
+    if as_json:
+        print_json(rows)
+    else:
+        _key_table(rows)
+
+
+@keys_cli.command("rotate")
+def keys_rotate(
+    tenant: str,
+    key_id: int,
+    overlap_s: float = typer.Option(
+        24 * 3600.0, min=0, help="How long the old key keeps working (0: it stops now)."
+    ),
+    as_json: bool = JSON,
+) -> None:
+    """Make a new key like KEY_ID and print it; KEY_ID expires after the overlap."""
+    from batchgen import admin
+
+    with services(), handled(as_json):
+        rotated = admin.rotate_key(tenant, key_id, overlap_s=overlap_s, actor=actor())
+    if as_json:
+        print_json(rotated)
+        return
+    err.print(f"key {key_id} now expires at {rotated['old']['expires_at']}")
+    _show_secret(rotated["new"], False)
+
+
+@keys_cli.command("revoke")
+def keys_revoke(tenant: str, key_id: int, as_json: bool = JSON) -> None:
+    """Revoke one key now; TENANT's other keys go on working."""
+    from batchgen import admin
+
+    with services(), handled(as_json):
+        revoked = admin.revoke_key(tenant, key_id, actor=actor())
+    if as_json:
+        print_json(revoked)
+    else:
+        console.print(f"key {key_id} of {tenant}: revoked")
+
+
+def audit(
+    tenant: str | None = typer.Option(None, help="One tenant's changes only."),
+    limit: int = typer.Option(50, min=1, max=500, help="How many, newest first."),
+    as_json: bool = JSON,
+) -> None:
+    """The audit log: who changed which tenant or key, when, before and after."""
+    from batchgen import admin
+
+    with services(), handled(as_json):
+        rows = admin.audit_log(tenant=tenant, limit=limit)
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("id", "at", "actor", "action", "tenant", "key", title="audit log")
+    for r in rows:
+        key = "" if r["key_id"] is None else str(r["key_id"])
+        table.add_row(str(r["id"]), r["at"], r["actor"], r["action"], r["tenant"] or "", key)
+    console.print(table)
+
+
+@admin_cli.command("operator-key")
+def operator_key(name: str, as_json: bool = JSON) -> None:
+    """Make an operator key for the admin API: prints the key (give it to the operator)
+    and the BATCHGEN_ADMIN_KEYS entry (its hash) to configure."""
+    from batchgen.store.keys import new_secret
+
+    if ":" in name or not name.strip():
+        err.print("[red]error:[/red] the name may not be empty nor hold ':'")
+        raise typer.Exit(2)
+    secret = new_secret()
+    entry = f"{name}:{hashlib.sha256(secret.encode()).hexdigest()}"
+    if as_json:
+        print_json({"name": name, "key": secret, "admin_keys_entry": entry})
+        return
+    err.print("operator key, shown once:")
+    print(secret)
+    err.print(f"add to BATCHGEN_ADMIN_KEYS (a JSON list): {entry}")
+
+
+def register_tenant_commands(tenants_cli: typer.Typer) -> None:
+    """``tenants update|suspend|resume`` on the ``tenants`` group."""
+
+    @tenants_cli.command("update")
+    def tenants_update(
+        name: str,
+        weight: int | None = typer.Option(None, min=1, help="Share of capacity."),
+        max_pending_items: int | None = typer.Option(None, min=1, help="Open items at most."),
+        daily_token_quota: int | None = typer.Option(None, min=1, help="Tokens per UTC day."),
+        tokens_per_min: int | None = typer.Option(None, min=1, help="Tokens per minute."),
+        max_files: int | None = typer.Option(None, min=1, help="Uploads kept at most."),
+        max_file_bytes: int | None = typer.Option(None, min=1, help="Bytes of uploads."),
+        clear: list[str] = typer.Option(
+            None, "--clear", help="Remove a limit (e.g. daily_token_quota); repeatable."
+        ),
+        as_json: bool = JSON,
+    ) -> None:
+        """Change a tenant's weight or quotas (audited)."""
+        from batchgen import admin
+
+        given = {
+            "weight": weight,
+            "max_pending_items": max_pending_items,
+            "daily_token_quota": daily_token_quota,
+            "tokens_per_min": tokens_per_min,
+            "max_files": max_files,
+            "max_file_bytes": max_file_bytes,
+        }
+        changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        changes.update({field: None for field in clear or []})
+        with services(), handled(as_json):
+            after = admin.update_tenant(name, changes, actor=actor())
+        if as_json:
+            print_json(after)
+        else:
+            console.print(f"tenant {name}: " + ", ".join(f"{k}={after[k]}" for k in changes))
+
+    @tenants_cli.command("suspend")
+    def tenants_suspend(name: str, as_json: bool = JSON) -> None:
+        """Stop every key of a tenant (401) until it is resumed; its batches stay."""
+        from batchgen import admin
+
+        with services(), handled(as_json):
+            after = admin.suspend_tenant(name, actor=actor())
+        print_json(after) if as_json else console.print(f"tenant {name}: suspended")
+
+    @tenants_cli.command("resume")
+    def tenants_resume(name: str, as_json: bool = JSON) -> None:
+        """Let a suspended tenant's keys work again."""
+        from batchgen import admin
+
+        with services(), handled(as_json):
+            after = admin.resume_tenant(name, actor=actor())
+        print_json(after) if as_json else console.print(f"tenant {name}: resumed")
+
+
+def register(cli: typer.Typer, tenants_cli: typer.Typer) -> None:
+    cli.add_typer(keys_cli, name="keys")
+    cli.add_typer(admin_cli, name="admin")
+    cli.command("audit")(audit)
+    register_tenant_commands(tenants_cli)
