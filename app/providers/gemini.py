@@ -76,8 +76,7 @@ _LOCK = threading.Lock()
 _SDK_FIELDS = {"sdk_http_response", "automatic_function_calling_history", "parsed"}
 
 
-def _credentials(key_env: str) -> Any:
-    path = os.environ.get(key_env)
+def _credentials(path: str | None) -> Any:
     if path:
         return service_account.Credentials.from_service_account_file(path, scopes=list(SCOPES))
     credentials, _ = google.auth.default(scopes=list(SCOPES))
@@ -88,12 +87,14 @@ def _credentials(key_env: str) -> Any:
 def sdk_client(
     kind: ProviderKind,
     base_url: str,
-    key_env: str,
+    credential: str | None,
     project: str | None,
     region: str | None,
     api_version: str | None,
 ) -> genai.Client:
-    """One client (one connection pool, one token) per endpoint and process."""
+    """One client (one connection pool, one token) per endpoint and process;
+    ``credential``: the API key (Gemini API), or the path of a service-account key file
+    (Vertex AI; None: Application Default Credentials)."""
     options = genai.types.HttpOptions(
         base_url=base_url, api_version=api_version or DEFAULT_API_VERSION[kind]
     )
@@ -103,16 +104,18 @@ def sdk_client(
                 vertexai=True,
                 project=project,
                 location=region,
-                credentials=_credentials(key_env),
+                credentials=_credentials(credential),
                 http_options=options,
             )
-        key = os.environ.get(key_env, "batchgen-local")
-        return genai.Client(api_key=key, http_options=options)
+        return genai.Client(api_key=credential, http_options=options)
 
 
 def client_for(spec: ModelSpec) -> genai.Client:
+    credential = (
+        os.environ.get(spec.api_key_env) if spec.provider is ProviderKind.VERTEX else spec.api_key()
+    )
     return sdk_client(
-        spec.provider, spec.base_url, spec.api_key_env, spec.project, spec.region, spec.api_version
+        spec.provider, spec.base_url, credential, spec.project, spec.region, spec.api_version
     )
 
 

@@ -7,6 +7,9 @@ names the job on our side: OpenAI's jobs also carry it in their metadata
 creation answer was lost; Anthropic's have no metadata, so there a job is found by
 the custom ids of its rows once it has ended.
 
+Gemini Batch Mode (``batchGenerateContent`` with inline requests, :class:`GeminiJobs`)
+names a job by its display name and each request by ``metadata.key``.
+
 A job holds requests to one endpoint (its batch's): chat completions, or, at OpenAI,
 the Responses API or embeddings, each line's body as the item has it (the model
 mapped). Rows come back normalised: an answer as a :class:`ProviderResponse` (a
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -31,9 +35,11 @@ import openai
 
 from batchgen.domain.admission import per_choice_max_tokens
 from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES
+from batchgen.domain.formats import gemini as gemini_format
 from batchgen.domain.message_batches import NATIVE_PARAMS
 from batchgen.domain.prompt_cache import with_cache_breakpoint
 from batchgen.providers import anthropic as anthropic_adapter
+from batchgen.providers import gemini as gemini_adapter
 from batchgen.providers import openai as openai_adapter
 from batchgen.providers.base import ProviderResponse, safe_code
 from batchgen.registry import ModelSpec, ProviderKind
@@ -131,7 +137,50 @@ class OfflineJobs(Protocol):
 
 
 def jobs_for(spec: ModelSpec) -> OfflineJobs:
-    return AnthropicJobs() if spec.provider is ProviderKind.ANTHROPIC else OpenAIJobs()
+    if spec.provider is ProviderKind.ANTHROPIC:
+        return AnthropicJobs()
+    if spec.provider is ProviderKind.GEMINI:
+        return GeminiJobs()
+    return OpenAIJobs()
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of a batch API's error answer, whichever SDK raised it (None: no
+    answer, or not an error of a provider's SDK)."""
+    if isinstance(exc, openai.APIStatusError | anthropic.APIStatusError):
+        return exc.status_code
+    from google.genai import errors as genai_errors
+
+    if isinstance(exc, genai_errors.APIError):
+        return int(exc.code) if exc.code else None
+    import botocore.exceptions
+
+    if isinstance(exc, botocore.exceptions.ClientError):
+        status = (exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        return int(status) if status else None
+    return None
+
+
+def is_provider_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a provider's (an SDK's error, its transport's or a row it could
+    not read), which a tick logs and retries later, rather than a bug of ours."""
+    if isinstance(exc, openai.OpenAIError | anthropic.AnthropicError):
+        return True
+    import botocore.exceptions
+    import google.auth.exceptions
+    import httpx
+    import httpx2
+    from google.genai import errors as genai_errors
+
+    return isinstance(
+        exc,
+        genai_errors.APIError
+        | google.auth.exceptions.GoogleAuthError
+        | httpx.HTTPError
+        | httpx2.HTTPError
+        | botocore.exceptions.BotoCoreError
+        | botocore.exceptions.ClientError,
+    )
 
 
 def _response(body: dict[str, Any], request_id: str | None) -> ProviderResponse:
@@ -365,3 +414,100 @@ class AnthropicJobs:
 
     def cancel(self, spec: ModelSpec, job_id: str) -> None:
         self._client(spec).messages.batches.cancel(job_id)
+
+
+# --- Gemini: Batch Mode (batchGenerateContent, inline requests) ----------------------
+#
+# Each request carries ``metadata.key`` = its custom id and the job its tag as its
+# display name, so :meth:`GeminiJobs.find` lists the jobs (the list shows a job as soon
+# as it exists) to adopt one whose creation answer was lost. An ended job's inline
+# responses come back as ``chat.completion`` answers (batchgen.domain.formats.gemini),
+# its errors as row kinds; an expired job answers none (its rows are then missing, and
+# go online).
+
+GEMINI_RUNNING = {
+    "JOB_STATE_PENDING",
+    "JOB_STATE_QUEUED",
+    "JOB_STATE_RUNNING",
+    "JOB_STATE_CANCELLING",
+}
+# A failed job's error code as the reason the tick reads (429: the enqueued-token limit).
+GEMINI_FAILED_REASONS = {429: "token_limit_exceeded"}
+
+
+def _gemini_state(job: Any) -> str:
+    state = getattr(job, "state", None)
+    return str(getattr(state, "value", state) or "")
+
+
+class GeminiJobs:
+    lists_running = True
+
+    def _client(self, spec: ModelSpec) -> Any:
+        return gemini_adapter.client_for(spec)
+
+    def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
+        requests = []
+        for row in rows:
+            params = gemini_format.request(
+                row.body, spec.provider.value, per_choice_max_tokens(row.body, row.max_tokens)
+            )
+            requests.append({**params, "metadata": {"key": custom_id(tag, row.item_id)}})
+        job = self._client(spec).batches.create(
+            model=spec.name, src=requests, config={"display_name": tag}
+        )
+        return str(job.name)
+
+    def find(self, spec: ModelSpec, tag: str) -> str | None:
+        pager = self._client(spec).batches.list(config={"page_size": FIND_LIMIT})
+        for i, job in enumerate(pager):
+            if job.display_name == tag:
+                return str(job.name)
+            if i + 1 >= FIND_LIMIT:
+                break
+        return None
+
+    def state(self, spec: ModelSpec, job_id: str) -> JobState:
+        job = self._client(spec).batches.get(name=job_id)
+        state = _gemini_state(job)
+        if state in GEMINI_RUNNING:
+            return JobState(JobStatus.RUNNING, 0, 0, 0)
+        if state == "JOB_STATE_FAILED":
+            error = getattr(job, "error", None)
+            code = getattr(error, "code", None)
+            return JobState(
+                JobStatus.FAILED, 0, 0, 0, GEMINI_FAILED_REASONS.get(code or 0, "failed")
+            )
+        responses = (job.dest.inlined_responses if job.dest else None) or []
+        ok = sum(1 for r in responses if r.response is not None)
+        return JobState(JobStatus.ENDED, len(responses), ok, len(responses) - ok)
+
+    def results(self, spec: ModelSpec, job_id: str, tag: str) -> Iterator[RowResult]:
+        job = self._client(spec).batches.get(name=job_id)
+        cancelled = _gemini_state(job) == "JOB_STATE_CANCELLED"
+        created = int(time.time())
+        for entry in (job.dest.inlined_responses if job.dest else None) or []:
+            item_id = item_of(str((entry.metadata or {}).get("key", "")), tag)
+            if item_id is None:
+                continue
+            if entry.response is not None:
+                answer = gemini_adapter._dump(entry.response)
+                try:
+                    body = gemini_format.chat_completion(answer, spec.name, created)
+                except (KeyError, TypeError, ValueError):
+                    yield RowResult(item_id, RowKind.ERRORED, error_code="malformed_row")
+                    continue
+                yield RowResult(item_id, RowKind.SUCCEEDED, _response(body, body["id"] or None))
+            elif cancelled:
+                yield RowResult(item_id, RowKind.CANCELLED, error_code="batch_cancelled")
+            else:
+                code = getattr(entry.error, "code", None)
+                yield RowResult(
+                    item_id,
+                    RowKind.ERRORED,
+                    error_code=f"error_{code}" if code is not None else "batch_error",
+                    error_message=f"the provider's job: error {code}",
+                )
+
+    def cancel(self, spec: ModelSpec, job_id: str) -> None:
+        self._client(spec).batches.cancel(name=job_id)

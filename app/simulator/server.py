@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from batchgen.domain.tokens import count_text, get_encoding
-from batchgen.simulator import counting, native, rich
+from batchgen.simulator import counting, gemini_batches, native, rich
 from batchgen.simulator import endpoints as other
 from batchgen.simulator import flex as flex_tier
 from batchgen.simulator import formats as fmt
@@ -639,6 +639,8 @@ async def _gemini(request: web.Request) -> web.StreamResponse:
     model, method = _gemini_call(request)
     if method == "generateContent":
         return await _chat(request, errors.GEMINI, model)
+    if method == "batchGenerateContent":
+        return await gemini_batches.create(request, model)
     if method == "streamGenerateContent":
         if request.query.get("alt") != "sse":
             body = errors.error_body(errors.GEMINI, 400, "the simulator streams with alt=sse only")
@@ -738,5 +740,6 @@ def create_app(config: SimulatorConfig | None = None) -> web.Application:
         app.router.add_post(prefix + "/model/{model}/converse-stream", _bedrock_converse_stream)
     app.router.add_post("/token", _oauth_token)
     add_batch_routes(app)
+    gemini_batches.add_routes(app)
     add_admin_routes(app)
     return app

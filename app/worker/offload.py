@@ -38,9 +38,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
 
-import anthropic
-import openai
-
 from batchgen.config import Settings
 from batchgen.domain.endpoints import line_endpoint
 from batchgen.domain.offload import (
@@ -159,9 +156,7 @@ def _turned_off(model: str, settings: Settings, report: TickReport) -> None:
 
 
 def _status_of(exc: Exception) -> int | None:
-    if isinstance(exc, openai.APIStatusError | anthropic.APIStatusError):
-        return exc.status_code
-    return None
+    return offline.status_of(exc)
 
 
 def _refused(exc: Exception) -> bool:
@@ -172,7 +167,7 @@ def _refused(exc: Exception) -> bool:
 
 
 def _provider_error(exc: Exception) -> bool:
-    return isinstance(exc, openai.OpenAIError | anthropic.AnthropicError)
+    return offline.is_provider_error(exc)
 
 
 # --- 1. reconcile -----------------------------------------------------------------
@@ -200,8 +195,11 @@ def _reconcile(
             report.adopted += 1
             log.info("offload: job %d found at the provider as %s; adopted", job.id, found)
             if job.cancel_sent_at is not None:  # cancelled or cut off while unconfirmed
-                with contextlib.suppress(openai.OpenAIError, anthropic.AnthropicError):
+                try:
                     adapter.cancel(spec, found)
+                except Exception as exc:
+                    if not _provider_error(exc):
+                        raise
         elif job.status is JobStatus.CREATING and adapter.lists_running:
             provider_jobs.mark(session, job.id, JobStatus.ABANDONED, "create_lost")
             items.unassign_job(session, job.id)

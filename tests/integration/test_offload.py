@@ -13,11 +13,13 @@ import time
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+from google import genai
 from sqlalchemy import func, select
 
 from batchgen import python_api as client
@@ -35,7 +37,23 @@ from tests.helpers import (
     wait_batches,
 )
 
-MODELS = ["sim-small", "sim-claude"]
+MODELS = ["sim-small", "sim-claude", "sim-gemini"]
+# A Gemini model at the simulator (Gemini Batch Mode, inline requests).
+GEMINI_MODEL = """
+[models."sim-gemini"]
+provider = "gemini"
+base_url = "${BATCHGEN_SIMULATOR_URL:-http://127.0.0.1:8099}"
+api_key_env = "BATCHGEN_SIMULATOR_KEY"
+group = "sim"
+budget_key = "sim-gemini-account"
+context_window = 1000000
+max_output_tokens = 8192
+tokens_per_min = 2000000
+requests_per_min = 10000
+max_concurrency = 8
+input_usd_per_1m = 0.30
+output_usd_per_1m = 2.50
+"""
 # The registry's offline route in these tests: a job is expected within a minute, and
 # 10 s are kept back to run a late job online.
 OFFLINE = """
@@ -54,8 +72,9 @@ OFFLOAD_ENV = {
 
 
 def offload_models(path: Path, max_requests: int = 1000, extra: str = "") -> Path:
-    """The shipped registry with ``sim-small`` and ``sim-claude`` offloading."""
-    text = DEFAULT_MODELS_FILE.read_text()
+    """The shipped registry and ``sim-gemini``, with ``sim-small``, ``sim-claude`` and
+    ``sim-gemini`` offloading."""
+    text = DEFAULT_MODELS_FILE.read_text() + GEMINI_MODEL
     for model in MODELS:
         header = f'[models."{model}"]\n'
         text = text.replace(header, header + "offload = true\n")
@@ -160,6 +179,16 @@ def jobs_of(batch_id: str) -> list[ProviderJob]:
 def provider_jobs_at_simulator(simulator: Any, model: str) -> list[Any]:
     """Every job the simulator holds for ``model``'s API, through the official SDK."""
     spec = get_registry()[model]
+    if spec.provider == "gemini":
+        sdk_gemini = genai.Client(
+            api_key=spec.api_key(),
+            http_options={"base_url": simulator.base_url, "api_version": "v1beta"},
+        )
+        states = {"JOB_STATE_CANCELLED": "cancelled", "JOB_STATE_SUCCEEDED": "completed"}
+        return [
+            SimpleNamespace(id=job.name, status=states.get(job.state.value, job.state.value))
+            for job in sdk_gemini.batches.list(config={"page_size": 100})
+        ]
     if spec.provider == "anthropic":
         sdk = anthropic.Anthropic(base_url=simulator.base_url, api_key=spec.api_key())
         return list(sdk.messages.batches.list(limit=100).data)
@@ -314,14 +343,17 @@ def test_a_partly_failed_job_runs_its_errored_rows_online(offloading, simulator,
     assert_daily_usage_matches_ledger()
 
 
-def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(offloading, simulator, workers):
+@pytest.mark.parametrize("model", ["sim-small", "sim-gemini"])
+def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(
+    offloading, simulator, workers, model
+):
     env = offloading()
     sim_config(simulator.base_url, batch_turnaround_s=600)  # far later than the deadline
     tenant = "offload-late"
     make_tenant(tenant)
     # always: offloaded whenever more than fallback_s (10 s) is left; cut off 10 s
     # (plus the drain time) before the 40 s deadline: a loaded machine has 25 s to create the job.
-    batch_id = submit(tenant, 4, "sim-small", offload="always", completion_window="40s")
+    batch_id = submit(tenant, 4, model, offload="always", completion_window="40s")
     assert statuses(batch_id) == {"offloaded": 4}
     workers(env=env)
     reports = ticks_until(lambda: finished(batch_id), timeout_s=60)
@@ -330,7 +362,7 @@ def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(offloading, sim
     assert sum(r.cut_off for r in reports) == 1
     (job,) = jobs_of(batch_id)
     assert job.cancel_reason == "cutoff"
-    at_provider = [j for j in provider_jobs_at_simulator(simulator, "sim-small")]
+    at_provider = [j for j in provider_jobs_at_simulator(simulator, model)]
     assert any(j.id == job.provider_job_id and j.status == "cancelled" for j in at_provider)
     assert ledger_by_route(batch_id) == {("online", False): 4}
     assert late_items(batch_id) == 0
