@@ -75,7 +75,9 @@ NATIVE_ENDPOINTS = {
     "bedrock": frozenset({Endpoint.CHAT_COMPLETIONS}),
 }
 # The kinds whose batch mode batchgen does not run yet (offload = true is refused).
-NO_BATCH_ROUTE = frozenset({"vertex", "bedrock"})
+NO_BATCH_ROUTE = frozenset({"vertex"})
+# Bedrock batch inference: the fewest records per job.
+BEDROCK_MIN_JOB_REQUESTS = 100
 # The kinds with OpenAI's service tiers (flex).
 OPENAI_KINDS = frozenset({"openai", "azure"})
 # The endpoints that generate text (their requests reserve output tokens).
@@ -175,6 +177,17 @@ class OfflineRoute(BaseModel):
     # Batch prices; default: half the online prices.
     input_usd_per_1m: float | None = Field(default=None, ge=0)
     output_usd_per_1m: float | None = Field(default=None, ge=0)
+    # The fewest requests the provider takes in one job (default: Bedrock's 100, else
+    # 1); a smaller remainder of a batch runs online.
+    min_requests: PositiveInt | None = None
+    # Bedrock batch inference: the S3 prefix its input and output files go under
+    # (``s3://bucket/prefix``), the service role it reads and writes them with, and,
+    # for an S3-compatible store or a local endpoint, their URLs (default: AWS's for
+    # the deployment's region).
+    storage_uri: str | None = None
+    role_arn: str | None = None
+    storage_endpoint: str | None = None
+    control_url: str | None = None
 
 
 class FlexRoute(BaseModel):
@@ -384,6 +397,18 @@ class ModelSpec(ProviderTarget):
             )
         if self.offload and self.provider.value in NO_BATCH_ROUTE:
             raise ValueError(f"offload: no batch route for {self.provider.value} models yet")
+        if self.offload and self.provider is ProviderKind.BEDROCK:
+            route = self.offline
+            if not (route.storage_uri or "").startswith("s3://") or not route.role_arn:
+                raise ValueError(
+                    "offline: Bedrock batch inference needs storage_uri (s3://bucket/prefix) "
+                    "and role_arn"
+                )
+            if "anthropic." not in self.name:
+                raise ValueError(
+                    "offload: Bedrock batch records are in the model's own format: "
+                    "batchgen writes Anthropic Claude's (a model id with 'anthropic.')"
+                )
         native = NATIVE_ENDPOINTS.get(self.provider.value)
         if native is not None and not set(served) <= native:
             names = ", ".join(sorted(native))
@@ -472,6 +497,13 @@ class ModelSpec(ProviderTarget):
     def offers_flex(self) -> bool:
         """The model (as this view's deployments serve it) takes flex calls."""
         return self.flex is not None
+
+    @property
+    def min_job_requests(self) -> int:
+        """The fewest requests of one provider job (a smaller remainder runs online)."""
+        if self.offline.min_requests is not None:
+            return self.offline.min_requests
+        return BEDROCK_MIN_JOB_REQUESTS if self.provider is ProviderKind.BEDROCK else 1
 
     @property
     def offline_route(self) -> OfflineRoute | None:

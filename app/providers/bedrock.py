@@ -98,6 +98,22 @@ def sdk_client(region: str, endpoint_url: str, read_timeout_s: int) -> Any:
     return client
 
 
+@functools.cache
+def aws_client(service: str, region: str, endpoint_url: str | None) -> Any:
+    """A client of another AWS service the batch route uses (``bedrock``'s control plane,
+    ``s3``), one per endpoint and process, botocore's retries off."""
+    config = botocore.config.Config(
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        connect_timeout=10,
+        read_timeout=120,
+        s3={"addressing_style": "path"} if endpoint_url else None,
+    )
+    with _LOCK:
+        return boto3.session.Session().client(
+            service, region_name=region, endpoint_url=endpoint_url, config=config
+        )
+
+
 def client_for(spec: ModelSpec, timeout_s: float = 600.0) -> Any:
     return sdk_client(spec.region or "us-east-1", spec.base_url, _timeout_step(timeout_s))
 

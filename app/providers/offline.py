@@ -141,6 +141,8 @@ def jobs_for(spec: ModelSpec) -> OfflineJobs:
         return AnthropicJobs()
     if spec.provider is ProviderKind.GEMINI:
         return GeminiJobs()
+    if spec.provider is ProviderKind.BEDROCK:
+        return BedrockJobs()
     return OpenAIJobs()
 
 
@@ -511,3 +513,141 @@ class GeminiJobs:
 
     def cancel(self, spec: ModelSpec, job_id: str) -> None:
         self._client(spec).batches.cancel(name=job_id)
+
+
+# --- Bedrock: batch inference (CreateModelInvocationJob, S3 JSONL in and out) ----------
+#
+# The input file ``<storage_uri>/<tag>/input.jsonl`` holds one record per row,
+# ``{"recordId": <custom id>, "modelInput": <the model's InvokeModel body>}`` (Anthropic
+# Claude's Messages body, batchgen.domain.formats.anthropic_messages); the job is named
+# by its tag (also its client request token: a retried create makes no second job), so
+# :meth:`BedrockJobs.find` lists the jobs by name. Its output,
+# ``<output prefix>/<job id>/input.jsonl.out``, holds ``{"recordId", "modelInput",
+# "modelOutput"}`` or ``{"recordId", ..., "error"}`` per record; a stopped or expired job
+# has only the records it processed (the rest are missing, and go online).
+
+BEDROCK_RUNNING = {"Submitted", "Validating", "Scheduled", "InProgress", "Stopping"}
+BEDROCK_ENDED = {"Completed", "PartiallyCompleted", "Stopped", "Expired"}
+
+
+def _s3_location(uri: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` as ``("bucket", "some/prefix")``."""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    return bucket, prefix.strip("/")
+
+
+def _job_id(job_arn: str) -> str:
+    """The job's id (the last part of its ARN), which the API takes as its identifier."""
+    return job_arn.rsplit("/", 1)[-1]
+
+
+class BedrockJobs:
+    lists_running = True
+
+    def _clients(self, spec: ModelSpec) -> tuple[Any, Any]:
+        from batchgen.providers import bedrock as bedrock_adapter
+
+        route = spec.offline
+        region = spec.region or "us-east-1"
+        return (
+            bedrock_adapter.aws_client("bedrock", region, route.control_url),
+            bedrock_adapter.aws_client("s3", region, route.storage_endpoint),
+        )
+
+    def _prefix(self, spec: ModelSpec, tag: str) -> tuple[str, str]:
+        bucket, prefix = _s3_location(spec.offline.storage_uri or "")
+        return bucket, f"{prefix}/{tag}".lstrip("/")
+
+    def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
+        from batchgen.domain.formats import anthropic_messages
+
+        control, s3 = self._clients(spec)
+        records = [
+            {
+                "recordId": custom_id(tag, row.item_id),
+                "modelInput": anthropic_messages.request(
+                    row.body, per_choice_max_tokens(row.body, row.max_tokens)
+                ),
+            }
+            for row in rows
+        ]
+        data = b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
+        bucket, prefix = self._prefix(spec, tag)
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/input.jsonl", Body=data)
+        job = control.create_model_invocation_job(
+            jobName=tag,
+            clientRequestToken=tag,
+            roleArn=spec.offline.role_arn,
+            modelId=spec.name,
+            inputDataConfig={
+                "s3InputDataConfig": {
+                    "s3Uri": f"s3://{bucket}/{prefix}/input.jsonl",
+                    "s3InputFormat": "JSONL",
+                }
+            },
+            outputDataConfig={"s3OutputDataConfig": {"s3Uri": f"s3://{bucket}/{prefix}/output/"}},
+        )
+        return str(job["jobArn"])
+
+    def find(self, spec: ModelSpec, tag: str) -> str | None:
+        control, _ = self._clients(spec)
+        page = control.list_model_invocation_jobs(nameContains=tag, maxResults=FIND_LIMIT)
+        for job in page.get("invocationJobSummaries") or []:
+            if job.get("jobName") == tag:
+                return str(job["jobArn"])
+        return None
+
+    def state(self, spec: ModelSpec, job_id: str) -> JobState:
+        control, _ = self._clients(spec)
+        job = control.get_model_invocation_job(jobIdentifier=_job_id(job_id))
+        status = str(job.get("status"))
+        total = int(job.get("totalRecordCount") or 0)
+        ok, failed = int(job.get("successRecordCount") or 0), int(job.get("errorRecordCount") or 0)
+        if status == "Failed":
+            return JobState(JobStatus.FAILED, total, 0, 0, "failed")
+        if status in BEDROCK_ENDED:
+            return JobState(JobStatus.ENDED, total, ok, failed)
+        return JobState(JobStatus.RUNNING, total, ok, failed)
+
+    def results(self, spec: ModelSpec, job_id: str, tag: str) -> Iterator[RowResult]:
+        from batchgen.domain.formats import anthropic_messages
+
+        control, s3 = self._clients(spec)
+        job = control.get_model_invocation_job(jobIdentifier=_job_id(job_id))
+        out_uri = job["outputDataConfig"]["s3OutputDataConfig"]["s3Uri"]
+        bucket, prefix = _s3_location(out_uri)
+        key = f"{prefix}/{_job_id(job_id)}/input.jsonl.out".lstrip("/")
+        try:
+            data = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except Exception as exc:  # no output: a job stopped before it processed any
+            if status_of(exc) == 404 or "NoSuchKey" in type(exc).__name__:
+                return
+            raise
+        stopped = job.get("status") in ("Stopped", "Expired")
+        created = int(time.time())
+        for raw in data.splitlines():
+            if not raw.strip():
+                continue
+            record = json.loads(raw)
+            item_id = item_of(str(record.get("recordId", "")), tag)
+            if item_id is None:
+                continue
+            output = record.get("modelOutput")
+            if isinstance(output, dict):
+                try:
+                    body = anthropic_messages.chat_completion(output, spec.name, created)
+                except (KeyError, TypeError, ValueError):
+                    yield RowResult(item_id, RowKind.ERRORED, error_code="malformed_row")
+                    continue
+                yield RowResult(item_id, RowKind.SUCCEEDED, _response(body, body["id"] or None))
+                continue
+            error = record.get("error") or {}
+            code = safe_code(str(error.get("errorCode", ""))) or "batch_error"
+            kind = RowKind.CANCELLED if stopped else RowKind.ERRORED
+            yield RowResult(
+                item_id, kind, error_code=f"error_{code}", error_message=f"the job: {code}"
+            )
+
+    def cancel(self, spec: ModelSpec, job_id: str) -> None:
+        control, _ = self._clients(spec)
+        control.stop_model_invocation_job(jobIdentifier=_job_id(job_id))

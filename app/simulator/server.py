@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from batchgen.domain.tokens import count_text, get_encoding
-from batchgen.simulator import counting, gemini_batches, native, rich
+from batchgen.simulator import bedrock_batches, counting, gemini_batches, native, rich
 from batchgen.simulator import endpoints as other
 from batchgen.simulator import flex as flex_tier
 from batchgen.simulator import formats as fmt
@@ -741,5 +741,6 @@ def create_app(config: SimulatorConfig | None = None) -> web.Application:
     app.router.add_post("/token", _oauth_token)
     add_batch_routes(app)
     gemini_batches.add_routes(app)
+    bedrock_batches.add_routes(app)
     add_admin_routes(app)
     return app

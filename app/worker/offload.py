@@ -51,6 +51,7 @@ from batchgen.domain.offload import (
     online_time_s,
     plan_jobs,
     poll_delay_s,
+    too_few,
 )
 from batchgen.domain.status import JobStatus
 from batchgen.providers import offline
@@ -71,13 +72,14 @@ LINE_OVERHEAD_BYTES = 120
 Adapters = Callable[[ModelSpec], OfflineJobs]
 
 # Codes an item carries back online (never the provider's text).
-LATE, FAILED, MISSING, WINDOW, TOO_LARGE, OFF = (
+LATE, FAILED, MISSING, WINDOW, TOO_LARGE, OFF, TOO_FEW = (
     "offline_late",
     "offline_job_failed",
     "offline_no_row",
     "offline_window_passed",
     "offline_too_large",
     "offload_turned_off",
+    "offline_too_few",
 )
 
 
@@ -400,7 +402,20 @@ def _plan(spec: ModelSpec, adapter: OfflineJobs, settings: Settings, report: Tic
                 )
             report.returned += len(too_large)
         bounds = JobBounds(route.max_requests, route.max_bytes, free)
-        for job_rows in plan_jobs(rows, bounds):
+        planned = plan_jobs(rows, bounds)
+        fits = len(rows) - len(too_large)
+        planned, small = too_few(planned, spec.min_job_requests, sum(map(len, planned)) == fits)
+        if small:
+            with session_scope() as session:
+                returned = items.return_online(
+                    session,
+                    TOO_FEW,
+                    "fewer than the provider's requests per job",
+                    item_ids=[r.item_id for r in small],
+                )
+            report.returned += len(returned)
+            report.batches.add(batch_id)
+        for job_rows in planned:
             tokens = _create(
                 spec, adapter, batch_id, job_rows, cutoff_at(deadline, online_s), group, settings
             )

@@ -37,7 +37,38 @@ from tests.helpers import (
     wait_batches,
 )
 
-MODELS = ["sim-small", "sim-claude", "sim-gemini"]
+MODELS = ["sim-small", "sim-claude", "sim-gemini", "anthropic.claude-sim"]
+BEDROCK = "anthropic.claude-sim"
+BUCKET = "batchgen-jobs"
+# Bedrock's control plane and runtime at the simulator, its S3 at moto's server.
+BEDROCK_MODEL = """
+[models."anthropic.claude-sim"]
+provider = "bedrock"
+base_url = "${BATCHGEN_SIMULATOR_URL:-http://127.0.0.1:8099}"
+api_key_env = "AWS_BEARER_TOKEN_BEDROCK"
+region = "us-east-1"
+group = "sim"
+budget_key = "sim-bedrock-account"
+context_window = 200000
+max_output_tokens = 8192
+tokens_per_min = 2000000
+requests_per_min = 10000
+max_concurrency = 8
+input_usd_per_1m = 3.00
+output_usd_per_1m = 15.00
+charge_policy = "actual"
+"""
+BEDROCK_ROUTE = """storage_uri = "s3://{bucket}/batchgen"
+role_arn = "arn:aws:iam::123456789012:role/batchgen-batch"
+storage_endpoint = "{s3}"
+control_url = "{sim}"
+min_requests = {min_requests}
+"""
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "AKIDBATCHGENTEST",
+    "AWS_SECRET_ACCESS_KEY": "batchgen-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 # A Gemini model at the simulator (Gemini Batch Mode, inline requests).
 GEMINI_MODEL = """
 [models."sim-gemini"]
@@ -71,28 +102,60 @@ OFFLOAD_ENV = {
 }
 
 
-def offload_models(path: Path, max_requests: int = 1000, extra: str = "") -> Path:
-    """The shipped registry and ``sim-gemini``, with ``sim-small``, ``sim-claude`` and
-    ``sim-gemini`` offloading."""
-    text = DEFAULT_MODELS_FILE.read_text() + GEMINI_MODEL
+def offload_models(
+    path: Path, max_requests: int = 1000, extra: str = "", bedrock: str = ""
+) -> Path:
+    """The shipped registry, ``sim-gemini`` and a Claude model on Bedrock, all of
+    :data:`MODELS` offloading (``bedrock``: the Bedrock route's own fields)."""
+    text = DEFAULT_MODELS_FILE.read_text() + GEMINI_MODEL + BEDROCK_MODEL
     for model in MODELS:
         header = f'[models."{model}"]\n'
         text = text.replace(header, header + "offload = true\n")
-        text += OFFLINE.format(model=model, max_requests=max_requests, extra=extra)
+        own = extra + ("\n" + bedrock if model == BEDROCK else "")
+        text += OFFLINE.format(model=model, max_requests=max_requests, extra=own)
     path.write_text(text)
     return path
 
 
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[str]:
+    """moto's S3 server (a real HTTP server, in a thread) with the jobs' bucket."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from batchgen.embedded import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+    )
+    s3.create_bucket(Bucket=BUCKET)
+    yield url
+    server.stop()
+
+
 @pytest.fixture
-def offloading(simulator, clean_db, tmp_path: Path) -> Iterator[Callable[..., dict[str, str]]]:
-    """Point this process at a registry whose two models offload; returns the environment
+def offloading(
+    simulator, s3_server: str, clean_db, tmp_path: Path
+) -> Iterator[Callable[..., dict[str, str]]]:
+    """Point this process at a registry whose models offload; returns the environment
     a worker needs for the same (call again to change the route's bounds)."""
     saved = dict(os.environ)
-    sim_config(simulator.base_url, batch_turnaround_s=1.0)
+    sim_config(simulator.base_url, batch_turnaround_s=1.0, s3_endpoint_url=s3_server)
 
-    def use(max_requests: int = 1000, extra: str = "") -> dict[str, str]:
-        models = offload_models(tmp_path / "models.toml", max_requests, extra)
-        env = {"BATCHGEN_MODELS_FILE": str(models), **OFFLOAD_ENV}
+    def use(max_requests: int = 1000, extra: str = "", min_requests: int = 1) -> dict[str, str]:
+        bedrock = BEDROCK_ROUTE.format(
+            bucket=BUCKET, s3=s3_server, sim=simulator.base_url, min_requests=min_requests
+        )
+        models = offload_models(tmp_path / "models.toml", max_requests, extra, bedrock)
+        env = {"BATCHGEN_MODELS_FILE": str(models), **OFFLOAD_ENV, **AWS_ENV}
         os.environ.update(env)
         get_settings.cache_clear()
         load_registry.cache_clear()
@@ -111,6 +174,7 @@ def offloading(simulator, clean_db, tmp_path: Path) -> Iterator[Callable[..., di
         batch_fail=False,
         batch_enqueued_tokens_limit=None,
         batch_create_delay_s=0.0,
+        batch_min_records=1,
     )
 
 
@@ -179,6 +243,15 @@ def jobs_of(batch_id: str) -> list[ProviderJob]:
 def provider_jobs_at_simulator(simulator: Any, model: str) -> list[Any]:
     """Every job the simulator holds for ``model``'s API, through the official SDK."""
     spec = get_registry()[model]
+    if spec.provider == "bedrock":
+        import boto3
+
+        control = boto3.client("bedrock", endpoint_url=simulator.base_url, region_name="us-east-1")
+        named = {"Stopped": "cancelled", "Completed": "completed"}
+        return [
+            SimpleNamespace(id=job["jobArn"], status=named.get(job["status"], job["status"]))
+            for job in control.list_model_invocation_jobs()["invocationJobSummaries"]
+        ]
     if spec.provider == "gemini":
         sdk_gemini = genai.Client(
             api_key=spec.api_key(),
@@ -343,7 +416,7 @@ def test_a_partly_failed_job_runs_its_errored_rows_online(offloading, simulator,
     assert_daily_usage_matches_ledger()
 
 
-@pytest.mark.parametrize("model", ["sim-small", "sim-gemini"])
+@pytest.mark.parametrize("model", ["sim-small", "sim-gemini", BEDROCK])
 def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(
     offloading, simulator, workers, model
 ):
@@ -366,6 +439,24 @@ def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(
     assert any(j.id == job.provider_job_id and j.status == "cancelled" for j in at_provider)
     assert ledger_by_route(batch_id) == {("online", False): 4}
     assert late_items(batch_id) == 0
+
+
+def test_a_remainder_under_bedrocks_minimum_records_runs_online(offloading, simulator, workers):
+    """Bedrock takes jobs of its minimum records or more (100; 3 here, and the simulator
+    refuses fewer): of 4 items in jobs of 3, the one left over runs online."""
+    env = offloading(max_requests=3, min_requests=3)
+    sim_config(simulator.base_url, batch_min_records=3)
+    tenant = "offload-bedrock-minimum"
+    make_tenant(tenant)
+    batch_id = submit(tenant, 4, BEDROCK)
+    workers(env=env)
+    ticks_until(lambda: finished(batch_id), timeout_s=60)
+
+    assert statuses(batch_id) == {"succeeded": 4}
+    assert ledger_by_route(batch_id) == {("offline", False): 3, ("online", False): 1}
+    (job,) = jobs_of(batch_id)
+    assert (job.status, job.item_count) == ("ended", 3)
+    assert_ledger_is_results_plus_waste()
 
 
 @pytest.mark.parametrize("model", MODELS)
