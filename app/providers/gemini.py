@@ -110,6 +110,11 @@ def sdk_client(
         return genai.Client(api_key=credential, http_options=options)
 
 
+def vertex_credentials(spec: ModelSpec) -> Any:
+    """The credentials a Vertex AI deployment's calls use (not yet refreshed)."""
+    return _credentials(os.environ.get(spec.api_key_env))
+
+
 def client_for(spec: ModelSpec) -> genai.Client:
     credential = (
         os.environ.get(spec.api_key_env) if spec.provider is ProviderKind.VERTEX else spec.api_key()

@@ -420,3 +420,32 @@ def test_a_cancelled_stream_stops_between_chunks(base: str, kind: str) -> None:
         assert caught.value.billed and len(chunks) < 20
     finally:
         httpx.post(f"{base}/_sim/config", json={"latency_per_token_ms": 0}).raise_for_status()
+
+
+# -- doctor ------------------------------------------------------------------------
+
+
+def test_doctor_probes_each_kind_with_its_credentials(base: str) -> None:
+    from batchgen.monitoring.doctor import check_providers
+    from batchgen.registry import OfflineRoute, Registry
+
+    specs = {kind: make_spec(kind, base) for kind in KINDS}
+    specs["bedrock"] = specs["bedrock"].model_copy(
+        update={"offline": OfflineRoute(control_url=base)}
+    )
+    # A Vertex AI deployment whose key file is missing: no token, said so.
+    broken = make_spec("vertex", base + "/d/none").model_copy(
+        update={"api_key_env": "BATCHGEN_TEST_MISSING_KEY_FILE", "name": "vertex-broken"}
+    )
+    os.environ["BATCHGEN_TEST_MISSING_KEY_FILE"] = "/nonexistent/key.json"
+    try:
+        checks = check_providers(Registry({s.name: s for s in [*specs.values(), broken]}))
+    finally:
+        os.environ.pop("BATCHGEN_TEST_MISSING_KEY_FILE")
+    assert len(checks) == 4  # one per endpoint and kind
+    ok = [c for c in checks if c.ok]
+    assert len(ok) == 3 and all("answers (HTTP 200)" in c.found for c in ok), checks
+    (failed,) = [c for c in checks if not c.ok]
+    assert failed.name == f"provider {base}/d/none"
+    assert "no Vertex AI access token" in failed.found
+    assert failed.fix is not None and "BATCHGEN_TEST_MISSING_KEY_FILE" in failed.fix
