@@ -74,8 +74,6 @@ NATIVE_ENDPOINTS = {
     "vertex": frozenset({Endpoint.CHAT_COMPLETIONS}),
     "bedrock": frozenset({Endpoint.CHAT_COMPLETIONS}),
 }
-# The kinds whose batch mode batchgen does not run yet (offload = true is refused).
-NO_BATCH_ROUTE = frozenset({"vertex"})
 # Bedrock batch inference: the fewest records per job.
 BEDROCK_MIN_JOB_REQUESTS = 100
 # The kinds with OpenAI's service tiers (flex).
@@ -180,10 +178,11 @@ class OfflineRoute(BaseModel):
     # The fewest requests the provider takes in one job (default: Bedrock's 100, else
     # 1); a smaller remainder of a batch runs online.
     min_requests: PositiveInt | None = None
-    # Bedrock batch inference: the S3 prefix its input and output files go under
-    # (``s3://bucket/prefix``), the service role it reads and writes them with, and,
-    # for an S3-compatible store or a local endpoint, their URLs (default: AWS's for
-    # the deployment's region).
+    # Bedrock batch inference and Vertex AI batch prediction: the prefix their input
+    # and output files go under (``s3://bucket/prefix``, ``gs://bucket/prefix``),
+    # Bedrock's service role that reads and writes them, and, for a compatible store
+    # or a local endpoint, their URLs (default: AWS's for the deployment's region,
+    # Google's).
     storage_uri: str | None = None
     role_arn: str | None = None
     storage_endpoint: str | None = None
@@ -395,8 +394,11 @@ class ModelSpec(ProviderTarget):
                 "endpoints: an anthropic model serves only /v1/chat/completions "
                 "(and Anthropic's Messages)"
             )
-        if self.offload and self.provider.value in NO_BATCH_ROUTE:
-            raise ValueError(f"offload: no batch route for {self.provider.value} models yet")
+        vertex = self.offload and self.provider is ProviderKind.VERTEX
+        if vertex and not (self.offline.storage_uri or "").startswith("gs://"):
+            raise ValueError(
+                "offline: Vertex AI batch prediction needs storage_uri (gs://bucket/prefix)"
+            )
         if self.offload and self.provider is ProviderKind.BEDROCK:
             route = self.offline
             if not (route.storage_uri or "").startswith("s3://") or not route.role_arn:

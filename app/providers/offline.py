@@ -35,11 +35,9 @@ import openai
 
 from batchgen.domain.admission import per_choice_max_tokens
 from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES
-from batchgen.domain.formats import gemini as gemini_format
 from batchgen.domain.message_batches import NATIVE_PARAMS
 from batchgen.domain.prompt_cache import with_cache_breakpoint
 from batchgen.providers import anthropic as anthropic_adapter
-from batchgen.providers import gemini as gemini_adapter
 from batchgen.providers import openai as openai_adapter
 from batchgen.providers.base import ProviderResponse, safe_code
 from batchgen.registry import ModelSpec, ProviderKind
@@ -143,6 +141,8 @@ def jobs_for(spec: ModelSpec) -> OfflineJobs:
         return GeminiJobs()
     if spec.provider is ProviderKind.BEDROCK:
         return BedrockJobs()
+    if spec.provider is ProviderKind.VERTEX:
+        return VertexJobs()
     return OpenAIJobs()
 
 
@@ -437,6 +437,14 @@ GEMINI_RUNNING = {
 GEMINI_FAILED_REASONS = {429: "token_limit_exceeded"}
 
 
+def _gemini() -> tuple[Any, Any]:
+    """The Gemini adapter and format (imported on first use: the SDK's import is heavy)."""
+    from batchgen.domain.formats import gemini as gemini_format
+    from batchgen.providers import gemini as gemini_adapter
+
+    return gemini_adapter, gemini_format
+
+
 def _gemini_state(job: Any) -> str:
     state = getattr(job, "state", None)
     return str(getattr(state, "value", state) or "")
@@ -446,9 +454,10 @@ class GeminiJobs:
     lists_running = True
 
     def _client(self, spec: ModelSpec) -> Any:
-        return gemini_adapter.client_for(spec)
+        return _gemini()[0].client_for(spec)
 
     def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
+        _, gemini_format = _gemini()
         requests = []
         for row in rows:
             params = gemini_format.request(
@@ -485,6 +494,7 @@ class GeminiJobs:
         return JobState(JobStatus.ENDED, len(responses), ok, len(responses) - ok)
 
     def results(self, spec: ModelSpec, job_id: str, tag: str) -> Iterator[RowResult]:
+        gemini_adapter, gemini_format = _gemini()
         job = self._client(spec).batches.get(name=job_id)
         cancelled = _gemini_state(job) == "JOB_STATE_CANCELLED"
         created = int(time.time())
@@ -651,3 +661,104 @@ class BedrockJobs:
     def cancel(self, spec: ModelSpec, job_id: str) -> None:
         control, _ = self._clients(spec)
         control.stop_model_invocation_job(jobIdentifier=_job_id(job_id))
+
+
+# --- Vertex AI: batch prediction (Cloud Storage JSONL in and out) ----------------------
+#
+# The input file ``<storage_uri>/<tag>/input.jsonl`` holds one ``{"request": <a
+# GenerateContentRequest>}`` per row, the row's custom id in the request's labels
+# (``batchgen_item``: ``<tag>-<item id>``, as label values allow); the job, named by
+# its tag, writes ``predictions.jsonl`` files under ``<storage_uri>/<tag>/output``,
+# each line its request (labels included) with a ``response`` or a ``status``.
+
+LABEL = "batchgen_item"
+
+
+def _label(tag: str, item_id: int) -> str:
+    return f"{tag}-{item_id}"
+
+
+def _labelled_item(value: str, tag: str) -> int | None:
+    prefix, _, item = value.rpartition("-")
+    return int(item) if prefix == tag and item.isdigit() else None
+
+
+class VertexJobs(GeminiJobs):
+    lists_running = True
+
+    def _bucket(self, spec: ModelSpec) -> tuple[Any, str]:
+        import google.auth.transport.requests
+
+        from batchgen.providers import cloud_storage
+
+        credentials = _gemini()[0].vertex_credentials(spec)
+        credentials.refresh(google.auth.transport.requests.Request())
+        bucket, prefix = cloud_storage.location(spec.offline.storage_uri or "")
+        store = cloud_storage.Bucket(spec.offline.storage_endpoint, bucket, credentials.token)
+        return store, prefix
+
+    def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
+        _, gemini_format = _gemini()
+        store, prefix = self._bucket(spec)
+        lines = []
+        for row in rows:
+            request = gemini_format.rest_request(
+                row.body,
+                spec.provider.value,
+                per_choice_max_tokens(row.body, row.max_tokens),
+                labels={LABEL: _label(tag, row.item_id)},
+            )
+            lines.append(json.dumps({"request": request}, ensure_ascii=False).encode())
+        folder = f"{prefix}/{tag}".lstrip("/")
+        store.put(f"{folder}/input.jsonl", b"\n".join(lines) + b"\n")
+        job = self._client(spec).batches.create(
+            model=spec.name,
+            src=f"gs://{store.bucket}/{folder}/input.jsonl",
+            config={"dest": f"gs://{store.bucket}/{folder}/output", "display_name": tag},
+        )
+        return str(job.name)
+
+    def state(self, spec: ModelSpec, job_id: str) -> JobState:
+        job = self._client(spec).batches.get(name=job_id)
+        state = _gemini_state(job)
+        if state in GEMINI_RUNNING:
+            return JobState(JobStatus.RUNNING, 0, 0, 0)
+        if state == "JOB_STATE_FAILED":
+            return JobState(JobStatus.FAILED, 0, 0, 0, "failed")
+        return JobState(JobStatus.ENDED, 0, 0, 0)
+
+    def results(self, spec: ModelSpec, job_id: str, tag: str) -> Iterator[RowResult]:
+        _, gemini_format = _gemini()
+        job = self._client(spec).batches.get(name=job_id)
+        cancelled = _gemini_state(job) == "JOB_STATE_CANCELLED"
+        store, prefix = self._bucket(spec)
+        folder = f"{prefix}/{tag}/output/".lstrip("/")
+        created = int(time.time())
+        for name in store.names(folder):
+            if not name.endswith(".jsonl"):
+                continue
+            for raw in store.get(name).splitlines():
+                if not raw.strip():
+                    continue
+                line = json.loads(raw)
+                labels = (line.get("request") or {}).get("labels") or {}
+                item_id = _labelled_item(str(labels.get(LABEL, "")), tag)
+                if item_id is None:
+                    continue
+                answer = line.get("response")
+                if isinstance(answer, dict):
+                    try:
+                        body = gemini_format.chat_completion(answer, spec.name, created)
+                    except (KeyError, TypeError, ValueError):
+                        yield RowResult(item_id, RowKind.ERRORED, error_code="malformed_row")
+                        continue
+                    yield RowResult(item_id, RowKind.SUCCEEDED, _response(body, body["id"] or None))
+                elif cancelled:
+                    yield RowResult(item_id, RowKind.CANCELLED, error_code="batch_cancelled")
+                else:
+                    yield RowResult(
+                        item_id,
+                        RowKind.ERRORED,
+                        error_code="batch_error",
+                        error_message="the provider's job: a row failed",
+                    )

@@ -92,6 +92,7 @@ RUNTIME_FIELDS = frozenset(
         "batch_create_delay_s",
         "batch_min_records",
         "s3_endpoint_url",
+        "gcs_endpoint_url",
         "flex_latency_factor",
         "flex_max_in_flight",
         "flex_refusal_rate",
@@ -142,6 +143,9 @@ class SimulatorConfig:
     # (a real S3-compatible server: moto's in the tests).
     batch_min_records: int = 1
     s3_endpoint_url: str | None = None
+    # Vertex AI batch prediction (app/simulator/gemini_batches.py): the Cloud Storage
+    # JSON API its jobs read and write (gcp-storage-emulator in the tests).
+    gcs_endpoint_url: str | None = None
     # OpenAI's flex tier (app/simulator/flex.py): a request with service_tier "flex" is
     # answered this many times slower, and refused with 429 "resource unavailable" while
     # flex_max_in_flight flex calls run on its deployment (None: never busy) or, by a

@@ -1,7 +1,10 @@
 """Gemini Batch Mode, simulated (the Gemini API's ``batchGenerateContent`` with inline
-requests): jobs created, read, listed and cancelled as the ``google-genai`` SDK calls
-them, on the same clock, turnaround, row errors, expiry, failure, enqueued-token limit
-and create delay as the other batch APIs (:mod:`batchgen.simulator.batch_jobs`).
+requests), and Vertex AI's batch prediction (``batchPredictionJobs``, its JSONL input
+read from and its ``predictions.jsonl`` written to Cloud Storage at
+``gcs_endpoint_url``: gcp-storage-emulator in the tests): jobs created, read, listed
+and cancelled as the ``google-genai`` SDK calls them, on the same clock, turnaround,
+row errors, expiry, failure, enqueued-token limit and create delay as the other
+batch APIs (:mod:`batchgen.simulator.batch_jobs`).
 
 A job is an operation ``batches/<id>`` whose ``metadata`` says its state
 (``BATCH_STATE_RUNNING``, ``..._SUCCEEDED``, ``..._CANCELLED``, ``..._EXPIRED``,
@@ -19,7 +22,9 @@ import json
 import time
 import uuid
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 from aiohttp import web
 
 from batchgen.simulator import batch_jobs, counting, native, rich
@@ -185,6 +190,157 @@ async def listing(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application, prefix: str = "") -> None:
+    add_vertex_routes(app)
     app.router.add_get(prefix + "/{version}/batches", listing)
     app.router.add_get(prefix + "/{version}/batches/{call}", get)
     app.router.add_post(prefix + "/{version}/batches/{call}", get)
+
+
+# --- Vertex AI: batch prediction ------------------------------------------------------
+
+VERTEX_STATES = {
+    "in_progress": "JOB_STATE_RUNNING",
+    "completed": "JOB_STATE_SUCCEEDED",
+    "cancelled": "JOB_STATE_CANCELLED",
+    "expired": "JOB_STATE_EXPIRED",
+    "failed": "JOB_STATE_FAILED",
+}
+
+
+def _gcs(state: SimState) -> str:
+    return (state.config.gcs_endpoint_url or "https://storage.googleapis.com").rstrip("/")
+
+
+def _gcs_read(state: SimState, uri: str) -> bytes:
+    bucket, _, name = uri.removeprefix("gs://").partition("/")
+    url = f"{_gcs(state)}/storage/v1/b/{bucket}/o/{quote(name, safe='')}"
+    answer = httpx.get(url, params={"alt": "media"}, timeout=30)
+    answer.raise_for_status()
+    return answer.content
+
+
+def _gcs_write(state: SimState, uri: str, data: bytes) -> None:
+    bucket, _, name = uri.removeprefix("gs://").partition("/")
+    url = f"{_gcs(state)}/upload/storage/v1/b/{bucket}/o"
+    httpx.post(
+        url, params={"uploadType": "media", "name": name}, content=data, timeout=30
+    ).raise_for_status()
+
+
+def _vertex_key(request: web.Request) -> str:
+    """A project's jobs are the caller's (its access tokens change at every refresh)."""
+    return "vertex:" + request.match_info["project"]
+
+
+async def vertex_create(request: web.Request) -> web.Response:
+    """``projects/{p}/locations/{l}/batchPredictionJobs`` (POST)."""
+    jobs, state = request.app[JOBS], request.app[STATE]
+    try:
+        body = json.loads(await request.read())
+        model = str(body["model"]).rsplit("/", 1)[-1]
+        (uri,) = body["inputConfig"]["gcsSource"]["uris"]
+        data = await asyncio.to_thread(_gcs_read, state, uri)
+        rows = []
+        for raw in data.splitlines():
+            if not raw.strip():
+                continue
+            line = json.loads(raw)
+            req = native.parse_gemini(line["request"], model, False, 1024)
+            rows.append(
+                {
+                    "custom_id": json.dumps(line["request"].get("labels") or {}),
+                    "metadata": None,
+                    "line": line,
+                    "model": model,
+                    "messages": req.prompt_messages,
+                    "max_tokens": req.max_tokens,
+                    "chat": req.body,
+                }
+            )
+    except (ValueError, KeyError, TypeError, BadRequest, httpx.HTTPError):
+        return _error(400, "invalid batch prediction job")
+    job = batch_jobs._new_job(jobs, state, "vertex", _vertex_key(request), rows)
+    del jobs.jobs[job.id]
+    where = f"projects/{request.match_info['project']}/locations/{request.match_info['location']}"
+    job.id = f"{where}/batchPredictionJobs/{uuid.uuid4().int % 10**18}"
+    job.metadata = {
+        "displayName": body.get("displayName"),
+        "model": body["model"],
+        "inputConfig": body["inputConfig"],
+        "outputConfig": body["outputConfig"],
+    }
+    jobs.jobs[job.id] = job
+    await asyncio.sleep(state.config.batch_create_delay_s)
+    return web.json_response(await _prediction_job(jobs, state, job))
+
+
+async def _prediction_job(jobs: BatchJobs, state: SimState, job: Job) -> dict[str, Any]:
+    assert job.metadata is not None
+    status = jobs.status(job, state)
+    ended = jobs.ended_s(job, state)
+    prefix = job.metadata["outputConfig"]["gcsDestination"]["outputUriPrefix"].rstrip("/")
+    directory = f"{prefix}/prediction-model-{int(job.created_s)}"
+    if ended is not None and job.failed is None and job.output_file_id is None:
+        lines = []
+        for i, row in enumerate(job.rows):
+            outcome = jobs.outcome(job, i, state)
+            if outcome == "succeeded":
+                lines.append({**row["line"], "status": "", "response": _answer(row, state)})
+            elif outcome == "errored":
+                lines.append({**row["line"], "status": "Internal error (simulated)."})
+        data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+        if data:  # a job stopped before any row answers writes no file
+            await asyncio.to_thread(_gcs_write, state, f"{directory}/predictions.jsonl", data)
+        job.output_file_id = directory
+    body: dict[str, Any] = {
+        "name": job.id,
+        "displayName": job.metadata["displayName"],
+        "model": job.metadata["model"],
+        "state": VERTEX_STATES[status],
+        "inputConfig": job.metadata["inputConfig"],
+        "outputConfig": job.metadata["outputConfig"],
+        "createTime": batch_jobs._rfc3339(job.created_s),
+        "updateTime": batch_jobs._rfc3339(ended or time.time()),
+    }
+    if ended is not None:
+        body["endTime"] = batch_jobs._rfc3339(ended)
+        body["outputInfo"] = {"gcsOutputDirectory": directory}
+    if job.failed is not None:
+        body["error"] = {"code": 8, "message": job.failed}
+    return body
+
+
+async def vertex_job(request: web.Request) -> web.Response:
+    """``.../batchPredictionJobs/{id}`` (GET) and ``...:cancel`` (POST)."""
+    jobs, state = request.app[JOBS], request.app[STATE]
+    ident, _, method = request.match_info["call"].partition(":")
+    where = f"projects/{request.match_info['project']}/locations/{request.match_info['location']}"
+    job = jobs.jobs.get(f"{where}/batchPredictionJobs/{ident}")
+    if job is None or job.key != _vertex_key(request):
+        return _error(404, "no such batch prediction job")
+    if method == "cancel" and request.method == "POST":
+        if jobs.ended_s(job, state) is None:
+            job.cancelled_s = time.time()
+        return web.json_response({})
+    return web.json_response(await _prediction_job(jobs, state, job))
+
+
+async def vertex_list(request: web.Request) -> web.Response:
+    jobs, state = request.app[JOBS], request.app[STATE]
+    key = _vertex_key(request)
+    mine = sorted(
+        (j for j in jobs.jobs.values() if j.api == "vertex" and j.key == key),
+        key=lambda j: j.created_s,
+        reverse=True,
+    )
+    size = int(request.query.get("pageSize") or 100)
+    body = {"batchPredictionJobs": [await _prediction_job(jobs, state, j) for j in mine[:size]]}
+    return web.json_response(body)
+
+
+def add_vertex_routes(app: web.Application) -> None:
+    where = "/{version}/projects/{project}/locations/{location}/batchPredictionJobs"
+    app.router.add_post(where, vertex_create)
+    app.router.add_get(where, vertex_list)
+    app.router.add_get(where + "/{call}", vertex_job)
+    app.router.add_post(where + "/{call}", vertex_job)

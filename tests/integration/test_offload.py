@@ -37,7 +37,30 @@ from tests.helpers import (
     wait_batches,
 )
 
-MODELS = ["sim-small", "sim-claude", "sim-gemini", "anthropic.claude-sim"]
+MODELS = ["sim-small", "sim-claude", "sim-gemini", "anthropic.claude-sim", "sim-vertex"]
+VERTEX_BUCKET = "batchgen-vertex"
+# Gemini on Vertex AI at the simulator (its token endpoint signs the service account
+# in), batch prediction's Cloud Storage at gcp-storage-emulator's server.
+VERTEX_MODEL = """
+[models."sim-vertex"]
+provider = "vertex"
+base_url = "${BATCHGEN_SIMULATOR_URL:-http://127.0.0.1:8099}"
+api_key_env = "BATCHGEN_TEST_VERTEX_KEY_FILE"
+project = "sim-project"
+region = "us-central1"
+group = "sim"
+budget_key = "sim-vertex-account"
+context_window = 1000000
+max_output_tokens = 8192
+tokens_per_min = 2000000
+requests_per_min = 10000
+max_concurrency = 8
+input_usd_per_1m = 1.25
+output_usd_per_1m = 10.00
+"""
+VERTEX_ROUTE = """storage_uri = "gs://{bucket}/jobs"
+storage_endpoint = "{gcs}"
+"""
 BEDROCK = "anthropic.claude-sim"
 BUCKET = "batchgen-jobs"
 # Bedrock's control plane and runtime at the simulator, its S3 at moto's server.
@@ -103,15 +126,16 @@ OFFLOAD_ENV = {
 
 
 def offload_models(
-    path: Path, max_requests: int = 1000, extra: str = "", bedrock: str = ""
+    path: Path, max_requests: int = 1000, extra: str = "", bedrock: str = "", vertex: str = ""
 ) -> Path:
-    """The shipped registry, ``sim-gemini`` and a Claude model on Bedrock, all of
-    :data:`MODELS` offloading (``bedrock``: the Bedrock route's own fields)."""
-    text = DEFAULT_MODELS_FILE.read_text() + GEMINI_MODEL + BEDROCK_MODEL
+    """The shipped registry, ``sim-gemini``, ``sim-vertex`` and a Claude model on
+    Bedrock, all of :data:`MODELS` offloading (``bedrock``, ``vertex``: their routes'
+    own fields)."""
+    text = DEFAULT_MODELS_FILE.read_text() + GEMINI_MODEL + BEDROCK_MODEL + VERTEX_MODEL
     for model in MODELS:
         header = f'[models."{model}"]\n'
         text = text.replace(header, header + "offload = true\n")
-        own = extra + ("\n" + bedrock if model == BEDROCK else "")
+        own = extra + {BEDROCK: "\n" + bedrock, "sim-vertex": "\n" + vertex}.get(model, "")
         text += OFFLINE.format(model=model, max_requests=max_requests, extra=own)
     path.write_text(text)
     return path
@@ -141,21 +165,76 @@ def s3_server() -> Iterator[str]:
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def gcs_server(simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """gcp-storage-emulator's Cloud Storage server (real HTTP, in a thread) with the jobs'
+    bucket; and a service-account key file whose token endpoint is the simulator's."""
+    import json
+
+    import httpx
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from gcp_storage_emulator.server import create_server
+
+    from batchgen.embedded import free_port
+
+    port = free_port()
+    server = create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    created = httpx.post(
+        f"{url}/storage/v1/b", params={"project": "sim-project"}, json={"name": VERTEX_BUCKET}
+    )
+    created.raise_for_status()
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    account = {
+        "type": "service_account",
+        "project_id": "sim-project",
+        "private_key_id": "sim-key",
+        "private_key": pem,
+        "client_email": "batchgen@sim-project.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": f"{simulator.base_url}/token",
+    }
+    key_file = tmp_path_factory.mktemp("vertex") / "service-account.json"
+    key_file.write_text(json.dumps(account))
+    os.environ["BATCHGEN_TEST_VERTEX_KEY_FILE"] = str(key_file)
+    yield url
+    os.environ.pop("BATCHGEN_TEST_VERTEX_KEY_FILE", None)
+    server.stop()
+
+
 @pytest.fixture
 def offloading(
-    simulator, s3_server: str, clean_db, tmp_path: Path
+    simulator, s3_server: str, gcs_server: str, clean_db, tmp_path: Path
 ) -> Iterator[Callable[..., dict[str, str]]]:
     """Point this process at a registry whose models offload; returns the environment
     a worker needs for the same (call again to change the route's bounds)."""
     saved = dict(os.environ)
-    sim_config(simulator.base_url, batch_turnaround_s=1.0, s3_endpoint_url=s3_server)
+    sim_config(
+        simulator.base_url,
+        batch_turnaround_s=1.0,
+        s3_endpoint_url=s3_server,
+        gcs_endpoint_url=gcs_server,
+    )
 
     def use(max_requests: int = 1000, extra: str = "", min_requests: int = 1) -> dict[str, str]:
         bedrock = BEDROCK_ROUTE.format(
             bucket=BUCKET, s3=s3_server, sim=simulator.base_url, min_requests=min_requests
         )
-        models = offload_models(tmp_path / "models.toml", max_requests, extra, bedrock)
-        env = {"BATCHGEN_MODELS_FILE": str(models), **OFFLOAD_ENV, **AWS_ENV}
+        vertex = VERTEX_ROUTE.format(bucket=VERTEX_BUCKET, gcs=gcs_server)
+        models = offload_models(tmp_path / "models.toml", max_requests, extra, bedrock, vertex)
+        env = {
+            "BATCHGEN_MODELS_FILE": str(models),
+            "BATCHGEN_TEST_VERTEX_KEY_FILE": os.environ["BATCHGEN_TEST_VERTEX_KEY_FILE"],
+            **OFFLOAD_ENV,
+            **AWS_ENV,
+        }
         os.environ.update(env)
         get_settings.cache_clear()
         load_registry.cache_clear()
@@ -251,6 +330,21 @@ def provider_jobs_at_simulator(simulator: Any, model: str) -> list[Any]:
         return [
             SimpleNamespace(id=job["jobArn"], status=named.get(job["status"], job["status"]))
             for job in control.list_model_invocation_jobs()["invocationJobSummaries"]
+        ]
+    if spec.provider == "vertex":
+        from batchgen.providers.gemini import vertex_credentials
+
+        sdk_vertex = genai.Client(
+            vertexai=True,
+            project=spec.project,
+            location=spec.region,
+            credentials=vertex_credentials(spec),
+            http_options={"base_url": simulator.base_url, "api_version": "v1beta1"},
+        )
+        named = {"JOB_STATE_CANCELLED": "cancelled", "JOB_STATE_SUCCEEDED": "completed"}
+        return [
+            SimpleNamespace(id=job.name, status=named.get(job.state.value, job.state.value))
+            for job in sdk_vertex.batches.list(config={"page_size": 100})
         ]
     if spec.provider == "gemini":
         sdk_gemini = genai.Client(
@@ -416,7 +510,7 @@ def test_a_partly_failed_job_runs_its_errored_rows_online(offloading, simulator,
     assert_daily_usage_matches_ledger()
 
 
-@pytest.mark.parametrize("model", ["sim-small", "sim-gemini", BEDROCK])
+@pytest.mark.parametrize("model", ["sim-small", "sim-gemini", BEDROCK, "sim-vertex"])
 def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(
     offloading, simulator, workers, model
 ):

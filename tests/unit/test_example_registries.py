@@ -24,7 +24,8 @@ def test_the_providers_example_has_every_kind_and_their_batch_routes():
     assert bedrock.offline_route is not None and bedrock.min_job_requests == 100
     assert (bedrock.offline.storage_uri or "").startswith("s3://") and bedrock.offline.role_arn
     vertex = next(s for s in registry if s.provider is ProviderKind.VERTEX)
-    assert vertex.project and vertex.region
+    assert vertex.project and vertex.region and vertex.offline_route is not None
+    assert (vertex.offline.storage_uri or "").startswith("gs://")
 
 
 def test_the_openai_compatible_presets():

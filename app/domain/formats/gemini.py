@@ -14,6 +14,7 @@ reasoning), ``cached_tokens`` its ``cachedContentTokenCount``.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import Mapping
@@ -278,3 +279,45 @@ def retry_delay_s(error: Any) -> float | None:
                 except ValueError:
                     return None
     return None
+
+
+# The config fields that are the request's own in the REST form (the rest are its
+# generationConfig), and the fields whose values are JSON schemas (kept as they are).
+_REQUEST_FIELDS = ("system_instruction", "tools", "tool_config")
+_SCHEMA_FIELDS = frozenset({"parameters_json_schema", "response_json_schema", "args", "response"})
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
+def _rest(value: Any, key: str = "") -> Any:
+    """A value of the SDK form in the REST form: camelCase keys, bytes as base64;
+    schemas, function arguments and responses as they are."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if key in _SCHEMA_FIELDS:
+        return value
+    if isinstance(value, Mapping):
+        return {_camel(k): _rest(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rest(v) for v in value]
+    return value
+
+
+def rest_request(
+    body: Mapping[str, Any], kind: str, max_tokens: int, labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The ``GenerateContentRequest`` of ``body`` in its REST (JSON) form, as a Vertex AI
+    batch prediction's input line carries it (``labels``: Vertex AI's request labels)."""
+    sdk = request(body, kind, max_tokens)
+    config = dict(sdk["config"])
+    out: dict[str, Any] = {"contents": _rest(sdk["contents"])}
+    for name in _REQUEST_FIELDS:
+        if name in config:
+            out[_camel(name)] = _rest(config.pop(name), name)
+    out["generationConfig"] = _rest(config)
+    if labels:
+        out["labels"] = dict(labels)
+    return out
