@@ -41,3 +41,44 @@ def test_the_openai_compatible_presets():
     assert all(spec.provider is ProviderKind.OPENAI for spec in registry)
     offloading = {spec.base_url.split("/")[2] for spec in registry if spec.offload}
     assert offloading == {"api.groq.com", "api.together.xyz"}
+
+
+BASE = """
+[models."m"]
+provider = "{provider}"
+base_url = "https://example.com"
+api_key_env = "K"
+group = "g"
+budget_key = "b"
+context_window = 1000
+max_output_tokens = 100
+tokens_per_min = 1000
+requests_per_min = 10
+max_concurrency = 1
+input_usd_per_1m = 1.0
+output_usd_per_1m = 2.0
+{extra}
+"""
+
+
+def test_the_registry_refuses_a_native_kind_without_what_it_needs():
+    import pytest
+
+    from batchgen.errors import ConfigError
+
+    cases = [
+        ("vertex", "", "needs project and region"),
+        ("bedrock", "", "needs region"),
+        ("gemini", 'endpoints = ["/v1/responses"]', "serves only /v1/chat/completions"),
+        ("gemini", '[models."m".flex]', "flex: OpenAI's service tier; a gemini model"),
+        ("bedrock", 'region = "us-east-1"\noffload = true', "needs storage_uri"),
+        (
+            "vertex",
+            'project = "p"\nregion = "r"\noffload = true\n[models."m".offline]\n'
+            'storage_uri = "s3://x"',
+            "needs storage_uri (gs://",
+        ),
+    ]
+    for provider, extra, message in cases:
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+            parse_registry(BASE.format(provider=provider, extra=extra))
