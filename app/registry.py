@@ -38,6 +38,13 @@ class ProviderKind(StrEnum):
     # Azure OpenAI's classic API through the SDK's AzureOpenAI client: the deployment in
     # the path, ``api-version`` in the query, the key in the ``api-key`` header.
     AZURE = "azure"
+    # Gemini through the google-genai SDK: the Gemini API (an API key), or Vertex AI
+    # (``vertex``: a Google Cloud project, its region and service-account credentials).
+    GEMINI = "gemini"
+    VERTEX = "vertex"
+    # Models on AWS Bedrock through boto3's bedrock-runtime Converse / ConverseStream:
+    # the AWS credential chain, the deployment's region.
+    BEDROCK = "bedrock"
 
 
 class Endpoint(StrEnum):
@@ -54,9 +61,23 @@ class Endpoint(StrEnum):
 DEFAULT_ENDPOINTS = {
     "openai": (Endpoint.CHAT_COMPLETIONS, Endpoint.RESPONSES),
     "anthropic": (Endpoint.CHAT_COMPLETIONS,),
+    "azure": (Endpoint.CHAT_COMPLETIONS, Endpoint.RESPONSES),
+    "gemini": (Endpoint.CHAT_COMPLETIONS,),
+    "vertex": (Endpoint.CHAT_COMPLETIONS,),
+    "bedrock": (Endpoint.CHAT_COMPLETIONS,),
 }
 # What the Anthropic adapter can call.
 ANTHROPIC_ENDPOINTS = frozenset({Endpoint.CHAT_COMPLETIONS})
+# What each adapter of a native format can call (chat, translated).
+NATIVE_ENDPOINTS = {
+    "gemini": frozenset({Endpoint.CHAT_COMPLETIONS}),
+    "vertex": frozenset({Endpoint.CHAT_COMPLETIONS}),
+    "bedrock": frozenset({Endpoint.CHAT_COMPLETIONS}),
+}
+# Bedrock batch inference: the fewest records per job.
+BEDROCK_MIN_JOB_REQUESTS = 100
+# The kinds with OpenAI's service tiers (flex).
+OPENAI_KINDS = frozenset({"openai", "azure"})
 # The endpoints that generate text (their requests reserve output tokens).
 GENERATING = frozenset({Endpoint.CHAT_COMPLETIONS, Endpoint.RESPONSES})
 
@@ -97,8 +118,25 @@ DEFAULT_TIER_MULTIPLIER = {Tier.STANDARD: 1.0, Tier.BATCH: 0.5, Tier.FLEX: 0.5}
 # provider, when the model names no price of its own: Anthropic bills reads at 0.1x
 # and 5-minute writes at 1.25x; OpenAI bills cached input at 0.5x (newer models lower:
 # set cached_input_usd_per_1m) and nothing extra for a write.
-DEFAULT_CACHE_READ_MULTIPLIER = {"openai": 0.5, "anthropic": 0.1, "azure": 0.5}
-DEFAULT_CACHE_WRITE_MULTIPLIER = {"openai": 1.0, "anthropic": 1.25, "azure": 1.0}
+# Gemini bills cached input at 0.25x (2.5 models; set cached_input_usd_per_1m for
+# newer ones) and an implicit cache write as plain input; Bedrock bills its cache as
+# Anthropic does (Claude; other models set their own prices).
+DEFAULT_CACHE_READ_MULTIPLIER = {
+    "openai": 0.5,
+    "anthropic": 0.1,
+    "azure": 0.5,
+    "gemini": 0.25,
+    "vertex": 0.25,
+    "bedrock": 0.1,
+}
+DEFAULT_CACHE_WRITE_MULTIPLIER = {
+    "openai": 1.0,
+    "anthropic": 1.25,
+    "azure": 1.0,
+    "gemini": 1.0,
+    "vertex": 1.0,
+    "bedrock": 1.25,
+}
 
 
 class TierPrices(BaseModel):
@@ -137,6 +175,18 @@ class OfflineRoute(BaseModel):
     # Batch prices; default: half the online prices.
     input_usd_per_1m: float | None = Field(default=None, ge=0)
     output_usd_per_1m: float | None = Field(default=None, ge=0)
+    # The fewest requests the provider takes in one job (default: Bedrock's 100, else
+    # 1); a smaller remainder of a batch runs online.
+    min_requests: PositiveInt | None = None
+    # Bedrock batch inference and Vertex AI batch prediction: the prefix their input
+    # and output files go under (``s3://bucket/prefix``, ``gs://bucket/prefix``),
+    # Bedrock's service role that reads and writes them, and, for a compatible store
+    # or a local endpoint, their URLs (default: AWS's for the deployment's region,
+    # Google's).
+    storage_uri: str | None = None
+    role_arn: str | None = None
+    storage_endpoint: str | None = None
+    control_url: str | None = None
 
 
 class FlexRoute(BaseModel):
@@ -168,7 +218,15 @@ class FlexRoute(BaseModel):
 # deployment's, its budget and slots keyed as they always were).
 DEFAULT_DEPLOYMENT = "default"
 # What a deployment takes from its model's table unless it says otherwise.
-INHERITED = ("provider", "base_url", "api_key_env", "region", "api_version", "limit_shape")
+INHERITED = (
+    "provider",
+    "base_url",
+    "api_key_env",
+    "region",
+    "api_version",
+    "project",
+    "limit_shape",
+)
 # A deployment's own limits: with deployments, the model's are their sums.
 POOLED_LIMITS = ("tokens_per_min", "requests_per_min", "max_concurrency")
 # What a call served by a deployment takes from it (ModelSpec.at); prices only if set.
@@ -200,11 +258,17 @@ class ProviderTarget(BaseModel):
     # Azure OpenAI: the deployment (default: the model's name) and the api-version.
     azure_deployment: str | None = None
     api_version: str | None = None
+    # Vertex AI: the Google Cloud project (the location is ``region``).
+    project: str | None = None
 
     @model_validator(mode="after")
     def _azure_version(self) -> ProviderTarget:
         if self.provider is ProviderKind.AZURE and not self.api_version:
             raise ValueError("provider azure needs api_version")
+        if self.provider is ProviderKind.VERTEX and not (self.project and self.region):
+            raise ValueError("provider vertex needs project and region (its location)")
+        if self.provider is ProviderKind.BEDROCK and not self.region:
+            raise ValueError("provider bedrock needs region")
         return self
 
     def api_key(self) -> str:
@@ -330,12 +394,36 @@ class ModelSpec(ProviderTarget):
                 "endpoints: an anthropic model serves only /v1/chat/completions "
                 "(and Anthropic's Messages)"
             )
+        vertex = self.offload and self.provider is ProviderKind.VERTEX
+        if vertex and not (self.offline.storage_uri or "").startswith("gs://"):
+            raise ValueError(
+                "offline: Vertex AI batch prediction needs storage_uri (gs://bucket/prefix)"
+            )
+        if self.offload and self.provider is ProviderKind.BEDROCK:
+            route = self.offline
+            if not (route.storage_uri or "").startswith("s3://") or not route.role_arn:
+                raise ValueError(
+                    "offline: Bedrock batch inference needs storage_uri (s3://bucket/prefix) "
+                    "and role_arn"
+                )
+            if "anthropic." not in self.name:
+                raise ValueError(
+                    "offload: Bedrock batch records are in the model's own format: "
+                    "batchgen writes Anthropic Claude's (a model id with 'anthropic.')"
+                )
+        native = NATIVE_ENDPOINTS.get(self.provider.value)
+        if native is not None and not set(served) <= native:
+            names = ", ".join(sorted(native))
+            raise ValueError(f"endpoints: a {self.provider.value} model serves only {names}")
         if self.max_output_tokens is None and GENERATING & set(served):
             raise ValueError("max_output_tokens: required by a model that serves chat or responses")
         if self.dimensions is None and Endpoint.EMBEDDINGS in served:
             raise ValueError("dimensions: required for a model that serves /v1/embeddings")
-        if self.flex is not None and self.provider is ProviderKind.ANTHROPIC:
-            raise ValueError("flex: OpenAI's service tier; an anthropic model has none")
+        if self.flex is not None and self.provider.value not in OPENAI_KINDS:
+            article = "an" if self.provider.value[0] in "aeiou" else "a"
+            raise ValueError(
+                f"flex: OpenAI's service tier; {article} {self.provider.value} model has none"
+            )
         return self
 
     @property
@@ -411,6 +499,13 @@ class ModelSpec(ProviderTarget):
     def offers_flex(self) -> bool:
         """The model (as this view's deployments serve it) takes flex calls."""
         return self.flex is not None
+
+    @property
+    def min_job_requests(self) -> int:
+        """The fewest requests of one provider job (a smaller remainder runs online)."""
+        if self.offline.min_requests is not None:
+            return self.offline.min_requests
+        return BEDROCK_MIN_JOB_REQUESTS if self.provider is ProviderKind.BEDROCK else 1
 
     @property
     def offline_route(self) -> OfflineRoute | None:

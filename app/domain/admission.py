@@ -39,6 +39,7 @@ from batchgen.domain.endpoints import (
     not_served,
     unknown_endpoint,
 )
+from batchgen.domain.formats import NATIVE_KINDS, refusal
 from batchgen.errors import PayloadTooLarge, ValidationFailed
 from batchgen.registry import ModelSpec, ProviderKind, Registry
 
@@ -286,8 +287,20 @@ def _chat(
     messages = _messages(body, line_no)
     max_tokens = _max_tokens(body, line_no, spec.output_cap, spec.name)
     n = choices(body, line_no)
+    _translatable(body, line_no, spec)
     # The context window holds the prompt and one choice; the budget pays for all n.
     return _check_fits(body, messages, line_no, spec, max_tokens, budget), n * max_tokens
+
+
+def _translatable(body: dict[str, Any], line_no: int, spec: ModelSpec) -> None:
+    """Refuse, naming the field, a chat request that a native-format provider of the
+    model (Gemini, Vertex AI, Bedrock: any of its deployments) could not be sent whole
+    (:mod:`batchgen.domain.formats`)."""
+    kinds = sorted({d.provider.value for d in spec.deployments} & NATIVE_KINDS)
+    for kind in kinds:
+        why = refusal(body, kind)
+        if why is not None:
+            raise _fail(line_no, why.field, why.message)
 
 
 def _responses(

@@ -142,6 +142,18 @@ def plan_jobs(rows: Sequence[Row], bounds: JobBounds) -> list[list[Row]]:
     return jobs
 
 
+def too_few(
+    jobs: list[list[Row]], min_requests: int, all_planned: bool
+) -> tuple[list[list[Row]], list[Row]]:
+    """The jobs the provider takes (each of ``min_requests`` rows or more: Bedrock's
+    batch inference wants 100), and the rows of the smaller ones: they run online when
+    every waiting row was planned (``all_planned``: a remainder), else they are in
+    neither (they wait for a later tick, beside the rows the token room held back)."""
+    kept = [job for job in jobs if len(job) >= min_requests]
+    small = [row for job in jobs if len(job) < min_requests for row in job]
+    return kept, small if all_planned else []
+
+
 def poll_delay_s(polls: int, first_s: float, max_s: float) -> float:
     """Wait before the next poll of a job polled ``polls`` times: doubling from
     ``first_s`` up to ``max_s``."""

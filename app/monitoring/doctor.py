@@ -4,7 +4,8 @@ Each check is independent and says what it found and, when something is wrong,
 the one thing to do next: the configuration and the model registry load, the
 database answers and is migrated to the head revision, Redis and the broker answer
 (on RabbitMQ: its queues are quorum queues), every queue has a worker, and every
-provider endpoint of the registry answers.
+provider endpoint of the registry answers (Gemini, Vertex AI and Bedrock with their
+own credentials).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 
 from batchgen.config import Settings
-from batchgen.registry import ProviderKind, Registry
+from batchgen.registry import ModelSpec, ProviderKind, Registry
 
 PROVIDER_TIMEOUT_S = 3.0
 AMQP_NOT_FOUND = 404  # the reply code of a passive declare of a missing queue
@@ -174,9 +175,76 @@ def check_workers(registry: Registry, settings: Settings) -> Check:
     return _guard("workers", run, "check CELERY_BROKER_URL and that workers run")
 
 
+# The kinds whose endpoints answer in their own formats (probed by their SDKs' auth).
+NATIVE_KINDS = (ProviderKind.GEMINI, ProviderKind.VERTEX, ProviderKind.BEDROCK)
+
+
+def _native_probe(spec: ModelSpec) -> tuple[str, dict[str, str]] | Check:
+    """The models listing of a Gemini or Vertex AI endpoint and the headers that
+    authenticate it, or the check's failure when the credentials cannot be had."""
+    from batchgen.providers import gemini
+
+    name = f"provider {spec.base_url}"
+    version = spec.api_version or gemini.DEFAULT_API_VERSION[spec.provider]
+    base = spec.base_url.rstrip("/")
+    if spec.provider is ProviderKind.GEMINI:
+        return f"{base}/{version}/models", {"x-goog-api-key": spec.api_key()}
+    try:
+        import google.auth.transport.requests
+
+        credentials = gemini.vertex_credentials(spec)
+        credentials.refresh(google.auth.transport.requests.Request())
+    except Exception as exc:  # noqa: BLE001 - any failure to get a token is the finding
+        return Check(
+            name,
+            False,
+            f"no Vertex AI access token ({type(exc).__name__})",
+            f"check the service-account key file named by {spec.api_key_env}, or ADC",
+        )
+    where = f"projects/{spec.project}/locations/{spec.region}/publishers/google/models"
+    return f"{base}/{version}/{where}", {"Authorization": f"Bearer {credentials.token}"}
+
+
+def _bedrock_check(spec: ModelSpec, models: list[str]) -> Check:
+    """Bedrock: AWS credentials resolve and its control plane answers (a signed
+    ``ListFoundationModels``)."""
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+
+    name = f"provider {spec.base_url}"
+    session = boto3.session.Session()
+    if session.get_credentials() is None:
+        return Check(name, False, "no AWS credentials", "set AWS_PROFILE or AWS_ACCESS_KEY_ID")
+    control = session.client(
+        "bedrock",
+        region_name=spec.region,
+        endpoint_url=spec.offline.control_url,
+        config=botocore.config.Config(
+            retries={"total_max_attempts": 1},
+            connect_timeout=PROVIDER_TIMEOUT_S,
+            read_timeout=PROVIDER_TIMEOUT_S,
+        ),
+    )
+    try:
+        control.list_foundation_models()
+    except botocore.exceptions.ClientError as exc:
+        status = (exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        if status in (401, 403):
+            return Check(name, False, f"refuses the credentials (HTTP {status})", "check IAM")
+        return Check(name, True, f"answers (HTTP {status}) for {', '.join(models)}")
+    except botocore.exceptions.BotoCoreError as exc:
+        return Check(
+            name, False, f"unreachable ({type(exc).__name__})", "check region and base_url"
+        )
+    return Check(name, True, f"answers (HTTP 200) for {', '.join(models)}")
+
+
 def check_providers(registry: Registry) -> list[Check]:
     """Every distinct endpoint of the registry answers its models listing (any HTTP
-    answer is reachable; 401 or 403 says the key is refused)."""
+    answer is reachable; 401 or 403 says the key is refused). Gemini's and Vertex AI's
+    are called with their API key or an access token from the service account;
+    Bedrock's credentials are resolved and its control plane called, signed."""
     checks = []
     endpoints: dict[tuple[str, ProviderKind], list[str]] = {}
     for spec in registry:
@@ -184,7 +252,16 @@ def check_providers(registry: Registry) -> list[Check]:
     for (base_url, kind), models in sorted(endpoints.items()):
         spec = next(s for s in registry if s.name == models[0])
         name = f"provider {base_url}"
-        if kind is ProviderKind.ANTHROPIC:
+        if kind is ProviderKind.BEDROCK:
+            checks.append(_bedrock_check(spec, models))
+            continue
+        if kind in NATIVE_KINDS:
+            probe = _native_probe(spec)
+            if isinstance(probe, Check):
+                checks.append(probe)
+                continue
+            url, headers = probe
+        elif kind is ProviderKind.ANTHROPIC:
             url = base_url.rstrip("/") + "/v1/models"
             headers = {"x-api-key": spec.api_key(), "anthropic-version": "2023-06-01"}
         else:

@@ -34,6 +34,14 @@ def get_provider(spec: ModelSpec) -> Provider:
         from batchgen.providers.anthropic import AnthropicProvider
 
         return AnthropicProvider()
+    if spec.provider in (ProviderKind.GEMINI, ProviderKind.VERTEX):
+        from batchgen.providers.gemini import GeminiProvider
+
+        return GeminiProvider()
+    if spec.provider is ProviderKind.BEDROCK:
+        from batchgen.providers.bedrock import BedrockProvider
+
+        return BedrockProvider()
     from batchgen.providers.openai import OpenAIProvider
 
     return OpenAIProvider()

@@ -7,6 +7,9 @@ names the job on our side: OpenAI's jobs also carry it in their metadata
 creation answer was lost; Anthropic's have no metadata, so there a job is found by
 the custom ids of its rows once it has ended.
 
+Gemini Batch Mode (``batchGenerateContent`` with inline requests, :class:`GeminiJobs`)
+names a job by its display name and each request by ``metadata.key``.
+
 A job holds requests to one endpoint (its batch's): chat completions, or, at OpenAI,
 the Responses API or embeddings, each line's body as the item has it (the model
 mapped). Rows come back normalised: an answer as a :class:`ProviderResponse` (a
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -131,7 +135,54 @@ class OfflineJobs(Protocol):
 
 
 def jobs_for(spec: ModelSpec) -> OfflineJobs:
-    return AnthropicJobs() if spec.provider is ProviderKind.ANTHROPIC else OpenAIJobs()
+    if spec.provider is ProviderKind.ANTHROPIC:
+        return AnthropicJobs()
+    if spec.provider is ProviderKind.GEMINI:
+        return GeminiJobs()
+    if spec.provider is ProviderKind.BEDROCK:
+        return BedrockJobs()
+    if spec.provider is ProviderKind.VERTEX:
+        return VertexJobs()
+    return OpenAIJobs()
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of a batch API's error answer, whichever SDK raised it (None: no
+    answer, or not an error of a provider's SDK)."""
+    if isinstance(exc, openai.APIStatusError | anthropic.APIStatusError):
+        return exc.status_code
+    from google.genai import errors as genai_errors
+
+    if isinstance(exc, genai_errors.APIError):
+        return int(exc.code) if exc.code else None
+    import botocore.exceptions
+
+    if isinstance(exc, botocore.exceptions.ClientError):
+        status = (exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        return int(status) if status else None
+    return None
+
+
+def is_provider_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a provider's (an SDK's error, its transport's or a row it could
+    not read), which a tick logs and retries later, rather than a bug of ours."""
+    if isinstance(exc, openai.OpenAIError | anthropic.AnthropicError):
+        return True
+    import botocore.exceptions
+    import google.auth.exceptions
+    import httpx
+    import httpx2
+    from google.genai import errors as genai_errors
+
+    return isinstance(
+        exc,
+        genai_errors.APIError
+        | google.auth.exceptions.GoogleAuthError
+        | httpx.HTTPError
+        | httpx2.HTTPError
+        | botocore.exceptions.BotoCoreError
+        | botocore.exceptions.ClientError,
+    )
 
 
 def _response(body: dict[str, Any], request_id: str | None) -> ProviderResponse:
@@ -365,3 +416,349 @@ class AnthropicJobs:
 
     def cancel(self, spec: ModelSpec, job_id: str) -> None:
         self._client(spec).messages.batches.cancel(job_id)
+
+
+# --- Gemini: Batch Mode (batchGenerateContent, inline requests) ----------------------
+#
+# Each request carries ``metadata.key`` = its custom id and the job its tag as its
+# display name, so :meth:`GeminiJobs.find` lists the jobs (the list shows a job as soon
+# as it exists) to adopt one whose creation answer was lost. An ended job's inline
+# responses come back as ``chat.completion`` answers (batchgen.domain.formats.gemini),
+# its errors as row kinds; an expired job answers none (its rows are then missing, and
+# go online).
+
+GEMINI_RUNNING = {
+    "JOB_STATE_PENDING",
+    "JOB_STATE_QUEUED",
+    "JOB_STATE_RUNNING",
+    "JOB_STATE_CANCELLING",
+}
+# A failed job's error code as the reason the tick reads (429: the enqueued-token limit).
+GEMINI_FAILED_REASONS = {429: "token_limit_exceeded"}
+
+
+def _gemini() -> tuple[Any, Any]:
+    """The Gemini adapter and format (imported on first use: the SDK's import is heavy)."""
+    from batchgen.domain.formats import gemini as gemini_format
+    from batchgen.providers import gemini as gemini_adapter
+
+    return gemini_adapter, gemini_format
+
+
+def _gemini_state(job: Any) -> str:
+    state = getattr(job, "state", None)
+    return str(getattr(state, "value", state) or "")
+
+
+class GeminiJobs:
+    lists_running = True
+
+    def _client(self, spec: ModelSpec) -> Any:
+        return _gemini()[0].client_for(spec)
+
+    def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
+        _, gemini_format = _gemini()
+        requests = []
+        for row in rows:
+            params = gemini_format.request(
+                row.body, spec.provider.value, per_choice_max_tokens(row.body, row.max_tokens)
+            )
+            requests.append({**params, "metadata": {"key": custom_id(tag, row.item_id)}})
+        job = self._client(spec).batches.create(
+            model=spec.name, src=requests, config={"display_name": tag}
+        )
+        return str(job.name)
+
+    def find(self, spec: ModelSpec, tag: str) -> str | None:
+        pager = self._client(spec).batches.list(config={"page_size": FIND_LIMIT})
+        for i, job in enumerate(pager):
+            if job.display_name == tag:
+                return str(job.name)
+            if i + 1 >= FIND_LIMIT:
+                break
+        return None
+
+    def state(self, spec: ModelSpec, job_id: str) -> JobState:
+        job = self._client(spec).batches.get(name=job_id)
+        state = _gemini_state(job)
+        if state in GEMINI_RUNNING:
+            return JobState(JobStatus.RUNNING, 0, 0, 0)
+        if state == "JOB_STATE_FAILED":
+            error = getattr(job, "error", None)
+            code = getattr(error, "code", None)
+            return JobState(
+                JobStatus.FAILED, 0, 0, 0, GEMINI_FAILED_REASONS.get(code or 0, "failed")
+            )
+        responses = (job.dest.inlined_responses if job.dest else None) or []
+        ok = sum(1 for r in responses if r.response is not None)
+        return JobState(JobStatus.ENDED, len(responses), ok, len(responses) - ok)
+
+    def results(self, spec: ModelSpec, job_id: str, tag: str) -> Iterator[RowResult]:
+        gemini_adapter, gemini_format = _gemini()
+        job = self._client(spec).batches.get(name=job_id)
+        cancelled = _gemini_state(job) == "JOB_STATE_CANCELLED"
+        created = int(time.time())
+        for entry in (job.dest.inlined_responses if job.dest else None) or []:
+            item_id = item_of(str((entry.metadata or {}).get("key", "")), tag)
+            if item_id is None:
+                continue
+            if entry.response is not None:
+                answer = gemini_adapter._dump(entry.response)
+                try:
+                    body = gemini_format.chat_completion(answer, spec.name, created)
+                except (KeyError, TypeError, ValueError):
+                    yield RowResult(item_id, RowKind.ERRORED, error_code="malformed_row")
+                    continue
+                yield RowResult(item_id, RowKind.SUCCEEDED, _response(body, body["id"] or None))
+            elif cancelled:
+                yield RowResult(item_id, RowKind.CANCELLED, error_code="batch_cancelled")
+            else:
+                code = getattr(entry.error, "code", None)
+                yield RowResult(
+                    item_id,
+                    RowKind.ERRORED,
+                    error_code=f"error_{code}" if code is not None else "batch_error",
+                    error_message=f"the provider's job: error {code}",
+                )
+
+    def cancel(self, spec: ModelSpec, job_id: str) -> None:
+        self._client(spec).batches.cancel(name=job_id)
+
+
+# --- Bedrock: batch inference (CreateModelInvocationJob, S3 JSONL in and out) ----------
+#
+# The input file ``<storage_uri>/<tag>/input.jsonl`` holds one record per row,
+# ``{"recordId": <custom id>, "modelInput": <the model's InvokeModel body>}`` (Anthropic
+# Claude's Messages body, batchgen.domain.formats.anthropic_messages); the job is named
+# by its tag (also its client request token: a retried create makes no second job), so
+# :meth:`BedrockJobs.find` lists the jobs by name. Its output,
+# ``<output prefix>/<job id>/input.jsonl.out``, holds ``{"recordId", "modelInput",
+# "modelOutput"}`` or ``{"recordId", ..., "error"}`` per record; a stopped or expired job
+# has only the records it processed (the rest are missing, and go online).
+
+BEDROCK_RUNNING = {"Submitted", "Validating", "Scheduled", "InProgress", "Stopping"}
+BEDROCK_ENDED = {"Completed", "PartiallyCompleted", "Stopped", "Expired"}
+
+
+def _s3_location(uri: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` as ``("bucket", "some/prefix")``."""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    return bucket, prefix.strip("/")
+
+
+def _job_id(job_arn: str) -> str:
+    """The job's id (the last part of its ARN), which the API takes as its identifier."""
+    return job_arn.rsplit("/", 1)[-1]
+
+
+class BedrockJobs:
+    lists_running = True
+
+    def _clients(self, spec: ModelSpec) -> tuple[Any, Any]:
+        from batchgen.providers import bedrock as bedrock_adapter
+
+        route = spec.offline
+        region = spec.region or "us-east-1"
+        return (
+            bedrock_adapter.aws_client("bedrock", region, route.control_url),
+            bedrock_adapter.aws_client("s3", region, route.storage_endpoint),
+        )
+
+    def _prefix(self, spec: ModelSpec, tag: str) -> tuple[str, str]:
+        bucket, prefix = _s3_location(spec.offline.storage_uri or "")
+        return bucket, f"{prefix}/{tag}".lstrip("/")
+
+    def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
+        from batchgen.domain.formats import anthropic_messages
+
+        control, s3 = self._clients(spec)
+        records = [
+            {
+                "recordId": custom_id(tag, row.item_id),
+                "modelInput": anthropic_messages.request(
+                    row.body, per_choice_max_tokens(row.body, row.max_tokens)
+                ),
+            }
+            for row in rows
+        ]
+        data = b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
+        bucket, prefix = self._prefix(spec, tag)
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/input.jsonl", Body=data)
+        job = control.create_model_invocation_job(
+            jobName=tag,
+            clientRequestToken=tag,
+            roleArn=spec.offline.role_arn,
+            modelId=spec.name,
+            inputDataConfig={
+                "s3InputDataConfig": {
+                    "s3Uri": f"s3://{bucket}/{prefix}/input.jsonl",
+                    "s3InputFormat": "JSONL",
+                }
+            },
+            outputDataConfig={"s3OutputDataConfig": {"s3Uri": f"s3://{bucket}/{prefix}/output/"}},
+        )
+        return str(job["jobArn"])
+
+    def find(self, spec: ModelSpec, tag: str) -> str | None:
+        control, _ = self._clients(spec)
+        page = control.list_model_invocation_jobs(nameContains=tag, maxResults=FIND_LIMIT)
+        for job in page.get("invocationJobSummaries") or []:
+            if job.get("jobName") == tag:
+                return str(job["jobArn"])
+        return None
+
+    def state(self, spec: ModelSpec, job_id: str) -> JobState:
+        control, _ = self._clients(spec)
+        job = control.get_model_invocation_job(jobIdentifier=_job_id(job_id))
+        status = str(job.get("status"))
+        total = int(job.get("totalRecordCount") or 0)
+        ok, failed = int(job.get("successRecordCount") or 0), int(job.get("errorRecordCount") or 0)
+        if status == "Failed":
+            return JobState(JobStatus.FAILED, total, 0, 0, "failed")
+        if status in BEDROCK_ENDED:
+            return JobState(JobStatus.ENDED, total, ok, failed)
+        return JobState(JobStatus.RUNNING, total, ok, failed)
+
+    def results(self, spec: ModelSpec, job_id: str, tag: str) -> Iterator[RowResult]:
+        from batchgen.domain.formats import anthropic_messages
+
+        control, s3 = self._clients(spec)
+        job = control.get_model_invocation_job(jobIdentifier=_job_id(job_id))
+        out_uri = job["outputDataConfig"]["s3OutputDataConfig"]["s3Uri"]
+        bucket, prefix = _s3_location(out_uri)
+        key = f"{prefix}/{_job_id(job_id)}/input.jsonl.out".lstrip("/")
+        try:
+            data = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except Exception as exc:  # no output: a job stopped before it processed any
+            if status_of(exc) == 404 or "NoSuchKey" in type(exc).__name__:
+                return
+            raise
+        stopped = job.get("status") in ("Stopped", "Expired")
+        created = int(time.time())
+        for raw in data.splitlines():
+            if not raw.strip():
+                continue
+            record = json.loads(raw)
+            item_id = item_of(str(record.get("recordId", "")), tag)
+            if item_id is None:
+                continue
+            output = record.get("modelOutput")
+            if isinstance(output, dict):
+                try:
+                    body = anthropic_messages.chat_completion(output, spec.name, created)
+                except (KeyError, TypeError, ValueError):
+                    yield RowResult(item_id, RowKind.ERRORED, error_code="malformed_row")
+                    continue
+                yield RowResult(item_id, RowKind.SUCCEEDED, _response(body, body["id"] or None))
+                continue
+            error = record.get("error") or {}
+            code = safe_code(str(error.get("errorCode", ""))) or "batch_error"
+            kind = RowKind.CANCELLED if stopped else RowKind.ERRORED
+            yield RowResult(
+                item_id, kind, error_code=f"error_{code}", error_message=f"the job: {code}"
+            )
+
+    def cancel(self, spec: ModelSpec, job_id: str) -> None:
+        control, _ = self._clients(spec)
+        control.stop_model_invocation_job(jobIdentifier=_job_id(job_id))
+
+
+# --- Vertex AI: batch prediction (Cloud Storage JSONL in and out) ----------------------
+#
+# The input file ``<storage_uri>/<tag>/input.jsonl`` holds one ``{"request": <a
+# GenerateContentRequest>}`` per row, the row's custom id in the request's labels
+# (``batchgen_item``: ``<tag>-<item id>``, as label values allow); the job, named by
+# its tag, writes ``predictions.jsonl`` files under ``<storage_uri>/<tag>/output``,
+# each line its request (labels included) with a ``response`` or a ``status``.
+
+LABEL = "batchgen_item"
+
+
+def _label(tag: str, item_id: int) -> str:
+    return f"{tag}-{item_id}"
+
+
+def _labelled_item(value: str, tag: str) -> int | None:
+    prefix, _, item = value.rpartition("-")
+    return int(item) if prefix == tag and item.isdigit() else None
+
+
+class VertexJobs(GeminiJobs):
+    lists_running = True
+
+    def _bucket(self, spec: ModelSpec) -> tuple[Any, str]:
+        import google.auth.transport.requests
+
+        from batchgen.providers import cloud_storage
+
+        credentials = _gemini()[0].vertex_credentials(spec)
+        credentials.refresh(google.auth.transport.requests.Request())
+        bucket, prefix = cloud_storage.location(spec.offline.storage_uri or "")
+        store = cloud_storage.Bucket(spec.offline.storage_endpoint, bucket, credentials.token)
+        return store, prefix
+
+    def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
+        _, gemini_format = _gemini()
+        store, prefix = self._bucket(spec)
+        lines = []
+        for row in rows:
+            request = gemini_format.rest_request(
+                row.body,
+                spec.provider.value,
+                per_choice_max_tokens(row.body, row.max_tokens),
+                labels={LABEL: _label(tag, row.item_id)},
+            )
+            lines.append(json.dumps({"request": request}, ensure_ascii=False).encode())
+        folder = f"{prefix}/{tag}".lstrip("/")
+        store.put(f"{folder}/input.jsonl", b"\n".join(lines) + b"\n")
+        job = self._client(spec).batches.create(
+            model=spec.name,
+            src=f"gs://{store.bucket}/{folder}/input.jsonl",
+            config={"dest": f"gs://{store.bucket}/{folder}/output", "display_name": tag},
+        )
+        return str(job.name)
+
+    def state(self, spec: ModelSpec, job_id: str) -> JobState:
+        job = self._client(spec).batches.get(name=job_id)
+        state = _gemini_state(job)
+        if state in GEMINI_RUNNING:
+            return JobState(JobStatus.RUNNING, 0, 0, 0)
+        if state == "JOB_STATE_FAILED":
+            return JobState(JobStatus.FAILED, 0, 0, 0, "failed")
+        return JobState(JobStatus.ENDED, 0, 0, 0)
+
+    def results(self, spec: ModelSpec, job_id: str, tag: str) -> Iterator[RowResult]:
+        _, gemini_format = _gemini()
+        job = self._client(spec).batches.get(name=job_id)
+        cancelled = _gemini_state(job) == "JOB_STATE_CANCELLED"
+        store, prefix = self._bucket(spec)
+        folder = f"{prefix}/{tag}/output/".lstrip("/")
+        created = int(time.time())
+        for name in store.names(folder):
+            if not name.endswith(".jsonl"):
+                continue
+            for raw in store.get(name).splitlines():
+                if not raw.strip():
+                    continue
+                line = json.loads(raw)
+                labels = (line.get("request") or {}).get("labels") or {}
+                item_id = _labelled_item(str(labels.get(LABEL, "")), tag)
+                if item_id is None:
+                    continue
+                answer = line.get("response")
+                if isinstance(answer, dict):
+                    try:
+                        body = gemini_format.chat_completion(answer, spec.name, created)
+                    except (KeyError, TypeError, ValueError):
+                        yield RowResult(item_id, RowKind.ERRORED, error_code="malformed_row")
+                        continue
+                    yield RowResult(item_id, RowKind.SUCCEEDED, _response(body, body["id"] or None))
+                elif cancelled:
+                    yield RowResult(item_id, RowKind.CANCELLED, error_code="batch_cancelled")
+                else:
+                    yield RowResult(
+                        item_id,
+                        RowKind.ERRORED,
+                        error_code="batch_error",
+                        error_message="the provider's job: a row failed",
+                    )

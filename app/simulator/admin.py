@@ -95,9 +95,27 @@ async def _sim_deployments(request: web.Request) -> web.Response:
     return web.json_response({name: c.as_dict() for name, c in state.lane_configs.items()})
 
 
+async def _native_models(request: web.Request) -> web.Response:
+    """Gemini's and Vertex AI's models listings (a key or a bearer token required), and
+    Bedrock's ``ListFoundationModels`` (signed)."""
+    headers = request.headers
+    if not (headers.get("x-goog-api-key") or headers.get("authorization")):
+        body = {"error": {"code": 401, "message": "no credentials", "status": "UNAUTHENTICATED"}}
+        return web.json_response(body, status=401)
+    names = sorted(request.app[STATE].models)
+    if request.path.endswith("/foundation-models"):
+        summaries = [{"modelId": name, "modelArn": f"arn:aws:bedrock:::{name}"} for name in names]
+        return web.json_response({"modelSummaries": summaries})
+    return web.json_response({"models": [{"name": f"models/{name}"} for name in names]})
+
+
 def add_admin_routes(app: web.Application) -> None:
     """Register ``/v1/models`` and ``/_sim/*`` on ``app``."""
     app.router.add_get("/v1/models", _models)
+    app.router.add_get("/{version}/models", _native_models)
+    vertex = "/{version}/projects/{project}/locations/{location}/publishers/google/models"
+    app.router.add_get(vertex, _native_models)
+    app.router.add_get("/foundation-models", _native_models)
     app.router.add_get("/_sim/stats", _sim_stats)
     app.router.add_get("/_sim/log", _sim_log)
     app.router.add_post("/_sim/reset", _sim_reset)

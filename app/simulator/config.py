@@ -90,6 +90,9 @@ RUNTIME_FIELDS = frozenset(
         "batch_fail",
         "batch_enqueued_tokens_limit",
         "batch_create_delay_s",
+        "batch_min_records",
+        "s3_endpoint_url",
+        "gcs_endpoint_url",
         "flex_latency_factor",
         "flex_max_in_flight",
         "flex_refusal_rate",
@@ -135,6 +138,14 @@ class SimulatorConfig:
     batch_enqueued_tokens_limit: int | None = None
     # A create is answered this long after the job exists (an answer a crash can lose).
     batch_create_delay_s: float = 0.0
+    # Bedrock batch inference (app/simulator/bedrock_batches.py): the fewest records a
+    # job takes, and the S3 endpoint its input and output files are read and written at
+    # (a real S3-compatible server: moto's in the tests).
+    batch_min_records: int = 1
+    s3_endpoint_url: str | None = None
+    # Vertex AI batch prediction (app/simulator/gemini_batches.py): the Cloud Storage
+    # JSON API its jobs read and write (gcp-storage-emulator in the tests).
+    gcs_endpoint_url: str | None = None
     # OpenAI's flex tier (app/simulator/flex.py): a request with service_tier "flex" is
     # answered this many times slower, and refused with 429 "resource unavailable" while
     # flex_max_in_flight flex calls run on its deployment (None: never busy) or, by a
@@ -194,6 +205,8 @@ class SimulatorConfig:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if type(self.batch_min_records) is not int or self.batch_min_records < 1:
+            raise ValueError("batch_min_records must be a positive integer")
         if self.default_max_tokens < 1 or self.log_size < 1:
             raise ValueError("default_max_tokens and log_size must be >= 1")
 

@@ -155,8 +155,9 @@ def _anthropic_tools(tools: Sequence[Any], tool_choice: Any, encoding: str) -> i
 def prompt_tokens(
     api: str, body: Mapping[str, Any], messages: list[Mapping[str, Any]], encoding: str
 ) -> int:
-    """What the provider of ``api`` ("openai" or "anthropic") counts as the prompt."""
-    anthropic = api == "anthropic"
+    """What the provider of ``api`` counts as the prompt: "openai" (and Gemini's, here),
+    "anthropic" (and Bedrock's: its models are mostly Claude)."""
+    anthropic = api in ("anthropic", "bedrock")
     total = count_messages(messages, encoding) + _images(messages, anthropic)
     tools = body.get("tools")
     if isinstance(tools, list) and tools:

@@ -88,6 +88,8 @@ def status_fault_answer(
         message = context_length_message(api, window, prompt_tokens)
     else:
         message = f"Simulated HTTP {status}" + (f" ({code})." if code else ".")
+    if api in ("gemini", "bedrock"):
+        return status, error_body(api, status, message, code=code), headers
     if api == "anthropic":
         kind_name = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else None)
         return (

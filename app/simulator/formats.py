@@ -163,6 +163,10 @@ def error_body(
     param: str | None = None,
 ) -> dict[str, Any]:
     """An error body in the API's format; ``kind`` overrides the default error type."""
+    if api in ("gemini", "bedrock"):
+        from batchgen.simulator import native_errors as native
+
+        return native.error_body(api, status, message, code)
     if api == "anthropic":
         default = {
             400: "invalid_request_error",
@@ -184,6 +188,8 @@ def ratelimit_headers(
     A limiter with limit ``None`` (unlimited) contributes no headers.
     """
     out: dict[str, str] = {}
+    if api in ("gemini", "bedrock"):  # neither API sends rate-limit headers
+        return out
     for what, pair in (("requests", requests), ("tokens", tokens)):
         if pair is None or pair[0] is None:
             continue
@@ -356,6 +362,10 @@ def anthropic_end_events(
 
 def context_length_message(api: str, window: int, prompt_tokens: int) -> str:
     """The API's wording of a prompt over the context window."""
+    if api in ("gemini", "bedrock"):
+        from batchgen.simulator import native_errors as native
+
+        return native.context_length_message(api, window, prompt_tokens)
     if api == "anthropic":
         return f"prompt is too long: {prompt_tokens} tokens > {window} maximum"
     return (

@@ -26,10 +26,11 @@ from typing import Any
 from aiohttp import web
 
 from batchgen.domain.tokens import count_text, get_encoding
-from batchgen.simulator import counting, rich
+from batchgen.simulator import bedrock_batches, counting, gemini_batches, native, rich
 from batchgen.simulator import endpoints as other
 from batchgen.simulator import flex as flex_tier
 from batchgen.simulator import formats as fmt
+from batchgen.simulator import native_errors as errors
 from batchgen.simulator.admin import add_admin_routes
 from batchgen.simulator.batch_jobs import add_batch_routes
 from batchgen.simulator.config import SimulatorConfig
@@ -67,6 +68,8 @@ class _Call:
     sent: list[str] = field(default_factory=list)
     # The flex tier this call holds a place in (None: a standard call, or refused).
     flex: flex_tier.FlexTier | None = None
+    # Gemini's and Bedrock's streamed routes (their body has no stream flag).
+    native_stream: bool = False
 
     @property
     def admitted(self) -> bool:
@@ -77,13 +80,21 @@ def _api_key(request: web.Request) -> str | None:
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip() or None
-    return request.headers.get("x-api-key") or request.headers.get("api-key") or None
+    for name in ("x-api-key", "api-key", "x-goog-api-key"):
+        if request.headers.get(name):
+            return request.headers[name]
+    return None
 
 
 def _json(call: _Call, status: int, body: Any, extra: dict[str, str] | None = None) -> web.Response:
     call.entry["status"] = status
     call.entry["completed"] = True
-    return web.json_response(body, status=status, headers={**call.headers, **(extra or {})})
+    extra = dict(extra or {})
+    if call.api in errors.NATIVE_APIS and status >= 400:
+        extra.update(errors.error_headers(call.api, body))
+        if call.api == errors.GEMINI and status == 429 and "retry-after-ms" in extra:
+            body = errors.with_retry_info(body, int(extra["retry-after-ms"]) / 1000)
+    return web.json_response(body, status=status, headers={**call.headers, **extra})
 
 
 def _error(call: _Call, status: int, message: str, **kw: Any) -> web.Response:
@@ -104,6 +115,9 @@ def _parse(call: _Call, state: SimState, body: Any) -> ChatRequest:
         return other.parse_embeddings(body)
     if call.api == "anthropic":
         return fmt.parse_anthropic(body)
+    if call.api in errors.NATIVE_APIS:
+        parse = native.parse_gemini if call.api == errors.GEMINI else native.parse_bedrock
+        return parse(body, call.entry["model"], call.native_stream, state.config.default_max_tokens)
     return fmt.parse_openai(body, state.config.default_max_tokens)
 
 
@@ -113,11 +127,20 @@ def _prompt_tokens(call: _Call, body: Any, req: ChatRequest, encoding: str) -> i
         return other.responses_prompt_tokens(body, req.prompt_messages, encoding)
     if call.endpoint == EMBEDDINGS:
         return other.embeddings_prompt_tokens(body, encoding)
+    if call.api in errors.NATIVE_APIS:  # counted on the chat form it was read into
+        return counting.prompt_tokens(call.api, req.body, req.prompt_messages, encoding)
     return counting.prompt_tokens(call.api, body, req.prompt_messages, encoding)
 
 
+REQUEST_ID_HEADER = {"anthropic": "request-id", "bedrock": "x-amzn-RequestId"}
+
+
 async def _chat(
-    request: web.Request, api: str, model: str | None = None, endpoint: str = CHAT
+    request: web.Request,
+    api: str,
+    model: str | None = None,
+    endpoint: str = CHAT,
+    stream: bool = False,
 ) -> web.StreamResponse:
     state = request.app[STATE]
     name = request.match_info.get("lane")
@@ -131,11 +154,14 @@ async def _chat(
         api,
         rid,
         state.start(api, rid, item, request.remote, name),
-        {"request-id" if api == "anthropic" else "x-request-id": rid},
+        {REQUEST_ID_HEADER.get(api, "x-request-id"): rid},
         lane,
         endpoint,
+        native_stream=stream,
     )
     call.entry["endpoint"] = endpoint
+    if api in errors.NATIVE_APIS:
+        call.entry["model"] = model
     try:
         return await _serve(request, state, call, model)
     except asyncio.CancelledError:  # the client went away (handler cancellation)
@@ -179,8 +205,8 @@ async def _serve(
     except (ValueError, UnicodeDecodeError):
         state.counters["bad_requests"] += 1
         return _error(call, 400, "request body is not valid UTF-8 JSON")
-    if model is not None and isinstance(body, dict):  # Azure: the deployment is the model
-        body["model"] = model
+    if model is not None and isinstance(body, dict) and call.api not in errors.NATIVE_APIS:
+        body["model"] = model  # Azure: the deployment is the model
     state.last_request[call.api if call.endpoint == CHAT else call.endpoint] = body
     try:
         req = _parse(call, state, body)
@@ -276,6 +302,21 @@ async def _admit_and_answer(
         return _error(
             call, status, "The server had an error while processing your request (simulated)."
         )
+    if call.api in errors.NATIVE_APIS:
+        answer = rich.RichAnswer(
+            "openai",
+            req.body,
+            call.rid,
+            req.model,
+            (text, ctoks, finish),
+            call.prompt_tokens,
+            state.prompt_cache,
+            cfg.encoding,
+            0,
+            scope,
+        )
+        call.entry["finish_reason"] = answer.finish
+        return await _native_answer(request, state, call, req, answer, fault, (first_s, tokens_s))
     if call.endpoint != CHAT:
         delay_s = first_s + tokens_s
         return await _other_answer(request, state, call, req, (text, ctoks, finish), fault, delay_s)
@@ -534,6 +575,126 @@ async def _stream_rich(
     return resp
 
 
+async def _native_answer(
+    request: web.Request,
+    state: SimState,
+    call: _Call,
+    req: ChatRequest,
+    answer: rich.RichAnswer,
+    fault: str | None,
+    delays_s: tuple[float, float],
+) -> web.StreamResponse:
+    """A Gemini or Bedrock answer (plain, or its stream), after its latency."""
+    first_s, tokens_s = delays_s
+    completion = answer.openai_completion(int(time.time()))
+    await asyncio.sleep(first_s + (0 if req.stream else tokens_s))
+    if fault == "reset":
+        state.counters["errors"] += 1
+        return _abort(request, call)
+    call.delivered_tokens = answer.ctoks
+    if fault == "malformed":
+        state.counters["errors"] += 1
+        call.entry.update(status=200, completed=True)
+        cut = '{"candidates": [{"content": {"parts": [{"te'
+        return web.Response(status=200, headers=call.headers, content_type=JSON, text=cut)
+    gemini = call.api == errors.GEMINI
+    if not req.stream:
+        body = (
+            native.gemini_response(completion, call.rid, req.model)
+            if gemini
+            else native.bedrock_response(completion)
+        )
+        return _json(call, 200, body)
+    if gemini:
+        events = [native.sse(c) for c in native.gemini_stream(completion, call.rid, req.model)]
+        kind = "text/event-stream"
+    else:
+        events = [native.bedrock_event(k, e) for k, e in native.bedrock_events(completion)]
+        kind = "application/vnd.amazon.eventstream"
+    resp = web.StreamResponse(status=200, headers={**call.headers, "content-type": kind})
+    gap_s = tokens_s / max(1, len(events) - 1)
+    try:
+        await resp.prepare(request)
+        call.entry["status"] = 200
+        for i, event in enumerate(events):
+            if i and gap_s > 0:
+                await asyncio.sleep(gap_s)
+            await resp.write(event)
+        await resp.write_eof()
+        call.entry["completed"] = True
+    except ConnectionResetError:  # client closed the stream
+        call.entry["completed"] = False
+    return resp
+
+
+def _gemini_call(request: web.Request) -> tuple[str, str]:
+    """``(model, method)`` of a Gemini route's ``models/{model}:{method}``."""
+    model, _, method = request.match_info["call"].rpartition(":")
+    return model, method
+
+
+async def _gemini(request: web.Request) -> web.StreamResponse:
+    """``generateContent``, ``streamGenerateContent`` (``?alt=sse``), ``countTokens``,
+    ``embedContent`` and ``batchEmbedContents`` of the Gemini API and Vertex AI."""
+    model, method = _gemini_call(request)
+    if method == "generateContent":
+        return await _chat(request, errors.GEMINI, model)
+    if method == "batchGenerateContent":
+        return await gemini_batches.create(request, model)
+    if method == "streamGenerateContent":
+        if request.query.get("alt") != "sse":
+            body = errors.error_body(errors.GEMINI, 400, "the simulator streams with alt=sse only")
+            return web.json_response(body, status=400)
+        return await _chat(request, errors.GEMINI, model, stream=True)
+    state = request.app[STATE]
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError):
+        return web.json_response(errors.error_body(errors.GEMINI, 400, "not JSON"), status=400)
+    encoding = state.config.encoding
+    if method == "countTokens":
+        try:
+            req = native.parse_gemini(body, model, False, 1)
+        except BadRequest as exc:
+            return web.json_response(errors.error_body(errors.GEMINI, 400, exc.message), status=400)
+        total = counting.prompt_tokens(errors.GEMINI, req.body, req.prompt_messages, encoding)
+        return web.json_response({"totalTokens": total})
+    if method in ("embedContent", "batchEmbedContents"):
+        texts = native.gemini_texts(body)
+        size = native.EMBEDDING_DIMENSIONS
+        first = (body.get("requests") or [body])[0]
+        size = first.get("outputDimensionality") or size
+        vectors = [{"values": native.embedding(t, size)} for t in texts]
+        state.counters["embeddings"] += len(texts)
+        if method == "embedContent":
+            return web.json_response({"embedding": vectors[0]})
+        return web.json_response({"embeddings": vectors})
+    body = errors.error_body(errors.GEMINI, 404, f"method {method!r} is not served")
+    return web.json_response(body, status=404)
+
+
+async def _oauth_token(request: web.Request) -> web.Response:
+    """Google's OAuth 2.0 token endpoint for a service account's signed JWT (the
+    ``jwt-bearer`` grant): an access token for an hour (the assertion is not verified)."""
+    form = await request.post()
+    if form.get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer" or not form.get(
+        "assertion"
+    ):
+        return web.json_response({"error": "invalid_grant"}, status=400)
+    state = request.app[STATE]
+    state.counters["oauth_tokens"] += 1
+    token = "ya29.sim-" + fmt.new_id("openai").removeprefix("chatcmpl-")
+    return web.json_response({"access_token": token, "expires_in": 3600, "token_type": "Bearer"})
+
+
+async def _bedrock_converse(request: web.Request) -> web.StreamResponse:
+    return await _chat(request, errors.BEDROCK, request.match_info["model"])
+
+
+async def _bedrock_converse_stream(request: web.Request) -> web.StreamResponse:
+    return await _chat(request, errors.BEDROCK, request.match_info["model"], stream=True)
+
+
 async def _openai_chat(request: web.Request) -> web.StreamResponse:
     return await _chat(request, "openai")
 
@@ -571,6 +732,15 @@ def create_app(config: SimulatorConfig | None = None) -> web.Application:
         app.router.add_post(f"{prefix}/v1/embeddings", _openai_embeddings)
         azure = f"{prefix}/openai/deployments/{{deployment}}/chat/completions"
         app.router.add_post(azure, _azure_chat)
+        # Gemini API and Vertex AI (any API version), Bedrock's runtime.
+        app.router.add_post(prefix + "/{version}/models/{call}", _gemini)
+        vertex = "/{version}/projects/{project}/locations/{location}/publishers/google/models/"
+        app.router.add_post(prefix + vertex + "{call}", _gemini)
+        app.router.add_post(prefix + "/model/{model}/converse", _bedrock_converse)
+        app.router.add_post(prefix + "/model/{model}/converse-stream", _bedrock_converse_stream)
+    app.router.add_post("/token", _oauth_token)
     add_batch_routes(app)
+    gemini_batches.add_routes(app)
+    bedrock_batches.add_routes(app)
     add_admin_routes(app)
     return app

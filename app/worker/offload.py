@@ -38,9 +38,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
 
-import anthropic
-import openai
-
 from batchgen.config import Settings
 from batchgen.domain.endpoints import line_endpoint
 from batchgen.domain.offload import (
@@ -54,6 +51,7 @@ from batchgen.domain.offload import (
     online_time_s,
     plan_jobs,
     poll_delay_s,
+    too_few,
 )
 from batchgen.domain.status import JobStatus
 from batchgen.providers import offline
@@ -74,13 +72,14 @@ LINE_OVERHEAD_BYTES = 120
 Adapters = Callable[[ModelSpec], OfflineJobs]
 
 # Codes an item carries back online (never the provider's text).
-LATE, FAILED, MISSING, WINDOW, TOO_LARGE, OFF = (
+LATE, FAILED, MISSING, WINDOW, TOO_LARGE, OFF, TOO_FEW = (
     "offline_late",
     "offline_job_failed",
     "offline_no_row",
     "offline_window_passed",
     "offline_too_large",
     "offload_turned_off",
+    "offline_too_few",
 )
 
 
@@ -159,9 +158,7 @@ def _turned_off(model: str, settings: Settings, report: TickReport) -> None:
 
 
 def _status_of(exc: Exception) -> int | None:
-    if isinstance(exc, openai.APIStatusError | anthropic.APIStatusError):
-        return exc.status_code
-    return None
+    return offline.status_of(exc)
 
 
 def _refused(exc: Exception) -> bool:
@@ -172,7 +169,7 @@ def _refused(exc: Exception) -> bool:
 
 
 def _provider_error(exc: Exception) -> bool:
-    return isinstance(exc, openai.OpenAIError | anthropic.AnthropicError)
+    return offline.is_provider_error(exc)
 
 
 # --- 1. reconcile -----------------------------------------------------------------
@@ -200,8 +197,11 @@ def _reconcile(
             report.adopted += 1
             log.info("offload: job %d found at the provider as %s; adopted", job.id, found)
             if job.cancel_sent_at is not None:  # cancelled or cut off while unconfirmed
-                with contextlib.suppress(openai.OpenAIError, anthropic.AnthropicError):
+                try:
                     adapter.cancel(spec, found)
+                except Exception as exc:
+                    if not _provider_error(exc):
+                        raise
         elif job.status is JobStatus.CREATING and adapter.lists_running:
             provider_jobs.mark(session, job.id, JobStatus.ABANDONED, "create_lost")
             items.unassign_job(session, job.id)
@@ -402,7 +402,20 @@ def _plan(spec: ModelSpec, adapter: OfflineJobs, settings: Settings, report: Tic
                 )
             report.returned += len(too_large)
         bounds = JobBounds(route.max_requests, route.max_bytes, free)
-        for job_rows in plan_jobs(rows, bounds):
+        planned = plan_jobs(rows, bounds)
+        fits = len(rows) - len(too_large)
+        planned, small = too_few(planned, spec.min_job_requests, sum(map(len, planned)) == fits)
+        if small:
+            with session_scope() as session:
+                returned = items.return_online(
+                    session,
+                    TOO_FEW,
+                    "fewer than the provider's requests per job",
+                    item_ids=[r.item_id for r in small],
+                )
+            report.returned += len(returned)
+            report.batches.add(batch_id)
+        for job_rows in planned:
             tokens = _create(
                 spec, adapter, batch_id, job_rows, cutoff_at(deadline, online_s), group, settings
             )

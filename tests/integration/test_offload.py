@@ -13,11 +13,13 @@ import time
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+from google import genai
 from sqlalchemy import func, select
 
 from batchgen import python_api as client
@@ -35,7 +37,77 @@ from tests.helpers import (
     wait_batches,
 )
 
-MODELS = ["sim-small", "sim-claude"]
+MODELS = ["sim-small", "sim-claude", "sim-gemini", "anthropic.claude-sim", "sim-vertex"]
+VERTEX_BUCKET = "batchgen-vertex"
+# Gemini on Vertex AI at the simulator (its token endpoint signs the service account
+# in), batch prediction's Cloud Storage at gcp-storage-emulator's server.
+VERTEX_MODEL = """
+[models."sim-vertex"]
+provider = "vertex"
+base_url = "${BATCHGEN_SIMULATOR_URL:-http://127.0.0.1:8099}"
+api_key_env = "BATCHGEN_TEST_VERTEX_KEY_FILE"
+project = "sim-project"
+region = "us-central1"
+group = "sim"
+budget_key = "sim-vertex-account"
+context_window = 1000000
+max_output_tokens = 8192
+tokens_per_min = 2000000
+requests_per_min = 10000
+max_concurrency = 8
+input_usd_per_1m = 1.25
+output_usd_per_1m = 10.00
+"""
+VERTEX_ROUTE = """storage_uri = "gs://{bucket}/jobs"
+storage_endpoint = "{gcs}"
+"""
+BEDROCK = "anthropic.claude-sim"
+BUCKET = "batchgen-jobs"
+# Bedrock's control plane and runtime at the simulator, its S3 at moto's server.
+BEDROCK_MODEL = """
+[models."anthropic.claude-sim"]
+provider = "bedrock"
+base_url = "${BATCHGEN_SIMULATOR_URL:-http://127.0.0.1:8099}"
+api_key_env = "AWS_BEARER_TOKEN_BEDROCK"
+region = "us-east-1"
+group = "sim"
+budget_key = "sim-bedrock-account"
+context_window = 200000
+max_output_tokens = 8192
+tokens_per_min = 2000000
+requests_per_min = 10000
+max_concurrency = 8
+input_usd_per_1m = 3.00
+output_usd_per_1m = 15.00
+charge_policy = "actual"
+"""
+BEDROCK_ROUTE = """storage_uri = "s3://{bucket}/batchgen"
+role_arn = "arn:aws:iam::123456789012:role/batchgen-batch"
+storage_endpoint = "{s3}"
+control_url = "{sim}"
+min_requests = {min_requests}
+"""
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "AKIDBATCHGENTEST",
+    "AWS_SECRET_ACCESS_KEY": "batchgen-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+# A Gemini model at the simulator (Gemini Batch Mode, inline requests).
+GEMINI_MODEL = """
+[models."sim-gemini"]
+provider = "gemini"
+base_url = "${BATCHGEN_SIMULATOR_URL:-http://127.0.0.1:8099}"
+api_key_env = "BATCHGEN_SIMULATOR_KEY"
+group = "sim"
+budget_key = "sim-gemini-account"
+context_window = 1000000
+max_output_tokens = 8192
+tokens_per_min = 2000000
+requests_per_min = 10000
+max_concurrency = 8
+input_usd_per_1m = 0.30
+output_usd_per_1m = 2.50
+"""
 # The registry's offline route in these tests: a job is expected within a minute, and
 # 10 s are kept back to run a late job online.
 OFFLINE = """
@@ -53,27 +125,116 @@ OFFLOAD_ENV = {
 }
 
 
-def offload_models(path: Path, max_requests: int = 1000, extra: str = "") -> Path:
-    """The shipped registry with ``sim-small`` and ``sim-claude`` offloading."""
-    text = DEFAULT_MODELS_FILE.read_text()
+def offload_models(
+    path: Path, max_requests: int = 1000, extra: str = "", bedrock: str = "", vertex: str = ""
+) -> Path:
+    """The shipped registry, ``sim-gemini``, ``sim-vertex`` and a Claude model on
+    Bedrock, all of :data:`MODELS` offloading (``bedrock``, ``vertex``: their routes'
+    own fields)."""
+    text = DEFAULT_MODELS_FILE.read_text() + GEMINI_MODEL + BEDROCK_MODEL + VERTEX_MODEL
     for model in MODELS:
         header = f'[models."{model}"]\n'
         text = text.replace(header, header + "offload = true\n")
-        text += OFFLINE.format(model=model, max_requests=max_requests, extra=extra)
+        own = extra + {BEDROCK: "\n" + bedrock, "sim-vertex": "\n" + vertex}.get(model, "")
+        text += OFFLINE.format(model=model, max_requests=max_requests, extra=own)
     path.write_text(text)
     return path
 
 
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[str]:
+    """moto's S3 server (a real HTTP server, in a thread) with the jobs' bucket."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from batchgen.embedded import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+    )
+    s3.create_bucket(Bucket=BUCKET)
+    yield url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def gcs_server(simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """gcp-storage-emulator's Cloud Storage server (real HTTP, in a thread) with the jobs'
+    bucket; and a service-account key file whose token endpoint is the simulator's."""
+    import json
+
+    import httpx
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from gcp_storage_emulator.server import create_server
+
+    from batchgen.embedded import free_port
+
+    port = free_port()
+    server = create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    created = httpx.post(
+        f"{url}/storage/v1/b", params={"project": "sim-project"}, json={"name": VERTEX_BUCKET}
+    )
+    created.raise_for_status()
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    account = {
+        "type": "service_account",
+        "project_id": "sim-project",
+        "private_key_id": "sim-key",
+        "private_key": pem,
+        "client_email": "batchgen@sim-project.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": f"{simulator.base_url}/token",
+    }
+    key_file = tmp_path_factory.mktemp("vertex") / "service-account.json"
+    key_file.write_text(json.dumps(account))
+    os.environ["BATCHGEN_TEST_VERTEX_KEY_FILE"] = str(key_file)
+    yield url
+    os.environ.pop("BATCHGEN_TEST_VERTEX_KEY_FILE", None)
+    server.stop()
+
+
 @pytest.fixture
-def offloading(simulator, clean_db, tmp_path: Path) -> Iterator[Callable[..., dict[str, str]]]:
-    """Point this process at a registry whose two models offload; returns the environment
+def offloading(
+    simulator, s3_server: str, gcs_server: str, clean_db, tmp_path: Path
+) -> Iterator[Callable[..., dict[str, str]]]:
+    """Point this process at a registry whose models offload; returns the environment
     a worker needs for the same (call again to change the route's bounds)."""
     saved = dict(os.environ)
-    sim_config(simulator.base_url, batch_turnaround_s=1.0)
+    sim_config(
+        simulator.base_url,
+        batch_turnaround_s=1.0,
+        s3_endpoint_url=s3_server,
+        gcs_endpoint_url=gcs_server,
+    )
 
-    def use(max_requests: int = 1000, extra: str = "") -> dict[str, str]:
-        models = offload_models(tmp_path / "models.toml", max_requests, extra)
-        env = {"BATCHGEN_MODELS_FILE": str(models), **OFFLOAD_ENV}
+    def use(max_requests: int = 1000, extra: str = "", min_requests: int = 1) -> dict[str, str]:
+        bedrock = BEDROCK_ROUTE.format(
+            bucket=BUCKET, s3=s3_server, sim=simulator.base_url, min_requests=min_requests
+        )
+        vertex = VERTEX_ROUTE.format(bucket=VERTEX_BUCKET, gcs=gcs_server)
+        models = offload_models(tmp_path / "models.toml", max_requests, extra, bedrock, vertex)
+        env = {
+            "BATCHGEN_MODELS_FILE": str(models),
+            "BATCHGEN_TEST_VERTEX_KEY_FILE": os.environ["BATCHGEN_TEST_VERTEX_KEY_FILE"],
+            **OFFLOAD_ENV,
+            **AWS_ENV,
+        }
         os.environ.update(env)
         get_settings.cache_clear()
         load_registry.cache_clear()
@@ -92,6 +253,7 @@ def offloading(simulator, clean_db, tmp_path: Path) -> Iterator[Callable[..., di
         batch_fail=False,
         batch_enqueued_tokens_limit=None,
         batch_create_delay_s=0.0,
+        batch_min_records=1,
     )
 
 
@@ -160,6 +322,40 @@ def jobs_of(batch_id: str) -> list[ProviderJob]:
 def provider_jobs_at_simulator(simulator: Any, model: str) -> list[Any]:
     """Every job the simulator holds for ``model``'s API, through the official SDK."""
     spec = get_registry()[model]
+    if spec.provider == "bedrock":
+        import boto3
+
+        control = boto3.client("bedrock", endpoint_url=simulator.base_url, region_name="us-east-1")
+        named = {"Stopped": "cancelled", "Completed": "completed"}
+        return [
+            SimpleNamespace(id=job["jobArn"], status=named.get(job["status"], job["status"]))
+            for job in control.list_model_invocation_jobs()["invocationJobSummaries"]
+        ]
+    if spec.provider == "vertex":
+        from batchgen.providers.gemini import vertex_credentials
+
+        sdk_vertex = genai.Client(
+            vertexai=True,
+            project=spec.project,
+            location=spec.region,
+            credentials=vertex_credentials(spec),
+            http_options={"base_url": simulator.base_url, "api_version": "v1beta1"},
+        )
+        named = {"JOB_STATE_CANCELLED": "cancelled", "JOB_STATE_SUCCEEDED": "completed"}
+        return [
+            SimpleNamespace(id=job.name, status=named.get(job.state.value, job.state.value))
+            for job in sdk_vertex.batches.list(config={"page_size": 100})
+        ]
+    if spec.provider == "gemini":
+        sdk_gemini = genai.Client(
+            api_key=spec.api_key(),
+            http_options={"base_url": simulator.base_url, "api_version": "v1beta"},
+        )
+        states = {"JOB_STATE_CANCELLED": "cancelled", "JOB_STATE_SUCCEEDED": "completed"}
+        return [
+            SimpleNamespace(id=job.name, status=states.get(job.state.value, job.state.value))
+            for job in sdk_gemini.batches.list(config={"page_size": 100})
+        ]
     if spec.provider == "anthropic":
         sdk = anthropic.Anthropic(base_url=simulator.base_url, api_key=spec.api_key())
         return list(sdk.messages.batches.list(limit=100).data)
@@ -314,14 +510,17 @@ def test_a_partly_failed_job_runs_its_errored_rows_online(offloading, simulator,
     assert_daily_usage_matches_ledger()
 
 
-def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(offloading, simulator, workers):
+@pytest.mark.parametrize("model", ["sim-small", "sim-gemini", BEDROCK, "sim-vertex"])
+def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(
+    offloading, simulator, workers, model
+):
     env = offloading()
     sim_config(simulator.base_url, batch_turnaround_s=600)  # far later than the deadline
     tenant = "offload-late"
     make_tenant(tenant)
     # always: offloaded whenever more than fallback_s (10 s) is left; cut off 10 s
     # (plus the drain time) before the 40 s deadline: a loaded machine has 25 s to create the job.
-    batch_id = submit(tenant, 4, "sim-small", offload="always", completion_window="40s")
+    batch_id = submit(tenant, 4, model, offload="always", completion_window="40s")
     assert statuses(batch_id) == {"offloaded": 4}
     workers(env=env)
     reports = ticks_until(lambda: finished(batch_id), timeout_s=60)
@@ -330,10 +529,28 @@ def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(offloading, sim
     assert sum(r.cut_off for r in reports) == 1
     (job,) = jobs_of(batch_id)
     assert job.cancel_reason == "cutoff"
-    at_provider = [j for j in provider_jobs_at_simulator(simulator, "sim-small")]
+    at_provider = [j for j in provider_jobs_at_simulator(simulator, model)]
     assert any(j.id == job.provider_job_id and j.status == "cancelled" for j in at_provider)
     assert ledger_by_route(batch_id) == {("online", False): 4}
     assert late_items(batch_id) == 0
+
+
+def test_a_remainder_under_bedrocks_minimum_records_runs_online(offloading, simulator, workers):
+    """Bedrock takes jobs of its minimum records or more (100; 3 here, and the simulator
+    refuses fewer): of 4 items in jobs of 3, the one left over runs online."""
+    env = offloading(max_requests=3, min_requests=3)
+    sim_config(simulator.base_url, batch_min_records=3)
+    tenant = "offload-bedrock-minimum"
+    make_tenant(tenant)
+    batch_id = submit(tenant, 4, BEDROCK)
+    workers(env=env)
+    ticks_until(lambda: finished(batch_id), timeout_s=60)
+
+    assert statuses(batch_id) == {"succeeded": 4}
+    assert ledger_by_route(batch_id) == {("offline", False): 3, ("online", False): 1}
+    (job,) = jobs_of(batch_id)
+    assert (job.status, job.item_count) == ("ended", 3)
+    assert_ledger_is_results_plus_waste()
 
 
 @pytest.mark.parametrize("model", MODELS)

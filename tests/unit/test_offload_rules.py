@@ -141,3 +141,17 @@ def test_a_bad_offline_route_names_its_field():
         parse_registry(BASE + '[models."m".offline]\nturnaround_s = -1\n')
     with pytest.raises(ConfigError, match=r"model 'm': offline\.max_jobs"):
         parse_registry(BASE + '[models."m".offline]\nmax_jobs = 3\n')
+
+
+def test_a_remainder_under_the_providers_minimum_runs_online_or_waits():
+    from batchgen.domain.offload import JobBounds, Row, plan_jobs, too_few
+
+    rows = [Row(i, 10, 100) for i in range(7)]
+    jobs = plan_jobs(rows, JobBounds(3, 10_000, None))
+    assert [len(j) for j in jobs] == [3, 3, 1]
+    kept, small = too_few(jobs, 3, all_planned=True)
+    assert [len(j) for j in kept] == [3, 3] and [r.item_id for r in small] == [6]
+    # Rows held back by the token room: the small job waits with them.
+    kept, small = too_few(jobs, 3, all_planned=False)
+    assert [len(j) for j in kept] == [3, 3] and small == []
+    assert too_few(jobs, 1, all_planned=True) == (jobs, [])

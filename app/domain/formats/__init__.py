@@ -1,0 +1,36 @@
+"""OpenAI chat requests and answers in and out of the other providers' native formats
+(pure).
+
+:mod:`.chat` reads an OpenAI chat body into the parts every format shares (system
+text, turns of text, images, tool calls and tool results; tools, tool choice, a
+JSON schema, sampling) and refuses, naming the field, what a provider kind cannot
+take; :mod:`.gemini` writes them as a Gemini ``generateContent`` request (the Gemini
+API and Vertex AI alike) and reads its answer back as a ``chat.completion`` (and its
+stream as ``chat.completion.chunk`` objects); :mod:`.bedrock` does the same for
+Bedrock's Converse / ConverseStream.
+
+No SDK is imported here: the adapters (:mod:`batchgen.providers.gemini`,
+:mod:`batchgen.providers.bedrock`) hand these functions plain dicts.
+"""
+
+from __future__ import annotations
+
+from batchgen.domain.formats.chat import (
+    BEDROCK,
+    GEMINI,
+    NATIVE_KINDS,
+    VERTEX,
+    Untranslatable,
+    parse_chat,
+    refusal,
+)
+
+__all__ = [
+    "BEDROCK",
+    "GEMINI",
+    "NATIVE_KINDS",
+    "VERTEX",
+    "Untranslatable",
+    "parse_chat",
+    "refusal",
+]

@@ -1,0 +1,294 @@
+"""Gemini, Vertex AI and Bedrock models through the whole of batchgen: a batch of OpenAI
+chat lines (tools, images, a JSON schema, tool results) submitted with the OpenAI SDK
+runs on a real worker, which calls the simulator with the official SDKs
+(``google-genai``, ``boto3``); the output file carries the answers whole in OpenAI's
+format, the ledger the simulator's own token counts at the registry's prices; a
+streamed sync call relays chunk by chunk; what a kind cannot carry is refused at
+submit, naming the line and field."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from sqlalchemy import select
+
+from batchgen.config import get_settings
+from batchgen.domain.admission import canonical_text
+from batchgen.domain.cost import cost_usd
+from batchgen.providers import get_provider
+from batchgen.providers.base import ProviderRequest
+from batchgen.registry import get_registry, load_registry
+from batchgen.store import db
+from batchgen.store.schema import UsageLedger
+from tests.helpers import make_tenant
+from tests.integration.test_providers_native import schema_body, tools_body
+
+MODELS = """
+[models."gemini-sim"]
+provider = "gemini"
+base_url = "${BATCHGEN_SIMULATOR_URL}"
+api_key_env = "BATCHGEN_SIMULATOR_KEY"
+group = "native"
+budget_key = "gemini-account"
+context_window = 1000000
+max_output_tokens = 8192
+tokens_per_min = 2000000
+requests_per_min = 2000
+max_concurrency = 8
+input_usd_per_1m = 0.30
+output_usd_per_1m = 2.50
+
+[models."vertex-sim"]
+provider = "vertex"
+base_url = "${BATCHGEN_SIMULATOR_URL}"
+api_key_env = "BATCHGEN_TEST_VERTEX_KEY_FILE"
+project = "sim-project"
+region = "us-central1"
+group = "native"
+budget_key = "vertex-account"
+context_window = 1000000
+max_output_tokens = 8192
+tokens_per_min = 2000000
+requests_per_min = 2000
+max_concurrency = 8
+input_usd_per_1m = 1.25
+output_usd_per_1m = 10.00
+
+[models."bedrock-sim"]
+provider = "bedrock"
+base_url = "${BATCHGEN_SIMULATOR_URL}"
+api_key_env = "AWS_BEARER_TOKEN_BEDROCK"
+region = "us-east-1"
+group = "native"
+budget_key = "bedrock-account"
+context_window = 200000
+max_output_tokens = 8192
+tokens_per_min = 2000000
+requests_per_min = 2000
+max_concurrency = 8
+input_usd_per_1m = 3.00
+output_usd_per_1m = 15.00
+charge_policy = "actual"
+"""
+NATIVE = ("gemini-sim", "vertex-sim", "bedrock-sim")
+VOLATILE = ("id", "created")
+
+
+@pytest.fixture(scope="module")
+def native_env(simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The registry of the three kinds at the simulator, dummy AWS credentials and a
+    service-account key whose token endpoint is the simulator's, in this process's
+    environment (the API and worker processes inherit it)."""
+    folder = Path(tmp_path_factory.mktemp("native"))
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    account = {
+        "type": "service_account",
+        "project_id": "sim-project",
+        "private_key_id": "sim-key",
+        "private_key": pem,
+        "client_email": "batchgen@sim-project.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": f"{simulator.base_url}/token",
+    }
+    (folder / "service-account.json").write_text(json.dumps(account))
+    (folder / "models.toml").write_text(MODELS)
+    env = {
+        "BATCHGEN_MODELS_FILE": str(folder / "models.toml"),
+        "BATCHGEN_TEST_VERTEX_KEY_FILE": str(folder / "service-account.json"),
+        "AWS_ACCESS_KEY_ID": "AKIDSIMULATOR",
+        "AWS_SECRET_ACCESS_KEY": "sim-secret",
+    }
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    get_settings.cache_clear()
+    load_registry.cache_clear()
+    yield env
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    get_settings.cache_clear()
+    load_registry.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def stack(native_env: dict[str, str], module_api_server, module_workers) -> str:
+    worker = module_workers(concurrency=4, wait=False, env=native_env)
+    base_url = module_api_server(env=native_env)
+    worker.wait_ready()
+    return base_url
+
+
+@pytest.fixture
+def oai(clean_db, stack: str) -> Iterator[openai.OpenAI]:
+    key = make_tenant("native")
+    with openai.OpenAI(base_url=f"{stack}/v1", api_key=key, max_retries=0) as client:
+        yield client
+
+
+def _line(custom_id: str, model: str, body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": model, **body},
+    }
+
+
+def _same(answer: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in answer.items() if k not in VOLATILE}
+
+
+def _direct(model: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The adapter's answer to the same request, called from this process (the body as
+    batchgen stores it: its keys sorted, which the provider's token count can tell)."""
+    spec = get_registry()[model]
+    stored = json.loads(canonical_text({"model": model, **body}))
+    request = ProviderRequest(spec=spec, body=stored, timeout_s=30)
+    return get_provider(spec).complete(request).body
+
+
+def _poll(client: openai.OpenAI, batch_id: str, timeout_s: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "expired", "cancelled"):
+            return batch
+        assert time.monotonic() < deadline, f"batch still {batch.status}"
+        time.sleep(0.2)
+
+
+def _sim_entry(simulator, item_id: int) -> dict[str, Any]:
+    entries = httpx.get(f"{simulator.base_url}/_sim/log", params={"item": str(item_id)}).json()
+    done = [e for e in entries if e["status"] == 200 and e["completed"]]
+    assert len(done) == 1, entries
+    entry: dict[str, Any] = done[0]
+    return entry
+
+
+def test_a_batch_reaches_each_kind_and_comes_back_whole(oai: openai.OpenAI, simulator) -> None:
+    bodies = {"tools": tools_body(), "schema": schema_body()}
+    lines = [
+        _line(f"{model}/{case}", model, body)
+        for model in NATIVE
+        for case, body in sorted(bodies.items())
+    ]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    upload = oai.files.create(file=("native.jsonl", content), purpose="batch")
+    batch = oai.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = _poll(oai, batch.id)
+    assert done.status == "completed" and done.output_file_id, done
+    assert done.request_counts.completed == len(lines) and not done.error_file_id
+    rows = {
+        row["custom_id"]: row
+        for row in map(json.loads, oai.files.content(done.output_file_id).text.splitlines())
+    }
+    assert sorted(rows) == sorted(line["custom_id"] for line in lines)
+    for custom_id, row in rows.items():
+        model, case = custom_id.split("/")
+        answer = row["response"]["body"]
+        assert row["response"]["status_code"] == 200
+        assert answer["object"] == "chat.completion"
+        expected = _direct(model, bodies[case])
+        assert _same(answer) == _same(expected), custom_id
+        (choice,) = answer["choices"]
+        assert choice["finish_reason"] == "tool_calls"
+        assert choice["message"]["tool_calls"][0]["function"]["name"] == "find_product"
+
+    # The ledger: the simulator's own counts of each call, at the model's prices.
+    with db.session_scope() as session:
+        ledger = session.execute(
+            select(
+                UsageLedger.item_id,
+                UsageLedger.model,
+                UsageLedger.prompt_tokens,
+                UsageLedger.completion_tokens,
+                UsageLedger.cost_usd,
+                UsageLedger.usage_source,
+            )
+        ).all()
+    assert len(ledger) == len(lines)
+    registry = get_registry()
+    for item_id, model, prompt, completion, cost, source in ledger:
+        entry = _sim_entry(simulator, item_id)
+        assert entry["model"] == model
+        assert (prompt, completion) == (entry["prompt_tokens"], entry["completion_tokens"])
+        assert source == "provider"
+        assert cost == cost_usd(prompt, completion, registry[model])
+        assert cost > 0
+
+
+@pytest.mark.parametrize("model", NATIVE)
+def test_a_streamed_sync_call_relays_chunk_by_chunk(
+    oai: openai.OpenAI, simulator, model: str
+) -> None:
+    httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_per_token_ms": 2})
+    try:
+        body = {
+            "messages": [{"role": "user", "content": "Describe a lamp in a few words."}],
+            "max_tokens": 400,
+        }
+        plain = oai.chat.completions.create(model=model, **body)
+        arrivals: list[float] = []
+        texts: list[str] = []
+        with oai.chat.completions.stream(
+            model=model, stream_options={"include_usage": True}, **body
+        ) as stream:
+            for event in stream:
+                if event.type == "content.delta":
+                    arrivals.append(time.monotonic())
+                    texts.append(event.delta)
+            final = stream.get_final_completion()
+        assert len(texts) > 2  # relayed as they came, not as one answer
+        assert (
+            "".join(texts) == plain.choices[0].message.content == final.choices[0].message.content
+        )
+        assert final.choices[0].finish_reason == plain.choices[0].finish_reason == "stop"
+        assert final.usage is not None and plain.usage is not None
+        assert final.usage.completion_tokens == plain.usage.completion_tokens > 0
+        assert final.usage.prompt_tokens == plain.usage.prompt_tokens
+    finally:
+        httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_per_token_ms": 0.5})
+
+
+@pytest.mark.parametrize(
+    ("model", "extra", "param"),
+    [
+        ("gemini-sim", {"logprobs": True}, "body.logprobs"),
+        ("bedrock-sim", {"n": 2}, "body.n"),
+        ("vertex-sim", {"tools": [{"type": "web_search"}]}, "body.tools[0].type"),
+    ],
+)
+def test_what_a_kind_cannot_carry_is_refused_at_submit(
+    oai: openai.OpenAI, model: str, extra: dict[str, Any], param: str
+) -> None:
+    body = {"messages": [{"role": "user", "content": "Hi."}], "max_tokens": 10, **extra}
+    lines = [_line("fine", model, {"messages": body["messages"]}), _line("bad", model, body)]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    with pytest.raises(openai.BadRequestError) as caught:  # the upload validates its lines
+        oai.files.create(file=("refused.jsonl", content), purpose="batch")
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert error.get("param") == param and error.get("line") == 2, error
+    assert param in str(error.get("message")), error
+    with pytest.raises(openai.BadRequestError) as sync:
+        oai.chat.completions.create(model=model, **body)
+    assert isinstance(sync.value.body, dict) and sync.value.body.get("param") == param
