@@ -279,11 +279,14 @@ async def cookbook_client(
 ) -> StatusTracker:
     """The cookbook's main loop (process_api_requests_from_file), reading a list."""
     import aiohttp
-    import tiktoken
+
+    from batchgen.domain.tokens import get_encoding
 
     seconds_to_pause_after_rate_limit_error = 15
     seconds_to_sleep_each_loop = 0.001
-    encoding = tiktoken.get_encoding("cl100k_base")
+    # tiktoken's cl100k_base, from the packaged file (tiktoken.get_encoding would
+    # download it; this machine has no network).
+    encoding = get_encoding("cl100k_base")
     request_header = {"Authorization": "Bearer sk-cookbook"}
     queue_of_requests_to_retry: asyncio.Queue[APIRequest] = asyncio.Queue()
     status_tracker = StatusTracker()
@@ -520,7 +523,7 @@ def main() -> None:
         print(
             f"{round_:5d} {r.label:26} {r.failed:6d} {acc.refused:5d} {calls:9.3f} "
             f"{fastest:9.2f} {acc.span_s:7.2f} {share:10.3f} {r.completion_s:7.2f} "
-            f"{acc.admitted_tokens:7d} {shape.split()[0]:>8}"
+            f"{acc.admitted_tokens:7d} {(shape or '-').split()[0]:>8}"
         )
 
 
