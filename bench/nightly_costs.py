@@ -45,6 +45,7 @@ prompt_cache = {cache}
 [models."{name}".offline]
 turnaround_s = 3600
 fallback_s = 600
+max_bytes = 15000000  # the simulator takes a body of at most 16 MiB
 
 [models."{name}".flex]
 latency_s = 30
@@ -77,6 +78,7 @@ prompt_cache = {cache}
 [models."{name}".offline]
 turnaround_s = 3600
 fallback_s = 600
+max_bytes = 15000000  # the simulator takes a body of at most 16 MiB
 """
 PROVIDERS = {
     "openai": (OPENAI_TOML, "gpt-5-mini prices, flex at half"),

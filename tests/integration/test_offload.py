@@ -630,3 +630,42 @@ def test_an_anthropic_job_reads_the_prompt_cache_at_the_batch_price(offloading, 
     )
     assert sum(r.cost_usd for r in rows) < Decimal("0.5") * uncached
     assert_ledger_is_results_plus_waste()
+
+
+FLEX_TABLE = """
+[models."sim-small".flex]
+latency_s = 1
+timeout_s = 10
+fallback_s = 5
+"""
+
+
+def test_items_back_from_an_expired_job_run_flex_where_the_model_offers_it(
+    offloading, simulator, workers
+):
+    """A model with both the Batch API and flex: its job expires, and its items, back
+    online with an hour left, run flex at the batch prices, not standard at twice them."""
+    env = offloading()
+    models = Path(env["BATCHGEN_MODELS_FILE"])
+    models.write_text(models.read_text() + FLEX_TABLE)
+    get_settings.cache_clear()
+    load_registry.cache_clear()
+    assert get_registry()["sim-small"].flex is not None
+    sim_config(simulator.base_url, batch_expire=True, batch_turnaround_s=0.5)
+    tenant = "offload-expired-flex"
+    make_tenant(tenant)
+    batch_id = submit(tenant, 5, "sim-small")
+    assert statuses(batch_id) == {"offloaded": 5}
+    workers(env=env)
+    ticks_until(lambda: finished(batch_id), timeout_s=60)
+
+    assert statuses(batch_id) == {"succeeded": 5}
+    with db.session_scope() as session:
+        tiers = session.execute(
+            select(UsageLedger.route, UsageLedger.tier, func.count())
+            .where(UsageLedger.batch_id == batch_id, UsageLedger.waste_reason.is_(None))
+            .group_by(UsageLedger.route, UsageLedger.tier)
+        ).all()
+    assert [tuple(t) for t in tiers] == [("online", "flex", 5)]
+    assert late_items(batch_id) == 0
+    assert_ledger_is_results_plus_waste()
