@@ -365,7 +365,7 @@ def _print_ratios(args: argparse.Namespace, results: dict[str, dict[str, Night]]
     made: the route and the cache without the reuse). batchgen's route must cost no more
     per call than the best single feature for the same deadline."""
     print(
-        f"\ncost / online standard{'':3}{'window':>7}{'single features that fit':>44}"
+        f"\n{'cost / online standard':22} {'window':>6}  {'single features that fit':62}"
         f"{'best':>7}{'batchgen':>9}{'per call':>9}{'route <= best':>14}{'in time':>8}"
     )
     for provider, runs in results.items():
@@ -385,7 +385,7 @@ def _print_ratios(args: argparse.Namespace, results: dict[str, dict[str, Night]]
             in_time = ours.late == 0 and ours.succeeded + ours.reused == args.items
             listed = ", ".join(f"{k} {v:.3f}" for k, v in singles.items())
             print(
-                f"{provider:25}{window:>7}{listed:>44}{best:>7.3f}"
+                f"{provider:22} {window:>6}  {listed:62}{best:>7.3f}"
                 f"{ours.cost / standard.cost:>9.3f}{per_call:>9.3f}"
                 f"{'yes' if per_call <= best + Decimal('0.005') else 'NO':>14}"
                 f"{'yes' if in_time else 'NO':>8}"
