@@ -274,6 +274,10 @@ class Settings(BaseSettings):
     # it (threads take their turns between grant and send), so the level set from the
     # header leaves them out as if not yet counted (0: only calls granted after it).
     budget_send_spread_s: float = Field(default=0.05, ge=0.0)
+    # A model whose registry entry sets no limit_shape starts as a bucket and learns
+    # its provider's shape from the reset headers (app/domain/rate_limits.py
+    # shape_evidence): this many headers in a row that show the other shape switch it.
+    budget_shape_samples: int = Field(default=3, ge=1)
 
     # Deployment pools (app/domain/pools.py): a call that fails on one deployment of a
     # model with several (429, 5xx, time-out, refused connection) goes to another at

@@ -91,16 +91,28 @@ class ChargePolicy(StrEnum):
 
 class LimitShape(StrEnum):
     """How the provider's limiter counts tokens and requests over time (see
-    :mod:`batchgen.limits.budget`)."""
+    :mod:`batchgen.limits.budget`). A registry entry that sets none starts as a
+    bucket and learns the shape from the provider's reset headers
+    (:func:`batchgen.domain.rate_limits.shape_evidence`)."""
 
     # A sliding window: a call counts against the limit for one window (plus a
-    # guard), then not at all. Never exceeds any provider's per-minute limit: the
-    # safe default, for servers whose limiter is unknown.
+    # guard), then not at all. Never exceeds any provider's per-minute limit.
     WINDOW = "window"
     # A token bucket of capacity = the limit, refilled continuously at limit per
     # window (OpenAI's and Anthropic's documented limiters): capacity freed by a
     # call returns a little every second, not all at once a minute later.
     BUCKET = "bucket"
+
+
+# What the budget's scripts are told of a deployment that sets no limit_shape: the
+# shape learned from its provider's headers (a bucket until they show otherwise).
+LEARNED_SHAPE = "learn"
+
+
+def shape_arg(shape: LimitShape | None) -> str:
+    """A deployment's ``limit_shape`` as the budget's scripts read it: ``"window"``,
+    ``"bucket"`` or, when the registry sets none, ``"learn"``."""
+    return LEARNED_SHAPE if shape is None else shape.value
 
 
 class Tier(StrEnum):
@@ -290,7 +302,9 @@ class Deployment(ProviderTarget):
     tokens_per_min: PositiveInt
     requests_per_min: PositiveInt
     max_concurrency: PositiveInt
-    limit_shape: LimitShape = LimitShape.WINDOW
+    # None: not set, learned from the provider's headers (a bucket until they show
+    # otherwise).
+    limit_shape: LimitShape | None = None
     # Its concurrency slots' key (the model's name for the implicit deployment).
     slot_key: str
     input_usd_per_1m: float | None = Field(default=None, ge=0)
@@ -361,7 +375,9 @@ class ModelSpec(ProviderTarget):
     tiers: dict[Tier, TierPrices] = Field(default_factory=dict)
     encoding: str = "cl100k_base"
     charge_policy: ChargePolicy = ChargePolicy.RESERVE
-    limit_shape: LimitShape = LimitShape.WINDOW
+    # None: not set, learned from the provider's headers (a bucket until they show
+    # otherwise; LimitShape).
+    limit_shape: LimitShape | None = None
     max_attempts: PositiveInt = 5
     call_timeout_s: PositiveFloat | None = None
     # Open work (estimated tokens) admitted at most; default: BATCHGEN_MAX_BACKLOG_MIN
@@ -664,7 +680,7 @@ def parse_registry(text: str, source: str = "<string>") -> Registry:
             msg = first["msg"].removeprefix("Value error, ")
             raise ConfigError(f"{source}: model {name!r}: {where}{msg}") from exc
     check_shared_budgets(models.values(), source)
-    return Registry(models)
+    return Registry(adopt_shared_shapes(models))
 
 
 SHARED_LIMITS = ("tokens_per_min", "requests_per_min", "limit_shape")
@@ -683,12 +699,40 @@ def check_shared_budgets(models: Iterable[ModelSpec], source: str = "<string>") 
     for key, users in sorted(by_key.items()):
         for field in SHARED_LIMITS:
             values = {getattr(d, field) for _, d in users}
+            if field == "limit_shape":
+                values.discard(None)  # not set: it takes the one the others set
             if len(values) > 1:
                 declared = ", ".join(f"{label!r}: {getattr(d, field)}" for label, d in users)
                 raise ConfigError(
                     f"{source}: models sharing budget_key {key!r} declare different "
                     f"{field} ({declared}); one account has one limit: make them equal"
                 )
+
+
+def adopt_shared_shapes(models: dict[str, ModelSpec]) -> dict[str, ModelSpec]:
+    """A deployment that sets no ``limit_shape`` but shares its ``budget_key`` with one
+    that does takes that shape (one account, one budget, kept one way)."""
+    declared: dict[str, LimitShape] = {}
+    for spec in models.values():
+        for d in spec.deployments:
+            if d.limit_shape is not None:
+                declared[d.budget_key] = d.limit_shape
+    out: dict[str, ModelSpec] = {}
+    for name, spec in models.items():
+        if not any(d.limit_shape is None and d.budget_key in declared for d in spec.deployments):
+            out[name] = spec
+            continue
+        pool = tuple(
+            d.model_copy(update={"limit_shape": declared[d.budget_key]})
+            if d.limit_shape is None and d.budget_key in declared
+            else d
+            for d in spec.deployments
+        )
+        update: dict[str, object] = {"deployments": pool}
+        if not spec.pooled:
+            update["limit_shape"] = pool[0].limit_shape
+        out[name] = spec.model_copy(update=update)
+    return out
 
 
 @functools.cache

@@ -157,8 +157,9 @@ def live_model_env(
     return env
 
 
-def reset_state(sim_url: str) -> None:
-    """Empty tables, an empty Redis and a fresh simulator between runs.
+def reset_state(sim_url: str | None) -> None:
+    """Empty tables, an empty Redis and a fresh simulator (None: no simulator) between
+    runs.
 
     The previous run's calls are let finish first; TRUNCATE then takes its
     table locks (retried if a worker's transaction still holds one).
@@ -195,7 +196,8 @@ def reset_state(sim_url: str) -> None:
                 raise
             time.sleep(0.5)
     get_redis().flushdb()
-    httpx.post(f"{sim_url}/_sim/reset").raise_for_status()
+    if sim_url is not None:
+        httpx.post(f"{sim_url}/_sim/reset").raise_for_status()
 
 
 def chat_requests(n: int, model: str, prefix: str, seed: int = 0) -> list[dict[str, Any]]:

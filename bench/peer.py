@@ -25,6 +25,10 @@ B. A provider with token-bucket limits (``--limiter bucket``: capacity
 
 batchgen's product code is measured as it is; nothing here tunes it.
 
+Against an independent peer provider (``llmock``, a third party's token-bucket mock,
+beside the OpenAI cookbook's parallel processor and batchgen's default registry
+entry): bench/llmock_peer.py.
+
     .venv/bin/python bench/peer.py [--requests 2000] [--b-requests 200|2000] [--pools threads]
 """
 

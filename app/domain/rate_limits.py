@@ -55,6 +55,24 @@ usage: ``sample = usage.prompt_tokens / prompt_tokens_est``
 (:func:`usage_ratio_sample`). With ``weight = 0.3`` a provider counting 26 %
 more than tiktoken is within 2 % of its count after 8 samples
 (``0.26 * 0.7 ** 8 = 0.015``).
+
+**The limiter's shape** (:func:`shape_evidence`, :func:`next_shape`). A model
+whose registry entry sets no ``limit_shape`` starts as a bucket (OpenAI's and
+Anthropic's documented limiters) and learns its provider's shape from the reset
+headers (``x-ratelimit-reset-*``, ``anthropic-ratelimit-*-reset``: the time
+until the limiter is back to full). In a bucket of ``limit`` refilled over
+``window_s`` that time is proportional to what is used::
+
+    reset_s = window_s * (limit - remaining) / limit
+
+In a window it is the time until the window's charges age out: right after a
+call, about a whole window (sliding), or wherever the window ends (fixed),
+whatever is used. A header whose reset is the bucket's, within
+``SHAPE_RESET_SLACK_S`` plus ``SHAPE_RESET_SLACK`` of it, is a bucket's (if a
+window just charged would not read the same: the bucket's reset is then well
+below ``window_s``); one off by more is a window's. ``budget_shape_samples``
+such samples in a row against the shape the budget keeps switch it (one odd
+header never does).
 """
 
 from __future__ import annotations
@@ -71,6 +89,11 @@ RATIO_START = 1.0
 USAGE_SAMPLE_MIN_TOKENS = 32
 # Float slack of the level comparison (Lua and Python compute in doubles).
 EPSILON = 1e-9
+# How far a reset header may be from a bucket's and still be a bucket's: the header's
+# rounding (Anthropic's reset is a time to the whole second; OpenAI's "1.23s"), the
+# clocks' skew, plus a share of the reset itself (the provider's own refill steps).
+SHAPE_RESET_SLACK_S = 2.0
+SHAPE_RESET_SLACK = 0.15
 
 
 @dataclass(frozen=True)
@@ -84,6 +107,11 @@ class RateLimitState:
     # time.monotonic() when the headers were received (a stream's headers arrive at
     # its start, long before the call ends); None: just now.
     received_s: float | None = None
+
+    # The provider's limits as it reported them (x-ratelimit-limit-*,
+    # anthropic-ratelimit-*-limit), None: not reported.
+    limit_requests: int | None = None
+    limit_tokens: int | None = None
 
     def age_s(self, now_monotonic_s: float | None = None) -> float:
         """Seconds since the headers were received (``now_monotonic_s``: default the clock)."""
@@ -209,3 +237,66 @@ def usage_ratio_sample(usage_prompt_tokens: int, prompt_tokens_est: int) -> floa
     if prompt_tokens_est < USAGE_SAMPLE_MIN_TOKENS or usage_prompt_tokens <= 0:
         return None
     return usage_prompt_tokens / prompt_tokens_est
+
+
+# --- the limiter's shape ----------------------------------------------------------------
+
+WINDOW = "window"
+BUCKET = "bucket"
+
+
+def bucket_reset_s(limit: float, remaining: float, window_s: float) -> float:
+    """Seconds until a bucket of ``limit`` refilled over ``window_s`` that holds
+    ``remaining`` is full again."""
+    return window_s * max(0.0, limit - remaining) / limit
+
+
+def reset_evidence(
+    limit: int | None, remaining: int | None, reset_s: float | None, window_s: float
+) -> str | None:
+    """What one limiter's header says of its shape: ``"bucket"`` (its reset is a
+    bucket's, and a window just charged would not read the same), ``"window"`` (its
+    reset is not a bucket's) or None (it says nothing: a part missing, or a bucket
+    and a window would read alike)."""
+    if limit is None or remaining is None or reset_s is None or limit <= 0 or window_s <= 0:
+        return None
+    if not math.isfinite(reset_s) or reset_s < 0:
+        return None
+    expected = bucket_reset_s(limit, min(remaining, limit), window_s)
+    slack = SHAPE_RESET_SLACK_S + SHAPE_RESET_SLACK * expected
+    if abs(reset_s - expected) > slack:
+        return WINDOW
+    # A sliding window just charged reads about a whole window: only a bucket's reset
+    # clearly below it tells the two apart.
+    return BUCKET if window_s - reset_s > slack else None
+
+
+def shape_evidence(state: RateLimitState | None, window_s: float) -> str | None:
+    """What an answer's headers say of the provider's limiter (see the module
+    docstring): the tokens' header, or the requests' when that says nothing."""
+    if state is None:
+        return None
+    tokens = reset_evidence(
+        state.limit_tokens, state.remaining_tokens, state.reset_tokens_s, window_s
+    )
+    if tokens is not None:
+        return tokens
+    return reset_evidence(
+        state.limit_requests, state.remaining_requests, state.reset_requests_s, window_s
+    )
+
+
+def next_shape(
+    current: str, against: int, evidence: str | None, switch_after: int
+) -> tuple[str, int]:
+    """The learned shape after one header: ``(shape, samples against it in a row)``.
+    A sample for the shape kept resets the count; ``switch_after`` in a row against it
+    switch it (``budget_settle.lua`` does the same on Redis)."""
+    if evidence is None or evidence not in (WINDOW, BUCKET):
+        return current, against
+    if evidence == current:
+        return current, 0
+    against += 1
+    if against >= max(1, switch_after):
+        return evidence, 0
+    return current, against

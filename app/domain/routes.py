@@ -50,7 +50,8 @@ class RouteMode(StrEnum):
 
 
 class ItemRoute(StrEnum):
-    """The route an item's next call takes (``items.route``)."""
+    """The route an item's next call takes (``items.route``; ``batch`` called online:
+    back from its job, see :func:`call_route`)."""
 
     STANDARD = "standard"
     FLEX = "flex"
@@ -206,11 +207,25 @@ def choose_route(
     return ItemRoute.STANDARD
 
 
-def call_route(route: ItemRoute, flex: FlexWindow | None, time_left_s: float) -> ItemRoute:
+def call_route(
+    route: ItemRoute,
+    flex: FlexWindow | None,
+    time_left_s: float,
+    *,
+    flex_offered: bool = False,
+) -> ItemRoute:
     """At a call: a flex item calls flex while its deadline leaves room for it
     (:func:`flex_fits`) and the deployment the gate picked offers flex (``flex`` not
-    None); otherwise this call is a standard one."""
-    if route is ItemRoute.FLEX and flex is not None and flex_fits(flex, time_left_s):
+    None); otherwise this call is a standard one.
+
+    An item of the Batch API's route called online is back from its job (the job
+    failed, expired or ran past its cutoff, its row errored, or it never fitted one):
+    where the deployment declares a flex route (``flex_offered``) and the deadline
+    leaves room, it calls flex, at the batch prices still, rather than standard at
+    twice them (the cheapest route that keeps its deadline, as :func:`choose_route`
+    picks at submit)."""
+    wants_flex = route is ItemRoute.FLEX or (route is ItemRoute.BATCH and flex_offered)
+    if wants_flex and flex is not None and flex_fits(flex, time_left_s):
         return ItemRoute.FLEX
     return ItemRoute.STANDARD
 

@@ -62,12 +62,17 @@ import redis
 
 from batchgen.config import Settings
 from batchgen.domain.call_reserve import reserve_of
-from batchgen.domain.rate_limits import RateLimitState, scaled_prompt_tokens
+from batchgen.domain.rate_limits import (
+    BUCKET,
+    RateLimitState,
+    scaled_prompt_tokens,
+    shape_evidence,
+)
 from batchgen.domain.settlement import charged_tokens as charged_tokens  # re-exported
 from batchgen.limits import counters
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import script
-from batchgen.registry import Deployment, LimitShape, ModelSpec
+from batchgen.registry import Deployment, LimitShape, ModelSpec, shape_arg
 
 MAX_JITTER_S = 1.0
 
@@ -184,6 +189,7 @@ class Budget:
         # Learning off: reservations use our own count from the start.
         self.ratio_start = settings.budget_ratio_start if self.ratio_weight > 0 else 1.0
         self.send_spread_s = settings.budget_send_spread_s
+        self.shape_samples = settings.budget_shape_samples
         self.breaker_failures = settings.breaker_failures
         self.breaker_window_s = settings.breaker_window_s
         self.breaker_cooldown_s = settings.breaker_cooldown_s
@@ -217,6 +223,7 @@ class Budget:
             keys.budget_bucket(key),
             keys.budget_ratio(key),
             keys.slots(d.slot_key),
+            keys.budget_shape(key),
         ]
 
     # --- entering ----------------------------------------------------------------------
@@ -269,7 +276,7 @@ class Budget:
             pool_args += [
                 d.tokens_per_min,
                 d.requests_per_min,
-                d.limit_shape.value,
+                shape_arg(d.limit_shape),
                 d.max_concurrency if slot_limit > 0 else 0,
                 "1" if avoid is not None and d.name == avoid else "0",
             ]
@@ -395,6 +402,8 @@ class Budget:
             cooldown_ms = max(1, int(capped * 1000))
         (d,) = spec.deployments  # one deployment: the model's own, or a view (spec.at)
         key = d.budget_key
+        # A shape the registry leaves unset is learned from the reset headers.
+        evidence = shape_evidence(state, self.window_s) if d.limit_shape is None else None
         reply = script(self.client, "budget_settle")(
             keys=[
                 *self._keys(key, ops.tenant_id),
@@ -407,10 +416,11 @@ class Budget:
                 keys.slots(spec.name),
                 keys.breaker(key),
                 keys.slot_tenants(spec.name),
+                keys.budget_shape(key),
             ],
             args=[
                 reservation_id,
-                spec.limit_shape.value,
+                shape_arg(d.limit_shape),
                 ops.action,
                 ops.charged_tokens,
                 _arg(ops.charged_rest),
@@ -440,6 +450,8 @@ class Budget:
                 self.breaker_window_s,
                 int(self.breaker_cooldown_s * 1000),
                 int(self.max_cooldown_s * 1000),
+                evidence or "",
+                self.shape_samples,
             ],
         )
         delta, observed, left_ms, ratio, tripped_ms = reply
@@ -513,18 +525,37 @@ class Budget:
         for d in spec.deployments:
             key = d.budget_key
             t, r = script(self.client, "budget_used")(
-                keys=[keys.budget_log(key), keys.budget_amounts(key), keys.budget_bucket(key)],
+                keys=[
+                    keys.budget_log(key),
+                    keys.budget_amounts(key),
+                    keys.budget_bucket(key),
+                    keys.budget_shape(key),
+                ],
                 args=[
                     self.window_s,
                     self.guard_s,
                     _arg(now_s),
-                    d.limit_shape.value,
+                    shape_arg(d.limit_shape),
                     d.tokens_per_min,
                     d.requests_per_min,
                 ],
             )
             tokens, requests = tokens + int(t), requests + int(r)
         return tokens, requests
+
+    def shape(self, spec: ModelSpec) -> LimitShape:
+        """The shape the model's (first deployment's) budget is kept in now: the
+        registry's, or the one learned from the provider's headers."""
+        d = spec.deployments[0]
+        if d.limit_shape is not None:
+            return d.limit_shape
+        learned = self.client.hget(keys.budget_shape(d.budget_key), "shape")
+        text = learned.decode() if isinstance(learned, bytes) else learned
+        return (
+            LimitShape(text)
+            if text in (LimitShape.WINDOW, LimitShape.BUCKET)
+            else LimitShape(BUCKET)
+        )
 
     def ratio(self, spec: ModelSpec) -> float:
         """The model's learned ratio of the provider's prompt count to ours (before the

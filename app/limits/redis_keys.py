@@ -37,6 +37,14 @@ def budget_ratio(budget_key: str) -> str:
     return f"{PREFIX}budget:{{{budget_key}}}:ratio"
 
 
+def budget_shape(budget_key: str) -> str:
+    """Hash of a budget whose registry entry sets no ``limit_shape``: the shape learned
+    from the provider's reset headers (``shape``: ``window`` or ``bucket``; absent: a
+    bucket) and ``n``, the headers in a row that said otherwise
+    (:func:`batchgen.domain.rate_limits.next_shape`)."""
+    return f"{PREFIX}budget:{{{budget_key}}}:shape"
+
+
 def cooldown(budget_key: str) -> str:
     return f"{PREFIX}budget:{{{budget_key}}}:cooldown"
 

@@ -48,6 +48,8 @@ def openai_rate_limits(
         remaining_tokens=_int(h.get("x-ratelimit-remaining-tokens")),
         reset_requests_s=parse_openai_duration_s(h.get("x-ratelimit-reset-requests")),
         reset_tokens_s=parse_openai_duration_s(h.get("x-ratelimit-reset-tokens")),
+        limit_requests=_int(h.get("x-ratelimit-limit-requests")),
+        limit_tokens=_int(h.get("x-ratelimit-limit-tokens")),
         received_s=time.monotonic() if received_s is None else received_s,
     )
 
@@ -89,5 +91,7 @@ def anthropic_rate_limits(
         remaining_tokens=_int(h.get("anthropic-ratelimit-tokens-remaining")),
         reset_requests_s=_rfc3339_in_s(h.get("anthropic-ratelimit-requests-reset"), now),
         reset_tokens_s=_rfc3339_in_s(h.get("anthropic-ratelimit-tokens-reset"), now),
+        limit_requests=_int(h.get("anthropic-ratelimit-requests-limit")),
+        limit_tokens=_int(h.get("anthropic-ratelimit-tokens-limit")),
         received_s=time.monotonic() if received_s is None else received_s,
     )

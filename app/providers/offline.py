@@ -399,6 +399,9 @@ class AnthropicJobs:
                     finish,
                     anthropic_adapter.input_tokens(message.usage),
                     message.usage.output_tokens,
+                    # The cache's reads and writes, priced apart (the batch discount
+                    # stacks with the cache's).
+                    anthropic_adapter.cache_usage(message.usage),
                 )
                 yield RowResult(item_id, RowKind.SUCCEEDED, _response(body, message.id))
             elif result.type == "errored":

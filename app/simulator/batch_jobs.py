@@ -40,6 +40,7 @@ from aiohttp import web
 from batchgen.domain.tokens import count_messages
 from batchgen.simulator import endpoints as other
 from batchgen.simulator import formats as fmt
+from batchgen.simulator import rich
 from batchgen.simulator.formats import BadRequest, ChatRequest
 from batchgen.simulator.state import STATE, SimState, key_id
 from batchgen.simulator.text import completion_text
@@ -68,6 +69,9 @@ class Job:
     error_file_id: str | None = None
     turnaround_s: float = 0.0  # the setting when it was created
     endpoint: str = CHAT_URL
+    # Its chat rows' answers, made once (their cache reads are the job's, not the reads'):
+    # row index -> the completion (OpenAI) or message (Anthropic).
+    answers: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 class BatchJobs:
@@ -268,6 +272,7 @@ def _openai_rows(data: bytes, endpoint: str, default_max_tokens: int) -> list[di
             {
                 "custom_id": line["custom_id"],
                 "model": body["model"],
+                "body": body,
                 "messages": body["messages"],
                 "max_tokens": int(
                     body.get("max_tokens") or body.get("max_completion_tokens") or 256
@@ -341,13 +346,59 @@ def _openai_batch(jobs: BatchJobs, state: SimState, job: Job) -> dict[str, Any]:
     }
 
 
-def _row_answer(rid: str, row: dict[str, Any], state: SimState) -> dict[str, Any]:
+def _chat_answer(job: Job, i: int, state: SimState) -> dict[str, Any]:
+    """Chat row ``i``'s answer (an OpenAI completion or an Anthropic message), as the
+    endpoint answers it online, its prompt cache included: a prefix warm in the key's
+    cache is read from it (OpenAI's repeated prefix, Anthropic's breakpoint), else
+    written (Anthropic), so a job's rows sharing a prefix after the first read it, and
+    the Batch API's discount stacks with the cache's as the providers price it. Made
+    once per row."""
+    if i in job.answers:
+        return job.answers[i]
+    row = job.rows[i]
+    text, prompt, completion, finish = _answer(row, state)
+    body = row.get("body")
+    rid = fmt.new_id(job.api)
+    if body is None:  # a row made before its body was kept
+        if job.api == "anthropic":
+            answer = fmt.anthropic_message(rid, row["model"], text, finish, prompt, completion)
+        else:
+            answer = fmt.openai_completion(rid, row["model"], text, finish, prompt, completion)
+    else:
+        scope = (job.key, row["model"])
+        encoding = state.config.encoding
+        cached = (
+            rich.openai_cached_tokens(state.prompt_cache, scope, body, encoding)
+            if job.api == "openai"
+            else 0
+        )
+        built = rich.RichAnswer(
+            job.api,
+            body,
+            rid,
+            row["model"],
+            (text, completion, finish),
+            prompt,
+            state.prompt_cache,
+            encoding,
+            cached,
+            scope,
+        )
+        if job.api == "anthropic":
+            answer = built.anthropic_message()
+        else:
+            answer = built.openai_completion(int(time.time()))
+    job.answers[i] = answer
+    return answer
+
+
+def _row_answer(job: Job, i: int, state: SimState) -> dict[str, Any]:
     """A row's answer, as its endpoint answers online."""
+    row = job.rows[i]
     encoding = state.config.encoding
     request: ChatRequest | None = row.get("request")
     if request is None:
-        text, prompt, completion, finish = _answer(row, state)
-        return fmt.openai_completion(rid, row["model"], text, finish, prompt, completion)
+        return _chat_answer(job, i, state)
     if row["url"] == EMBEDDINGS_URL:
         return other.embedding_list(request, other.embeddings_prompt_tokens(request.body, encoding))
     answer = completion_text(request.prompt_messages, request.max_tokens, encoding)
@@ -374,7 +425,7 @@ def _write_openai_files(jobs: BatchJobs, state: SimState, job: Job) -> None:
                 }
             )
         else:
-            completion_body = _row_answer(rid, row, state)
+            completion_body = _row_answer(job, i, state)
             out.append(
                 {
                     **base,
@@ -450,6 +501,7 @@ def _anthropic_rows(body: Any) -> list[dict[str, Any]]:
             {
                 "custom_id": request["custom_id"],
                 "model": params["model"],
+                "body": params,
                 "messages": messages,
                 "max_tokens": int(params["max_tokens"]),
             }
@@ -529,11 +581,7 @@ async def _anthropic_results(request: web.Request) -> web.Response:
         elif outcome == "errored":
             result = {"type": "errored", "error": fmt.error_body("anthropic", 500, "overloaded")}
         else:
-            text, prompt, completion, finish = _answer(row, state)
-            message = fmt.anthropic_message(
-                fmt.new_id("anthropic"), row["model"], text, finish, prompt, completion
-            )
-            result = {"type": "succeeded", "message": message}
+            result = {"type": "succeeded", "message": _chat_answer(job, i, state)}
         lines.append(json.dumps({"custom_id": row["custom_id"], "result": result}).encode())
     return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/binary")
 

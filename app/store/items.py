@@ -625,7 +625,6 @@ _OFFLOAD_RETURN = text(
     """
     UPDATE items
     SET status = CASE WHEN b.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
-        route = 'standard',
         not_before = NULL,
         finished_at = CASE WHEN b.cancel_requested_at IS NULL THEN NULL ELSE now() END,
         error_code = CASE WHEN b.cancel_requested_at IS NULL THEN :code ELSE 'cancelled' END,
@@ -651,7 +650,10 @@ def return_online(
 ) -> list[tuple[int, str, ItemStatus]]:
     """``offloaded → pending`` (back online, its code saying why) for the job's items
     still offloaded, or the given ones; ``→ cancelled`` for those of a cancelled
-    batch. Returns ``(item id, batch id, new status)`` of each."""
+    batch. Returns ``(item id, batch id, new status)`` of each. Their route stays
+    ``batch``: called online, such an item calls flex where its model offers it and
+    the deadline leaves room, else standard
+    (:func:`batchgen.domain.routes.call_route`)."""
     if job_id is None and item_ids is None:
         raise ValueError("return_online needs a job or items")
     params = {

@@ -328,7 +328,7 @@ def _call(
     configured_s = spec.call_timeout_s or settings.call_timeout_s
     left_s = time_left_s(item.deadline_at, item.db_now())
     flex = flex_window(spec, served, configured_s)
-    route = call_route(ItemRoute(item.route), flex, left_s)
+    route = call_route(ItemRoute(item.route), flex, left_s, flex_offered=served.flex is not None)
     timeout = call_timeout_s(configured_s, item.deadline_at, item.db_now())
     if route is ItemRoute.FLEX and flex is not None:
         timeout = flex_timeout_s(flex, left_s)  # a standard call's time is always left

@@ -31,7 +31,7 @@ def spec(
     tpm: int = 1000,
     rpm: int = 20,
     key: str = "acct",
-    shape: LimitShape = LimitShape.WINDOW,
+    shape: LimitShape | None = LimitShape.WINDOW,
     slots: int = 2,
 ) -> ModelSpec:
     return ModelSpec(
@@ -410,6 +410,52 @@ def test_metrics_read_the_window_and_slots_on_redis_clock(budget, monkeypatch):
 # --- the bucket shape, calibration both ways, the learned ratio, round trips ---------------
 
 BUCKET = LimitShape.BUCKET
+
+
+def _header(limit: int, remaining: int, reset_s: float) -> RateLimitState:
+    return RateLimitState(
+        remaining_tokens=remaining, limit_tokens=limit, reset_tokens_s=reset_s, received_s=None
+    )
+
+
+def test_a_shape_left_unset_starts_as_a_bucket_and_learns_a_window(budget):
+    """No limit_shape: a bucket until budget_shape_samples headers in a row show a
+    window's reset; then the budget is kept as a window (a full one waits for its
+    charges to leave it, not for a second of refill)."""
+    s = spec(tpm=6000, rpm=600, key="learn", shape=None)
+    assert budget.shape(s) is BUCKET
+    assert budget.reserve(s, "a", 5900, now_s=100.0).granted
+    assert budget.reserve(s, "b", 100, now_s=102.0).granted  # refilled: a bucket
+    assert budget.used(s, now_s=102.0)[0] < 6000
+    # A window's header: 6000 used of 6000 would be a bucket's 60 s, but 2000 left
+    # (a bucket's 40 s) with a reset of 59 s is not a bucket's.
+    for i in range(budget.shape_samples - 1):
+        budget.observe(s, _header(6000, 2000, 59.0), f"h{i}", now_s=102.0, age_s=0.0)
+        assert budget.shape(s) is BUCKET  # not yet
+    budget.observe(s, _header(6000, 2000, 59.0), "hz", now_s=102.0, age_s=0.0)
+    assert budget.shape(s) is LimitShape.WINDOW
+    assert redis_shape(s) == ("window", "0")
+    # Now a window: what was granted holds it until it ages out of the window.
+    assert budget.used(s, now_s=103.0)[0] >= 6000
+    denied = budget.reserve(s, "c", 100, now_s=103.0)
+    assert not denied.granted and denied.wait_s > 50
+    # A bucket's headers bring it back, as many in a row.
+    for i in range(budget.shape_samples):
+        budget.observe(s, _header(6000, 3000, 30.0), f"k{i}", now_s=103.0, age_s=0.0)
+    assert budget.shape(s) is BUCKET
+
+
+def test_a_shape_set_in_the_registry_is_kept_whatever_the_headers_say(budget):
+    s = spec(tpm=6000, rpm=600, key="kept", shape=BUCKET)
+    for i in range(5):
+        budget.observe(s, _header(6000, 5000, 59.0), f"h{i}", now_s=10.0, age_s=0.0)
+    assert budget.shape(s) is BUCKET
+    assert redis_shape(s) == (None, None)
+
+
+def redis_shape(s: ModelSpec) -> tuple[str | None, str | None]:
+    raw = get_redis().hmget(keys.budget_shape(s.budget_key), "shape", "n")
+    return tuple(v.decode() if isinstance(v, bytes) else v for v in raw)  # type: ignore[return-value]
 
 
 def test_bucket_grants_after_refill_within_a_second_not_after_a_window(budget):

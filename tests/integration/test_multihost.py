@@ -123,6 +123,9 @@ input_usd_per_1m = 1.0
 output_usd_per_1m = 2.0
 encoding = "cl100k_base"
 charge_policy = "reserve"
+# The simulator measures windows and sends no rate-limit headers to learn a shape from:
+# the registry says the limits are per window.
+limit_shape = "window"
 """
 
 # libfaketime 0.9.10 with FAKETIME_DONT_FAKE_MONOTONIC=1 breaks Python 3.11's

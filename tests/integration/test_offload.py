@@ -792,3 +792,97 @@ def test_items_waiting_on_a_model_that_stops_offloading_go_online(offloading):
         codes = set(session.scalars(select(Item.error_code).where(Item.batch_id == batch_id)))
     assert codes == {"offload_turned_off"}
     assert jobs_of(batch_id) == []
+
+
+LONG_SYSTEM = " ".join(f"Rule {i}: write plainly about the product." for i in range(300))
+
+
+def test_an_anthropic_job_reads_the_prompt_cache_at_the_batch_price(offloading, simulator):
+    """Rows sharing a long system prompt go to Anthropic's Batch API with a breakpoint;
+    the provider's cache reads and writes reach the ledger, priced at the batch tier (the
+    two discounts stack), for less than the same rows without the cache."""
+    from batchgen.domain.cost import TokenUsage, price_usage
+    from batchgen.registry import Tier
+
+    offloading()
+    tenant = "offload-cached"
+    make_tenant(tenant)
+    lines = [
+        chat_line(f"{tenant}-{i}", model="sim-claude")
+        | {
+            "body": {
+                "model": "sim-claude",
+                "max_tokens": 30,
+                "messages": [
+                    {"role": "system", "content": LONG_SYSTEM},
+                    {"role": "user", "content": f"Describe product {i}."},
+                ],
+            }
+        }
+        for i in range(4)
+    ]
+    batch_id = submit(tenant, 4, "sim-claude", lines=lines)
+    assert statuses(batch_id) == {"offloaded": 4}
+    ticks_until(lambda: finished(batch_id))
+    assert ledger_by_route(batch_id) == {("offline", False): 4}
+    spec = get_registry()["sim-claude"]
+    with db.session_scope() as session:
+        rows = session.execute(
+            select(
+                UsageLedger.prompt_tokens,
+                UsageLedger.completion_tokens,
+                UsageLedger.cached_tokens,
+                UsageLedger.cache_write_tokens,
+                UsageLedger.cost_usd,
+            ).where(UsageLedger.batch_id == batch_id)
+        ).all()
+    assert sum(r.cache_write_tokens for r in rows) >= 1024  # the first row wrote it
+    assert sum(1 for r in rows if r.cached_tokens >= 1024) == 3  # the others read it
+    for prompt, completion, cached, written, cost in rows:
+        usage = TokenUsage(prompt, completion, cached, written)
+        assert cost == price_usage(usage, spec, Tier.BATCH)
+    uncached = sum(
+        price_usage(TokenUsage(r.prompt_tokens, r.completion_tokens), spec, Tier.BATCH)
+        for r in rows
+    )
+    assert sum(r.cost_usd for r in rows) < Decimal("0.5") * uncached
+    assert_ledger_is_results_plus_waste()
+
+
+FLEX_TABLE = """
+[models."sim-small".flex]
+latency_s = 1
+timeout_s = 10
+fallback_s = 5
+"""
+
+
+def test_items_back_from_an_expired_job_run_flex_where_the_model_offers_it(
+    offloading, simulator, workers
+):
+    """A model with both the Batch API and flex: its job expires, and its items, back
+    online with an hour left, run flex at the batch prices, not standard at twice them."""
+    env = offloading()
+    models = Path(env["BATCHGEN_MODELS_FILE"])
+    models.write_text(models.read_text() + FLEX_TABLE)
+    get_settings.cache_clear()
+    load_registry.cache_clear()
+    assert get_registry()["sim-small"].flex is not None
+    sim_config(simulator.base_url, batch_expire=True, batch_turnaround_s=0.5)
+    tenant = "offload-expired-flex"
+    make_tenant(tenant)
+    batch_id = submit(tenant, 5, "sim-small")
+    assert statuses(batch_id) == {"offloaded": 5}
+    workers(env=env)
+    ticks_until(lambda: finished(batch_id), timeout_s=60)
+
+    assert statuses(batch_id) == {"succeeded": 5}
+    with db.session_scope() as session:
+        tiers = session.execute(
+            select(UsageLedger.route, UsageLedger.tier, func.count())
+            .where(UsageLedger.batch_id == batch_id, UsageLedger.waste_reason.is_(None))
+            .group_by(UsageLedger.route, UsageLedger.tier)
+        ).all()
+    assert [tuple(t) for t in tiers] == [("online", "flex", 5)]
+    assert late_items(batch_id) == 0
+    assert_ledger_is_results_plus_waste()

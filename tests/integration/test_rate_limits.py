@@ -13,9 +13,10 @@ from sqlalchemy import func, select
 from batchgen import python_api as client
 from batchgen.config import get_settings
 from batchgen.limits import counters
+from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.limits.budget import Budget
-from batchgen.registry import get_registry
+from batchgen.registry import LimitShape, get_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.store import db
 from batchgen.store.schema import Item, Tenant
@@ -132,6 +133,48 @@ def test_four_workers_stay_within_the_provider_limits(limited, workers):
     with db.session_scope() as s:
         # Budget waits did not use up failure attempts.
         assert s.scalar(select(func.max(Item.attempts))) <= 2
+
+
+def test_a_shape_left_unset_learns_the_providers_window(limited, workers, tmp_path, monkeypatch):
+    """Against the simulator's (sliding) window limiter, one registry entry declares
+    ``limit_shape = "window"`` and one, on its own budget, none: that one starts as a
+    bucket, learns the window from the reset headers, and draws no more 429s than the
+    declared window, within the limits as tightly."""
+    sim, env = limited
+    both = (
+        MODELS_TOML.replace('"budgeted"', '"declared"')
+        .replace('"budgeted-account"', '"declared-account"')
+        .replace('group = "declared"', 'group = "budgeted"')
+        + 'limit_shape = "window"\n'
+    )
+    both += MODELS_TOML.replace('"budgeted-account"', '"learned-account"')
+    models = tmp_path / "two-models.toml"
+    models.write_text(
+        both.format(base_url=sim.base_url, tpm=TOKENS_PER_WINDOW, rpm=REQUESTS_PER_WINDOW)
+    )
+    env = {**env, "BATCHGEN_MODELS_FILE": str(models)}
+    monkeypatch.setenv("BATCHGEN_MODELS_FILE", str(models))
+    get_settings.cache_clear()
+    registry = get_registry()
+    assert registry["declared"].limit_shape is LimitShape.WINDOW
+    assert registry["budgeted"].limit_shape is None
+    make_tenant("bulk")
+    workers(["llm.budgeted", "batchgen.control"], concurrency=16, env=env)
+    limited_calls: dict[str, int] = {}
+    for model in ("declared", "budgeted"):
+        httpx.post(f"{sim.base_url}/_sim/reset").raise_for_status()
+        rows = mixed_requests(240, seed=11)
+        for row in rows:
+            row["body"]["model"] = model
+        batch = client.submit_batch(rows, tenant="bulk")
+        wait_batches([batch["id"]], timeout_s=240)
+        assert client.get_batch(batch["id"], tenant="bulk")["request_counts"]["succeeded"] == 240
+        stats = httpx.get(f"{sim.base_url}/_sim/stats").json()
+        assert stats["max_tokens_in_any_window"] <= TOKENS_PER_WINDOW, (model, stats)
+        limited_calls[model] = stats["rate_limited"]
+    budget = Budget(get_redis(), get_settings())
+    assert budget.shape(registry["budgeted"]) is LimitShape.WINDOW
+    assert limited_calls["budgeted"] <= limited_calls["declared"], limited_calls
 
 
 def test_budget_starvation_fails_nothing_and_work_resumes(limited, workers):
@@ -292,8 +335,10 @@ def bucket_provider(clean_db, tmp_path, monkeypatch):
 
         def registry(shape: str) -> dict[str, str]:
             models = tmp_path / f"models-{shape}.toml"
+            # "learned": the registry sets no shape.
+            toml = MODELS_TOML if shape == "learned" else BUCKET_TOML
             models.write_text(
-                BUCKET_TOML.format(
+                toml.format(
                     base_url=sim.base_url,
                     tpm=TOKENS_PER_WINDOW,
                     rpm=REQUESTS_PER_WINDOW,
@@ -330,13 +375,14 @@ def provider_efficiency(sim) -> tuple[float, dict]:
     return fastest / (starts[-1] - starts[0]), stats
 
 
-@pytest.mark.parametrize("shape", ["bucket", "window"])
+@pytest.mark.parametrize("shape", ["bucket", "window", "learned"])
 def test_a_bucket_budget_keeps_up_with_a_bucket_provider(bucket_provider, workers, shape):
     """Against a token-bucket provider that counts prompts its own way: the bucket shape
     learns the provider's count, with next to no 429s; the window shape stays within the
-    limits too. How near the fastest finish the provider allows each shape comes is a
-    speed, measured side by side by bench/peer.py, not here: on a loaded machine the
-    workers, not the budget, set the pace."""
+    limits too; a registry that sets no shape stays a bucket (the reset headers are a
+    bucket's) and does as well as the declared one. How near the fastest finish the
+    provider allows each shape comes is a speed, measured side by side by bench/peer.py,
+    not here: on a loaded machine the workers, not the budget, set the pace."""
     sim, registry = bucket_provider
     env = registry(shape)
     make_tenant("bulk")
@@ -349,8 +395,16 @@ def test_a_bucket_budget_keeps_up_with_a_bucket_provider(bucket_provider, worker
     print(f"{shape}: efficiency {efficiency:.2f}, ratio {ratio:.3f}, 429s {stats['rate_limited']}")
     assert stats["bound"]["tokens"]["respected"], stats["bound"]
     assert stats["rate_limited"] <= 0.02 * stats["requests"], stats
-    if shape == "bucket":
+    if shape in ("bucket", "learned"):
         assert ratio > 1.1  # the simulator counts more than tiktoken
+    learned = get_redis().hget(keys.budget_shape("budgeted-account"), "shape")
+    if shape == "learned":
+        assert (
+            Budget(get_redis(), get_settings()).shape(get_registry()["budgeted"]).value == "bucket"
+        )
+        assert learned in (None, b"bucket")
+    else:
+        assert learned is None  # a declared shape is not learned
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])

@@ -626,3 +626,31 @@ def test_simulated_deployments_have_their_own_limits_and_faults(base: str) -> No
     assert stats["broken"]["errors"] == 1
     bad = httpx.post(base + "/_sim/deployments", json={"x": {"fault_rate": 3}})
     assert bad.status_code == 400 and "fault_rate" in bad.json()["error"]
+
+
+@pytest.mark.parametrize("limiter", ["window", "bucket"])
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_the_reset_headers_are_true_to_the_limiter(limiter: str, api: str) -> None:
+    """What the budget learns its shape from (app/domain/rate_limits.py shape_evidence):
+    the window's reset is its newest charge's age-out, the bucket's the time to full."""
+    from batchgen.domain.rate_limits import shape_evidence
+    from batchgen.providers.headers import rate_limits_of
+
+    window_s = 30.0
+    config = SimulatorConfig(
+        tokens_per_min=20_000,
+        requests_per_min=200,
+        window_s=window_s,
+        limiter=limiter,  # type: ignore[arg-type]
+        latency_base_ms=5,
+        seed=6,
+    )
+    body = {"model": MODEL, "max_tokens": 500, "messages": [{"role": "user", "content": "hi"}]}
+    path = "/v1/chat/completions" if api == "openai" else "/v1/messages"
+    with SimulatorThread(config) as server, httpx.Client(base_url=server.base_url) as client:
+        seen = set()
+        for _ in range(3):
+            answer = client.post(path, json=body, headers={"authorization": "Bearer sk-shape"})
+            assert answer.status_code == 200
+            seen.add(shape_evidence(rate_limits_of(dict(answer.headers)), window_s))
+    assert seen == {limiter}

@@ -204,3 +204,74 @@ def test_a_create_can_be_answered_after_the_job_exists(sim):
     job = _job(client, 1)
     assert time.monotonic() - started >= 1.0
     assert job.id not in before and job.id in {b.id for b in client.batches.list(limit=100).data}
+
+
+LONG_SYSTEM = " ".join(f"Rule {i}: write plainly about the product." for i in range(300))
+
+
+def test_a_jobs_rows_read_the_prompt_cache_as_online_calls_do(sim):
+    """Rows sharing a prefix read it from the cache after the first (OpenAI: by itself;
+    Anthropic: at a breakpoint, the first row writing it), so the batch discount stacks
+    with the cache's; results read twice say the same."""
+    client = _oai(sim)
+    lines = [
+        chat_line(f"c-{i}", max_tokens=20)
+        | {
+            "body": {
+                "model": "sim-small",
+                "max_tokens": 20,
+                "messages": [
+                    {"role": "system", "content": LONG_SYSTEM},
+                    {"role": "user", "content": f"Describe product {i}."},
+                ],
+            }
+        }
+        for i in range(3)
+    ]
+    data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    upload = client.files.create(file=("in.jsonl", data), purpose="batch")
+    job = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    ended = _ended(client, job.id)
+    rows = sorted(_rows(client, ended.output_file_id), key=lambda r: r["custom_id"])
+    cached = [
+        r["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"] for r in rows
+    ]
+    assert cached[0] == 0 and cached[1] >= 1024 and cached[2] == cached[1]
+
+    claude = anthropic.Anthropic(base_url=sim.base_url, api_key="sim-batches-c", max_retries=0)
+    system = [{"type": "text", "text": LONG_SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    requests = [
+        {
+            "custom_id": f"m-{i}",
+            "params": {
+                "model": "sim-claude",
+                "max_tokens": 20,
+                "system": system,
+                "messages": [{"role": "user", "content": f"Describe {i}."}],
+            },
+        }
+        for i in range(3)
+    ]
+    batch = claude.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+    deadline = time.monotonic() + 20
+    while claude.messages.batches.retrieve(batch.id).processing_status != "ended":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+    def usage() -> list[tuple[int, int]]:
+        out = sorted(claude.messages.batches.results(batch.id), key=lambda r: r.custom_id)
+        return [
+            (
+                r.result.message.usage.cache_creation_input_tokens or 0,  # type: ignore[union-attr]
+                r.result.message.usage.cache_read_input_tokens or 0,
+            )  # type: ignore[union-attr]
+            for r in out
+        ]
+
+    first = usage()
+    written, read = first[0][0], first[1][1]
+    assert written >= 1024 and first[0][1] == 0
+    assert first[1:] == [(0, written), (0, written)] and read == written
+    assert usage() == first  # made once

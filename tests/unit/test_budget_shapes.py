@@ -27,7 +27,7 @@ from batchgen.domain.rate_limits import (
     window_observation,
 )
 from batchgen.errors import ConfigError, RateLimited
-from batchgen.registry import LimitShape, parse_registry
+from batchgen.registry import LimitShape, parse_registry, shape_arg
 
 CAPACITY, WINDOW_S, GUARD_S = 6000.0, 60.0, 1.0
 RATE = CAPACITY / WINDOW_S
@@ -297,9 +297,11 @@ def model(name: str, key: str, shape: str | None = None) -> str:
     return text + (f'limit_shape = "{shape}"\n' if shape else "")
 
 
-def test_the_limit_shape_defaults_to_the_window_and_is_checked():
+def test_the_limit_shape_is_learned_unless_set_and_is_checked():
     registry = parse_registry(model("a", "x") + model("b", "y", "bucket"))
-    assert registry["a"].limit_shape is LimitShape.WINDOW  # safe with any limiter
+    assert registry["a"].limit_shape is None  # learned from the headers, a bucket first
+    assert registry["a"].deployments[0].limit_shape is None
+    assert shape_arg(registry["a"].deployments[0].limit_shape) == "learn"
     assert registry["b"].limit_shape is LimitShape.BUCKET
     with pytest.raises(ConfigError, match="model 'a': limit_shape"):
         parse_registry(model("a", "x", "leaky"))
@@ -308,7 +310,15 @@ def test_the_limit_shape_defaults_to_the_window_and_is_checked():
 def test_models_sharing_a_budget_key_must_agree_on_the_shape():
     parse_registry(model("a", "acct", "bucket") + model("b", "acct", "bucket"))
     with pytest.raises(ConfigError, match="limit_shape .*'a': window, 'b': bucket"):
-        parse_registry(model("a", "acct") + model("b", "acct", "bucket"))
+        parse_registry(model("a", "acct", "window") + model("b", "acct", "bucket"))
+
+
+def test_a_model_sharing_a_budget_key_takes_the_shape_another_sets():
+    registry = parse_registry(model("a", "acct") + model("b", "acct", "window"))
+    assert registry["a"].limit_shape is LimitShape.WINDOW
+    assert registry["a"].deployments[0].limit_shape is LimitShape.WINDOW
+    registry = parse_registry(model("a", "acct") + model("b", "acct"))
+    assert {registry[m].deployments[0].limit_shape for m in "ab"} == {None}
 
 
 def test_the_shipped_registry_loads():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from batchgen.domain.offload import OfflineWindow, OffloadMode
 from batchgen.domain.routes import (
@@ -17,6 +19,7 @@ from batchgen.domain.routes import (
     after_flex_refusal,
     call_route,
     choose_route,
+    flex_fits,
     flex_timeout_s,
     flex_window,
     offload_of,
@@ -140,7 +143,34 @@ def test_at_the_call_a_flex_item_runs_flex_only_while_it_fits():
     assert call_route(ItemRoute.FLEX, FLEX, FLEX_EDGE - JUST_UNDER) is ItemRoute.STANDARD
     assert call_route(ItemRoute.FLEX, None, 86_400.0) is ItemRoute.STANDARD  # no flex there
     assert call_route(ItemRoute.STANDARD, FLEX, 86_400.0) is ItemRoute.STANDARD
-    assert call_route(ItemRoute.BATCH, FLEX, 86_400.0) is ItemRoute.STANDARD  # back online
+    # Back online from the Batch API: standard where the model declares no flex route.
+    assert call_route(ItemRoute.BATCH, FLEX, 86_400.0) is ItemRoute.STANDARD
+
+
+def test_an_item_back_online_from_the_batch_api_runs_flex_where_it_is_offered():
+    """Its job failed, expired or ran late: flex at the batch prices still, where the
+    model declares flex and the deadline leaves room, never standard at twice them."""
+    assert call_route(ItemRoute.BATCH, FLEX, FLEX_EDGE, flex_offered=True) is ItemRoute.FLEX
+    late = FLEX_EDGE - JUST_UNDER
+    assert call_route(ItemRoute.BATCH, FLEX, late, flex_offered=True) is ItemRoute.STANDARD
+    assert call_route(ItemRoute.BATCH, None, 86_400.0, flex_offered=True) is ItemRoute.STANDARD
+    assert call_route(ItemRoute.STANDARD, FLEX, 86_400.0, flex_offered=True) is ItemRoute.STANDARD
+
+
+@given(
+    route=st.sampled_from(list(ItemRoute)),
+    offered=st.booleans(),
+    left_s=st.floats(0, 200_000, allow_nan=False),
+)
+def test_a_call_never_costs_more_than_its_route_allows(route, offered, left_s):
+    """A call is flex only if its deadline leaves room; an item bound for a cheaper
+    route (flex, or the Batch API back online) never calls standard where flex fits."""
+    chosen = call_route(route, FLEX, left_s, flex_offered=offered)
+    if chosen is ItemRoute.FLEX:
+        assert flex_fits(FLEX, left_s)
+    cheaper = route is ItemRoute.FLEX or (route is ItemRoute.BATCH and offered)
+    if cheaper and flex_fits(FLEX, left_s):
+        assert chosen is ItemRoute.FLEX
 
 
 def test_a_flex_call_always_leaves_the_fallback():

@@ -20,7 +20,8 @@
 -- The reservation is prompt_est scaled by the deployment's learned ratio (ratio_of;
 -- app/domain/rate_limits.py) plus `rest` (max_tokens), at most the limit.
 --
--- Two shapes of a deployment's budget (the registry's limit_shape):
+-- Two shapes of a deployment's budget (the registry's limit_shape; one that sets
+-- none is kept in the shape learned from the provider's headers, budget_settle.lua):
 --   window: a sliding window log. Every reservation is a member of a sorted
 --     set scored by its time; its tokens sit in a hash next to running totals.
 --     It counts for window_s + guard_s seconds, so any window of window_s
@@ -55,11 +56,12 @@
 -- KEYS[6] work asking for a slot (zset 'tenant:weight:item', score: lapse; a sync
 --         call renews its entry by lua/call_demand.lua, other work when denied here)
 -- KEYS[7] the model's concurrency slots (zset, score: lease end; every deployment's)
--- then ten keys for each deployment: log (zset), amounts (hash), cooldown (string
+-- then eleven keys for each deployment: log (zset), amounts (hash), cooldown (string
 --   with a TTL while the provider said 429 or the breaker is open), waiters (zset,
 --   score: first denial), waiters' tokens (hash), waiters (zset, score: last try),
 --   reservations' meta (hash), bucket levels (hash), learned ratios (hash), its
---   slots (zset; the model's own for a model of one deployment)
+--   slots (zset; the model's own for a model of one deployment), its learned shape
+--   (hash, lib/window.lua is_bucket_shape)
 -- ARGV: 1 id (one per item and attempt), 2 prompt_est, 3 rest, 4 tenant_tokens_limit
 --       (0 = none), 5 window_s, 6 guard_s, 7 now_s (empty = Redis TIME), 8 waiter id
 --       (empty = none), 9 claim_ttl_s, 10 held_claims, 11 model, 12 the model's slot
@@ -73,7 +75,7 @@
 --       (added when denied a slot, dropped with the slot), 25 that entry's ttl_s,
 --       26 the number of deployments,
 --       then five for each deployment: tokens_limit, requests_limit, shape
---       ('window' | 'bucket'), slot limit, avoided ('1': the item's last call failed
+--       ('window' | 'bucket' | 'learn': the learned one), slot limit, avoided ('1': the item's last call failed
 --       there).
 -- then, last of all (read from the end, apart from the rest): KEYS[#KEYS] the model's
 --   recent-calls mark (string, with a TTL of recent_s from a sync call's last entry);
@@ -114,13 +116,13 @@ local reserve, recent_s = tonumber(ARGV[#ARGV - 1]) or 0, tonumber(ARGV[#ARGV]) 
 -- The deployments, in the registry's order.
 local pool = {}
 for i = 1, tonumber(ARGV[26]) do
-    local k, a = 7 + (i - 1) * 10, 26 + (i - 1) * 5
+    local k, a = 7 + (i - 1) * 11, 26 + (i - 1) * 5
     local d = {
         index = i, log = KEYS[k + 1], amounts = KEYS[k + 2], cooldown = KEYS[k + 3],
         line = KEYS[k + 4], line_tokens = KEYS[k + 5], line_seen = KEYS[k + 6],
         meta = KEYS[k + 7], bucket = KEYS[k + 8], ratios = KEYS[k + 9], slots = KEYS[k + 10],
         tokens_limit = tonumber(ARGV[a + 1]), requests_limit = tonumber(ARGV[a + 2]),
-        is_bucket = ARGV[a + 3] == 'bucket', slot_limit = tonumber(ARGV[a + 4]) or 0,
+        is_bucket = is_bucket_shape(ARGV[a + 3], KEYS[k + 11]), slot_limit = tonumber(ARGV[a + 4]) or 0,
         avoided = ARGV[a + 5] == '1',
     }
     d.token_rate, d.request_rate = d.tokens_limit / window_s, d.requests_limit / window_s

@@ -37,7 +37,8 @@
 -- KEYS[12] the deployment's circuit breaker (hash: n failures in the window since
 --          `since`, `trips` in a row without a success)
 -- KEYS[13] the model's slot holders' tenants (hash: holder -> tenant, for the shares)
--- ARGV: 1 id, 2 shape, 3 action ('reconcile' | 'release' | ''), 4 new_tokens,
+-- KEYS[14] the budget's learned shape (read and written when shape is 'learn')
+-- ARGV: 1 id, 2 shape ('window' | 'bucket' | 'learn': the one KEYS[14] holds), 3 action ('reconcile' | 'release' | ''), 4 new_tokens,
 --       5 charged_rest ('' = new_tokens in both shapes), 6 tokens_limit,
 --       7 requests_limit, 8 window_s, 9 guard_s, 10 now_s ('' = TIME),
 --       11 remaining_tokens ('' = none), 12 remaining_requests ('' = none),
@@ -50,14 +51,24 @@
 --          may reach the provider after it, so they count as not yet seen),
 --       27 breaker ('' nothing, 'ok' an answer, 'fail' a failure that points at the
 --          deployment: app/domain/pools.py), 28 failures that trip it, 29 its window s,
---       30 its first cooldown ms, 31 its longest cooldown ms
+--       30 its first cooldown ms, 31 its longest cooldown ms,
+--       32 what the headers say of the provider's shape ('window', 'bucket' or '';
+--          app/domain/rate_limits.py shape_evidence), 33 the headers in a row against
+--          the learned shape that switch it (budget_shape_samples)
 -- Returns {token change of the reservation (negative: a refund), tokens the
 -- headers added to our count (negative: taken back / the level raised),
 -- cooldown left in ms (0: none asked), the model's ratio, the breaker's cooldown
 -- in ms (0: it did not trip)}.
 
 local id = ARGV[1]
-local is_bucket = ARGV[2] == 'bucket'
+-- The shape: the registry's, or the learned one after this header's evidence (the
+-- header is then read in the shape it leaves the budget in).
+local is_bucket
+if ARGV[2] == 'learn' then
+    is_bucket = shape_learn(KEYS[14], ARGV[32] or '', tonumber(ARGV[33]) or 1)
+else
+    is_bucket = ARGV[2] == 'bucket'
+end
 local action = ARGV[3]
 local new_tokens = tonumber(ARGV[4]) or 0
 local charged_rest = tonumber(ARGV[5])

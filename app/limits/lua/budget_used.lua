@@ -5,14 +5,15 @@
 -- no more even when no reservation has expired them yet). Bucket shape: what is
 -- missing from a full bucket now (capacity - level, refill included).
 --
--- KEYS[1] model log  KEYS[2] model amounts  KEYS[3] bucket levels
--- ARGV: window_s, guard_s, now_s (empty = Redis TIME), shape, tokens_limit, requests_limit
+-- KEYS[1] model log  KEYS[2] model amounts  KEYS[3] bucket levels  KEYS[4] learned shape
+-- ARGV: window_s, guard_s, now_s (empty = Redis TIME), shape ('window' | 'bucket' |
+-- 'learn': the one KEYS[4] holds), tokens_limit, requests_limit
 -- Returns {tokens, requests}.
 
 local window_s = tonumber(ARGV[1])
 local span = window_s + tonumber(ARGV[2])
 local now = clock(ARGV[3])
-if ARGV[4] == 'bucket' then
+if is_bucket_shape(ARGV[4], KEYS[4]) then
     local tokens_limit, requests_limit = tonumber(ARGV[5]), tonumber(ARGV[6])
     local t, r = bucket_read(KEYS[3], now, tokens_limit, tokens_limit / window_s,
         requests_limit, requests_limit / window_s)

@@ -101,3 +101,31 @@ local function slot_free(key, holder, limit, now)
     if redis.call('ZSCORE', key, holder) then return true end
     return redis.call('ZCARD', key) < limit
 end
+
+-- A budget whose registry entry sets no limit_shape (shape 'learn') is kept in the
+-- shape learned from the provider's reset headers, in hash `key`: 'shape' ('window'
+-- or 'bucket'; absent: a bucket) and 'n', the headers in a row that said otherwise.
+-- is_bucket_shape(shape, key): whether a budget of the registry's `shape` is a bucket.
+local function is_bucket_shape(shape, key)
+    if shape == 'learn' then return redis.call('HGET', key, 'shape') ~= 'window' end
+    return shape == 'bucket'
+end
+
+-- shape_learn(key, evidence, switch_after): one header's evidence ('window', 'bucket'
+-- or '') applied (app/domain/rate_limits.py next_shape): one for the kept shape resets
+-- the count, switch_after in a row against it switch it. Returns whether it is a bucket.
+local function shape_learn(key, evidence, switch_after)
+    local s = redis.call('HMGET', key, 'shape', 'n')
+    local current, against = s[1] or 'bucket', tonumber(s[2]) or 0
+    if evidence == 'window' or evidence == 'bucket' then
+        if evidence == current then
+            against = 0
+        else
+            against = against + 1
+            if against >= math.max(1, switch_after) then current, against = evidence, 0 end
+        end
+        redis.call('HSET', key, 'shape', current, 'n', against)
+        redis.call('PEXPIRE', key, 7 * 86400 * 1000)  -- unused for a week: learnt afresh
+    end
+    return current == 'bucket'
+end
