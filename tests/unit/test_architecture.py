@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "interfaces",
         (
             "batchgen.api",
+            "batchgen.serving",
             "batchgen.bodies",
             "batchgen.dashboard",
             "batchgen.dashboard_auth",
