@@ -68,7 +68,7 @@ from batchgen.store import batches, tenants
 from batchgen.store.batches import SubmitOptions
 from batchgen.store.db import UNMIGRATED_SQLSTATES, session_scope
 from batchgen.store.schema import Tenant
-from batchgen.store.tenants import authenticate
+from batchgen.store.tenants import authenticate_detached
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("batchgen_api", __name__)
@@ -98,7 +98,7 @@ def _api_key() -> str | None:
 def _caller() -> Tenant:
     if "tenant" not in g:
         with session_scope() as session:
-            g.tenant = authenticate(session, _api_key())
+            g.tenant = authenticate_detached(session, _api_key())
     tenant: Tenant = g.tenant
     return tenant
 

@@ -22,7 +22,7 @@ from typing import Any
 from batchgen.config import Settings, get_settings
 
 # A worker's pool per thread: a thread holds a connection only for a statement.
-THREADS_PER_CONNECTION = 4
+THREADS_PER_CONNECTION = 8
 
 
 def pool_size_for(threads: int) -> int:
@@ -42,7 +42,7 @@ def gunicorn_options(
         # Idle keep-alive connections (SDK clients reuse theirs).
         "keepalive": 5,
         # A worker asked to stop lets its calls end for this long.
-        "graceful_timeout": 10,
+        "graceful_timeout": 5,
         "accesslog": None,
         "errorlog": "-",
         "loglevel": settings.log_level.lower(),

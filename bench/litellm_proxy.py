@@ -60,6 +60,7 @@ from bench.harness import (  # noqa: E402
 
 MODEL = "live"
 CLAUDE = "live-claude"
+EMBED = "live-embed"
 LITELLM_VERSION = "1.110.2"
 MASTER_KEY = "sk-bench-master"
 # The proxy's own dependencies (its ``proxy`` extra names packages the index here does
@@ -109,6 +110,22 @@ output_usd_per_1m = 15.0
 encoding = "cl100k_base"
 charge_policy = "reserve"
 max_attempts = 50
+
+[models."{embed}"]
+provider = "openai"
+base_url = "{base_url}/v1"
+api_key_env = "BATCHGEN_SIMULATOR_KEY"
+group = "{embed}"
+budget_key = "{embed}-account"
+endpoints = ["/v1/embeddings"]
+dimensions = 1536
+context_window = 8192
+tokens_per_min = 1000000000
+requests_per_min = 1000000000
+max_concurrency = {concurrency}
+input_usd_per_1m = 0.02
+output_usd_per_1m = 0.0
+encoding = "cl100k_base"
 """
 
 LITELLM_CONFIG = """model_list:
@@ -121,6 +138,11 @@ LITELLM_CONFIG = """model_list:
     litellm_params:
       model: anthropic/{claude}
       api_base: {sim}
+      api_key: bench
+  - model_name: {embed}
+    litellm_params:
+      model: openai/{embed}
+      api_base: {sim}/v1
       api_key: bench
 general_settings:
   master_key: {master}
@@ -155,7 +177,7 @@ def _responses(i: int, max_tokens: int) -> dict[str, Any]:
 
 
 def _embeddings(i: int, max_tokens: int) -> dict[str, Any]:
-    return {"model": MODEL, "input": f"request {i}"}
+    return {"model": EMBED, "input": f"request {i}"}
 
 
 def _streamed(body: Callable[[int, int], dict[str, Any]]) -> Callable[[int, int], dict[str, Any]]:
@@ -170,7 +192,6 @@ KINDS = {
         Kind("messages", "/v1/messages", _messages, anthropic=True),
         Kind("messages-stream", "/v1/messages", _streamed(_messages), True, True),
         Kind("responses", "/v1/responses", _responses),
-        Kind("responses-stream", "/v1/responses", _streamed(_responses), stream=True),
         Kind("embeddings", "/v1/embeddings", _embeddings),
     )
 }
@@ -205,6 +226,15 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def _code(body: bytes) -> str:
+    """The error code (or type) of an error answer, for the count of errors by kind."""
+    try:
+        error = json.loads(body).get("error") or {}
+    except (ValueError, AttributeError):
+        return "?"
+    return str(error.get("code") or error.get("type") or "?") if isinstance(error, dict) else "?"
+
+
 async def _one(
     session: aiohttp.ClientSession, side: Side, kind: Kind, body: dict[str, Any]
 ) -> tuple[float, float | None, str | None]:
@@ -220,7 +250,7 @@ async def _one(
                     first = time.perf_counter() - started
         else:
             await r.read()
-        error = None if r.status == 200 else f"http {r.status}"
+        error = None if r.status == 200 else f"http {r.status} {_code(await r.read())}"
         if kind.stream and first is None and error is None:
             error = "no chunk"
     return time.perf_counter() - started, first, error
@@ -279,7 +309,9 @@ def litellm_proxy(python: Path, sim_url: str, workdir: Path) -> Iterator[tuple[s
 
     config = workdir / "litellm.yaml"
     config.write_text(
-        LITELLM_CONFIG.format(model=MODEL, claude=CLAUDE, sim=sim_url, master=MASTER_KEY)
+        LITELLM_CONFIG.format(
+            model=MODEL, claude=CLAUDE, embed=EMBED, sim=sim_url, master=MASTER_KEY
+        )
     )
     port = free_port()
     log = open(workdir / "litellm.log", "wb")  # noqa: SIM115 - closed below
@@ -414,7 +446,7 @@ def main() -> None:
     with simulator_process(*sim_args) as sim, servers() as workdir:
         env = live_model_env(workdir, MODEL, sim, slots)
         models_file = Path(env["BATCHGEN_MODELS_FILE"])
-        extra = CLAUDE_TOML.format(name=CLAUDE, base_url=sim, concurrency=slots)
+        extra = CLAUDE_TOML.format(name=CLAUDE, embed=EMBED, base_url=sim, concurrency=slots)
         models_file.write_text(models_file.read_text() + extra)
         with db.session_scope() as s:
             _, key = tenants.create_tenant(s, "caller")

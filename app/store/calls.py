@@ -79,13 +79,10 @@ def open_calls(session: Session, model: str, tenant_id: int) -> int:
 
 def call_load(connection: Connection, model: str, tenant_id: int) -> tuple[int, int]:
     """:func:`calls_ahead_tokens` and the tenant's :func:`open_calls` on ``model``, in
-    one statement."""
-    query = select(
-        func.coalesce(func.sum(Item.prompt_tokens_est + Item.max_tokens), 0),
-        func.count().filter(Item.tenant_id == tenant_id),
-    ).where(Item.model == model, Item.priority_rank == CALL_RANK, Item.status.in_(values(OPEN)))
-    ahead, own = connection.execute(query).one()
-    return int(ahead or 0), int(own or 0)
+    one statement (``sql/call_load.sql``)."""
+    params = {"model": model, "tenant_id": tenant_id, "call_rank": CALL_RANK}
+    (row,) = db.driver_rows(connection, driver_query("call_load"), params)
+    return int(row.ahead_tokens), int(row.own_open)
 
 
 def _spent_call(session: Session, tenant_id: int, key: str, lock: bool = False) -> Any:

@@ -7,12 +7,13 @@ import datetime as dt
 import hashlib
 import secrets
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from batchgen.domain.notifications import check_webhook_url
 from batchgen.errors import Conflict, NotFound, Unauthorized, ValidationFailed
+from batchgen.store import db
 from batchgen.store.schema import Tenant
 
 KEY_PREFIX = "bg_"
@@ -91,13 +92,37 @@ def create_tenant(
     return tenant, key
 
 
+# Built once (every request authenticates with it).
+_BY_KEY_HASH = select(Tenant).where(Tenant.key_hash == bindparam("key_hash"))
+
+
 def authenticate(session: Session, key: str | None) -> Tenant:
     """The tenant owning ``key``; :class:`Unauthorized` if missing, unknown or revoked."""
     if not key:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-    tenant = session.scalar(select(Tenant).where(Tenant.key_hash == hash_key(key)))
+    tenant = session.scalar(_BY_KEY_HASH, {"key_hash": hash_key(key)})
     if tenant is None:
         raise Unauthorized("unknown API key")
+    if tenant.revoked_at is not None:
+        raise Unauthorized("this API key was revoked")
+    return tenant
+
+
+_COLUMNS = tuple(c.key for c in Tenant.__table__.columns)
+_BY_KEY_HASH_SQL = f"SELECT {', '.join(_COLUMNS)} FROM tenants WHERE key_hash = %(key_hash)s"  # noqa: S608
+
+
+def authenticate_detached(session: Session, key: str | None) -> Tenant:
+    """:func:`authenticate`, its tenant read by one statement of the driver's and
+    detached (in no session; :func:`attach` adds it to one): what every API request
+    does first, at a fraction of an ORM query's cost."""
+    if not key:
+        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    rows = db.driver_rows(session, _BY_KEY_HASH_SQL, {"key_hash": hash_key(key)})
+    if not rows:
+        raise Unauthorized("unknown API key")
+    tenant = Tenant(**{column: getattr(rows[0], column) for column in _COLUMNS})
+    make_transient_to_detached(tenant)
     if tenant.revoked_at is not None:
         raise Unauthorized("this API key was revoked")
     return tenant

@@ -15,6 +15,6 @@ def test_the_api_runs_threaded_workers_with_a_thread_per_waiting_call():
 
 
 def test_a_workers_pool_is_sized_for_its_threads():
-    assert pool_size_for(64) == 16
-    assert pool_size_for(65) == 17
-    assert pool_size_for(1) == 4  # never below the default's floor
+    assert pool_size_for(64) == 8
+    assert pool_size_for(65) == 9
+    assert pool_size_for(1) == 4  # never below the floor
