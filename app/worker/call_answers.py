@@ -102,6 +102,8 @@ def _forget(pending: PendingCall) -> None:
     call_waiter().forget(pending.stored.item_id, pending.woken)
     if pending.stored.replayed:
         return  # the presence is the first caller's, who may still be waiting
+    if pending.answer:
+        return  # the run that answered dropped it (batchgen.worker.calls._call_ended)
     with contextlib.suppress(Exception):  # the key expires by itself
         liveness.drop_caller(get_redis(), pending.stored.item_id)
 

@@ -237,7 +237,7 @@ def start_call(
     pending = PendingCall(
         stored, tenant, started + deadline_s, woken, relay=relay, run_ended=threading.Event()
     )
-    caller_waits(stored.item_id, settings.caller_lease_s)
+    _caller_marks(stored, settings)
     # The thread runs in this context (a host app's settings scope goes with it).
     runner = threading.Thread(
         target=contextvars.copy_context().run,
@@ -283,7 +283,8 @@ def _run_here(
     on_answer = pending.answer.append if pending is not None else None
     try:
         while ticket is not None:
-            _run_by_caller(registry.get(stored.model), ticket, settings)
+            if ticket is not stored.queue_ticket:  # the first one is marked at its start
+                _run_by_caller(registry.get(stored.model), ticket, settings)
             verdict = run_item(
                 stored.item_id,
                 registry,
@@ -322,9 +323,10 @@ def _run_here(
             relay.ended(None)
         woken.set()
         first = stored.queue_ticket
-        if first is not None:  # it asks for no slot now
+        answered = pending is not None and bool(pending.answer)
+        if first is not None:  # it asks for no slot now; answered, its caller waits no more
             entry = demand_entry(first.tenant_id, first.tenant_weight, first.item_id)
-            gate.demand.forget(stored.model, entry)
+            _call_ended(stored, entry, answered)
         waker.wake()  # the call held a place in its model's window
 
 
@@ -374,6 +376,36 @@ def _release_again(
     time.sleep(wait_s)
     with session_scope() as session:
         return calls.release_again(session, stored.item_id, queued_lease_s)
+
+
+def _caller_marks(stored: calls.StoredCall, settings: Settings) -> None:
+    """At a call's start, in one round trip: its caller's presence
+    (:func:`caller_waits`) and its first attempt marked as run here
+    (:func:`_run_by_caller`). Best effort, as each of them."""
+    spec, ticket = get_registry().get(stored.model), stored.queue_ticket
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        liveness.renew_caller(pipe, stored.item_id, settings.caller_lease_s)
+        if spec is not None and ticket is not None:
+            ttl_s = running_lease_s(spec, settings) + settings.caller_lease_s
+            liveness.mark_run_by_caller(pipe, ticket.item_id, ticket.attempt, ttl_s)
+        pipe.execute()
+    except Exception as exc:  # noqa: BLE001
+        log.debug("call item %d: could not mark it (%s)", stored.item_id, type(exc).__name__)
+
+
+def _call_ended(stored: calls.StoredCall, demand_entry: str, answered: bool) -> None:
+    """At the end of a call's run here, in one round trip: it asks for no slot now,
+    and, answered, its caller's presence is dropped (it has its answer: see
+    :func:`batchgen.worker.call_answers`). Best effort: both lapse anyway."""
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        pipe.zrem(keys.call_demand(stored.model), demand_entry)
+        if answered:
+            liveness.drop_caller(pipe, stored.item_id)
+        pipe.execute()
+    except Exception as exc:  # noqa: BLE001
+        log.debug("call item %d: could not end its marks (%s)", stored.item_id, type(exc).__name__)
 
 
 def _run_by_caller(spec: ModelSpec | None, ticket: items.Ticket, settings: Settings) -> None:

@@ -11,6 +11,7 @@ billed call, and a caller who hangs up mid-stream stops the provider's answer.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 import anthropic
 import httpx
 import openai
+import psutil
 import pytest
 from sqlalchemy import select
 
@@ -188,10 +190,20 @@ def test_a_caller_hanging_up_mid_stream_stops_the_provider_call(api, paced):
     check_invariants(paced.base_url, get_redis())
 
 
-def test_a_caller_hanging_up_on_a_whole_call_cancels_it(api, paced):
-    """A whole (not streamed) call whose caller closes its connection while the
-    provider answers: the server hands the call its socket (gunicorn's threaded
-    workers), the call sees it closed, ends cancelled and cuts the provider's answer."""
+def test_a_caller_hanging_up_on_a_whole_call_cancels_it(api_server, paced):
+    """``batchgen api`` as production runs it (gunicorn, two threaded workers): a whole
+    (not streamed) call whose caller closes its connection while the provider answers
+    is seen gone (the server hands the call its socket), ends cancelled and cuts the
+    provider's answer."""
+    api = api_server({"BATCHGEN_API_WORKERS": "2"})
+    port = int(api.rsplit(":", 1)[1])
+    (listening,) = {
+        os.getpgid(c.pid)
+        for c in psutil.net_connections(kind="tcp")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid
+    }
+    workers = psutil.Process(listening).children()
+    assert len(workers) == 2, workers  # gunicorn's master (the group's leader) and two
     sim_config(paced.base_url, latency_per_token_ms=100)
     body = json.dumps({"model": "sim-small", "messages": ASKED, "max_tokens": 200}).encode()
     address = urlsplit(api)
