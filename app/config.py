@@ -310,6 +310,10 @@ class Settings(BaseSettings):
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    # `batchgen api` (app/serving.py): gunicorn worker processes, and threads in each
+    # (a synchronous call holds one for as long as its caller waits).
+    api_workers: int = Field(default=2, ge=1)
+    api_threads: int = Field(default=64, ge=1)
     # GET /metrics wants "Authorization: Bearer <token>" (or an admin API key).
     metrics_token: str | None = Field(default=None, repr=False)
     # Operator keys of the admin API (/admin/v1, app/admin_api.py): JSON list of

@@ -352,16 +352,26 @@ def flower(
 
 
 @cli.command()
-def api(host: str = "", port: int = 0) -> None:
-    """The HTTP API (development server; use gunicorn 'batchgen.api:create_app()' in production)."""
-    from werkzeug.serving import run_simple
-
-    from batchgen.api import create_app
-
+def api(
+    host: str = "",
+    port: int = 0,
+    workers: int = typer.Option(0, min=0, help="Worker processes (0: api_workers)."),
+    threads: int = typer.Option(0, min=0, help="Threads per worker (0: api_threads)."),
+    dev: bool = typer.Option(False, "--dev", help="Werkzeug's development server instead."),
+) -> None:
+    """The HTTP API, served by gunicorn's threaded workers (production)."""
     with _services() as settings:
-        run_simple(
-            host or settings.api_host, port or settings.api_port, create_app(), threaded=True
-        )
+        host, port = host or settings.api_host, port or settings.api_port
+        if dev:
+            from werkzeug.serving import run_simple
+
+            from batchgen.api import create_app
+
+            run_simple(host, port, create_app(), threaded=True)
+            return
+        from batchgen.serving import serve
+
+        serve(host, port, workers or settings.api_workers, threads or settings.api_threads)
 
 
 @cli.command()

@@ -335,23 +335,32 @@ def _replay(existing: Batch, drafts: Iterable[ItemDraft], fingerprint: RequestFi
     return existing
 
 
-def store_batch(
-    session: Session,
+@dataclass
+class _Prepared:
+    """A submit's parameters checked and its lines under way (parsed as they are read)."""
+
+    window_s: float
+    endpoint: str | None
+    priority: Priority
+    route: RouteMode
+    offload: OffloadMode
+    on_finished: str | None
+    queue: str | None
+    webhook_url: str | None
+    key: str | None
+    fingerprint: RequestFingerprint
+    drafts: Iterator[ItemDraft]
+    first: ItemDraft
+
+
+def _prepare(
     tenant: Tenant,
     lines: Iterable[bytes],
     options: SubmitOptions,
     registry: Registry,
     settings: Settings,
-) -> tuple[Batch, bool]:
-    """Validate and store a batch in the caller's transaction.
-
-    Returns ``(batch, created)``; ``created`` is False when the idempotency key
-    named an existing batch for the same request (another request under a used
-    key raises :class:`IdempotencyKeyReused`). Any error leaves the transaction
-    to be rolled back, so nothing of a bad batch is stored. Items are streamed
-    into one COPY while the body is read, so a large file is neither held whole
-    nor sent row by row.
-    """
+) -> _Prepared:
+    """What :func:`store_batch` checks before it stores anything (no database)."""
     window_s = _check_options(options, settings.default_completion_window_s)
     endpoint = options.endpoint
     priority = Priority(options.priority)
@@ -387,6 +396,49 @@ def store_batch(
     drafts = fingerprint.track(fitting(parsed, registry, tenant.tokens_per_min))
     first = next(drafts)  # the lines name the batch's endpoint when the caller did not
     drafts = itertools.chain([first], drafts)
+    return _Prepared(
+        window_s,
+        endpoint,
+        priority,
+        route,
+        offload,
+        on_finished,
+        queue,
+        webhook_url,
+        key,
+        fingerprint,
+        drafts,
+        first,
+    )
+
+
+def store_batch(
+    session: Session,
+    tenant: Tenant,
+    lines: Iterable[bytes],
+    options: SubmitOptions,
+    registry: Registry,
+    settings: Settings,
+) -> tuple[Batch, bool]:
+    """Validate and store a batch in the caller's transaction.
+
+    Returns ``(batch, created)``; ``created`` is False when the idempotency key
+    named an existing batch for the same request (another request under a used
+    key raises :class:`IdempotencyKeyReused`). Any error leaves the transaction
+    to be rolled back, so nothing of a bad batch is stored. Items are streamed
+    into one COPY while the body is read, so a large file is neither held whole
+    nor sent row by row.
+    """
+    prep = _prepare(tenant, lines, options, registry, settings)
+    window_s, endpoint, priority, route, offload = (
+        prep.window_s,
+        prep.endpoint,
+        prep.priority,
+        prep.route,
+        prep.offload,
+    )
+    on_finished, queue, webhook_url = prep.on_finished, prep.queue, prep.webhook_url
+    key, fingerprint, drafts, first = prep.key, prep.fingerprint, prep.drafts, prep.first
     if key is not None:
         existing = _find_idempotent(session, tenant.id, key)
         if existing is not None:
@@ -439,6 +491,66 @@ def store_batch(
         quotas.check_models(session, tokens_by_model, registry, settings)
     quotas.check_tenant(session, tenant, registry, sorted(tokens_by_model))
     return batch, True
+
+
+@dataclass(frozen=True)
+class CallRows:
+    """A synchronous call's batch of one and its item, checked as :func:`store_batch`
+    checks a batch, for the one statement that stores and releases them
+    (:func:`batchgen.store.calls.store_plain_call`)."""
+
+    batch: dict[str, Any]
+    item: dict[str, Any]
+    # The item's own deadline, in seconds from the batch's creation (its line's
+    # ``timeout``, when shorter than the batch's window).
+    item_window_s: float
+
+
+def call_rows(
+    tenant: Tenant, line: bytes, options: SubmitOptions, registry: Registry, settings: Settings
+) -> CallRows | None:
+    """The columns :func:`store_batch` would store for a call of one line (validated
+    the same way, raising the same errors); None when the call needs
+    :func:`store_batch` itself: an Idempotency-Key (a replay to find), a tenant with
+    quotas to check, or an item it would not release at once (offloaded)."""
+    if options.idempotency_key or options.priority != Priority.CALL:
+        return None
+    if tenant.max_pending_items is not None or tenant.daily_token_quota is not None:
+        return None
+    prep = _prepare(tenant, iter([line]), options, registry, settings)
+    now = dt.datetime.now(dt.UTC)  # for the item's deadline and route; PostgreSQL's is stored
+    batch = Batch(
+        id=new_batch_id(),
+        route=prep.route.value,
+        offload=prep.offload.value,
+        priority=prep.priority.value,
+        created_at=now,
+        deadline_at=now + dt.timedelta(seconds=prep.window_s),
+    )
+    prefixes = PrefixKeys(_cache_min_tokens(registry), lambda m: registry[m].encoding)
+    admitted: dict[str, list[int]] = {}
+    rows = list(_item_rows(prep.drafts, batch, tenant.id, {}, admitted, registry, {}, prefixes))
+    if len(rows) != 1 or rows[0]["status"] != ItemStatus.PENDING.value:
+        return None
+    item = {**rows[0], "prefix_key": None}  # the batch's only item shares its prefix with none
+    return CallRows(
+        batch={
+            "id": batch.id,
+            "tenant_id": tenant.id,
+            "status": BatchStatus.IN_PROGRESS.value,
+            "endpoint": prep.endpoint or prep.first.endpoint,
+            "priority": prep.priority.value,
+            "completion_window_s": int(prep.window_s),
+            "window_s": prep.window_s,
+            "offload": prep.offload.value,
+            "route": prep.route.value,
+            "origin": options.origin,
+            "request_sha256": prep.fingerprint.hexdigest(),
+            "key_id": options.key_id,
+        },
+        item=item,
+        item_window_s=(item["deadline_at"] - now).total_seconds(),
+    )
 
 
 def _get_batch(session: Session, batch_id: str) -> Batch | None:

@@ -28,16 +28,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from sqlalchemy import func, select, update
+from sqlalchemy import Connection, func, select, update
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
 from batchgen.domain.calls import key_replays
 from batchgen.domain.status import CALL_RANK, OPEN, TERMINAL, ItemStatus, Priority, values
 from batchgen.registry import Registry
-from batchgen.store import batches, items
+from batchgen.store import batches, db, items
 from batchgen.store.batches import SubmitOptions
 from batchgen.store.schema import Batch, Item, Result, Tenant
+from batchgen.store.sqlfiles import driver_query
 
 log = logging.getLogger(__name__)
 CHANNEL = "batchgen_call_done"
@@ -74,6 +75,14 @@ def open_calls(session: Session, model: str, tenant_id: int) -> int:
         Item.status.in_(values(OPEN)),
     )
     return int(session.scalar(query) or 0)
+
+
+def call_load(connection: Connection, model: str, tenant_id: int) -> tuple[int, int]:
+    """:func:`calls_ahead_tokens` and the tenant's :func:`open_calls` on ``model``, in
+    one statement (``sql/call_load.sql``)."""
+    params = {"model": model, "tenant_id": tenant_id, "call_rank": CALL_RANK}
+    (row,) = db.driver_rows(connection, driver_query("call_load"), params)
+    return int(row.ahead_tokens), int(row.own_open)
 
 
 def _spent_call(session: Session, tenant_id: int, key: str, lock: bool = False) -> Any:
@@ -145,6 +154,54 @@ def store_call(
         select(Item.id, Item.model).where(Item.batch_id == batch.id)
     ).one()
     return StoredCall(batch.id, item_id, model, ticket, replayed=not created)
+
+
+def store_plain_call(
+    connection: Connection,
+    tenant: Tenant,
+    line: dict[str, Any],
+    *,
+    deadline_s: float,
+    endpoint: str,
+    registry: Registry,
+    settings: Settings,
+    key_id: int | None = None,
+) -> StoredCall | None:
+    """:func:`store_call` for a call with no Idempotency-Key in one statement
+    (autocommit: ``sql/call_store.sql``), validated as :func:`store_call` validates
+    it; None, with nothing stored, when it needs :func:`store_call` itself
+    (:func:`batchgen.store.batches.call_rows` says when)."""
+    options = SubmitOptions(
+        completion_window=deadline_s, priority=Priority.CALL, endpoint=endpoint, key_id=key_id
+    )
+    raw = json.dumps(line, ensure_ascii=False).encode("utf-8")
+    rows = batches.call_rows(tenant, raw, options, registry, settings)
+    if rows is None:
+        return None
+    item = rows.item
+    params = {
+        **rows.batch,
+        **{k: item[k] for k in ITEM_COLUMNS},
+        "queued": ItemStatus.QUEUED.value,
+        "item_route": item["route"],
+        "item_window_s": rows.item_window_s,
+        "queued_lease_s": settings.queued_lease_s,
+        "tokens_est": item["prompt_tokens_est"] + item["max_tokens"],
+    }
+    (row,) = db.driver_rows(connection, driver_query("call_store"), params)
+    return StoredCall(rows.batch["id"], row.id, item["model"], items.ticket_from_row(row))
+
+
+# The item's columns that sql/call_store.sql takes as they are.
+ITEM_COLUMNS = (
+    "line_no",
+    "custom_id",
+    "model",
+    "priority_rank",
+    "body",
+    "prompt_tokens_est",
+    "max_tokens",
+)
 
 
 def backoff_left_s(session: Session, item_id: int) -> float | None:

@@ -481,6 +481,7 @@ class Answered:
     recorded: bool  # the answer is the item's result, ledgered once
     waiting: bool  # items of the batch still pending or queued
     running: bool  # other items of the batch running (ours not counted)
+    closed: bool = False  # the batch finished with it (a synchronous call's)
 
 
 def succeed_answered(connection: Connection, row: dict[str, Any]) -> Answered:
@@ -491,7 +492,12 @@ def succeed_answered(connection: Connection, row: dict[str, Any]) -> Answered:
     (:func:`batchgen.store.ledger.record_answer` builds it)."""
     params = {**row, "response": Jsonb(row["response"]), **SUCCEED_ANSWERED.params()}
     (result,) = db.driver_rows(connection, driver_query("item_succeed_answered"), params)
-    return Answered(recorded=result.recorded, waiting=result.waiting, running=result.running)
+    return Answered(
+        recorded=result.recorded,
+        waiting=result.waiting,
+        running=result.running,
+        closed=result.closed,
+    )
 
 
 def cancel_unsent(session: Session, batch_id: str, now: dt.datetime) -> int:
@@ -775,6 +781,12 @@ _TICKET_COLUMNS = (
     Tenant.name,
     Tenant.weight,
 )
+
+
+def ticket_from_row(row: Any) -> Ticket:
+    """The ticket of a row of :data:`_TICKET_COLUMNS` (a statement of its own that
+    returns them, such as ``sql/call_store.sql``)."""
+    return _ticket(row)
 
 
 def _ticket(row: Any) -> Ticket:

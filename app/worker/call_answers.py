@@ -70,9 +70,16 @@ def wait_call(pending: PendingCall, still_there: Presence = _connected) -> calls
 
 def _ended(pending: PendingCall, still_there: Presence) -> calls.CallOutcome | None:
     """The call's answer once it ended; None while it runs. Raises the error it ended
-    with, or that stops the wait: the caller gone (the call is cancelled), Redis lost."""
-    with session_scope() as session:
-        ended = calls.outcome(session, pending.stored.item_id)
+    with, or that stops the wait: the caller gone (the call is cancelled), Redis lost.
+    While this process runs it, its end comes from the run (the answer in hand, or the
+    run's end, after which the item is read)."""
+    if pending.answer:
+        return calls.CallOutcome(ItemStatus.SUCCEEDED, pending.answer[0], None, None)
+    if pending.running_here():
+        ended = None
+    else:
+        with session_scope() as session:
+            ended = calls.outcome(session, pending.stored.item_id)
     if ended is not None:
         if ended.status is ItemStatus.SUCCEEDED and ended.response is not None:
             return ended
@@ -95,6 +102,8 @@ def _forget(pending: PendingCall) -> None:
     call_waiter().forget(pending.stored.item_id, pending.woken)
     if pending.stored.replayed:
         return  # the presence is the first caller's, who may still be waiting
+    if pending.answer:
+        return  # the run that answered dropped it (batchgen.worker.calls._call_ended)
     with contextlib.suppress(Exception):  # the key expires by itself
         liveness.drop_caller(get_redis(), pending.stored.item_id)
 

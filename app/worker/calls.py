@@ -36,7 +36,7 @@ from batchgen.limits.backend import REDIS_DOWN, get_redis
 from batchgen.limits.call_shares import CallDemand, demand_entry
 from batchgen.limits.gate import Gate, running_lease_s
 from batchgen.registry import ModelSpec, get_registry
-from batchgen.store import calls, items, tenants
+from batchgen.store import calls, db, items, tenants
 from batchgen.store.calls import CallWaiter
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
@@ -107,6 +107,16 @@ class PendingCall:
     failures: list[BaseException] = dataclasses.field(default_factory=list)
     # A streamed call's chunks as they arrive (None: the caller waits for the end).
     relay: ChunkRelay | None = None
+    # The answer of record, once this process's run recorded it: its caller has it
+    # without reading it back.
+    answer: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # Set once this process runs the call no more (None: it was not run here, as a
+    # replay's): until then, its end is heard from the run, not read.
+    run_ended: threading.Event | None = None
+
+    def running_here(self) -> bool:
+        """Whether this process's run of the call is still under way."""
+        return self.run_ended is not None and not self.run_ended.is_set()
 
 
 # How long this process's calls took, per model (the fail-fast rule's round of calls).
@@ -126,17 +136,20 @@ def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> No
     """The fail-fast rule, before anything is stored: :class:`Overloaded` (503) when the
     model's calls ahead need longer than ``deadline_s``; :class:`OverShare` (429) when
     the tenant's own open calls, run at its share of the model's slots, do."""
-    with session_scope() as session:
-        owner = tenants.find(session, tenant)
-        ahead = calls.calls_ahead_tokens(session, spec.name)
-        own_open = calls.open_calls(session, spec.name, owner.id)
-        weight = owner.weight
+    if isinstance(tenant, Tenant):  # authenticated by this request: read already
+        owner_id, weight = tenant.id, tenant.weight
+    else:
+        with session_scope() as session:
+            owner = tenants.find(session, tenant)
+            owner_id, weight = owner.id, owner.weight
+    with db.autocommit() as connection:
+        ahead, own_open = calls.call_load(connection, spec.name, owner_id)
     wait_s = call_rules.expected_wait_s(ahead, spec.tokens_per_min, _cooldown_left_s(spec))
     demand = _demand(spec.name)
-    demand[owner.id] = call_shares.Demand(weight, running=0, waiting=own_open + 1)
+    demand[owner_id] = call_shares.Demand(weight, running=0, waiting=own_open + 1)
     refusal = call_shares.refuse_call(
         open_calls=own_open,
-        share=call_shares.share_of(spec.max_concurrency, demand, owner.id),
+        share=call_shares.share_of(spec.max_concurrency, demand, owner_id),
         call_s=pace.call_s(spec.name) or 0.0,
         model_wait_s=wait_s,
         deadline_s=deadline_s,
@@ -195,28 +208,44 @@ def start_call(
     if spec is not None and not _key_used(tenant, idempotency_key):
         refuse_early(spec, tenant, deadline_s)
     started = time.monotonic()
-    with session_scope() as session:
-        stored = calls.store_call(
-            session,
-            tenants.find(session, tenant),
-            line,
-            deadline_s=deadline_s,
-            endpoint=endpoint,
-            registry=get_registry(),
-            settings=settings,
-            idempotency_key=idempotency_key,
-            key_id=key_id,
-        )
+    stored = None
+    if not idempotency_key and isinstance(tenant, Tenant):  # one statement, most calls
+        with db.autocommit() as connection:
+            stored = calls.store_plain_call(
+                connection,
+                tenant,
+                line,
+                deadline_s=deadline_s,
+                endpoint=endpoint,
+                registry=get_registry(),
+                settings=settings,
+                key_id=key_id,
+            )
+    if stored is None:
+        with session_scope() as session:
+            stored = calls.store_call(
+                session,
+                tenants.find(session, tenant),
+                line,
+                deadline_s=deadline_s,
+                endpoint=endpoint,
+                registry=get_registry(),
+                settings=settings,
+                idempotency_key=idempotency_key,
+                key_id=key_id,
+            )
     relay = ChunkRelay() if stream else None
     woken = call_waiter().register(stored.item_id, event=Wake(relay) if relay else None)
-    pending = PendingCall(stored, tenant, started + deadline_s, woken, relay=relay)
-    if stored.replayed:
-        return pending  # the earlier call's run (done, or under way elsewhere) answers it
-    caller_waits(stored.item_id, settings.caller_lease_s)
+    if stored.replayed:  # the earlier call's run (done, or under way elsewhere) answers it
+        return PendingCall(stored, tenant, started + deadline_s, woken, relay=relay)
+    pending = PendingCall(
+        stored, tenant, started + deadline_s, woken, relay=relay, run_ended=threading.Event()
+    )
+    _caller_marks(stored, settings)
     # The thread runs in this context (a host app's settings scope goes with it).
     runner = threading.Thread(
         target=contextvars.copy_context().run,
-        args=(_run_here, stored, pending.deadline_mono_s, woken, pending.failures, relay),
+        args=(_run_here, stored, pending.deadline_mono_s, woken, pending.failures, relay, pending),
         name=f"batchgen-call-{stored.item_id}",
         daemon=True,
     )
@@ -247,6 +276,7 @@ def _run_here(
     woken: threading.Event,
     failures: list[BaseException] | None = None,
     relay: ChunkRelay | None = None,
+    pending: PendingCall | None = None,
 ) -> None:
     """Run a call's item in this process, attempt after attempt, until it ends, its
     time is up, or a dispatcher took it (see the module's docstring)."""
@@ -254,9 +284,11 @@ def _run_here(
     registry, settings = get_registry(), get_settings()
     ticket = stored.queue_ticket
     on_chunk = relay.chunk if relay is not None else None
+    on_answer = pending.answer.append if pending is not None else None
     try:
         while ticket is not None:
-            _run_by_caller(registry.get(stored.model), ticket, settings)
+            if ticket is not stored.queue_ticket:  # the first one is marked at its start
+                _run_by_caller(registry.get(stored.model), ticket, settings)
             verdict = run_item(
                 stored.item_id,
                 registry,
@@ -266,6 +298,7 @@ def _run_here(
                 model=stored.model,
                 ticket=ticket,
                 on_chunk=on_chunk,
+                on_answer=on_answer,
             )
             if relay is not None:
                 relay.ended(verdict.outcome)
@@ -288,14 +321,51 @@ def _run_here(
         if failures is not None and isinstance(exc, REDIS_DOWN):
             failures.append(exc)
     finally:
+        if pending is not None and pending.run_ended is not None:
+            pending.run_ended.set()
         if relay is not None:
             relay.ended(None)
         woken.set()
         first = stored.queue_ticket
-        if first is not None:  # it asks for no slot now
+        answered = pending is not None and bool(pending.answer)
+        if first is not None:  # it asks for no slot now; answered, its caller waits no more
             entry = demand_entry(first.tenant_id, first.tenant_weight, first.item_id)
-            gate.demand.forget(stored.model, entry)
-        publish.wake_dispatcher_quietly()  # the call held a place in its model's window
+            _call_ended(stored, entry, answered)
+        waker.wake()  # the call held a place in its model's window
+
+
+class DispatcherWaker:
+    """Wakes the dispatcher once calls ended, off their callers' way: a thread sends
+    the wake, at most one per ``every_s`` however many calls ended meanwhile."""
+
+    def __init__(self, every_s: float = 0.1) -> None:
+        self.every_s = every_s
+        self._due = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        self._due.set()
+        if self._thread is None or not self._thread.is_alive():
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    # In the context of the call that started it (a host app's scope).
+                    self._thread = threading.Thread(
+                        target=contextvars.copy_context().run,
+                        args=(self._run,),
+                        name="batchgen-call-waker",
+                        daemon=True,
+                    )
+                    self._thread.start()
+
+    def _run(self) -> None:
+        while self._due.wait(60.0):
+            self._due.clear()
+            publish.wake_dispatcher_quietly()
+            time.sleep(self.every_s)
+
+
+waker = DispatcherWaker()
 
 
 def _release_again(
@@ -310,6 +380,36 @@ def _release_again(
     time.sleep(wait_s)
     with session_scope() as session:
         return calls.release_again(session, stored.item_id, queued_lease_s)
+
+
+def _caller_marks(stored: calls.StoredCall, settings: Settings) -> None:
+    """At a call's start, in one round trip: its caller's presence
+    (:func:`caller_waits`) and its first attempt marked as run here
+    (:func:`_run_by_caller`). Best effort, as each of them."""
+    spec, ticket = get_registry().get(stored.model), stored.queue_ticket
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        liveness.renew_caller(pipe, stored.item_id, settings.caller_lease_s)
+        if spec is not None and ticket is not None:
+            ttl_s = running_lease_s(spec, settings) + settings.caller_lease_s
+            liveness.mark_run_by_caller(pipe, ticket.item_id, ticket.attempt, ttl_s)
+        pipe.execute()
+    except Exception as exc:  # noqa: BLE001
+        log.debug("call item %d: could not mark it (%s)", stored.item_id, type(exc).__name__)
+
+
+def _call_ended(stored: calls.StoredCall, demand_entry: str, answered: bool) -> None:
+    """At the end of a call's run here, in one round trip: it asks for no slot now,
+    and, answered, its caller's presence is dropped (it has its answer: see
+    :func:`batchgen.worker.call_answers`). Best effort: both lapse anyway."""
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        pipe.zrem(keys.call_demand(stored.model), demand_entry)
+        if answered:
+            liveness.drop_caller(pipe, stored.item_id)
+        pipe.execute()
+    except Exception as exc:  # noqa: BLE001
+        log.debug("call item %d: could not end its marks (%s)", stored.item_id, type(exc).__name__)
 
 
 def _run_by_caller(spec: ModelSpec | None, ticket: items.Ticket, settings: Settings) -> None:

@@ -72,6 +72,9 @@ from batchgen.worker.verdict import Verdict
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 OnChunk = Callable[[dict[str, Any]], None]
+# Handed the answer of record once this attempt recorded it (a synchronous call's
+# caller, in this process, needs not read it back).
+OnAnswer = Callable[[dict[str, Any]], None]
 
 
 def run_item(
@@ -83,13 +86,15 @@ def run_item(
     model: str | None = None,
     ticket: Ticket | None = None,
     on_chunk: OnChunk | None = None,
+    on_answer: OnAnswer | None = None,
 ) -> Verdict:
     """Run one delivery of an item end to end.
 
     ``model`` and ``ticket`` come with the message (its routing hint, and what the
     gate decides on); a message without them costs one lookup of the item first.
     ``on_chunk`` is handed each chunk of a streamed provider answer as it is read (a
-    synchronous call relays them to its caller: :mod:`batchgen.worker.relay`).
+    synchronous call relays them to its caller: :mod:`batchgen.worker.relay`), and
+    ``on_answer`` the answer this attempt recorded (not called when it recorded none).
     """
     spec = registry.get(model) if model else None
     if ticket is None or spec is None or ticket.item_id != item_id:
@@ -101,7 +106,7 @@ def run_item(
         spec = registry.get(model_name)
         if spec is None:
             return Verdict("skipped")
-    verdict = _run_ticket(ticket, spec, settings, gate, watcher, on_chunk)
+    verdict = _run_ticket(ticket, spec, settings, gate, watcher, on_chunk, on_answer)
     return replace(verdict, model=spec.name)
 
 
@@ -112,6 +117,7 @@ def _run_ticket(
     gate: Gate,
     watcher: CancelWatcher | None,
     on_chunk: OnChunk | None = None,
+    on_answer: OnAnswer | None = None,
 ) -> Verdict:
     """Gate first, then claim: on the gate's yes, one statement claims the item and
     marks it sent; on a wait, the item is claimed and handed back for later."""
@@ -141,7 +147,7 @@ def _run_ticket(
                 return Verdict("skipped")
             with heartbeat().hold(item, lease_s):  # renewed until its outcome is recorded
                 call = _Call(item, spec, served, ticket)
-                return _call(call, provider, settings, cancel, settlement, on_chunk)
+                return _call(call, provider, settings, cancel, settlement, on_chunk, on_answer)
     finally:
         _settle(gate, spec, decision, ticket, settlement)
 
@@ -322,6 +328,7 @@ def _call(
     cancel: Event,
     settlement: Settlement,
     on_chunk: OnChunk | None = None,
+    on_answer: OnAnswer | None = None,
 ) -> Verdict:
     item, spec, served = call.item, call.spec, call.served
     # Time left on PostgreSQL's clock (where the deadline was set), not this host's.
@@ -387,6 +394,8 @@ def _call(
         tier=route.tier,
     )
     recorded = _record(item, outcome, served)
+    if recorded and on_answer is not None:
+        on_answer(response.body)
     if on_chunk is not None:
         _forget_usage(item)
     log.info(
@@ -445,7 +454,7 @@ def _record(item: Claimed, outcome: CallOutcome, spec: ModelSpec) -> bool:
         scope=db.autocommit,
     )
     if answered.recorded:
-        if not answered.waiting:  # nothing of the batch waits: it may be done
+        if not answered.waiting and not answered.closed:  # it may be done
             close_batch(item.batch_id, item.item_id)
         return True
     progress: list[Progress] = []

@@ -226,7 +226,9 @@ def api_servers(tmp_path: Path) -> Iterator[Callable[..., str]]:
                 argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
+                # One gunicorn worker unless a test asks for more: half the start-up
+                # (each worker loads the SDKs and encodings) on a busy test machine.
+                env={**os.environ, "BATCHGEN_API_WORKERS": "1", **(env or {})},
                 start_new_session=True,
             )
         started.append(process)

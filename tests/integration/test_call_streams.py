@@ -10,13 +10,18 @@ billed call, and a caller who hangs up mid-stream stops the provider's answer.
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import anthropic
 import httpx
 import openai
+import psutil
 import pytest
 from sqlalchemy import select
 
@@ -182,6 +187,40 @@ def test_a_caller_hanging_up_mid_stream_stops_the_provider_call(api, paced):
     with db.session_scope() as s:
         (row,) = s.scalars(select(UsageLedger)).all()
     assert row.waste_reason is not None and row.completion_tokens > 0
+    check_invariants(paced.base_url, get_redis())
+
+
+def test_a_caller_hanging_up_on_a_whole_call_cancels_it(api_server, paced):
+    """``batchgen api`` as production runs it (gunicorn, two threaded workers): a whole
+    (not streamed) call whose caller closes its connection while the provider answers
+    is seen gone (the server hands the call its socket), ends cancelled and cuts the
+    provider's answer."""
+    api = api_server({"BATCHGEN_API_WORKERS": "2"})
+    port = int(api.rsplit(":", 1)[1])
+    (listening,) = {
+        os.getpgid(c.pid)
+        for c in psutil.net_connections(kind="tcp")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid
+    }
+    workers = psutil.Process(listening).children()
+    assert len(workers) == 2, workers  # gunicorn's master (the group's leader) and two
+    sim_config(paced.base_url, latency_per_token_ms=100)
+    body = json.dumps({"model": "sim-small", "messages": ASKED, "max_tokens": 200}).encode()
+    address = urlsplit(api)
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\n"
+        f"Host: {address.netloc}\r\n"
+        f"Authorization: Bearer {make_tenant('streams')}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    caller = socket.create_connection((address.hostname, address.port))
+    caller.sendall(head.encode() + body)
+    wait_until(lambda: len(simulator_log(paced.base_url)) == 1, 20, "the call at the provider")
+    assert _provider_call(paced)["end_ts"] is None
+    caller.close()  # hung up, no answer read
+    wait_until(lambda: _statuses() == ["cancelled"], 20, "the call cancelled")
+    wait_until(lambda: cut_calls(paced.base_url) == 1, 20, "the provider call cut")
     check_invariants(paced.base_url, get_redis())
 
 

@@ -42,13 +42,15 @@ CALLER_LEASE_S = 2.0
 
 
 def _listening_pid(base_url: str) -> int:
+    """The process group of the API's processes (gunicorn's master and its workers all
+    listen on its port)."""
     port = int(base_url.rsplit(":", 1)[1])
-    (pid,) = {
-        c.pid
+    (group,) = {
+        os.getpgid(c.pid)
         for c in psutil.net_connections(kind="tcp")
-        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid
     }
-    return int(pid)
+    return int(group)
 
 
 def _call_items() -> list[tuple[int, str]]:

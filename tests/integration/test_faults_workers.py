@@ -462,10 +462,11 @@ def test_api_process_killed_mid_call_a_worker_finishes_the_call(sim, workers, ap
 
 
 def _api_pid(base_url: str) -> int:
-    """The process listening on the API's port (the leader of its process group)."""
+    """The leader of the process group of the processes listening on the API's port
+    (gunicorn's master and its workers)."""
     port = int(base_url.rsplit(":", 1)[1])
     for conn in psutil.net_connections(kind="tcp"):
         if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
             assert conn.pid is not None
-            return conn.pid
+            return os.getpgid(conn.pid)
     raise AssertionError(f"nothing listens on {port}")

@@ -35,6 +35,7 @@ from batchgen import python_api as client
 from batchgen.config import Settings, get_settings
 from batchgen.embedded import free_port
 from batchgen.registry import load_registry
+from batchgen.serving import pool_size_for
 from batchgen.store import db
 from batchgen.store.calls import CHANNEL, listener_name
 from batchgen.store.schema import Item, Result, UsageLedger
@@ -338,9 +339,9 @@ def test_worker_and_api_processes_keep_to_their_connection_budget(
 ) -> None:
     """Without PgBouncer. A worker of 16 threads that also dispatches and sweeps (beat
     embedded) opens at most its pool's bound to DATABASE_URL (the default: a quarter of
-    its threads) and at most DIRECT_POOL_BOUND straight to PostgreSQL; an API process
-    serving 32 requests at once and a synchronous call, at most its pool's bound and
-    one LISTEN connection."""
+    its threads) and at most DIRECT_POOL_BOUND straight to PostgreSQL; ``batchgen api``
+    serving 32 requests at once and a synchronous call, at most its worker processes'
+    pools (each sized for its threads: app/serving.py) and one LISTEN connection."""
     settings = Settings(worker_concurrency=THREADS)
     assert (settings.db_pool_bound, db.DIRECT_POOL_BOUND) == (4, 2)  # as docs/operations.md says
     url = clean_db["DATABASE_URL"]
@@ -378,7 +379,9 @@ def test_worker_and_api_processes_keep_to_their_connection_budget(
     print(f"threads {THREADS}: peaks {peaks}, LISTEN {listeners}")
     assert 1 <= peaks["budget-worker"] <= settings.db_pool_bound
     assert peaks["budget-worker-direct"] <= db.DIRECT_POOL_BOUND
-    assert 1 <= peaks["budget-api"] <= settings.db_pool_bound
+    api_bound = settings.api_workers * pool_size_for(settings.api_threads)
+    assert (settings.api_workers, api_bound) == (2, 16)  # as docs/operations.md says
+    assert 1 <= peaks["budget-api"] <= api_bound
     assert peaks["budget-api-direct"] == 0  # the API runs no offload tick
     assert listeners == 1
     _assert_clean_logs([worker])

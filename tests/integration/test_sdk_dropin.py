@@ -574,19 +574,25 @@ def test_a_call_is_answered_when_the_listening_connection_is_lost(oai_run: opena
     asked = [{"role": "user", "content": "x"}]
     oai_run.chat.completions.create(model="sim-small", messages=asked, max_tokens=5)  # type: ignore[arg-type]
     port = int(str(oai_run.base_url).rstrip("/").rsplit(":", 1)[1].split("/")[0])
-    (api_pid,) = {
-        c.pid
+    # gunicorn's master and its workers all listen on the port; a worker that answered
+    # a call has a listening connection.
+    names = [
+        listener_name(c.pid)
         for c in psutil.net_connections(kind="tcp")
-        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
-    }
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid
+    ]
+    all_listeners = text(
+        "SELECT pid, application_name FROM pg_stat_activity "
+        "WHERE application_name = ANY(:names) AND query = 'LISTEN batchgen_call_done'"
+    ).bindparams(names=names)
+    with db.session_scope() as s:
+        found = list(s.execute(all_listeners))
+        assert found, "no listening connection"
+        s.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": found[0].pid})
     listeners = text(
         "SELECT pid FROM pg_stat_activity WHERE application_name = :name "
         "AND query = 'LISTEN batchgen_call_done'"
-    ).bindparams(name=listener_name(api_pid))
-    with db.session_scope() as s:
-        pids = list(s.scalars(listeners))
-        assert len(pids) == 1, pids
-        s.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pids[0]})
+    ).bindparams(name=found[0].application_name)
     answer = oai_run.chat.completions.create(model="sim-small", messages=asked, max_tokens=5)  # type: ignore[arg-type]
     assert answer.choices[0].message.content
 

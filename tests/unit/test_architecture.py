@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "batchgen.admin",
             "batchgen.admin_api",
             "batchgen.request_auth",
+            "batchgen.serving",
             "batchgen.bodies",
             "batchgen.dashboard",
             "batchgen.dashboard_auth",

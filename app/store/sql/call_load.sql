@@ -1,0 +1,7 @@
+-- The calls open on a model (store.calls.call_load, the fail-fast rule): the tokens
+-- they are estimated at (the calls ahead of a new one), and how many are the tenant's.
+SELECT COALESCE(SUM(prompt_tokens_est + max_tokens), 0) AS ahead_tokens,
+       COUNT(*) FILTER (WHERE tenant_id = :tenant_id) AS own_open
+FROM items
+WHERE model = :model AND priority_rank = :call_rank
+  AND status IN ('pending', 'offloaded', 'queued', 'running')
