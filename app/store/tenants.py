@@ -7,14 +7,14 @@ import base64
 import secrets
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.orm import Session
 
 from batchgen.domain.keys import ALL_SCOPES
 from batchgen.domain.notifications import check_webhook_url
-from batchgen.errors import Conflict, NotFound, Unauthorized, ValidationFailed
-from batchgen.store import db, keys
+from batchgen.errors import Conflict, NotFound, ValidationFailed
+from batchgen.store import keys
 from batchgen.store.schema import Tenant
 
 # What an operator may change on a tenant, and the bounds of each (None: no limit).
@@ -131,26 +131,6 @@ def describe(tenant: Tenant) -> dict[str, Any]:
         "suspended_at": tenant.revoked_at.isoformat() if tenant.revoked_at else None,
         "created_at": tenant.created_at.isoformat() if tenant.created_at else None,
     }
-
-
-_COLUMNS = tuple(c.key for c in Tenant.__table__.columns)
-_BY_KEY_HASH_SQL = f"SELECT {', '.join(_COLUMNS)} FROM tenants WHERE key_hash = %(key_hash)s"  # noqa: S608
-
-
-def authenticate_detached(session: Session, key: str | None) -> Tenant:
-    """:func:`authenticate`, its tenant read by one statement of the driver's and
-    detached (in no session; :func:`attach` adds it to one): what every API request
-    does first, at a fraction of an ORM query's cost."""
-    if not key:
-        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-    rows = db.driver_rows(session, _BY_KEY_HASH_SQL, {"key_hash": hash_key(key)})
-    if not rows:
-        raise Unauthorized("unknown API key")
-    tenant = Tenant(**{column: getattr(rows[0], column) for column in _COLUMNS})
-    make_transient_to_detached(tenant)
-    if tenant.revoked_at is not None:
-        raise Unauthorized("this API key was revoked")
-    return tenant
 
 
 def find(session: Session, tenant: str | Tenant) -> Tenant:
