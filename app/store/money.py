@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from batchgen.domain.money import BudgetRule, Period, to_micros
 from batchgen.domain.status import ItemStatus
-from batchgen.store.schema import ApiKey, Batch, Item, MoneyBudget, UsageLedger
+from batchgen.store.schema import ApiKey, Batch, Item, MoneyBudget, Tenant, UsageLedger
 
 
 @dataclass(frozen=True)
@@ -224,3 +224,10 @@ def ledgered(session: Session, reservation_ids: Collection[str]) -> list[str]:
     )
     found = {(r.item_id, r.attempt) for r in rows}
     return [f"{i}:{a}" for i, a in pairs if (i, a) in found]
+
+
+def tenant_names(session: Session, tenant_ids: Collection[int]) -> dict[int, str]:
+    if not tenant_ids:
+        return {}
+    rows = session.execute(select(Tenant.id, Tenant.name).where(Tenant.id.in_(list(tenant_ids))))
+    return {r.id: r.name for r in rows}

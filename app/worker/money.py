@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,34 +45,13 @@ from batchgen.store import items, rounds, tenants
 from batchgen.store import money as store
 from batchgen.store.db import session_scope
 from batchgen.store.money import StoredBudget
+from batchgen.worker.money_alerts import Alert, fire
 
 log = logging.getLogger(__name__)
 
 # How long a period's hash outlives its end (a total budget's: from its last use).
 KEEP_AFTER_PERIOD_S = 2 * 86_400.0
 KEEP_TOTAL_S = 90 * 86_400.0
-
-# Called with each alert (budget, period key, threshold, used, limit): the webhook and
-# the Flask/Django signals register here (batchgen.worker.money_alerts).
-AlertHook = Callable[["Alert"], None]
-_alert_hooks: list[AlertHook] = []
-
-
-@dataclass(frozen=True)
-class Alert:
-    budget: StoredBudget
-    period_key: str
-    threshold_pct: int
-    used_micros: int
-    limit_micros: int
-    resets_at: dt.datetime | None
-
-
-def on_alert(hook: AlertHook) -> AlertHook:
-    """Register ``hook`` to be called once per threshold and period reached."""
-    if hook not in _alert_hooks:
-        _alert_hooks.append(hook)
-    return hook
 
 
 def _now() -> dt.datetime:
@@ -149,12 +128,7 @@ def _fire_alerts(
     for pct in reached:
         if not mb.alert_once(budget.tenant_id, budget.id, win.key, pct, _ttl_s(win, now)):
             continue
-        alert = Alert(budget, win.key, pct, level.used_micros, budget.rule.limit_micros, win.end)
-        for hook in list(_alert_hooks):
-            try:
-                hook(alert)
-            except Exception as exc:  # an alert never stops a call
-                log.warning("budget alert hook failed (%s)", type(exc).__name__)
+        fire(Alert(budget, win.key, pct, level.used_micros, budget.rule.limit_micros, win.end))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ clock of the budgets' periods is injected (``batchgen.worker.money._now``).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from batchgen.limits.backend import get_redis
 from batchgen.registry import Tier, get_registry
 from batchgen.store import db
 from batchgen.store.schema import BudgetHold, Item
-from batchgen.worker import money
+from batchgen.worker import money, money_alerts
 from batchgen.worker.dispatch import release_model
 from tests.helpers import chat_line, make_tenant
 
@@ -232,7 +233,7 @@ def test_each_threshold_alerts_once_per_period(clock):
     ids = [f[0] for f in item_facts(batch)]
     admin.set_budget("acme", limit_usd="1", period="day", thresholds=[50, 80, 100])
     alerts: list[tuple[str, int]] = []
-    hook = money.on_alert(lambda a: alerts.append((a.period_key, a.threshold_pct)))
+    hook = money_alerts.on_alert(lambda a: alerts.append((a.period_key, a.threshold_pct)))
     try:
         finish_with_cost(ids[:6], Decimal("0.1"))  # $0.60
         level("acme")
@@ -248,7 +249,7 @@ def test_each_threshold_alerts_once_per_period(clock):
         level("acme")
         assert alerts[3:] == [("d20261206", 50)]
     finally:
-        money._alert_hooks.remove(hook)
+        money_alerts.remove_hook(hook)
 
 
 def test_a_sync_call_over_budget_gets_429_with_the_reset(clean_db, module_api_server):
@@ -299,3 +300,69 @@ def test_budgets_are_set_over_the_admin_api_and_audited(clean_db, module_api_ser
         assert (bad.status_code, bad.json()["error"]["param"]) == (400, "period")
     actions = [e["action"] for e in admin.audit_log(tenant="acme")]
     assert "budget.set" in actions
+
+
+def test_alerts_go_to_the_tenants_and_the_operators_webhooks_signed(clock, monkeypatch):
+    from batchgen.domain.notifications import verify
+    from batchgen.store import tenants
+    from tests.integration.test_notifications import Receiver
+
+    tenant_hook, operator_hook = Receiver(failures=0), Receiver(failures=1)
+    operator_secret = tenants.new_webhook_secret()
+    monkeypatch.setitem(os.environ, "BATCHGEN_WEBHOOK_ALLOW_NETS", '["127.0.0.0/8"]')
+    monkeypatch.setitem(os.environ, "BATCHGEN_MONEY_WEBHOOK_URL", operator_hook.url)
+    monkeypatch.setitem(os.environ, "BATCHGEN_MONEY_WEBHOOK_SECRET", operator_secret)
+    monkeypatch.setattr(money_alerts, "RETRY_FIRST_S", 0.05)
+    get_settings.cache_clear()
+    try:
+        make_tenant("acme")
+        with db.session_scope() as session:
+            _, tenant_secret = tenants.set_webhook(session, "acme", tenant_hook.url)
+        batch = submit("acme", 2)
+        admin.set_budget("acme", limit_usd="1", period="day", thresholds=[80])
+        finish_with_cost([f[0] for f in item_facts(batch)], Decimal("0.45"))
+        level("acme")
+        level("acme")  # once per threshold and period
+        deadline = time.monotonic() + 30
+        while (not tenant_hook.accepted() or not operator_hook.accepted()) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        for hook, secret in ((tenant_hook, tenant_secret), (operator_hook, operator_secret)):
+            (headers, body, _), *more = hook.accepted()
+            assert more == []
+            lowered = {k.lower(): v for k, v in headers.items()}
+            assert verify(secret, lowered, body, time.time())
+            event = json.loads(body)
+            assert event["type"] == "budget.threshold"
+            assert (event["tenant"], event["threshold_pct"], event["used_usd"]) == (
+                "acme",
+                80,
+                "0.9",
+            )
+            assert event["resets_at"] == "2026-12-06T00:00:00+00:00"
+        assert len(operator_hook.requests) == 2  # one 500, then delivered
+    finally:
+        for hook in (tenant_hook, operator_hook):
+            hook.server.shutdown()
+            hook.server.server_close()
+
+
+def test_the_budget_gauges_show_used_reserved_and_limit(clean_db):
+    from batchgen.monitoring.metrics import StateCollector, render
+
+    make_tenant("acme")
+    batch = submit("acme", 3)
+    facts = item_facts(batch)
+    admin.set_budget("acme", limit_usd="2", period="total")
+    release()  # three reserved
+    finish_with_cost([facts[0][0]], Decimal("0.25"))  # one settled
+    state = level("acme")
+    collector = StateCollector(db.session_scope, get_redis(), get_registry(), get_settings())
+    text_out = render(collector).decode()
+    labels = 'budget="1",key="",period="total",tenant="acme"'
+    assert f"batchgen_budget_usd_limit{{{labels}}} 2.0" in text_out
+    assert f"batchgen_budget_usd_used{{{labels}}} 0.25" in text_out
+    reserved = state["reserved_micros"] / 1_000_000
+    assert reserved == 2 * worst(facts[1][3], facts[1][2]) / 1_000_000
+    assert f"batchgen_budget_usd_reserved{{{labels}}} {reserved}" in text_out
