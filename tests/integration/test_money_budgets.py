@@ -366,3 +366,44 @@ def test_the_budget_gauges_show_used_reserved_and_limit(clean_db):
     reserved = state["reserved_micros"] / 1_000_000
     assert reserved == 2 * worst(facts[1][3], facts[1][2]) / 1_000_000
     assert f"batchgen_budget_usd_reserved{{{labels}}} {reserved}" in text_out
+
+
+def test_real_workers_never_pass_a_budget_and_finish_once_it_is_raised(
+    clean_db, simulator, workers
+):
+    """A worker process (its dispatcher, refills and calls) runs a tenant's batch
+    against a budget that covers part of it: the ledger never passes the budget, the
+    rest waits pending (not failed); raised, the batch finishes and nothing stays
+    reserved once settled."""
+    make_tenant("acme")
+    batch = submit("acme", 12, max_tokens=40)
+    facts = item_facts(batch)
+    one = worst(facts[0][3], facts[0][2])
+    limit = 5 * one
+    admin.set_budget("acme", limit_usd=rules.to_usd(limit), period="total")
+    workers(concurrency=4, env={"BATCHGEN_MONEY_HOLD_S": "0.2"})
+
+    def spent_micros() -> int:
+        with db.session_scope() as session:
+            total = session.scalar(text("SELECT coalesce(sum(cost_usd), 0) FROM usage_ledger"))
+        return rules.to_micros(total)
+
+    def settled_down() -> bool:
+        counts = statuses(batch)
+        return counts.get("succeeded", 0) >= 5 and not {"queued", "running"} & set(counts)
+
+    deadline = time.monotonic() + 120
+    while not settled_down() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # The simulator bills less than the worst case: more than 5 may fit, never all.
+    counts = statuses(batch)
+    assert counts.get("failed", 0) == 0 and counts.get("pending", 0) > 0, counts
+    assert spent_micros() <= limit
+
+    admin.set_budget("acme", limit_usd="10", period="total")
+    deadline = time.monotonic() + 120
+    while statuses(batch) != {"succeeded": 12} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert statuses(batch) == {"succeeded": 12}
+    state = level("acme")
+    assert (state["used_micros"], state["reserved_micros"]) == (spent_micros(), 0)
