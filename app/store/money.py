@@ -231,3 +231,11 @@ def tenant_names(session: Session, tenant_ids: Collection[int]) -> dict[int, str
         return {}
     rows = session.execute(select(Tenant.id, Tenant.name).where(Tenant.id.in_(list(tenant_ids))))
     return {r.id: r.name for r in rows}
+
+
+def tenant_webhook(session: Session, tenant_id: int) -> tuple[str, str | None, str | None]:
+    """The tenant's name, webhook URL and secret (the id as name if it is gone)."""
+    tenant = session.get(Tenant, tenant_id)
+    if tenant is None:
+        return str(tenant_id), None, None
+    return tenant.name, tenant.webhook_url, tenant.webhook_secret

@@ -27,9 +27,9 @@ from typing import Any
 from batchgen.config import get_settings
 from batchgen.domain import money as rules
 from batchgen.domain.notifications import body_bytes, signed_headers
+from batchgen.store import money
 from batchgen.store.db import session_scope
 from batchgen.store.money import StoredBudget
-from batchgen.store.schema import Tenant
 from batchgen.worker import webhooks
 
 log = logging.getLogger(__name__)
@@ -96,18 +96,16 @@ def event(alert: Alert, tenant_name: str) -> dict[str, Any]:
 
 def tenant_name(alert: Alert) -> str:
     with session_scope() as session:
-        tenant = session.get(Tenant, alert.budget.tenant_id)
-        return tenant.name if tenant is not None else str(alert.budget.tenant_id)
+        return money.tenant_webhook(session, alert.budget.tenant_id)[0]
 
 
 def _targets(alert: Alert) -> tuple[str, list[tuple[str, str]]]:
     settings = get_settings()
     with session_scope() as session:
-        tenant = session.get(Tenant, alert.budget.tenant_id)
-        name = tenant.name if tenant is not None else str(alert.budget.tenant_id)
-        targets = []
-        if tenant is not None and tenant.webhook_url and tenant.webhook_secret:
-            targets.append((tenant.webhook_url, tenant.webhook_secret))
+        name, url, secret = money.tenant_webhook(session, alert.budget.tenant_id)
+    targets = []
+    if url and secret:
+        targets.append((url, secret))
     if settings.money_webhook_url and settings.money_webhook_secret:
         targets.append((settings.money_webhook_url, settings.money_webhook_secret))
     return name, targets
