@@ -16,13 +16,16 @@ that makes its change and its audit row together.
 from __future__ import annotations
 
 import datetime as dt
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from batchgen.domain import keys as rules
-from batchgen.errors import Conflict, ValidationFailed
-from batchgen.store import audit, keys, tenants
+from batchgen.domain import money as money_rules
+from batchgen.domain.money import BudgetRule
+from batchgen.errors import Conflict, NotFound, ValidationFailed
+from batchgen.store import audit, keys, money, tenants
 from batchgen.store.db import session_scope
 from batchgen.store.schema import ApiKey, Tenant
 
@@ -283,3 +286,91 @@ def audit_log(
     with session_scope() as session:
         tenant_id = None if tenant is None else _tenant(session, tenant).id
         return audit.entries(session, tenant_id=tenant_id, limit=limit, before_id=before_id)
+
+
+# -- dollar budgets (docs/money.md) ----------------------------------------------------
+
+
+def set_budget(
+    tenant: str | Tenant,
+    *,
+    limit_usd: Decimal | int | float | str,
+    period: str = "month",
+    time_zone: str = "UTC",
+    thresholds: list[int] | None = None,
+    key_id: int | str | None = None,
+    actor: str = DEFAULT_ACTOR,
+) -> dict[str, Any]:
+    """Set (create or replace) the dollar budget of the tenant, or of its key
+    ``key_id``: a hard limit of ``limit_usd`` per ``period`` (day, month, total) in
+    ``time_zone``, and soft ``thresholds`` in per cent (default 50, 80, 100). It takes
+    effect at the next reservation: raising it releases held items at once."""
+    rule = _budget_rule(limit_usd, period, time_zone, thresholds)
+    with session_scope() as session:
+        found = _tenant(session, tenant)
+        kid = None if key_id is None else keys.get(session, found.id, key_id).id
+        after, before = money.set_budget(session, found.id, kid, rule)
+        audit.record(
+            session,
+            actor,
+            "budget.set",
+            tenant_id=found.id,
+            key_id=kid,
+            before=None if before is None else before.as_dict(),
+            after=after.as_dict(),
+        )
+        return after.as_dict()
+
+
+def _budget_rule(
+    limit_usd: Any, period: str, time_zone: str, thresholds: list[int] | None
+) -> BudgetRule:
+    if isinstance(limit_usd, bool) or not isinstance(limit_usd, Decimal | int | float | str):
+        raise ValidationFailed("limit_usd must be a number of dollars", field="limit_usd")
+    try:
+        limit = Decimal(str(limit_usd))
+    except ArithmeticError:
+        raise ValidationFailed("limit_usd must be a number of dollars", field="limit_usd") from None
+    if not limit.is_finite() or limit < 0 or limit > Decimal(10) ** 12:
+        raise ValidationFailed("limit_usd must be 0 or more dollars", field="limit_usd")
+    if not isinstance(time_zone, str):
+        raise ValidationFailed("time_zone must be an IANA zone name", field="time_zone")
+    money_rules.zone(time_zone)
+    return BudgetRule(
+        money_rules.to_micros(limit),
+        money_rules.parse_period(period),
+        time_zone,
+        money_rules.parse_thresholds(thresholds),
+    )
+
+
+def get_budgets(tenant: str | Tenant) -> list[dict[str, Any]]:
+    """The tenant's budgets (its own and its keys'), each with what its period has used
+    and reserved now and when it resets."""
+    from batchgen.worker import money as at_work  # Redis: only when asked
+
+    with session_scope() as session:
+        found = _tenant(session, tenant)
+        tenant_id = found.id
+    return at_work.status(tenant_id)
+
+
+def delete_budget(
+    tenant: str | Tenant, *, key_id: int | str | None = None, actor: str = DEFAULT_ACTOR
+) -> dict[str, Any]:
+    """Remove the budget of the tenant (or of its key): its calls are no longer capped."""
+    with session_scope() as session:
+        found = _tenant(session, tenant)
+        kid = None if key_id is None else keys.get(session, found.id, key_id).id
+        before = money.delete_budget(session, found.id, kid)
+        if before is None:
+            raise NotFound("no such budget")
+        audit.record(
+            session,
+            actor,
+            "budget.delete",
+            tenant_id=found.id,
+            key_id=kid,
+            before=before.as_dict(),
+        )
+        return {"deleted": True, **before.as_dict()}

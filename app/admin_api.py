@@ -203,6 +203,45 @@ def admin_revoke_key(name: str, key_id: str) -> Response:
     return jsonify(admin.revoke_key(name, key_id, actor=_operator()))
 
 
+# -- dollar budgets (docs/money.md) ---------------------------------------------
+
+BUDGET_FIELDS = {"limit_usd", "period", "time_zone", "thresholds", "key_id"}
+
+
+@admin_blueprint.get("/admin/v1/tenants/<name>/budgets")
+def admin_list_budgets(name: str) -> Response:
+    return _list(admin.get_budgets(name))
+
+
+@admin_blueprint.put("/admin/v1/tenants/<name>/budget")
+def admin_set_budget(name: str) -> Response:
+    body = _body()
+    unknown = set(body) - BUDGET_FIELDS
+    if unknown:
+        raise ValidationFailed(f"unknown fields: {', '.join(sorted(unknown))}")
+    if "limit_usd" not in body:
+        raise ValidationFailed("limit_usd is required", field="limit_usd")
+    thresholds = body.get("thresholds")
+    if thresholds is not None and not isinstance(thresholds, list):
+        raise ValidationFailed("thresholds must be a list of per cents", field="thresholds")
+    return jsonify(
+        admin.set_budget(
+            name,
+            limit_usd=body["limit_usd"],
+            period=body.get("period", "month"),
+            time_zone=body.get("time_zone", "UTC"),
+            thresholds=thresholds,
+            key_id=body.get("key_id"),
+            actor=_operator(),
+        )
+    )
+
+
+@admin_blueprint.delete("/admin/v1/tenants/<name>/budget")
+def admin_delete_budget(name: str) -> Response:
+    return jsonify(admin.delete_budget(name, key_id=request.args.get("key_id"), actor=_operator()))
+
+
 # -- audit log -----------------------------------------------------------------
 
 

@@ -241,6 +241,21 @@ class Settings(BaseSettings):
     # next call, so that it starts at once behind a backlog. Without recent calls the
     # reserve is lent to batch work. 0: no reserve.
     call_reserved_slots: int = Field(default=1, ge=0)
+    # Dollar budgets (batchgen.worker.money, docs/money.md): a tenant whose budget
+    # cannot cover its next item is passed over by dispatch rounds for this long (then
+    # tried again: the period may have rolled, the limit been raised, calls settled).
+    money_hold_s: float = Field(default=5.0, gt=0)
+    # A budget's rebuild from the ledger keeps reservations younger than this that it
+    # cannot see in flight or ledgered (their transaction may not have committed yet).
+    money_sync_grace_s: float = Field(default=10.0, ge=0)
+    # A call's prompt estimate is reserved at this many times its input price: above 1
+    # for a provider that counts more tokens than our tokenizer, or writes prompt
+    # caches (Anthropic bills a cache write at 1.25x input).
+    money_prompt_margin: float = Field(default=1.0, ge=1.0)
+    # The operator's webhook for budget alerts (Standard Webhooks, signed with
+    # money_webhook_secret), besides the tenant's own; None: none.
+    money_webhook_url: str | None = None
+    money_webhook_secret: str = ""
     call_reserve_recent_s: float = Field(default=30.0, ge=0)
     # A 429's retry-after closes the whole budget key for at most this long (then
     # the next call probes the provider again); an item waiting on a cooldown is

@@ -126,6 +126,24 @@ class OverShare(OverQuota):
     code = "tenant_over_share"
 
 
+class BudgetExhausted(OverQuota):
+    """A dollar budget of the tenant or of its key cannot cover the call's worst-case
+    price this period (429); Retry-After and ``resets_at`` say when the period rolls
+    (a ``total`` budget never does: no Retry-After, ``resets_at`` null)."""
+
+    code = "budget_exhausted"
+
+    def __init__(self, message: str, *, retry_after_s: float | None, resets_at: str | None = None):
+        ClientError.__init__(self, message)
+        self.retry_after_s = retry_after_s  # type: ignore[assignment]
+        self.resets_at = resets_at
+
+    def to_dict(self) -> dict[str, object]:
+        body = super().to_dict()
+        body["resets_at"] = self.resets_at
+        return body
+
+
 class KeyRateLimited(OverQuota):
     """The API key's own requests-per-minute limit is used up (429); Retry-After is
     when its next request may go."""

@@ -1,5 +1,6 @@
 """Operator commands for tenants and keys: ``batchgen tenants update|suspend|resume``,
-``batchgen keys create|list|rotate|revoke``, ``batchgen audit`` and
+``batchgen keys create|list|rotate|revoke``, ``batchgen budgets set|show|remove``,
+``batchgen audit`` and
 ``batchgen admin operator-key``. Every change goes through :mod:`batchgen.admin`,
 so the audit log records it, as ``cli:<os user>``."""
 
@@ -19,6 +20,9 @@ keys_cli = typer.Typer(
     no_args_is_help=True, help="A tenant's API keys: create, list, rotate, revoke."
 )
 admin_cli = typer.Typer(no_args_is_help=True, help="The admin API's operator keys.")
+budgets_cli = typer.Typer(
+    no_args_is_help=True, help="Dollar budgets of tenants and keys: set, show, remove."
+)
 
 
 def actor() -> str:
@@ -228,8 +232,84 @@ def register_tenant_commands(tenants_cli: typer.Typer) -> None:
         print_json(after) if as_json else console.print(f"tenant {name}: resumed")
 
 
+@budgets_cli.command("set")
+def budgets_set(
+    tenant: str,
+    limit_usd: str = typer.Option(..., "--limit-usd", help="The hard limit per period ($)."),
+    period: str = typer.Option("month", help="day, month or total."),
+    time_zone: str = typer.Option("UTC", "--time-zone", help="The IANA zone of days/months."),
+    thresholds: str = typer.Option("50,80,100", help="Soft thresholds, per cent, comma-separated."),
+    key_id: int | None = typer.Option(None, "--key", help="A key's budget, not the tenant's."),
+    as_json: bool = JSON,
+) -> None:
+    """Set TENANT's dollar budget (or one of its keys'): docs/money.md."""
+    from batchgen import admin
+
+    with services(), handled(as_json):
+        try:
+            pcts = [int(t) for t in thresholds.split(",") if t.strip()]
+        except ValueError:
+            err.print("thresholds are whole per cents, e.g. 50,80,100")
+            raise typer.Exit(2) from None
+        made = admin.set_budget(
+            tenant,
+            limit_usd=limit_usd,
+            period=period,
+            time_zone=time_zone,
+            thresholds=pcts,
+            key_id=key_id,
+            actor=actor(),
+        )
+    if as_json:
+        print_json(made)
+    else:
+        console.print(
+            f"{tenant}{'' if key_id is None else f' key {key_id}'}: ${made['limit_usd']} "
+            f"per {made['period']} ({made['time_zone']}), alerts at {made['thresholds']} %"
+        )
+
+
+@budgets_cli.command("show")
+def budgets_show(tenant: str, as_json: bool = JSON) -> None:
+    """TENANT's budgets: limit, used and reserved this period, and the reset."""
+    from batchgen import admin
+
+    with services(), handled(as_json):
+        rows = admin.get_budgets(tenant)
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("id", "key", "period", "limit $", "used $", "reserved $", "resets at")
+    for r in rows:
+        table.add_row(
+            str(r["id"]),
+            "" if r["key_id"] is None else str(r["key_id"]),
+            r["period_key"],
+            r["limit_usd"],
+            r["used_usd"],
+            str(r["reserved_micros"] / 1_000_000),
+            r["resets_at"] or "never",
+        )
+    console.print(table)
+
+
+@budgets_cli.command("remove")
+def budgets_remove(
+    tenant: str,
+    key_id: int | None = typer.Option(None, "--key", help="A key's budget, not the tenant's."),
+    as_json: bool = JSON,
+) -> None:
+    """Remove TENANT's budget (or one of its keys'): its calls are no longer capped."""
+    from batchgen import admin
+
+    with services(), handled(as_json):
+        removed = admin.delete_budget(tenant, key_id=key_id, actor=actor())
+    print_json(removed) if as_json else console.print(f"{tenant}: budget removed")
+
+
 def register(cli: typer.Typer, tenants_cli: typer.Typer) -> None:
     cli.add_typer(keys_cli, name="keys")
+    cli.add_typer(budgets_cli, name="budgets")
     cli.add_typer(admin_cli, name="admin")
     cli.command("audit")(audit)
     register_tenant_commands(tenants_cli)

@@ -58,6 +58,7 @@ from batchgen.integrations import (
     run_signals,
     settings_from_config,
 )
+from batchgen.worker import money_alerts
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -75,6 +76,20 @@ _signals = Namespace()
 #: :meth:`BatchGen.deliver_signals`). A receiver that raises is logged; the others
 #: still get it, and it is not sent again.
 batch_finished = _signals.signal("batchgen.batch-finished")
+#: Sent (sender: None) when a dollar budget's period reached one of its soft thresholds,
+#: once per threshold and period, with the event's fields as keyword arguments
+#: (``tenant``, ``budget_id``, ``key_id``, ``period``, ``period_key``,
+#: ``threshold_pct``, ``used_usd``, ``limit_usd``, ``resets_at``, ``type``), in the
+#: process that saw it: this app's (a call it serves) or its worker's (a dispatch).
+budget_alert = _signals.signal("batchgen.budget-alert")
+
+
+def _send_budget_alert(alert: money_alerts.Alert) -> None:
+    if budget_alert.receivers:
+        budget_alert.send(None, **money_alerts.event(alert, money_alerts.tenant_name(alert)))
+
+
+money_alerts.on_alert(_send_budget_alert)
 
 
 def app_id(app: Flask) -> str:

@@ -181,3 +181,14 @@ def key_rate(key_id: int) -> str:
     """String: the theoretical arrival time (ms) of an API key's next request, for its
     own requests-per-minute limit (limits.key_rate, GCRA), expiring when it is past."""
     return f"{PREFIX}key:{key_id}:rate"
+
+
+def money(tenant_id: int, budget_id: int, period_key: str) -> str:
+    """A dollar budget's period (batchgen.limits.money): one hash, in the tenant's slot
+    so that a call reserves in its tenant's and its key's budgets in one script."""
+    return f"{PREFIX}money:{{m{tenant_id}}}:{budget_id}:{period_key}"
+
+
+def money_alert(tenant_id: int, budget_id: int, period_key: str, pct: int) -> str:
+    """Set once when the budget's period reached ``pct`` per cent (its alert went)."""
+    return f"{PREFIX}money:{{m{tenant_id}}}:{budget_id}:{period_key}:alert:{pct}"

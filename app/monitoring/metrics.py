@@ -10,6 +10,7 @@ status and reason).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -24,12 +25,15 @@ from prometheus_client.core import (
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
+from batchgen.domain import money as money_rules
 from batchgen.domain.status import ItemStatus
 from batchgen.limits import counters
 from batchgen.limits.budget import Budget
 from batchgen.limits.concurrency import Slots
+from batchgen.limits.money import MoneyBudgets
+from batchgen.limits.redis_keys import money as money_key
 from batchgen.registry import Registry
-from batchgen.store import overview, provider_jobs, totals
+from batchgen.store import money, overview, provider_jobs, totals
 
 TERMINAL_COUNTS = ("succeeded", "failed", "expired", "cancelled")
 METRIC_OF = {
@@ -95,7 +99,41 @@ class StateCollector:
             yield from self._models(session, finished)
             yield from self._tenants(session, finished)
             yield from _histograms(session)
+            budgets = money.all_budgets(session)
+            names = money.tenant_names(session, {b.tenant_id for b in budgets})
+        yield from self._money(budgets, names)
         yield from self._redis()
+
+    def _money(self, budgets: list[money.StoredBudget], names: dict[int, str]) -> Iterator[Metric]:
+        """Each dollar budget's current period: what is used (settled, at least the
+        ledger's spend at its last rebuild), reserved, and its limit, in dollars."""
+        labels = ["tenant", "budget", "key", "period"]
+        used = GaugeMetricFamily(
+            "batchgen_budget_usd_used", "Dollars used in the budget's period", labels=labels
+        )
+        reserved = GaugeMetricFamily(
+            "batchgen_budget_usd_reserved",
+            "Dollars reserved for calls in flight in the budget's period",
+            labels=labels,
+        )
+        limit = GaugeMetricFamily(
+            "batchgen_budget_usd_limit", "The budget's hard limit per period", labels=labels
+        )
+        now = dt.datetime.now(dt.UTC)
+        levels = MoneyBudgets(self.redis)
+        for b in budgets:
+            win = money_rules.window(b.rule.period, b.rule.time_zone, now)
+            level = levels.level(money_key(b.tenant_id, b.id, win.key))
+            key = [
+                names.get(b.tenant_id, str(b.tenant_id)),
+                str(b.id),
+                "" if b.key_id is None else str(b.key_id),
+                win.key,
+            ]
+            used.add_metric(key, (level.used_micros if level else 0) / money_rules.MICROS)
+            reserved.add_metric(key, (level.reserved_micros if level else 0) / money_rules.MICROS)
+            limit.add_metric(key, b.rule.limit_micros / money_rules.MICROS)
+        yield from (used, reserved, limit)
 
     def _models(self, session: Session, finished: totals.Counts) -> Iterator[Metric]:
         items = GaugeMetricFamily(

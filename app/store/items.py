@@ -69,6 +69,9 @@ def _declare(name: str, sources: set[ItemStatus], targets: set[ItemStatus]) -> M
 
 RELEASE = _declare("release", {S.PENDING}, {S.QUEUED})
 CLAIM = _declare("claim", {S.QUEUED}, {S.RUNNING})
+# A released item whose dollar budget cannot cover its call goes back, unsent, before
+# the dispatcher's transaction commits (batchgen.worker.money).
+UNRELEASE = _declare("unrelease", {S.QUEUED}, {S.PENDING})
 EXPIRE_UNSTARTED = _declare("expire_unstarted", {S.PENDING, S.QUEUED}, {S.EXPIRED})
 REQUEUE = _declare("requeue", {S.RUNNING}, {S.QUEUED})
 # A call failed on one deployment of the model: on to another (sql/item_failover.sql).
@@ -740,6 +743,20 @@ def release_picks(
     rows = session.execute(query("item_release"), params).all()
     picks = [Pick(_ticket(r), (r.priority_rank, r.dispatch_key, r.id), r.prefix_key) for r in rows]
     return sorted(picks, key=lambda p: p.order)
+
+
+def unrelease(session: Session, item_ids: list[int]) -> int:
+    """``queued → pending`` for items released in the caller's transaction whose
+    dollar budget refused them: as if they had not been picked (nothing was sent)."""
+    if not item_ids:
+        return 0
+    result = session.execute(
+        update(Item)
+        .where(Item.id.in_(item_ids), UNRELEASE.where())
+        .values(status=S.PENDING.value, queued_at=None, lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
 
 
 # Deferred items made ready per dispatch round and model, at least.

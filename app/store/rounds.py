@@ -26,6 +26,7 @@ never releases an item twice.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
@@ -37,13 +38,24 @@ from batchgen.store.schema import BudgetHold, DispatchClock, DispatchRing
 from batchgen.store.sqlfiles import query
 
 _LOWEST_ID = -(2**63)
+# (session, model, picks) -> the item ids refused.
+Admit = Callable[[Session, str, Sequence[items.Pick]], set[int]]
 _BEYOND_ID = 2**63 - 1
 
 
-def release(session: Session, model: str, window: int, queued_lease_s: float) -> list[items.Ticket]:
+def release(
+    session: Session,
+    model: str,
+    window: int,
+    queued_lease_s: float,
+    admit: Admit | None = None,
+) -> list[items.Ticket]:
     """``pending → queued`` for up to the model's free places in its window of
     ``window`` items, by deficit round robin across the tenants with ready work; returns
-    the tickets (what each message carries) in release order."""
+    the tickets (what each message carries) in release order. ``admit`` (the dollar
+    budgets: :func:`batchgen.worker.money.admit_picks`) sees each take's picks in this
+    transaction and names those it refuses: they go back to pending unsent, and their
+    tenant, found dry, is passed over for the rest of the round."""
     if not items.lock_model(session, model):
         return []  # another dispatcher is releasing this model right now
     free = window - items.in_flight(session, model)
@@ -62,7 +74,13 @@ def release(session: Session, model: str, window: int, queued_lease_s: float) ->
 
     def take(wanted: dict[int, int]) -> dict[int, list[items.Pick]]:
         picks: dict[int, list[items.Pick]] = defaultdict(list)
-        for pick in items.release_picks(session, model, wanted, queued_lease_s):
+        released = items.release_picks(session, model, wanted, queued_lease_s)
+        if admit is not None and released:
+            refused = admit(session, model, released)
+            if refused:
+                items.unrelease(session, sorted(refused))
+                released = [p for p in released if p.ticket.item_id not in refused]
+        for pick in released:
             picks[pick.ticket.tenant_id].append(pick)
         return picks
 

@@ -30,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from batchgen.domain.money import Period
 from batchgen.domain.routes import ItemRoute
 from batchgen.domain.status import BatchStatus, ItemStatus, JobStatus, Priority
 from batchgen.domain.stream_usage import UsageSource
@@ -64,7 +65,8 @@ def one_of(
     | type[BatchStatus]
     | type[JobStatus]
     | type[ItemRoute]
-    | type[UsageSource],
+    | type[UsageSource]
+    | type[Period],
 ) -> str:
     """A CHECK expression allowing exactly the enum's values (migration 0004)."""
     listed = ", ".join(f"'{s.value}'" for s in sorted(statuses, key=lambda s: s.value))
@@ -635,6 +637,44 @@ class BudgetHold(Base):
 
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
     held_until: Mapped[dt.datetime] = mapped_column(TZ)
+
+
+class MoneyBudget(Base):
+    """A dollar budget of a tenant (``key_id`` NULL) or of one of its keys: a hard limit
+    in micro-dollars per period and its soft thresholds (batchgen.domain.money;
+    migration 0020)."""
+
+    __tablename__ = "money_budgets"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
+    key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
+    limit_micros: Mapped[int] = mapped_column(BigInteger)
+    # day | month | total (batchgen.domain.money.Period)
+    period: Mapped[str] = mapped_column(String(10))
+    # The IANA zone its days and months start in.
+    time_zone: Mapped[str] = mapped_column(String(64), server_default="UTC")
+    # Soft thresholds, per cent of the limit (an alert once each per period).
+    thresholds_pct: Mapped[list[int]] = mapped_column(ARRAY(Integer))
+    created_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+    updated_at: Mapped[dt.datetime] = mapped_column(TZ, server_default=func.now())
+
+    __table_args__ = (
+        CheckConstraint("limit_micros >= 0", name="limit_not_negative"),
+        CheckConstraint(one_of("period", Period), name="period_known"),
+        Index(
+            "uq_money_budgets_tenant",
+            "tenant_id",
+            unique=True,
+            postgresql_where=text("key_id IS NULL"),
+        ),
+        Index(
+            "uq_money_budgets_key",
+            "key_id",
+            unique=True,
+            postgresql_where=text("key_id IS NOT NULL"),
+        ),
+    )
 
 
 class TotalsWatermark(Base):

@@ -40,7 +40,7 @@ from batchgen.store import calls, db, items, tenants
 from batchgen.store.calls import CallWaiter
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
-from batchgen.worker import publish
+from batchgen.worker import money, publish
 from batchgen.worker.cancellation import CancelWatcher, cancel_batch
 from batchgen.worker.execution import run_item
 from batchgen.worker.packs import CallPace
@@ -207,6 +207,7 @@ def start_call(
     spec = get_registry().get(body.get("model", "")) if isinstance(body, dict) else None
     if spec is not None and not _key_used(tenant, idempotency_key):
         refuse_early(spec, tenant, deadline_s)
+        money.reserve_call(line, tenant=tenant, key_id=key_id, endpoint=endpoint)
     started = time.monotonic()
     stored = None
     if not idempotency_key and isinstance(tenant, Tenant):  # one statement, most calls

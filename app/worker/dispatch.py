@@ -25,7 +25,7 @@ from batchgen.domain.decisions import split_into_packs, window_size
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store import items, rounds
 from batchgen.store.db import session_scope
-from batchgen.worker import publish
+from batchgen.worker import money, publish
 from batchgen.worker.packs import PackItem, message_of, pack_wait_s
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def release_model(
     lease_s = settings.queued_lease_s
     if pack_items > 1:  # an item may wait in its pack until it is run or handed back
         lease_s += pack_wait_s(spec, settings)
-    released = rounds.release(session, spec.name, window, lease_s)
+    released = rounds.release(session, spec.name, window, lease_s, admit=money.admit_picks)
     return [Release(ticket, spec.name, spec.queue) for ticket in released]
 
 

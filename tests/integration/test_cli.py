@@ -593,3 +593,34 @@ def test_a_database_never_migrated_is_named_with_the_fix(services, run, restore_
         os.environ["DATABASE_URL"] = services["DATABASE_URL"]
         get_settings.cache_clear()
         embedded.drop_database(services["server_url"], name)  # WITH (FORCE): pooled ones too
+
+
+def test_budgets_from_the_cli(services, run):
+    """A tenant's dollar budget set, shown and removed from the CLI, each change audited."""
+    name = "money-" + uuid.uuid4().hex[:6]
+    assert run("tenants", "create", name, "--json").exit_code == 0
+    made = run(
+        "budgets",
+        "set",
+        name,
+        "--limit-usd",
+        "2.5",
+        "--period",
+        "day",
+        "--time-zone",
+        "Europe/Paris",
+        "--thresholds",
+        "80,50",
+        "--json",
+    )
+    assert made.exit_code == 0, made.output
+    budget = json.loads(made.stdout)
+    assert (budget["limit_micros"], budget["thresholds"]) == (2_500_000, [50, 80])
+    shown = json.loads(run("budgets", "show", name, "--json").stdout)
+    assert [(b["period"], b["used_micros"], b["reserved_micros"]) for b in shown] == [("day", 0, 0)]
+    bad = run("budgets", "set", name, "--limit-usd", "1", "--time-zone", "Nowhere/None")
+    assert bad.exit_code != 0
+    assert run("budgets", "remove", name).exit_code == 0
+    assert json.loads(run("budgets", "show", name, "--json").stdout) == []
+    actions = [e["action"] for e in json.loads(run("audit", "--tenant", name, "--json").stdout)]
+    assert actions.count("budget.set") == 1 and "budget.delete" in actions

@@ -24,10 +24,15 @@ from django.dispatch import Signal
 
 from batchgen import python_api
 from batchgen.integrations import APP_ID_KEY
+from batchgen.worker import money_alerts
 
 log = logging.getLogger(__name__)
 
 batch_finished = Signal()
+# Sent (sender "batchgen") when a dollar budget's period reached one of its soft
+# thresholds, once per threshold and period, with the event's fields as keyword
+# arguments (batchgen.worker.money_alerts.event), in the process that saw it.
+budget_alert = Signal()
 # The app id of a site configured with settings.configure() (no settings module).
 DEFAULT_APP_ID = "django"
 
@@ -71,3 +76,19 @@ def deliver_signals(limit: int = 100) -> int:
     """Send :data:`batch_finished` for the site's batches that ended and were not
     announced yet, once each (what ``manage.py batchgen_signals`` runs)."""
     return python_api.deliver_signals(fire, limit, origin=app_id())
+
+
+def _send_budget_alert(alert: money_alerts.Alert) -> None:
+    if not budget_alert.receivers:
+        return
+    data = money_alerts.event(alert, money_alerts.tenant_name(alert))
+    for receiver, result in budget_alert.send_robust(sender="batchgen", **data):
+        if isinstance(result, Exception):
+            log.error(
+                "budget_alert receiver %s failed: %s",
+                getattr(receiver, "__qualname__", receiver),
+                type(result).__name__,
+            )
+
+
+money_alerts.on_alert(_send_budget_alert)

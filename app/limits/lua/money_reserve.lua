@@ -1,0 +1,42 @@
+--! include clock
+-- Reserve a call's worst-case price in every dollar budget it counts against (the
+-- tenant's, its key's), all or nothing (batchgen.limits.money).
+--
+-- Each budget's period is one hash: 'used' (micro-dollars settled, at least the
+-- ledger's spend of the period), 'reserved' (the sum of the reservations held) and
+-- one field 'r:<id>' = '<amount> <time>' per reservation held. A hash without
+-- 'used' has not been built from the ledger yet (a new period, or Redis lost its
+-- data): nothing is reserved, the caller syncs it first (reply -2).
+--
+-- KEYS[i]: budget i's hash of this period.
+-- ARGV: id, now_s (empty = Redis TIME), ttl_s (each hash's expiry),
+--       then per budget: amount_micros, limit_micros.
+-- Returns {1, held_before} granted (held_before 1: the id held it already, nothing
+-- added), {0, i, used, reserved} refused by budget i, {-2, i} budget i not built.
+local id = 'r:' .. ARGV[1]
+local now = clock(ARGV[2])
+local ttl_ms = math.ceil(tonumber(ARGV[3]) * 1000)
+local held = 0
+for i, key in ipairs(KEYS) do
+    local amount = tonumber(ARGV[2 + 2 * i])
+    local limit = tonumber(ARGV[3 + 2 * i])
+    local used = redis.call('HGET', key, 'used')
+    if not used then return {-2, i} end
+    if redis.call('HEXISTS', key, id) == 1 then
+        held = held + 1
+    else
+        local reserved = tonumber(redis.call('HGET', key, 'reserved')) or 0
+        if tonumber(used) + reserved + amount > limit then
+            return {0, i, tonumber(used), reserved}
+        end
+    end
+end
+for i, key in ipairs(KEYS) do
+    local amount = tonumber(ARGV[2 + 2 * i])
+    if redis.call('HEXISTS', key, id) == 0 then
+        redis.call('HSET', key, id, amount .. ' ' .. now)
+        redis.call('HINCRBY', key, 'reserved', amount)
+    end
+    redis.call('PEXPIRE', key, ttl_ms)
+end
+return {1, held == #KEYS and 1 or 0}
