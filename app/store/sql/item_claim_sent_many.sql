@@ -4,7 +4,9 @@
 -- attempt (the next one), before its deadline and while its batch is not cancelled.
 -- The items are locked in id order, so two statements over the same items (a
 -- duplicate delivery) wait for each other rather than deadlock.
--- :item_ids, :attempts and :deployments are arrays of the same length.
+-- :item_ids, :attempts and :deployments are arrays of the same length. Each join on
+-- items also says i.id = ANY(:item_ids): a prepared statement's generic plan knows no
+-- array's length, and would otherwise scan the table.
 -- sources / target come from the CLAIM move's declaration.
 WITH wanted AS (
     SELECT w.item_id, w.attempt, w.deployment
@@ -13,7 +15,8 @@ WITH wanted AS (
 ), locked AS (
     SELECT i.id, wanted.deployment
     FROM items AS i JOIN wanted ON wanted.item_id = i.id
-    WHERE i.status = ANY(:sources) AND i.attempts = wanted.attempt - 1
+    WHERE i.id = ANY(CAST(:item_ids AS bigint[]))  -- the primary key's index, in any plan
+      AND i.status = ANY(:sources) AND i.attempts = wanted.attempt - 1
       AND i.deadline_at > now()
     ORDER BY i.id
     FOR UPDATE OF i
@@ -22,7 +25,8 @@ UPDATE items AS i
 SET status = :target, attempts = i.attempts + 1, started_at = now(), sent_at = now(),
     lease_expires_at = now() + make_interval(secs => :lease_s), deployment = locked.deployment
 FROM locked, tenants AS t, batches AS b
-WHERE i.id = locked.id AND t.id = i.tenant_id AND b.id = i.batch_id
+WHERE i.id = locked.id AND i.id = ANY(CAST(:item_ids AS bigint[]))
+  AND t.id = i.tenant_id AND b.id = i.batch_id
   AND b.cancel_requested_at IS NULL  -- handed back after a cancel: never sent again
 RETURNING i.id, i.batch_id, i.tenant_id, i.model, i.body, i.attempts, i.deadline_at,
           i.created_at, i.started_at, i.prompt_tokens_est, i.max_tokens,

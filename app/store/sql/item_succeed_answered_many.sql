@@ -8,7 +8,9 @@
 -- An answer whose attempt no longer runs the item, or that has a result or a ledger row
 -- already, writes nothing (recorded = false): the caller takes the general path for it
 -- (store.ledger.record_success). Online answers at their tier, never waste.
--- Every :array parameter has one element per answer, in the same order.
+-- Every :array parameter has one element per answer, in the same order. Each join on
+-- items also says id = ANY(:item_id): a prepared statement's generic plan knows no
+-- array's length, and would otherwise scan the table.
 -- sources / target come from the SUCCEED_ANSWERED move's declaration.
 WITH answer AS (
     SELECT *
@@ -27,7 +29,8 @@ WITH answer AS (
               upstream_latency_ms, queue_wait_ms)
 ), locked AS (
     SELECT i.id FROM items AS i JOIN answer AS a ON a.item_id = i.id
-    WHERE i.status = ANY(:sources) AND i.attempts = a.attempt
+    WHERE i.id = ANY(CAST(:item_id AS bigint[]))  -- the primary key's index, in any plan
+      AND i.status = ANY(:sources) AND i.attempts = a.attempt
       AND NOT EXISTS (SELECT 1 FROM results AS r WHERE r.item_id = i.id)
     ORDER BY i.id
     FOR UPDATE OF i
@@ -78,12 +81,24 @@ WITH answer AS (
     UPDATE items
     SET status = :target, finished_at = now(), lease_expires_at = NULL,
         error_code = NULL, last_error = NULL
-    WHERE id IN (SELECT item_id FROM resulted)
+    WHERE id IN (SELECT item_id FROM resulted) AND id = ANY(CAST(:item_id AS bigint[]))
     RETURNING id
 )
--- Each batch as of this statement's snapshot, in which the group's items still run.
+-- Each batch as of this statement's snapshot, in which the group's items still run:
+-- one probe of ix_items_batch_id_status_line_no per waiting status, each by equality
+-- and in the index's order, so that any plan (a prepared statement's, for any batch
+-- id, expects a batch to hold most items) takes the index, never a scan of the table.
+, batch AS (
+    SELECT d.batch_id,
+           (SELECT true FROM items AS w WHERE w.batch_id = d.batch_id AND w.status = 'queued'
+            ORDER BY w.line_no LIMIT 1) IS NOT NULL
+           OR (SELECT true FROM items AS w WHERE w.batch_id = d.batch_id AND w.status = 'pending'
+               ORDER BY w.line_no LIMIT 1) IS NOT NULL
+           OR (SELECT true FROM items AS w
+               WHERE w.batch_id = d.batch_id AND w.status = 'offloaded'
+               ORDER BY w.line_no LIMIT 1) IS NOT NULL AS waiting
+    FROM (SELECT DISTINCT answer.batch_id FROM answer) AS d
+)
 SELECT a.item_id, EXISTS (SELECT 1 FROM succeeded AS s WHERE s.id = a.item_id) AS recorded,
-       EXISTS (SELECT 1 FROM items AS w
-               WHERE w.batch_id = a.batch_id
-                 AND w.status IN ('pending', 'offloaded', 'queued')) AS waiting
-FROM answer AS a
+       batch.waiting
+FROM answer AS a JOIN batch ON batch.batch_id = a.batch_id
