@@ -66,12 +66,12 @@ def together_pack_size(
     overlap each hold a slot: a pack of at most a quarter of the model's
     ``max_concurrency`` (at least 1) and ``max_items``, however slow the calls are.
     Short calls run one after another (no thread switch, one slot for the pack): as
-    many as take ``target_s`` together (:func:`pack_size`), when that is at least as
-    many as would overlap. Before the model's first call here, they overlap."""
+    many as take ``target_s`` together (:func:`pack_size`), whenever two or more do.
+    Before the model's first call here, they overlap."""
     overlapping = max(1, min(max_items, max_concurrency // OVERLAP_PACKS_PER_MODEL))
     if call_s is not None:
         in_turn = pack_size(call_s, target_s, max_items)
-        if in_turn > 1 and in_turn >= overlapping:
+        if in_turn > 1:
             return in_turn, False
     return overlapping, overlapping > 1
 

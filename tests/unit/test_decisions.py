@@ -180,8 +180,8 @@ def test_a_group_of_short_calls_runs_them_in_turn_when_as_many_fit():
     from batchgen.domain.decisions import together_pack_size
 
     assert together_pack_size(0.001, 0.05, 8, 64) == (8, False)  # 8 ms in all
-    assert together_pack_size(0.01, 0.05, 8, 64) == (8, True)  # 5 in turn < 8 overlapping
-    assert together_pack_size(0.01, 0.05, 8, 8) == (5, False)  # 5 in turn > 2 overlapping
+    assert together_pack_size(0.01, 0.05, 8, 64) == (5, False)  # 5 fit in 50 ms
+    assert together_pack_size(0.03, 0.05, 8, 64) == (8, True)  # only 1 fits: overlap
 
 
 @given(
