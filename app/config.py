@@ -212,6 +212,12 @@ class Settings(BaseSettings):
     pack_max_items: int = Field(default=8, ge=1, le=64)
     pack_target_s: float = Field(default=0.05, gt=0)
     pack_max_s: float = Field(default=1.0, gt=0)
+    # A pack runs as a group (app/worker/pack_calls.py): one gate pipeline, one claim
+    # statement, one record statement and one settle pipeline for its items, whose calls
+    # overlap when they are slow (then a message carries up to pack_max_items items,
+    # at most a quarter of the model's max_concurrency, however slow its calls).
+    # False: a pack's items run one after another, each as a message of its own would.
+    pack_calls_together: bool = True
 
     # Provider calls. Streaming lets a cancel stop a call mid-answer.
     stream_calls: bool = True

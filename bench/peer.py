@@ -4,9 +4,11 @@ Side by side in one run, on embedded PostgreSQL and Redis, a simulator
 process on 127.0.0.1 and real Celery worker processes:
 
 A. Throughput with no provider limits and 200 ms answers: batchgen with 2
-   worker processes (32, then 64 threads each) against one asyncio process
-   calling the same simulator with aiohttp and a semaphore of 64, the same
-   number of requests. Prints items/s of each and the ratios. ``--pools
+   worker processes of ``--a-threads`` threads each (32: 64 slots, the model's
+   max_concurrency) against one asyncio process calling the same simulator with
+   aiohttp and a semaphore of as many slots, the same number of requests
+   (``--requests``, 1 500 by default). Prints req/s of each, the fraction of the
+   slots' ceiling (slots / answer time) and batchgen's ratio to the asyncio client. ``--pools
    threads,gevent`` runs batchgen's workers on each pool in turn (gevent through
    bench/gevent_worker.py, with the beat in a third, thread-pool process: Celery
    cannot embed it in a gevent worker), to choose the pool by measurement.
@@ -29,7 +31,8 @@ Against an independent peer provider (``llmock``, a third party's token-bucket m
 beside the OpenAI cookbook's parallel processor and batchgen's default registry
 entry): bench/llmock_peer.py.
 
-    .venv/bin/python bench/peer.py [--requests 2000] [--b-requests 200|2000] [--pools threads]
+    .venv/bin/python bench/peer.py [--requests 1500] [--a-threads 32] [--b-requests 200|2000]
+                                   [--pools threads]
 """
 
 from __future__ import annotations
@@ -177,10 +180,11 @@ async def _direct(sim_url: str, n: int, parallel: int) -> tuple[float, list[int]
 
 
 def part_a(args: argparse.Namespace, workdir: Path) -> None:
-    n = args.requests
+    n, conc = args.requests, args.a_threads
+    slots = WORKERS * conc
     with simulator_process("--latency-base-ms", str(args.latency_ms)) as sim_url:
         runs: dict[str, dict[str, Any]] = {}
-        for pool, conc in [(p, c) for p in args.pools.split(",") for c in (32, 64)]:
+        for pool in args.pools.split(","):
             models_file = workdir / f"models-a-{conc}.toml"
             models_file.write_text(
                 MODEL_TOML.format(
@@ -188,7 +192,7 @@ def part_a(args: argparse.Namespace, workdir: Path) -> None:
                     base_url=sim_url,
                     tpm=10**9,
                     rpm=10**7,
-                    concurrency=WORKERS * conc,  # the model's cap: not the bottleneck
+                    concurrency=slots,  # the slots' ceiling: slots / answer time
                 )
             )
             runs[f"batchgen, {WORKERS} x {conc} {pool}"] = run_batchgen(
@@ -203,24 +207,29 @@ def part_a(args: argparse.Namespace, workdir: Path) -> None:
                 pool,
             )
         reset_state(sim_url)
-        direct_s, statuses = asyncio.run(_direct(sim_url, n, 64))
+        direct_s, statuses = asyncio.run(_direct(sim_url, n, slots))
         direct_stats = httpx.get(f"{sim_url}/_sim/stats").json()
 
     direct_rate = n / direct_s
-    print(f"\nA. no provider limits, {args.latency_ms:g} ms answers, {n} requests of mixed length")
+    ceiling = slots / (args.latency_ms / 1000) if args.latency_ms else float("inf")
     print(
-        f"{'run':34} {'items/s':>8} {'/ asyncio':>9} {'wall s':>7} {'ok':>5} {'failed':>6} "
-        f"{'calls':>6} {'max in flight':>13}"
+        f"\nA. no provider limits, {args.latency_ms:g} ms answers, {n} requests of mixed "
+        f"length, {slots} slots (ceiling {ceiling:.0f} req/s)"
+    )
+    print(
+        f"{'run':34} {'req/s':>7} {'/ ceiling':>9} {'/ asyncio':>9} {'wall s':>7} {'ok':>5} "
+        f"{'failed':>6} {'calls':>6} {'max in flight':>13}"
     )
     for label, r in runs.items():
         rate = n / r["elapsed_s"]
         print(
-            f"{label:34} {rate:8.1f} {rate / direct_rate:9.3f} {r['elapsed_s']:7.2f} "
-            f"{r['counts']['succeeded']:5d} {r['counts']['failed']:6d} "
+            f"{label:34} {rate:7.1f} {rate / ceiling:9.3f} {rate / direct_rate:9.3f} "
+            f"{r['elapsed_s']:7.2f} {r['counts']['succeeded']:5d} {r['counts']['failed']:6d} "
             f"{r['stats']['requests']:6d} {r['stats']['max_in_flight']:13d}"
         )
     print(
-        f"{'asyncio + aiohttp, semaphore 64':34} {direct_rate:8.1f} {1.0:9.3f} {direct_s:7.2f} "
+        f"{f'asyncio + aiohttp, semaphore {slots}':34} {direct_rate:7.1f} "
+        f"{direct_rate / ceiling:9.3f} {1.0:9.3f} {direct_s:7.2f} "
         f"{statuses.count(200):5d} {n - statuses.count(200):6d} "
         f"{direct_stats['requests']:6d} {direct_stats['max_in_flight']:13d}"
     )
@@ -309,7 +318,10 @@ def part_b(args: argparse.Namespace, workdir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=2000, help="part A requests")
+    parser.add_argument("--requests", type=int, default=1500, help="part A requests")
+    parser.add_argument(
+        "--a-threads", type=int, default=32, help="part A threads per worker (slots: 2 x this)"
+    )
     parser.add_argument("--b-requests", type=int, default=200, help="part B requests (or 2000)")
     parser.add_argument("--latency-ms", type=float, default=200.0)
     parser.add_argument("--tpm", type=int, default=20_000, help="part B tokens per window")
@@ -331,7 +343,7 @@ def main() -> None:
         help="part B: the budget shape batchgen's registry declares (the provider is a bucket)",
     )
     args = parser.parse_args()
-    for name in ("requests", "b_requests", "tpm", "rpm", "b_concurrency"):
+    for name in ("requests", "a_threads", "b_requests", "tpm", "rpm", "b_concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.requests > 100_000 or args.b_requests > 100_000:

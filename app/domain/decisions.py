@@ -52,6 +52,37 @@ def pack_size(call_s: float | None, target_s: float, max_items: int) -> int:
     return max(1, math.floor(target_s / call_s))
 
 
+# A pack whose calls overlap holds as many of its model's slots as it has items: it
+# carries at most this share of them, so that several packs, on several worker
+# processes, share the model's slots.
+OVERLAP_PACKS_PER_MODEL = 4
+
+
+def together_pack_size(
+    call_s: float | None, target_s: float, max_items: int, max_concurrency: int
+) -> tuple[int, bool]:
+    """How many of a model's items one message carries when a pack runs as a group
+    (:mod:`batchgen.worker.pack_calls`), and whether its calls overlap. Calls that
+    overlap each hold a slot: a pack of at most a quarter of the model's
+    ``max_concurrency`` (at least 1) and ``max_items``, however slow the calls are.
+    Short calls run one after another (no thread switch, one slot for the pack): as
+    many as take ``target_s`` together (:func:`pack_size`), whenever two or more do.
+    Before the model's first call here, they overlap."""
+    overlapping = max(1, min(max_items, max_concurrency // OVERLAP_PACKS_PER_MODEL))
+    if call_s is not None:
+        in_turn = pack_size(call_s, target_s, max_items)
+        if in_turn > 1:
+            return in_turn, False
+    return overlapping, overlapping > 1
+
+
+def calls_overlap(call_s: float | None, target_s: float, items: int) -> bool:
+    """Whether a pack of ``items`` run as a group overlaps its calls: unless they all
+    fit in ``target_s`` one after another at the model's pace ``call_s`` (None: not
+    known yet)."""
+    return items > 1 and (call_s is None or call_s * items > target_s)
+
+
 def split_into_packs(items: Sequence[T], size: int, alone: Callable[[T], bool]) -> list[list[T]]:
     """``items`` (in the order the messages should go out) as packs of at most ``size``
     consecutive items; an item for which ``alone`` holds (a synchronous call's: someone

@@ -18,6 +18,7 @@ import functools
 import re
 from collections.abc import Callable
 from importlib import resources
+from typing import Any
 
 import redis
 from redis.commands.core import Script
@@ -119,3 +120,27 @@ def _source(name: str) -> str:
 def script(client: redis.Redis, name: str) -> Script:
     """``app/limits/lua/<name>.lua`` registered on ``client`` (EVALSHA, reloaded after a flush)."""
     return client.register_script(_source(name))
+
+
+def scripts_pipelined(
+    client: redis.Redis, name: str, calls: list[tuple[list[str], list[Any]]]
+) -> list[Any]:
+    """``lua/<name>.lua`` run once for each (keys, args) of ``calls``, in one round trip
+    (a pipeline, not a transaction: each script is atomic on its own, as when called
+    alone); the replies in order. A script Redis does not know (a flush, a restart)
+    answers NOSCRIPT to every call of the pipeline, having run none: it is loaded and
+    the pipeline sent again. A script's own error is raised (the others have run)."""
+    if not calls:
+        return []
+    runner = script(client, name)
+    for last_try in (False, True):
+        pipe = client.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.evalsha(runner.sha, len(keys), *keys, *args)
+        try:
+            return list(pipe.execute())
+        except redis.exceptions.NoScriptError:
+            if last_try:
+                raise
+            client.script_load(runner.script)
+    raise AssertionError("unreachable")

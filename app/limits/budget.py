@@ -56,7 +56,9 @@ Redis edge.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -71,7 +73,7 @@ from batchgen.domain.rate_limits import (
 from batchgen.domain.settlement import charged_tokens as charged_tokens  # re-exported
 from batchgen.limits import counters
 from batchgen.limits import redis_keys as keys
-from batchgen.limits.backend import script
+from batchgen.limits.backend import script, scripts_pipelined
 from batchgen.registry import Deployment, LimitShape, ModelSpec, shape_arg
 
 MAX_JITTER_S = 1.0
@@ -234,6 +236,27 @@ class Budget:
         reservation_id: str,
         prompt_tokens: int,
         rest_tokens: int,
+        **options: Any,
+    ) -> Grant:
+        """One script: a slot and the budget's reservation, all or nothing (the options:
+        :meth:`_enter_call`)."""
+        keys_, args = self._enter_call(spec, reservation_id, prompt_tokens, rest_tokens, **options)
+        return self._grant_of(spec, script(self.client, "budget_reserve")(keys=keys_, args=args))
+
+    def enter_many(self, spec: ModelSpec, entries: Sequence[Mapping[str, Any]]) -> list[Grant]:
+        """:meth:`enter` for each of ``entries`` (its arguments by name), the scripts
+        pipelined in one round trip (a pack's items: each entry is atomic on its own,
+        exactly as if entered alone, in order)."""
+        calls = [self._enter_call(spec, **entry) for entry in entries]
+        replies = scripts_pipelined(self.client, "budget_reserve", calls)
+        return [self._grant_of(spec, reply) for reply in replies]
+
+    def _enter_call(
+        self,
+        spec: ModelSpec,
+        reservation_id: str,
+        prompt_tokens: int,
+        rest_tokens: int,
         *,
         tenant_id: int | None = None,
         tenant_tokens_per_min: int | None = None,
@@ -248,8 +271,10 @@ class Budget:
         share: tuple[str, int, str, float] | None = None,
         avoid: str | None = None,
         now_s: float | None = None,
-    ) -> Grant:
-        """One script: a slot (``slot_limit`` > 0: the model's, of all its deployments)
+    ) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of :meth:`enter`'s script.
+
+        One script: a slot (``slot_limit`` > 0: the model's, of all its deployments)
         and ``prompt_tokens`` (scaled by the learned ratio) + ``rest_tokens`` and one
         request, on one of the model's deployments (and against the tenant), all or
         nothing. The deployment is the one :func:`batchgen.domain.pools.pick` prefers
@@ -280,8 +305,8 @@ class Budget:
                 d.max_concurrency if slot_limit > 0 else 0,
                 "1" if avoid is not None and d.name == avoid else "0",
             ]
-        reply = script(self.client, "budget_reserve")(
-            keys=[
+        return (
+            [
                 keys.tenant_log(tid),
                 keys.tenant_amounts(tid),
                 keys.counters(spec.name),
@@ -292,7 +317,7 @@ class Budget:
                 *pool_keys,
                 keys.calls_seen(spec.name),  # the calls' reserve: last, read from the end
             ],
-            args=[
+            [
                 reservation_id,
                 max(0, prompt_tokens),
                 max(0, rest_tokens),
@@ -325,6 +350,11 @@ class Budget:
                 self.call_reserve_recent_s,
             ],
         )
+
+    @staticmethod
+    def _grant_of(spec: ModelSpec, reply: Any) -> Grant:
+        """:meth:`enter`'s script's reply, read."""
+        pool = spec.deployments
         status, wait_ms, reason, tokens, part, countdown = reply[:6]
         why = reason.decode() if isinstance(reason, bytes) else str(reason)
         if status == 1:
@@ -389,6 +419,26 @@ class Budget:
         Headers are compared with our budget as it was when they were received,
         ``age_s`` ago (by default: from ``state.received_s``); a bucket reads them
         against the time its reservation was granted."""
+        keys_, args = self._settle_call(spec, reservation_id, ops, now_s=now_s, age_s=age_s)
+        return self._settled_of(script(self.client, "budget_settle")(keys=keys_, args=args))
+
+    def settle_many(self, settlements: Sequence[tuple[ModelSpec, str, SettleOps]]) -> list[Settled]:
+        """:meth:`settle` for each (spec, reservation id, ops), the scripts pipelined in
+        one round trip (a pack's calls: each settlement atomic on its own, in order)."""
+        calls = [self._settle_call(spec, rid, ops) for spec, rid, ops in settlements]
+        replies = scripts_pipelined(self.client, "budget_settle", calls)
+        return [self._settled_of(reply) for reply in replies]
+
+    def _settle_call(
+        self,
+        spec: ModelSpec,
+        reservation_id: str,
+        ops: SettleOps,
+        *,
+        now_s: float | None = None,
+        age_s: float | None = None,
+    ) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of :meth:`settle`'s script."""
         state = ops.rate_limits
         remaining_tokens = remaining_requests = reset_s = None
         age = 0.0
@@ -404,8 +454,8 @@ class Budget:
         key = d.budget_key
         # A shape the registry leaves unset is learned from the reset headers.
         evidence = shape_evidence(state, self.window_s) if d.limit_shape is None else None
-        reply = script(self.client, "budget_settle")(
-            keys=[
+        return (
+            [
                 *self._keys(key, ops.tenant_id),
                 keys.budget_meta(key),
                 keys.budget_bucket(key),
@@ -418,7 +468,7 @@ class Budget:
                 keys.slot_tenants(spec.name),
                 keys.budget_shape(key),
             ],
-            args=[
+            [
                 reservation_id,
                 shape_arg(d.limit_shape),
                 ops.action,
@@ -454,6 +504,10 @@ class Budget:
                 self.shape_samples,
             ],
         )
+
+    @staticmethod
+    def _settled_of(reply: Any) -> Settled:
+        """:meth:`settle`'s script's reply, read."""
         delta, observed, left_ms, ratio, tripped_ms = reply
         text = ratio.decode() if isinstance(ratio, bytes) else str(ratio)
         return Settled(

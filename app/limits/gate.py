@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 
@@ -30,7 +31,7 @@ from batchgen.domain.rate_limits import RateLimitState
 from batchgen.domain.settlement import SettleAction, SettleCounter, decide_settlement
 from batchgen.errors import ProviderError, RateLimited
 from batchgen.limits import counters
-from batchgen.limits.budget import Budget, SettleOps, countdown_s, reservation_tokens
+from batchgen.limits.budget import Budget, Grant, SettleOps, countdown_s, reservation_tokens
 from batchgen.limits.call_shares import DEMAND_TTL_S, CallDemand, demand_entry, tenant_key
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import ModelSpec
@@ -124,6 +125,19 @@ class WaitKind(StrEnum):
         """The item waits on its own tenant, so it must not hold the model's dispatch
         window (other tenants' items could use it meanwhile)."""
         return self is WaitKind.TENANT
+
+
+@dataclass(frozen=True)
+class Settling:
+    """One call of a pack to settle (:meth:`Gate.settle_many`): what :meth:`Gate.settle`
+    takes for it."""
+
+    admitted: Pass
+    tenant_id: int
+    max_tokens: int
+    response: CallAnswer | None = None
+    error: ProviderError | None = None
+    cut_by_deadline: bool = False
 
 
 @dataclass(frozen=True)
@@ -246,6 +260,70 @@ class Gate:
             if last_try:
                 return Wait(countdown_s(SLOT_RETRY_S), _REASONS[WaitKind.SLOT], WaitKind.SLOT)
             time.sleep(SLOT_POLL_S)
+        return self._decision(spec, item, grant, reservation_id)
+
+    def enter_many(
+        self,
+        spec: ModelSpec,
+        tickets: Sequence[CallTicket],
+        *,
+        last_try: bool = False,
+        slots: bool = True,
+    ) -> list[Pass | Wait | Never]:
+        """:meth:`enter` for each of a pack's items, in one round trip (the scripts
+        pipelined, each atomic on its own, in order) and without waiting: an item denied
+        a slot gets a :class:`Wait` of kind ``SLOT`` at once, and the caller may try it
+        again when a slot frees (its own calls' ending frees some). ``last_try``: a slot
+        denial counts in the model's counters, as :meth:`enter`'s last try does.
+        ``slots`` False: the budget only, no slot (items whose calls will run one after
+        another, under a slot their pack's first item holds). No synchronous call
+        travels in a pack (someone waits on it: it runs alone)."""
+        if not tickets:
+            return []
+        if not self.enabled:
+            return [self.enter(spec, ticket) for ticket in tickets]
+        lease = self._slot_lease_s(spec)
+        entries: list[dict[str, Any]] = []
+        for item in tickets:
+            weight = int(getattr(item, "tenant_weight", 1) or 1)
+            demand = demand_entry(item.tenant_id, weight, item.item_id)
+            entries.append(
+                {
+                    "reservation_id": slot_holder(item.item_id, item.attempt),
+                    "prompt_tokens": item.prompt_tokens_est,
+                    "rest_tokens": item.max_tokens,
+                    "tenant_id": item.tenant_id,
+                    "tenant_tokens_per_min": item.tenant_tokens_per_min,
+                    "waiter_id": str(item.item_id),
+                    "slot_limit": spec.max_concurrency if slots else 0,
+                    "slot_lease_s": lease,
+                    "jitter_u": random.random(),
+                    "count": True,
+                    "count_slot_denial": last_try,
+                    "urgent_claim_s": URGENT_CLAIM_S,
+                    "share": (tenant_key(item.tenant_id, weight), 0, demand, DEMAND_TTL_S),
+                    "avoid": getattr(item, "avoid", None),
+                }
+            )
+        try:
+            grants = self.budget.enter_many(spec, entries)
+        except BaseException:
+            for entry in entries:  # replies lost: no slot is ours to keep (see enter)
+                self._free_slot(spec, str(entry["reservation_id"]))
+            raise
+        decisions: list[Pass | Wait | Never] = []
+        for item, grant, entry in zip(tickets, grants, entries, strict=True):
+            if grant.slot_denied:
+                wait = Wait(countdown_s(SLOT_RETRY_S), _REASONS[WaitKind.SLOT], WaitKind.SLOT)
+                decisions.append(wait)
+            else:
+                decisions.append(self._decision(spec, item, grant, str(entry["reservation_id"])))
+        return decisions
+
+    def _decision(
+        self, spec: ModelSpec, item: CallTicket, grant: Grant, reservation_id: str
+    ) -> Pass | Wait | Never:
+        """What a grant that is no slot denial says of ``item``."""
         if grant.granted:
             return Pass(
                 reservation_id,
@@ -288,6 +366,36 @@ class Gate:
             self.budget.settle(spec.at(admitted.deployment), rid, ops)
         except BaseException:
             self._free_slot(spec, rid)  # the script may not have run: free it anyway
+            raise
+
+    def settle_many(self, spec: ModelSpec, outcomes: Sequence[Settling]) -> None:
+        """:meth:`settle` for each of a pack's calls, in one round trip (the scripts
+        pipelined, each atomic on its own). On an error every slot named is freed (the
+        scripts may not have run) and the error raised."""
+        if not self.enabled or not outcomes:
+            return
+        try:
+            self.budget.settle_many(
+                [
+                    (
+                        spec.at(o.admitted.deployment),
+                        o.admitted.reservation_id,
+                        settle_ops(
+                            spec,
+                            o.admitted,
+                            o.tenant_id,
+                            o.max_tokens,
+                            o.response,
+                            o.error,
+                            o.cut_by_deadline,
+                        ),
+                    )
+                    for o in outcomes
+                ]
+            )
+        except BaseException:
+            for o in outcomes:
+                self._free_slot(spec, o.admitted.reservation_id)
             raise
 
     def settle_unsent(

@@ -304,6 +304,29 @@ def claim_sent(
     return _claimed(rows[0], read_mono_s) if rows else None
 
 
+def claim_sent_many(
+    connection: Session | Connection,
+    claims: Sequence[tuple[Ticket, str | None]],
+    lease_s: float,
+    read_mono_s: float,
+) -> dict[int, Claimed]:
+    """:func:`claim_sent` for a pack's items in one statement: each (ticket, deployment
+    the gate picked) claimed and marked sent, for its ticket's attempt. Returns the
+    items claimed by id; an item left out was not there for its attempt (a stale or
+    duplicate message, a cancelled, finished or expired item)."""
+    if not claims:
+        return {}
+    params: dict[str, Any] = {
+        "item_ids": [ticket.item_id for ticket, _ in claims],
+        "attempts": [ticket.attempt for ticket, _ in claims],
+        "deployments": [deployment for _, deployment in claims],
+        "lease_s": lease_s,
+        **CLAIM.params(),
+    }
+    rows = db.driver_rows(connection, driver_query("item_claim_sent_many"), params)
+    return {row.id: _claimed(row, read_mono_s) for row in rows}
+
+
 def expire_unstarted(session: Session | Connection, item_id: int) -> str | None:
     """A pending or queued item whose deadline passed becomes expired, never sent;
     returns its batch id (None: the item was not expired)."""
@@ -501,6 +524,50 @@ def succeed_answered(connection: Connection, row: dict[str, Any]) -> Answered:
         running=result.running,
         closed=result.closed,
     )
+
+
+# The columns of an answer, in item_succeed_answered_many.sql's order (one array each).
+ANSWER_COLUMNS = (
+    "item_id",
+    "attempt",
+    "tenant_id",
+    "batch_id",
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "cost_usd",
+    "deployment",
+    "tier",
+    "response",
+    "provider_request_id",
+    "upstream_latency_ms",
+    "queue_wait_ms",
+)
+
+
+def succeed_answered_many(
+    connection: Connection, rows: Sequence[Mapping[str, Any]], shard: int
+) -> dict[int, Answered]:
+    """:func:`succeed_answered` for a group of online answers, in one statement (a group
+    commit): each row (:data:`ANSWER_COLUMNS`) recorded only if its attempt still runs
+    the item and is neither answered nor ledgered yet; the tenants' daily totals in
+    ``shard``. Returns, by item id, whether it was recorded and whether its batch had
+    items waiting (``running`` is not read here: False)."""
+    if not rows:
+        return {}
+    params: dict[str, Any] = {
+        column: [row[column] for row in rows] for column in ANSWER_COLUMNS if column != "response"
+    }
+    params["response"] = [Jsonb(row["response"]) for row in rows]
+    params.update(shard=shard, **SUCCEED_ANSWERED.params())
+    found = db.driver_rows(connection, driver_query("item_succeed_answered_many"), params)
+    return {
+        row.item_id: Answered(recorded=row.recorded, waiting=row.waiting, running=False)
+        for row in found
+    }
 
 
 def cancel_unsent(session: Session, batch_id: str, now: dt.datetime) -> int:

@@ -9,6 +9,7 @@ moves go through :mod:`batchgen.store.items`.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -243,6 +244,42 @@ def record_answer(
             "deployment": outcome.deployment,
         },
     )
+
+
+def record_answers(
+    connection: Connection, answers: Sequence[tuple[Claimed, CallOutcome, ModelSpec]]
+) -> dict[int, Answered]:
+    """:func:`record_answer` for a group of a pack's answers in one statement (a group
+    commit, autocommit): each recorded only in the common case (its attempt still runs
+    the item, nothing of it ledgered). An answer whose ``recorded`` is False wrote
+    nothing: :func:`record_success` decides what it is, alone."""
+    if not answers:
+        return {}
+    rows = []
+    for item, outcome, spec in answers:
+        priced = price(outcome, spec)
+        rows.append(
+            {
+                "item_id": item.item_id,
+                "attempt": outcome.attempt,
+                "tenant_id": item.tenant_id,
+                "batch_id": item.batch_id,
+                "model": item.model,
+                "prompt_tokens": outcome.prompt_tokens,
+                "completion_tokens": outcome.completion_tokens,
+                **outcome.kinds(),
+                "cost_usd": priced.cost,
+                "tier": priced.tier.value,
+                "response": outcome.response,
+                "provider_request_id": outcome.provider_request_id,
+                "upstream_latency_ms": outcome.upstream_latency_ms,
+                "queue_wait_ms": outcome.queue_wait_ms,
+                "deployment": outcome.deployment,
+            }
+        )
+    # One shard of the daily totals for the whole group: its rows add up into one row
+    # per tenant, day, model and deployment (the shards only spread concurrent writers).
+    return items.succeed_answered_many(connection, rows, _shard(answers[0][0].item_id))
 
 
 def record_success(

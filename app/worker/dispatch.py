@@ -43,11 +43,18 @@ class Release:
 
 
 def release_model(
-    session: Session, spec: ModelSpec, settings: Settings, pack_items: int = 1
+    session: Session,
+    spec: ModelSpec,
+    settings: Settings,
+    pack_items: int = 1,
+    overlap: bool = False,
 ) -> list[Release]:
     """Release up to the model's free places, in fair order, in the caller's transaction
-    (a window for messages of ``pack_items`` items: :func:`window_size`)."""
-    window = window_size(spec.max_concurrency, settings.dispatch_ahead_factor, pack_items)
+    (a window for messages of ``pack_items`` items: :func:`window_size`; ``overlap``:
+    the pack's calls overlap, each holding a slot, so the window counts items)."""
+    window = window_size(
+        spec.max_concurrency, settings.dispatch_ahead_factor, 1 if overlap else pack_items
+    )
     lease_s = settings.queued_lease_s
     if pack_items > 1:  # an item may wait in its pack until it is run or handed back
         lease_s += pack_wait_s(spec, settings)
@@ -68,17 +75,20 @@ def dispatch(
     settings: Settings,
     models: Collection[str] | None = None,
     pack_items: Callable[[str], int] | None = None,
+    overlapping: Callable[[str], bool] | None = None,
 ) -> int:
     """Release what fits now (every model, or only ``models``) and publish it, each
     model's items in messages of ``pack_items(model)`` (default one: a process that
-    runs no calls knows no pace); returns how many items were released."""
+    runs no calls knows no pace; ``overlapping(model)``: those packs' calls overlap);
+    returns how many items were released."""
     specs = [s for s in registry if models is None or s.name in models]
     messages: list[tuple[int, str, dict[str, Any] | None, list[Any] | None]] = []
     released = 0
     with session_scope() as session:
         for spec in specs:
             size = pack_items(spec.name) if pack_items is not None else 1
-            releases = release_model(session, spec, settings, size)
+            overlap = overlapping(spec.name) if overlapping is not None else False
+            releases = release_model(session, spec, settings, size, overlap)
             released += len(releases)
             for pack in split_into_packs(releases, size, alone=lambda r: r.ticket.urgent):
                 item_id, ticket, more = message_of(

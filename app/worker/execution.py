@@ -8,6 +8,11 @@ common case), or ask :mod:`batchgen.domain.decisions` what a failure means and
 apply it → settle the gate (``finally``, one script) → close the batch if this was
 its last item. On the gate's wait the item is claimed and handed back for later.
 Every item state move is a call into :mod:`batchgen.store.items`.
+
+A pack run as a group (:mod:`batchgen.worker.pack_calls`) takes the same steps for
+many items at once, and shares this module's pieces of a call: its request
+(:func:`sending_of`), what a failure means (:func:`call_failed`) and what an answer
+records (:func:`outcome_of`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from batchgen.domain.deadlines import call_timeout_s, time_left_s
 from batchgen.domain.endpoints import line_endpoint
 from batchgen.domain.pools import failover_reason, fails_over
 from batchgen.domain.routes import (
+    FlexWindow,
     ItemRoute,
     call_route,
     flex_timeout_s,
@@ -330,8 +336,46 @@ def _call(
     on_chunk: OnChunk | None = None,
     on_answer: OnAnswer | None = None,
 ) -> Verdict:
+    sending = sending_of(call, settings, cancel, settlement, on_chunk)
+    started = time.monotonic()
+    settlement.error = MAYBE_SENT
+    try:
+        response = provider.complete(sending.request)
+    except ProviderError as exc:
+        settlement.error = exc
+        return call_failed(call, sending, settings, exc, time.monotonic() - started)
+    settlement.response, settlement.error = response, None
+    latency_s = time.monotonic() - started
+    outcome = outcome_of(call, sending, response, latency_s)
+    recorded = _record(call.item, outcome, call.served)
+    if recorded and on_answer is not None:
+        on_answer(response.body)
+    if on_chunk is not None:
+        _forget_usage(call.item)
+    log_answer(call, sending, response, latency_s, recorded)
+    return Verdict("succeeded" if recorded else "duplicate", call_s=latency_s)
+
+
+@dataclass(frozen=True)
+class Sending:
+    """A claimed item's request as it goes to the provider, with its route."""
+
+    request: ProviderRequest
+    route: ItemRoute
+    flex: FlexWindow | None
+
+
+def sending_of(
+    call: _Call,
+    settings: Settings,
+    cancel: Event,
+    settlement: Settlement,
+    on_chunk: OnChunk | None = None,
+) -> Sending:
+    """The request of ``call``: its route (standard or flex) and time-out from the time
+    its item has left (on PostgreSQL's clock, where the deadline was set, not this
+    host's); ``settlement`` learns whether that time-out was cut by the deadline."""
     item, spec, served = call.item, call.spec, call.served
-    # Time left on PostgreSQL's clock (where the deadline was set), not this host's.
     configured_s = spec.call_timeout_s or settings.call_timeout_s
     left_s = time_left_s(item.deadline_at, item.db_now())
     flex = flex_window(spec, served, configured_s)
@@ -352,36 +396,44 @@ def _call(
         on_chunk=_keeping_usage(item, on_chunk) if on_chunk is not None else None,
         cache_prefix=item.prefix_key is not None,
     )
-    started = time.monotonic()
-    settlement.error = MAYBE_SENT
-    try:
-        response = provider.complete(request)
-    except ProviderError as exc:
-        settlement.error = exc
-        call_s = time.monotonic() - started
-        tier = route.tier
-        if isinstance(exc, CallCancelled):
-            return Verdict(cancelled(item, served, exc, tier), call_s=call_s)
-        if isinstance(exc, FlexUnavailable) and route is ItemRoute.FLEX and flex is not None:
-            return flex_refused(item, flex, settings, exc)  # a refusal is no call's time
-        failing_over = fails_over(
-            deployments=len(spec.deployments),
-            reason=failover_reason(exc),
-            failovers=item.failovers,
-            max_failovers=settings.max_failovers,
-            time_left_s=time_left_s(item.deadline_at, item.db_now()),
-        )
-        if failing_over:
-            latency_ms = int(call_s * 1000)
-            verdict = failover(item, served, settings, exc, latency_ms, call.ticket, tier)
-            return replace(verdict, call_s=None if isinstance(exc, RateLimited) else call_s)
-        if isinstance(exc, RateLimited) and not exc.billed:
-            return rate_limited_call(item, settings, exc)  # a 429 is no call's time
-        verdict_of = failed(item, served, settings, exc, int(call_s * 1000), tier)
-        return Verdict(verdict_of, call_s=call_s)
-    settlement.response, settlement.error = response, None
-    latency_s = time.monotonic() - started
-    outcome = CallOutcome(
+    return Sending(request, route, flex)
+
+
+def call_failed(
+    call: _Call, sending: Sending, settings: Settings, exc: ProviderError, call_s: float
+) -> Verdict:
+    """What a failed call means for its item, applied (recorded): cancelled, refused
+    flex, failed over, handed back after a 429, or failed (after its retries)."""
+    item, spec, served = call.item, call.spec, call.served
+    route, flex = sending.route, sending.flex
+    tier = route.tier
+    if isinstance(exc, CallCancelled):
+        return Verdict(cancelled(item, served, exc, tier), call_s=call_s)
+    if isinstance(exc, FlexUnavailable) and route is ItemRoute.FLEX and flex is not None:
+        return flex_refused(item, flex, settings, exc)  # a refusal is no call's time
+    failing_over = fails_over(
+        deployments=len(spec.deployments),
+        reason=failover_reason(exc),
+        failovers=item.failovers,
+        max_failovers=settings.max_failovers,
+        time_left_s=time_left_s(item.deadline_at, item.db_now()),
+    )
+    if failing_over:
+        latency_ms = int(call_s * 1000)
+        verdict = failover(item, served, settings, exc, latency_ms, call.ticket, tier)
+        return replace(verdict, call_s=None if isinstance(exc, RateLimited) else call_s)
+    if isinstance(exc, RateLimited) and not exc.billed:
+        return rate_limited_call(item, settings, exc)  # a 429 is no call's time
+    verdict_of = failed(item, served, settings, exc, int(call_s * 1000), tier)
+    return Verdict(verdict_of, call_s=call_s)
+
+
+def outcome_of(
+    call: _Call, sending: Sending, response: ProviderResponse, latency_s: float
+) -> CallOutcome:
+    """The paid answer of ``call``, as the ledger records it."""
+    item = call.item
+    return CallOutcome(
         item_id=item.item_id,
         attempt=item.attempt,
         prompt_tokens=response.prompt_tokens,
@@ -390,28 +442,27 @@ def _call(
         provider_request_id=response.request_id,
         upstream_latency_ms=int(latency_s * 1000),
         queue_wait_ms=max(0, int((item.started_at - item.created_at).total_seconds() * 1000)),
-        deployment=served.served_by,
-        tier=route.tier,
+        deployment=call.served.served_by,
+        tier=sending.route.tier,
     )
-    recorded = _record(item, outcome, served)
-    if recorded and on_answer is not None:
-        on_answer(response.body)
-    if on_chunk is not None:
-        _forget_usage(item)
+
+
+def log_answer(
+    call: _Call, sending: Sending, response: ProviderResponse, latency_s: float, recorded: bool
+) -> None:
     log.info(
         "item %d attempt %d model %s deployment %s route %s succeeded prompt_tokens=%d "
         "completion_tokens=%d latency_ms=%d recorded=%s",
-        item.item_id,
-        item.attempt,
-        spec.name,
-        served.served_by,
-        route.value,
+        call.item.item_id,
+        call.item.attempt,
+        call.spec.name,
+        call.served.served_by,
+        sending.route.value,
         response.prompt_tokens,
         response.completion_tokens,
         latency_s * 1000,
         recorded,
     )
-    return Verdict("succeeded" if recorded else "duplicate", call_s=latency_s)
 
 
 def _keeping_usage(item: Claimed, relay: OnChunk) -> OnChunk:

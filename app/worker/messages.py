@@ -19,17 +19,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchgen.config import Settings, get_settings
-from batchgen.domain.decisions import pack_size, refill_at_once_after
+from batchgen.domain.decisions import (
+    calls_overlap,
+    pack_size,
+    refill_at_once_after,
+    together_pack_size,
+)
 from batchgen.errors import ItemFailed
 from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate
-from batchgen.registry import get_registry
+from batchgen.registry import ModelSpec, get_registry
 from batchgen.store import db, items
 from batchgen.store.items import Ticket
 from batchgen.worker import publish
 from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.dispatch import dispatch
 from batchgen.worker.execution import run_item
+from batchgen.worker.pack_calls import run_together
 from batchgen.worker.packs import (
     CallPace,
     PackItem,
@@ -60,21 +66,38 @@ def _pace() -> CallPace:
     return CallPace()
 
 
-def _pack_items(model: str) -> int:
+def _pack_plan(model: str) -> tuple[int, bool]:
+    """Items per message for ``model``'s refills, and whether their calls overlap."""
     settings = get_settings()
-    return pack_size(_pace().call_s(model), settings.pack_target_s, settings.pack_max_items)
+    pace = _pace().call_s(model)
+    if not settings.pack_calls_together:
+        return pack_size(pace, settings.pack_target_s, settings.pack_max_items), False
+    spec = get_registry().get(model)
+    cap = spec.max_concurrency if spec is not None else 1
+    return together_pack_size(pace, settings.pack_target_s, settings.pack_max_items, cap)
+
+
+def _pack_items(model: str) -> int:
+    return _pack_plan(model)[0]
+
+
+def _overlapping(model: str) -> bool:
+    return _pack_plan(model)[1]
 
 
 def _release(models: frozenset[str]) -> int:
-    return dispatch(get_registry(), get_settings(), models, pack_items=_pack_items)
+    return dispatch(
+        get_registry(), get_settings(), models, pack_items=_pack_items, overlapping=_overlapping
+    )
 
 
 def _refill_at_once_after(model: str) -> int:
     spec, settings = get_registry().get(model), get_settings()
     if spec is None:  # not in this registry: the coalescing wait only
         return sys.maxsize
+    items, overlap = _pack_plan(model)
     return refill_at_once_after(
-        spec.max_concurrency, settings.dispatch_ahead_factor, _pack_items(model)
+        spec.max_concurrency, settings.dispatch_ahead_factor, 1 if overlap else items
     )
 
 
@@ -113,6 +136,15 @@ def run_message(
     registry, settings = get_registry(), get_settings()
     pack = read_pack(item_id, ticket, more)
 
+    def note(verdict: Verdict) -> None:
+        if verdict.model is not None:
+            if verdict.call_s is not None:
+                _pace().note(verdict.model, verdict.call_s)
+            if verdict.frees_place:
+                # A place in the model's window freed: refill it soon, without waiting
+                # for the tick.
+                _refiller().note(verdict.model)
+
     def run_one(item: PackItem) -> Verdict:
         read: Ticket | None = None
         if item.ticket is not None:
@@ -121,16 +153,16 @@ def run_message(
         verdict = run_item(
             item.item_id, registry, settings, _gate(), _watcher(), model=model, ticket=read
         )
-        if verdict.model is not None:
-            if verdict.call_s is not None:
-                _pace().note(verdict.model, verdict.call_s)
-            if verdict.frees_place:
-                # A place in the model's window freed: refill it soon, without waiting
-                # for the tick.
-                _refiller().note(verdict.model)
+        note(verdict)
         return verdict
 
-    outcome = run_pack(pack, run_one, settings.pack_max_s)
+    spec = registry.get(model) if model else None
+    tickets = _together(pack, spec, settings)
+    if spec is not None and tickets is not None:
+        overlap = calls_overlap(_pace().call_s(spec.name), settings.pack_target_s, len(pack))
+        outcome = run_together(pack, spec, tickets, settings, _gate(), _watcher(), overlap, note)
+    else:
+        outcome = run_pack(pack, run_one, settings.pack_max_s)
     if outcome.handed_back:
         _hand_back(outcome, model, len(pack), item_id, settings)
     if outcome.error is not None:
@@ -148,8 +180,8 @@ def run_message(
             hold(outcome.waiting[1:], (outcome.countdown_s or 0.0) + settings.queued_lease_s)
         kwargs = {"model": model, "ticket": ticket_of_first, "more": rest}
         return Ran(outcome.summary(), Retry(first, kwargs, outcome.countdown_s))
-    ran = zip(pack[: len(outcome.verdicts)], outcome.verdicts, strict=True)
-    failed = [p.item_id for p, v in ran if v.outcome == "failed"]
+    ran = zip(outcome.ran_ids(pack), outcome.verdicts, strict=True)
+    failed = [item_id for item_id, v in ran if v.outcome == "failed"]
     if failed:
         with db.autocommit() as connection:
             codes = [items.error_code_of(connection, i) or "failed" for i in failed]
@@ -157,6 +189,28 @@ def run_message(
             "; ".join(f"item {i} failed: {code}" for i, code in zip(failed, codes, strict=True))
         )
     return Ran(outcome.summary())
+
+
+def _together(
+    pack: list[PackItem], spec: ModelSpec | None, settings: Settings
+) -> list[Ticket] | None:
+    """The pack's tickets when it runs as a group (:mod:`batchgen.worker.pack_calls`):
+    more than one item, of a model in the registry, every ticket readable and none a
+    synchronous call's; otherwise None (one after another, each as alone)."""
+    if not settings.pack_calls_together or len(pack) < 2 or spec is None:
+        return None
+    tickets: list[Ticket] = []
+    for item in pack:
+        if item.ticket is None:
+            return None
+        try:
+            ticket = Ticket.from_message(item.item_id, item.ticket)
+        except ValueError:
+            return None
+        if ticket.urgent:
+            return None
+        tickets.append(ticket)
+    return tickets
 
 
 def _hand_back(

@@ -1,4 +1,11 @@
-"""Packs: one message carrying several items of one model, run one after another.
+"""Packs: one message carrying several items of one model.
+
+By default a pack runs as a group (:mod:`batchgen.worker.pack_calls`: one gate
+pipeline, one claim statement, one record statement and one settle pipeline for its
+items, whose calls overlap when they are slow). This module holds what both ways
+share (a pack read from its message, its outcome, the hold on its waiting items,
+the calls' pace) and the other way, ``BATCHGEN_PACK_CALLS_TOGETHER=false``: the
+items one after another, each as a message of its own would run.
 
 Celery spends about as much CPU on a message (reading it, its three task events,
 its ack) as batchgen spends on an item's own work. When a model's calls are short
@@ -120,6 +127,15 @@ class PackOutcome:
     handed_back: list[PackItem]
     # What an item raised (a database or Redis outage): the task raises it in turn.
     error: Exception | None = None
+    # The ids of the items whose verdicts these are, in order, when that is not the
+    # pack's first len(verdicts) items (a pack run as a group: worker/pack_calls.py).
+    ran: list[int] | None = None
+
+    def ran_ids(self, pack: Sequence[PackItem]) -> list[int]:
+        """The item of each verdict, in order."""
+        if self.ran is not None:
+            return self.ran
+        return [p.item_id for p in pack[: len(self.verdicts)]]
 
     def summary(self) -> str:
         """The task's result: an item's outcome, or a pack's outcomes counted."""

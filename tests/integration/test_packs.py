@@ -43,6 +43,9 @@ NO_SWEEP = {"BATCHGEN_SWEEP_INTERVAL_S": "3600"}
 # and a pack that ran pack_max_s hands its rest back. Any call time under half a
 # second fills a pack of 8, and no pack runs out of time.
 FULL_PACKS = {"BATCHGEN_PACK_TARGET_S": "5", "BATCHGEN_PACK_MAX_S": "120"}
+# A pack's items run one after another, each as a message of its own would
+# (app/worker/packs.py), rather than as a group (app/worker/pack_calls.py).
+ONE_AFTER_ANOTHER = {"BATCHGEN_PACK_CALLS_TOGETHER": "false"}
 # What a quick provider's call takes on a loaded machine (the wait for a core
 # included): more than the default pack_target_s (0.05 s) over two calls.
 LOADED_CALL_MS = 30
@@ -139,6 +142,7 @@ def test_a_worker_killed_mid_pack_loses_nothing(sim, workers):
     n = 160
     batch_id = submit_items("packkill", n)
     env = {**FAULT_ENV, "BATCHGEN_PACK_TARGET_S": FULL_PACKS["BATCHGEN_PACK_TARGET_S"]}
+    env.update(ONE_AFTER_ANOTHER)
     victim = workers(concurrency=4, env=env, name="victim")
     held = wait_until(partly_run_packs, 60, "a pack partly run", poll_s=0.01)
     victim.kill()
@@ -213,6 +217,7 @@ def test_a_pack_whose_calls_turn_slow_hands_its_rest_back(sim, workers):
     to the other threads (with no sweep running, nothing else could). Every item
     succeeds once."""
     env = {"BATCHGEN_PACK_TARGET_S": "5", "BATCHGEN_PACK_MAX_S": "0.25", **NO_SWEEP}
+    env.update(ONE_AFTER_ANOTHER)
     sim_config(sim.base_url, latency_base_ms=150)
     n = 60
     batch_id = submit_items("packslow", n)

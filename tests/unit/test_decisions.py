@@ -161,3 +161,40 @@ def test_a_429_never_expires_an_item_with_time_left():
     assert decision.action is AfterRateLimit.REQUEUE
     assert decision.wait_s <= 5.0  # comes back by its deadline at the latest
     assert _rate_limit(time_left_s=0.0).action is AfterRateLimit.EXPIRE
+
+
+def test_a_group_of_slow_calls_overlaps_in_packs_of_a_quarter_of_the_slots():
+    from batchgen.domain.decisions import together_pack_size
+
+    # 200 ms calls, 64 slots: 8 items a message however slow, each call its own slot.
+    assert together_pack_size(0.2, 0.05, 8, 64) == (8, True)
+    assert together_pack_size(30.0, 0.05, 8, 64) == (8, True)
+    assert together_pack_size(None, 0.05, 8, 64) == (8, True)  # no pace yet
+    assert together_pack_size(0.2, 0.05, 32, 64) == (16, True)  # a quarter of the slots
+    assert together_pack_size(0.2, 0.05, 8, 8) == (2, True)
+    assert together_pack_size(0.2, 0.05, 8, 3) == (1, False)  # too few slots to share
+    assert together_pack_size(0.2, 0.05, 1, 64) == (1, False)
+
+
+def test_a_group_of_short_calls_runs_them_in_turn_when_as_many_fit():
+    from batchgen.domain.decisions import together_pack_size
+
+    assert together_pack_size(0.001, 0.05, 8, 64) == (8, False)  # 8 ms in all
+    assert together_pack_size(0.01, 0.05, 8, 64) == (5, False)  # 5 fit in 50 ms
+    assert together_pack_size(0.03, 0.05, 8, 64) == (8, True)  # only 1 fits: overlap
+
+
+@given(
+    call_s=st.one_of(st.none(), st.floats(min_value=0, max_value=600)),
+    max_items=st.integers(min_value=1, max_value=64),
+    cap=st.integers(min_value=1, max_value=1000),
+)
+def test_a_group_never_holds_more_slots_than_a_quarter_of_the_models(call_s, max_items, cap):
+    from batchgen.domain.decisions import calls_overlap, together_pack_size
+
+    items, overlap = together_pack_size(call_s, 0.05, max_items, cap)
+    assert 1 <= items <= max_items
+    if overlap:
+        assert items <= max(1, cap // 4) and items > 1
+    # The message's side decides the same way for the pack the refill made.
+    assert calls_overlap(call_s, 0.05, items) == overlap
