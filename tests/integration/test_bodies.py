@@ -47,7 +47,11 @@ def server(module_api_server, tmp_path_factory):
         }
     )
     port = urlsplit(url).port
-    (proc,) = [p for p in psutil.Process().children(recursive=True) if f"{port}" in p.cmdline()]
+    serving = [p for p in psutil.Process().children(recursive=True) if f"{port}" in p.cmdline()]
+    # gunicorn's master and its worker share the command line: the worker (a child of
+    # the master) reads the bodies.
+    pids = {p.pid for p in serving}
+    (proc,) = [p for p in serving if p.ppid() in pids] or serving
     return url, proc, spool
 
 

@@ -106,7 +106,7 @@ def test_calls_of_a_killed_api_process_are_cancelled_not_rerun(
         ]
         for caller in callers:
             caller.start()
-        wait_until(lambda: sim_in_flight(simulator.base_url) == CALLS, 30, "the calls in flight")
+        wait_until(lambda: sim_in_flight(simulator.base_url) == CALLS, 60, "the calls in flight")
         os.killpg(_listening_pid(api), signal.SIGKILL)
         for caller in callers:
             caller.join(30)

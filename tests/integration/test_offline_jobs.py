@@ -103,7 +103,9 @@ def test_a_messages_request_is_offloaded_whole_and_its_message_kept(sim):
     [row] = jobs.results(spec, job_id, "tag-native")
     assert row.item_id == 7 and row.kind is RowKind.SUCCEEDED and row.response is not None
     message = row.response.body
-    assert message["type"] == "message" and message["content"][0]["type"] == "text"
+    # Answered as the online endpoint answers the same request: a call of its one tool.
+    assert message["type"] == "message" and message["stop_reason"] == "tool_use"
+    assert [(b["type"], b["name"]) for b in message["content"]] == [("tool_use", "lookup")]
     assert row.response.completion_tokens == message["usage"]["output_tokens"] > 0
 
 
