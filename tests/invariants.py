@@ -75,16 +75,21 @@ def cut_calls(base_url: str) -> int:
 
 
 def wait_until(
-    condition: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.1
+    condition: Callable[[], Any],
+    timeout_s: float,
+    what: str | Callable[[], str],
+    poll_s: float = 0.1,
 ) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail with ``what``."""
+    """Poll ``condition`` until it returns something truthy; fail with ``what`` (or what
+    it returns then, for a message that says how things stood)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+            said = what if isinstance(what, str) else what()
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {said}")
         time.sleep(poll_s)
 
 

@@ -61,6 +61,11 @@ def _call_items() -> list[tuple[int, str]]:
         return [(row.id, row.status) for row in rows]
 
 
+# What each streamed caller got before its API process died: an HTTP status, or the
+# error that ended it; a test that waits on its calls says which of them went astray.
+_OUTCOMES: list[str] = []
+
+
 def _streamed_call(
     api: str, key: str, max_tokens: int, got_usage: threading.Event | None = None
 ) -> None:
@@ -82,12 +87,14 @@ def _streamed_call(
             headers={**headers, "Content-Type": "application/json"},
             timeout=120,
         ) as response:
+            said = "" if response.status_code == 200 else response.read().decode()[:300]
+            _OUTCOMES.append(f"HTTP {response.status_code} {said}".strip())
             for line in response.iter_lines():
                 data = line.removeprefix("data: ")
                 if got_usage and data.startswith("{") and json.loads(data).get("usage"):
                     got_usage.set()
-    except httpx.HTTPError:
-        pass  # the API process is killed under it
+    except httpx.HTTPError as exc:
+        _OUTCOMES.append(type(exc).__name__)  # the API process is killed under it
 
 
 def test_calls_of_a_killed_api_process_are_cancelled_not_rerun(
@@ -153,13 +160,16 @@ def _ledger_rows() -> dict[int, list[Any]]:
         return ledger
 
 
-def _blocked_by(session: Any) -> list[int]:
-    """The database sessions waiting on the locks ``session`` holds."""
+def _recording(session: Any) -> list[int]:
+    """The database sessions whose recording of an answer waits on a lock: behind
+    ``session``'s or queued behind another waiter's. The running leases' renewals wait
+    there too and are left out; a statement sent in a pipeline may show no text yet."""
     return list(
         session.scalars(
             text(
-                "SELECT pid FROM pg_stat_activity"
-                " WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                " AND query NOT LIKE 'UPDATE items SET lease_expires_at%'"
             )
         )
     )
@@ -175,7 +185,7 @@ def test_streamed_calls_of_a_killed_api_are_ledgered_with_the_providers_usage(
     are written once the callers' presence lapses, before the calls' running leases
     would have run out."""
     reset_simulator(simulator.base_url)
-    sim_config(simulator.base_url, latency_base_ms=3000, latency_per_token_ms=200)
+    sim_config(simulator.base_url, latency_base_ms=6000, latency_per_token_ms=200)
     env = {
         "BATCHGEN_CALL_TIMEOUT_S": "120",
         "BATCHGEN_SWEEP_INTERVAL_S": "0.5",
@@ -193,25 +203,32 @@ def test_streamed_calls_of_a_killed_api_are_ledgered_with_the_providers_usage(
         for _ in range(UNFINISHED)
     ]
     calls = FINISHED + UNFINISHED
+    _OUTCOMES.clear()
     try:
         for caller in callers:
             caller.start()
-        wait_until(lambda: sim_in_flight(simulator.base_url) == calls, 60, "the calls in flight")
-        # Every call was sent. Their items stay locked here, so an answer the API has
-        # read cannot be recorded: the process dies between the two.
+        # Each call's item is locked here as soon as it is sent (and before its answer
+        # can come back), so an answer the API has read cannot be recorded however far
+        # apart the calls reach the provider on a loaded machine: the process dies
+        # between the two.
         with db.session_scope() as lock:
-            leases = dict(
-                lock.execute(
-                    select(Item.id, Item.lease_expires_at)
-                    .where(Item.priority_rank == CALL_RANK)
-                    .with_for_update()
-                ).all()
-            )
-            assert len(leases) == calls
+            leases: dict[int, Any] = {}
+
+            def lock_the_sent() -> bool:
+                leases.update(
+                    lock.execute(
+                        select(Item.id, Item.lease_expires_at)
+                        .where(Item.priority_rank == CALL_RANK, Item.sent_at.is_not(None))
+                        .with_for_update()
+                    ).all()
+                )
+                return len(leases) == calls
+
+            wait_until(lock_the_sent, 60, lambda: f"the calls sent (callers got {_OUTCOMES})")
             for seen in usage_seen:
                 assert seen.wait(60), "a short call's usage never reached its caller"
             recording = wait_until(
-                lambda: _blocked_by(lock) if len(_blocked_by(lock)) == FINISHED else None,
+                lambda: _recording(lock) if len(_recording(lock)) == FINISHED else None,
                 60,
                 "the finished calls' records to wait on the lock",
             )
