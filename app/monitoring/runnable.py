@@ -36,7 +36,8 @@ def loads(
     session: Session, client: redis.Redis, registry: Registry, settings: Settings
 ) -> dict[str, list[ModelLoad]]:
     """Every model's load, by group."""
-    ready = runnable.ready(session, registry.names)
+    # More ready items than max_concurrency change neither gauge (domain.autoscale).
+    ready = runnable.ready(session, {spec.name: spec.max_concurrency for spec in registry})
     call_s = call_times_s(session)
     budget, slots = Budget(client, settings), Slots(client)
     by_group: dict[str, list[ModelLoad]] = defaultdict(list)

@@ -19,7 +19,9 @@ class Ready:
     tokens_per_item: float
 
 
-def ready(session: Session, models: list[str]) -> dict[str, Ready]:
-    """Ready items (pending and due, or queued) of each of ``models`` that has any."""
-    rows = session.execute(query("runnable_items"), {"models": models})
+def ready(session: Session, caps: dict[str, int]) -> dict[str, Ready]:
+    """Ready items (pending and due, or queued) of each model of ``caps`` that has any,
+    counted up to its cap."""
+    params = {"models": list(caps), "caps": list(caps.values())}
+    rows = session.execute(query("runnable_items"), params)
     return {r.model: Ready(int(r.ready), float(r.tokens_per_item)) for r in rows}

@@ -46,9 +46,11 @@ def test_budget_bound_and_idle_groups(clean_db, monkeypatch):
     )
     with db.session_scope() as session:
         found = runnable.demands(session, client, bound, get_settings())
-        per_item = ready_store.ready(session, ["sim-small"])["sim-small"].tokens_per_item
-    assert 1000 < per_item < 1100
-    assert found["sim"] == Demand(runnable_items=int(6000 // per_item), worker_slots=1)
+        ready = ready_store.ready(session, {"sim-small": 100})["sim-small"]
+        capped = ready_store.ready(session, {"sim-small": 5, "sim-large": 5})
+    assert ready.items == 40 and 1000 < ready.tokens_per_item < 1100
+    assert capped["sim-small"].items == 5 and "sim-large" not in capped  # counted up to a cap
+    assert found["sim"] == Demand(runnable_items=int(6000 // ready.tokens_per_item), worker_slots=1)
     assert found["sim-large"] == Demand(0, 0)
 
     # The shipped registry (2M tokens/min): not budget-bound, up to max_concurrency.

@@ -33,7 +33,7 @@ SECRETS = {
 
 def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The chart's manifests for ``values`` (over values.yaml), as an install renders them."""
-    helm = pytest.importorskip("helm_python")
+    import helm_python as helm
     chart = helm.Chart.load(str(CHART))
     merged = {"secrets": SECRETS, **(values or {})}
     rendered = chart.render(merged, name="prod", namespace="llm", is_install=True)
