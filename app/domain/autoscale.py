@@ -15,6 +15,7 @@ for none.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ class ModelLoad:
     tokens_per_item: float  # mean estimated tokens (prompt + max output) of a ready item
     budget_free_tokens: float  # tokens the budget would grant now
     call_s: float | None  # observed mean call time; None: none observed yet
+    # The provider budget it draws on; models sharing one share its tokens and requests.
+    budget_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,17 @@ def budget_slots(
     return max(1, math.ceil(calls_per_min * call_s / SECONDS_PER_MIN))
 
 
+def _budget_items(load: ModelLoad) -> int:
+    """Ready items the budget's free tokens would let start now."""
+    return math.floor(max(load.budget_free_tokens, 0.0) / max(load.tokens_per_item, 1.0))
+
+
+def _budget_cap(load: ModelLoad) -> int | None:
+    return budget_slots(
+        load.tokens_per_min, load.requests_per_min, load.tokens_per_item, load.call_s
+    )
+
+
 def demand(load: ModelLoad) -> Demand:
     """What one model asks of the autoscaler.
 
@@ -74,21 +88,40 @@ def demand(load: ModelLoad) -> Demand:
         return IDLE
     ready = max(load.ready_items, 0)
     free_slots = max(load.max_concurrency - load.running_calls, 0)
-    by_budget = math.floor(max(load.budget_free_tokens, 0.0) / max(load.tokens_per_item, 1.0))
-    runnable = min(ready, free_slots, by_budget)
+    runnable = min(ready, free_slots, _budget_items(load))
     wanted = min(ready + max(load.running_calls, 0), load.max_concurrency)
-    cap = budget_slots(
-        load.tokens_per_min, load.requests_per_min, load.tokens_per_item, load.call_s
-    )
+    cap = _budget_cap(load)
     if cap is not None:
         wanted = min(wanted, cap)
     return Demand(runnable, wanted)
 
 
-def group_demand(loads: Iterable[ModelLoad]) -> Demand:
-    """A worker group's demand: the sum of its models' (each has its own slots and
-    budget; the group's workers serve them all)."""
+def _shared_demand(loads: list[ModelLoad]) -> Demand:
+    """Models drawing on one budget: their sum, but no more than the one budget lets
+    start or keeps busy (the largest of what it would give any one of them alone)."""
     total = IDLE
     for load in loads:
         total = total + demand(load)
+    busy = [load for load in loads if demand(load) != IDLE]
+    if len(busy) < 2:
+        return total
+    caps = [_budget_cap(load) for load in busy]
+    slots = total.worker_slots
+    if all(cap is not None for cap in caps):
+        slots = min(slots, max(cap for cap in caps if cap is not None))
+    return Demand(min(total.runnable_items, max(map(_budget_items, busy))), slots)
+
+
+def group_demand(loads: Iterable[ModelLoad]) -> Demand:
+    """A worker group's demand: the sum over its models (each has its own slots; the
+    group's workers serve them all), models sharing a budget counted as one budget."""
+    shared: dict[str, list[ModelLoad]] = defaultdict(list)
+    total = IDLE
+    for load in loads:
+        if load.budget_key is None:
+            total = total + demand(load)
+        else:
+            shared[load.budget_key].append(load)
+    for same_budget in shared.values():
+        total = total + _shared_demand(same_budget)
     return total

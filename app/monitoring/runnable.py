@@ -64,6 +64,7 @@ def _load(
         tokens_per_item=ready.tokens_per_item,
         budget_free_tokens=float(spec.tokens_per_min - used_tokens),
         call_s=call_s.get(spec.name),
+        budget_key=spec.budget_key,
     )
 
 

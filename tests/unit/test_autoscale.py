@@ -56,3 +56,12 @@ def test_a_group_sums_its_models() -> None:
     idle = replace(BOUND, ready_items=0)
     assert group_demand([BOUND, idle, BOUND]) == Demand(120, 20)
     assert group_demand([]) == Demand(0, 0)
+
+
+def test_models_sharing_a_budget_ask_for_what_the_one_budget_keeps_busy() -> None:
+    shared = replace(BOUND, budget_key="account")
+    assert group_demand([shared, shared]) == Demand(60, 10)
+    # Apart, each its own budget: twice as much.
+    assert group_demand([shared, replace(BOUND, budget_key="other")]) == Demand(120, 20)
+    # One of them idle: the other alone.
+    assert group_demand([shared, replace(shared, ready_items=0)]) == Demand(60, 10)
