@@ -34,6 +34,7 @@ SECRETS = {
 def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The chart's manifests for ``values`` (over values.yaml), as an install renders them."""
     import helm_python as helm
+
     chart = helm.Chart.load(str(CHART))
     merged = {"secrets": SECRETS, **(values or {})}
     rendered = chart.render(merged, name="prod", namespace="llm", is_install=True)
@@ -68,6 +69,17 @@ def test_every_manifest_follows_the_kubernetes_schemas(manifests):
     broken = {**of_kind(manifests, "Service")[0], "spec": {"ports": [{"port": "http"}]}}
     with pytest.raises(kubernetes_validate.ValidationError):  # the schemas really apply
         kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+def test_helm_lint_finds_nothing_wrong():
+    """Helm's own lint (strict, for the pinned Kubernetes version): info only."""
+    import helm_python as helm
+
+    report = helm.lint(
+        str(CHART), {"secrets": SECRETS}, strict=True, kube_version=f"v{KUBERNETES_VERSION}"
+    )
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] > 1] == []
 
 
 def test_one_scaled_worker_deployment_per_model_group(manifests):
@@ -135,6 +147,12 @@ def test_ports_and_probes_are_what_batchgen_serves(manifests):
                 assert str(port["containerPort"]) == _option(command, "--port")
         if command[1] != "db":
             assert "livenessProbe" in container, command
+    (flower,) = [c for c in containers(manifests) if c["command"][1] == "flower"]
+    check = flower["livenessProbe"]["exec"]["command"][-1]
+    port = _option(flower["command"], "--port")
+    assert f"http://127.0.0.1:{port}/healthcheck" in check
+    assert flower["ports"][0]["containerPort"] == int(port)
+    assert "/healthcheck" in _flower_paths()  # Flower serves it
     (api,) = [c for c in containers(manifests) if c["command"][1] == "api"]
     assert api["readinessProbe"]["httpGet"]["path"] == "/healthz"
     services = {s["metadata"]["name"]: s for s in of_kind(manifests, "Service")}
@@ -160,6 +178,13 @@ def test_worker_probes_ping_the_node_name_the_worker_takes(manifests, monkeypatc
         ping = shlex.split(container["livenessProbe"]["exec"]["command"][-1])
         assert ping[:5] == ["celery", "-A", main.TASKS_APP, "inspect", "ping"]
         assert _option(ping, "-d") == node
+
+
+def _flower_paths() -> set[str]:
+    """The paths of Flower's handlers (tornado URLSpecs or tuples)."""
+    from flower.urls import handlers
+
+    return {h.regex.pattern.rstrip("$") if hasattr(h, "regex") else h[0] for h in handlers}
 
 
 class _no_services:
