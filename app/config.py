@@ -395,6 +395,12 @@ class Settings(BaseSettings):
         url = self.celery_broker_url or self.redis_url
         if not url:
             raise RuntimeError("no broker: set CELERY_BROKER_URL or REDIS_URL")
+        if url.startswith(("redis+sentinel://", "redis+cluster://")):
+            # Celery's Redis transport takes neither form (docs/operations.md).
+            raise RuntimeError(
+                "REDIS_URL names Sentinels or a Redis Cluster: set CELERY_BROKER_URL "
+                "to the broker (redis://, or amqp://)"
+            )
         return url
 
     @property

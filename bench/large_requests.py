@@ -73,6 +73,7 @@ def simulate(args: argparse.Namespace, held_claims: int, redis_url: str, label: 
     import redis
 
     from batchgen.config import Settings
+    from batchgen.limits import redis_keys as keys
     from batchgen.limits.budget import Budget, countdown_s
     from batchgen.registry import ModelSpec
 
@@ -140,7 +141,7 @@ def simulate(args: argparse.Namespace, held_claims: int, redis_url: str, label: 
                 result.waiting += 1
                 result.large_waits_s.append(end_s - first)
     finally:
-        for k in client.scan_iter(f"bg:budget:{{{key}}}:*"):
+        for k in client.scan_iter(f"{keys.GATE}budget:{key}:*"):
             client.delete(k)
     return result
 

@@ -10,31 +10,130 @@ and is loaded with the text of ``lua/lib/clock.lua`` and ``lua/lib/window.lua``
 put before it, each library once, in the order named. A library defines local
 Lua functions; it includes nothing itself. The directive lines are Lua comments,
 so the script's own text is sent as it is on disk.
+
+A Redis that can fail over (docs/operations.md, "High availability"): besides
+``redis://`` and ``rediss://``, the URL may name Sentinels,
+``redis+sentinel://[:password@]host:port[,host:port...]/<master name>[/<db>]``
+(the client asks them for the current primary, and again after a failover), or a
+Redis Cluster, ``redis+cluster://[:password@]host:port[,host:port...]`` (the nodes to
+learn the cluster from; database 0). The cluster's client answers the same commands
+as a single Redis, a multi-key read goes through :func:`mget` (keys of several slots).
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, cast
+from urllib.parse import parse_qs, unquote
 
 import redis
+from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
+from redis.sentinel import Sentinel
 
-from batchgen.config import current_scope, get_settings
+from batchgen.config import current_scope, get_settings, redact_url
+from batchgen.errors import ConfigError
 
 # What a Redis that is down or silent raises (refused, dropped, past the socket timeout,
 # still loading its data).
 REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
+SENTINEL_SCHEME = "redis+sentinel://"
+CLUSTER_SCHEME = "redis+cluster://"
+
+
+@dataclass(frozen=True)
+class NodesUrl:
+    """A ``redis+sentinel://`` or ``redis+cluster://`` URL taken apart."""
+
+    scheme: str
+    hosts: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = None
+    master: str = ""  # Sentinel: the primary's name as the Sentinels know it
+    db: int = 0
+    ssl: bool = False
+
+
+def parse_nodes_url(url: str) -> NodesUrl:
+    """``redis+sentinel://[user:password@]host:port[,host:port...]/<master>[/<db>]``
+    or ``redis+cluster://[user:password@]host:port[,...][/0]``; ``?ssl=true`` for
+    TLS. A port left out is 26379 (Sentinel) or 6379 (Cluster)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or f"{scheme}://" not in (SENTINEL_SCHEME, CLUSTER_SCHEME):
+        raise ConfigError(f"not a redis+sentinel:// or redis+cluster:// URL: {redact_url(url)}")
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, pw = userinfo.partition(":")
+        username, password = (unquote(user) or None), (unquote(pw) if colon else None)
+    default_port = 26379 if scheme == "redis+sentinel" else 6379
+    hosts: list[tuple[str, int]] = []
+    for part in filter(None, hostlist.split(",")):
+        host, colon, port = part.rpartition(":")
+        if not colon:
+            host, port = part, str(default_port)
+        if not port.isdigit():
+            raise ConfigError(f"bad port {port!r} in {redact_url(url)}")
+        hosts.append((host, int(port)))
+    if not hosts:
+        raise ConfigError(f"no host in {redact_url(url)}")
+    segments = [unquote(p) for p in path.split("/") if p]
+    master, db_text = "", "0"
+    if scheme == "redis+sentinel":
+        if not segments:
+            raise ConfigError(f"no master name in {redact_url(url)} (.../<master>[/<db>])")
+        master, db_text = segments[0], (segments[1] if len(segments) > 1 else "0")
+    elif segments:
+        db_text = segments[0]
+    if not db_text.isdigit() or (scheme == "redis+cluster" and int(db_text) != 0):
+        raise ConfigError(f"bad database {db_text!r} in {redact_url(url)}")
+    ssl = parse_qs(query).get("ssl", ["false"])[0].lower() in ("1", "true", "yes")
+    return NodesUrl(scheme, tuple(hosts), username, password, master, int(db_text), ssl)
+
+
 def _make_client(url: str) -> redis.Redis:
     timeout_s = get_settings().redis_socket_timeout_s
-    return redis.Redis.from_url(
-        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=30
-    )
+    common: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    if url.startswith(SENTINEL_SCHEME):
+        nodes = parse_nodes_url(url)
+        auth: dict[str, Any] = {"username": nodes.username, "password": nodes.password}
+        sentinel = Sentinel(
+            list(nodes.hosts),
+            sentinel_kwargs={**common, **auth, "ssl": nodes.ssl},
+            **common,
+            **auth,
+            ssl=nodes.ssl,
+            db=nodes.db,
+            health_check_interval=30,
+        )
+        return sentinel.master_for(nodes.master)
+    if url.startswith(CLUSTER_SCHEME):
+        nodes = parse_nodes_url(url)
+        cluster = RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in nodes.hosts],
+            username=nodes.username,
+            password=nodes.password,
+            ssl=nodes.ssl,
+            **common,
+        )
+        # Not a redis.Redis, but it answers the same commands (routed by key slot).
+        return cast(redis.Redis, cluster)
+    return redis.Redis.from_url(url, **common, health_check_interval=30)
+
+
+def mget(client: redis.Redis, keys_: Sequence[str]) -> list[Any]:
+    """MGET of keys that may lie in several slots: one MGET per slot on a cluster."""
+    if isinstance(client, RedisCluster):
+        return list(client.mget_nonatomic(list(keys_)))
+    return list(client.mget(keys_))
 
 
 _client = functools.cache(_make_client)

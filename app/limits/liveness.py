@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 import redis
 
 from batchgen.limits import redis_keys as keys
+from batchgen.limits.backend import mget
 
 
 def renew(client: redis.Redis, held: Iterable[tuple[int, int, float]]) -> None:
@@ -50,7 +51,7 @@ def _marked(
     pairs = list(attempts)
     if not pairs:
         return set()
-    values = client.mget([key_of(item_id) for item_id, _ in pairs])
+    values = mget(client, [key_of(item_id) for item_id, _ in pairs])
     return {
         item_id
         for (item_id, attempt), value in zip(pairs, values, strict=True)
@@ -99,7 +100,7 @@ def callers_waiting(client: redis.Redis, item_ids: Iterable[int]) -> set[int]:
     ids = list(item_ids)
     if not ids:
         return set()
-    values = client.mget([keys.call_caller(item_id) for item_id in ids])
+    values = mget(client, [keys.call_caller(item_id) for item_id in ids])
     return {item_id for item_id, value in zip(ids, values, strict=True) if value is not None}
 
 
@@ -120,7 +121,7 @@ def kept_usage(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> dict
     pairs = list(attempts)
     if not pairs:
         return {}
-    values = client.mget([keys.stream_usage(item_id, attempt) for item_id, attempt in pairs])
+    values = mget(client, [keys.stream_usage(item_id, attempt) for item_id, attempt in pairs])
     kept: dict[int, dict] = {}
     for (item_id, attempt), value in zip(pairs, values, strict=True):
         if value is None:
@@ -153,7 +154,7 @@ def live_workers(client: redis.Redis) -> dict[str, list[str]]:
     names = sorted(_text(n) for n in client.smembers(keys.workers()))
     if not names:
         return {}
-    values = client.mget([keys.worker(name) for name in names])
+    values = mget(client, [keys.worker(name) for name in names])
     live = {
         name: [q for q in _text(v).split(",") if q]
         for name, v in zip(names, values, strict=True)

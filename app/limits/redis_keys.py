@@ -1,40 +1,51 @@
 """Every Redis key this project writes, in one place.
 
-Keys of one budget share a hash tag (``{...}``). The gate's two scripts also
-touch the tenant's budget keys, the model's concurrency slots and its counters,
-so on Redis Cluster those would have to live in one slot: run the budget on a
-single Redis (or primary) as the project does today.
+On Redis Cluster a script (and a transaction) may only touch keys of one hash slot,
+which a key's hash tag (its first ``{...}``) decides. The gate's scripts touch, in one
+step, a tenant's budget, every deployment budget of a model, the model's slots, its
+callers and its counters; tenants' budgets span every model and deployments of
+several models may share a ``budget_key``, so no finer tag keeps all a script's keys
+together: every key of the gate carries the one tag :data:`GATE_TAG` (one slot, one
+primary; its load is a few script calls per provider call). A dollar budget's keys
+share their tenant's tag; every other key is used alone and has no tag, so they
+spread over the cluster. ``tests/unit/test_redis_slots.py`` checks each script's keys.
+
+Gate keys were ``bg:budget:{<key>}:...`` before they took the tag: an upgrade finds
+the old keys unused (they expire or are left behind) and starts as after a Redis that
+lost its data (docs/operations.md, High availability).
 """
 
 from __future__ import annotations
 
 PREFIX = "bg:"
+GATE_TAG = "{gate}"
+GATE = f"{PREFIX}{GATE_TAG}:"
 
 
 def budget_log(budget_key: str) -> str:
-    return f"{PREFIX}budget:{{{budget_key}}}:log"
+    return f"{GATE}budget:{budget_key}:log"
 
 
 def budget_amounts(budget_key: str) -> str:
-    return f"{PREFIX}budget:{{{budget_key}}}:amounts"
+    return f"{GATE}budget:{budget_key}:amounts"
 
 
 def budget_meta(budget_key: str) -> str:
     """Hash: reservation id -> "<prompt part> <prompt estimate>" (the part of its
     tokens the learned ratio scaled, and our own count of it), kept as long as the log."""
-    return f"{PREFIX}budget:{{{budget_key}}}:meta"
+    return f"{GATE}budget:{budget_key}:meta"
 
 
 def budget_bucket(budget_key: str) -> str:
     """Hash of a bucket-shaped budget: levels ``t`` (tokens) and ``r`` (requests) at
     time ``ts``, and the header the ratio's next sample starts from (``og``, ``oR``)."""
-    return f"{PREFIX}budget:{{{budget_key}}}:bucket"
+    return f"{GATE}budget:{budget_key}:bucket"
 
 
 def budget_ratio(budget_key: str) -> str:
     """Hash: model -> learned ratio of the provider's prompt count to ours, and
     ``<model>:n`` -> samples learned from."""
-    return f"{PREFIX}budget:{{{budget_key}}}:ratio"
+    return f"{GATE}budget:{budget_key}:ratio"
 
 
 def budget_shape(budget_key: str) -> str:
@@ -42,76 +53,76 @@ def budget_shape(budget_key: str) -> str:
     from the provider's reset headers (``shape``: ``window`` or ``bucket``; absent: a
     bucket) and ``n``, the headers in a row that said otherwise
     (:func:`batchgen.domain.rate_limits.next_shape`)."""
-    return f"{PREFIX}budget:{{{budget_key}}}:shape"
+    return f"{GATE}budget:{budget_key}:shape"
 
 
 def cooldown(budget_key: str) -> str:
-    return f"{PREFIX}budget:{{{budget_key}}}:cooldown"
+    return f"{GATE}budget:{budget_key}:cooldown"
 
 
 def breaker(budget_key: str) -> str:
     """Hash: a deployment's circuit breaker (``n`` failures in the window that started
     at ``since``, ``trips`` in a row without an answer); open = its cooldown key set."""
-    return f"{PREFIX}budget:{{{budget_key}}}:breaker"
+    return f"{GATE}budget:{budget_key}:breaker"
 
 
 def budget_waiters(budget_key: str) -> str:
     """Zset of callers denied by the budget, scored by their first denial (the line)."""
-    return f"{PREFIX}budget:{{{budget_key}}}:waiters"
+    return f"{GATE}budget:{budget_key}:waiters"
 
 
 def budget_waiter_tokens(budget_key: str) -> str:
     """Hash: waiter -> tokens it asked for (what its claim holds)."""
-    return f"{PREFIX}budget:{{{budget_key}}}:waiter-tokens"
+    return f"{GATE}budget:{budget_key}:waiter-tokens"
 
 
 def budget_waiters_seen(budget_key: str) -> str:
     """Zset of waiters scored by their last try (a waiter gone quiet loses its place)."""
-    return f"{PREFIX}budget:{{{budget_key}}}:waiters-seen"
+    return f"{GATE}budget:{budget_key}:waiters-seen"
 
 
 def tenant_log(tenant_id: int) -> str:
-    return f"{PREFIX}tenant-budget:{{t{tenant_id}}}:log"
+    return f"{GATE}tenant-budget:t{tenant_id}:log"
 
 
 def tenant_amounts(tenant_id: int) -> str:
-    return f"{PREFIX}tenant-budget:{{t{tenant_id}}}:amounts"
+    return f"{GATE}tenant-budget:t{tenant_id}:amounts"
 
 
 def slots(model: str) -> str:
     """Zset of a model's concurrency slots (holder -> lease end); ``model@deployment``
     for one deployment's own, beside the model's set of every deployment's holders."""
-    return f"{PREFIX}slots:{{{model}}}"
+    return f"{GATE}slots:{model}"
 
 
 def slot_callers(model: str) -> str:
     """Zset of synchronous calls waiting for one of the model's slots (scored by when
     their claim lapses): while one waits, no other work takes a slot that frees."""
-    return f"{PREFIX}slots:{{{model}}}:callers"
+    return f"{GATE}slots:{model}:callers"
 
 
 def slot_tenants(model: str) -> str:
     """Hash: a slot holder -> ``tenant:weight`` (``:call`` after it for a synchronous
     call): whose work holds the model's slots, for the shares of sync calls."""
-    return f"{PREFIX}slots:{{{model}}}:tenants"
+    return f"{GATE}slots:{model}:tenants"
 
 
 def call_demand(model: str) -> str:
     """Zset of synchronous calls asking for one of the model's slots
     (``tenant:weight:item``, scored by when the entry lapses)."""
-    return f"{PREFIX}slots:{{{model}}}:demand"
+    return f"{GATE}slots:{model}:demand"
 
 
 def calls_seen(model: str) -> str:
     """String with a TTL: a synchronous call entered the model's gate within
     ``call_reserve_recent_s``; while it lives, other work leaves the calls' reserve of
     slots free (``app/domain/call_reserve.py``)."""
-    return f"{PREFIX}slots:{{{model}}}:calls_seen"
+    return f"{GATE}slots:{model}:calls_seen"
 
 
 def counters(model: str) -> str:
     """Hash of per-model event counters (denials, waits, cooldowns, 429s, errors)."""
-    return f"{PREFIX}counters:{model}"
+    return f"{GATE}counters:{model}"
 
 
 def rejections() -> str:

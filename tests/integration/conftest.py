@@ -30,6 +30,8 @@ SLOW = frozenset(
         "test_faults_api.py",
         "test_faults_postgres.py",
         "test_faults_redis.py",
+        "test_faults_redis_ha.py",
+        "test_postgres_failover.py",
         "test_faults_workers.py",
         # Three hosts as network namespaces, six worker processes.
         "test_multihost.py",
