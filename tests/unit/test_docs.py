@@ -181,3 +181,32 @@ def test_every_path_of_the_features_table_exists() -> None:
     assert len(rows) >= 10 and len(paths) >= 60
     missing = [p for p in paths if not (ROOT / p).exists()]
     assert not missing, f"docs/index.md names paths that do not exist: {missing}"
+
+
+def test_the_documented_view_lays_the_folders_out_as_the_package(tmp_path: Path) -> None:
+    """docs/index.md's command makes a view in which every module sits where its
+    import name says: batchgen/worker/calls.py, batchgen/tasks/generate.py,
+    batchgen/migrations/versions/."""
+    text = (ROOT / "docs" / "index.md").read_text()
+    section = text.split("## Reading the code with tools", 1)[1]
+    command = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    done = subprocess.run(
+        ["bash", "-c", command],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    view = Path(done.stdout.strip()) / "batchgen"
+    assert view.is_relative_to(tmp_path)
+    modules = {p.relative_to(ROOT / "app").as_posix() for p in (ROOT / "app").rglob("*.py")}
+    for module in modules:
+        if "__pycache__" not in module:
+            assert (view / module).resolve() == (ROOT / "app" / module).resolve(), module
+    assert (view / "tasks" / "generate.py").resolve() == (ROOT / "tasks" / "generate.py")
+    assert (view / "migrations" / "versions").is_dir()
+    mypy_view = ROOT / ".mypy" / "pkg" / "batchgen"
+    assert mypy_view.resolve() == (ROOT / "app").resolve()
+    assert (ROOT / ".mypy" / "tasks" / "batchgen" / "tasks").resolve() == (ROOT / "tasks")
