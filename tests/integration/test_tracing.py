@@ -206,3 +206,35 @@ def test_an_items_trace_runs_from_submit_to_the_ledger(
         assert PROMPT not in seen and text not in seen
     for body in receiver.raw:
         assert PROMPT.encode() not in body and text.encode() not in body
+
+
+def test_a_streamed_synchronous_call_is_traced_with_its_first_chunk(clean_db, simulator, in_memory):
+    from batchgen.api import create_app
+
+    api = create_app().test_client()
+    key = make_tenant("caller")
+    body = {
+        "model": "sim-small",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 20,
+        "stream": True,
+    }
+    res = api.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+    assert res.status_code == 200
+    streamed = res.get_data(as_text=True)
+    assert "chat.completion.chunk" in streamed
+
+    def names() -> set[str]:
+        return {s.name for s in in_memory.get_finished_spans()}
+
+    wait_until(lambda: "batchgen.item" in names(), 60, lambda: f"the call's spans: {names()}")
+    spans = {s.name: s for s in in_memory.get_finished_spans()}
+    assert set(spans) >= WORKER_SPANS
+    call = spans["chat sim-small"]
+    assert call.context.trace_id == spans["batchgen.item"].context.trace_id
+    assert call.attributes["gen_ai.request.stream"] is True
+    assert call.attributes["batchgen.time_to_first_chunk_s"] >= 0
+    assert call.attributes["batchgen.tenant"] == "caller"
+    assert call.attributes["gen_ai.usage.output_tokens"] > 0
+    for span in spans.values():
+        assert PROMPT not in repr(dict(span.attributes or {})) + repr(span.events)

@@ -102,7 +102,15 @@ def test_trace_ids_are_derived_from_the_item():
     assert all(n > 0 for n in one) and one[0] < 2**128 and one[1] < 2**64
 
 
-def test_off_the_hooks_call_straight_through():
+def test_off_the_hooks_call_straight_through(monkeypatch):
+    from opentelemetry import trace
+    from opentelemetry.sdk import trace as sdk_trace
+
+    def built(*_: Any, **__: Any) -> None:
+        raise AssertionError("a span was built while off")
+
+    monkeypatch.setattr(sdk_trace.Span, "__init__", built)
+    monkeypatch.setattr(trace.NonRecordingSpan, "__init__", built)
     assert tracing._state is None
     assert tracing.gated(lambda a, b: a + b, 1, 2) == 3
     assert tracing.called(_unreachable, lambda r: r * 2, 21) == 42
@@ -237,3 +245,23 @@ def test_a_failed_call_says_its_error_type_only(exported):
     (span,) = spans.get_finished_spans()
     assert span.attributes["error.type"]
     assert PROMPT not in repr(dict(span.attributes)) and not span.events
+
+
+def test_a_ratio_sampler_keeps_or_drops_an_items_trace_whole():
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider(sampler=TraceIdRatioBased(0.5), id_generator=tracing.id_generator())
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    tracing.install(provider)
+    try:
+        for item_id in range(20):
+            with tracing.attempt(item_id, "batch_1", "acme", 1, "m"):
+                tracing.gated(_Pass)
+    finally:
+        tracing.shutdown()
+    by_trace: dict[int, set[str]] = {}
+    for span in spans.get_finished_spans():
+        by_trace.setdefault(span.context.trace_id, set()).add(span.name)
+    assert 0 < len(by_trace) < 20
+    assert all(names == {"batchgen.generate", "batchgen.budget"} for names in by_trace.values())
