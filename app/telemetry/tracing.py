@@ -404,17 +404,35 @@ def ledgered(
     return recorded
 
 
-def _item_root(info: CallInfo, created_at_ns: int, call_s: float) -> None:
-    from opentelemetry.trace import Link, SpanContext, TraceFlags
+def ended(
+    batch_id: str, item_id: int, tenant: str, attempt_no: int, status: str, created_at: dt.datetime
+) -> None:
+    """An item ended without an answer (failed, expired, cancelled): its root span."""
+    if _state is None or _state.tracer_provider is None:
+        return
+    attrs = {
+        **genai.item_attributes(tenant, batch_id, item_id, attempt_no),
+        "batchgen.status": status,
+    }
+    _emit_root(batch_id, item_id, attrs, int(created_at.timestamp() * 1e9))
 
-    batch_trace, batch_span = genai.batch_trace_ids(info.batch_id)
-    submit = SpanContext(batch_trace, batch_span, True, TraceFlags(TraceFlags.SAMPLED))
+
+def _item_root(info: CallInfo, created_at_ns: int, call_s: float) -> None:
     attrs = {
         **genai.request_attributes(info),
         "batchgen.status": "succeeded",
         "batchgen.call_s": call_s,
     }
-    ids = genai.item_trace_ids(info.batch_id, info.item_id)
+    _emit_root(info.batch_id, info.item_id, attrs, created_at_ns)
+
+
+def _emit_root(batch_id: str, item_id: int, attrs: dict[str, Any], created_at_ns: int) -> None:
+    """The item's root span, from its submit to now, linking its batch's submit span."""
+    from opentelemetry.trace import Link, SpanContext, TraceFlags
+
+    batch_trace, batch_span = genai.batch_trace_ids(batch_id)
+    submit = SpanContext(batch_trace, batch_span, True, TraceFlags(TraceFlags.SAMPLED))
+    ids = genai.item_trace_ids(batch_id, item_id)
     _start_derived("batchgen.item", ids, attrs, created_at_ns, [Link(submit)]).end()
 
 

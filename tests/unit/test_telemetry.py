@@ -265,3 +265,18 @@ def test_a_ratio_sampler_keeps_or_drops_an_items_trace_whole():
         by_trace.setdefault(span.context.trace_id, set()).add(span.name)
     assert 0 < len(by_trace) < 20
     assert all(names == {"batchgen.generate", "batchgen.budget"} for names in by_trace.values())
+
+
+def test_an_item_ended_without_an_answer_gets_its_root(exported):
+    spans, _ = exported
+    created = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=2)
+    tracing.ended("batch_1", 7, "acme", 2, "failed", created)
+    (root,) = spans.get_finished_spans()
+    trace_id, span_id = genai.item_trace_ids("batch_1", 7)
+    assert (root.name, root.context.trace_id, root.context.span_id) == (
+        "batchgen.item",
+        trace_id,
+        span_id,
+    )
+    assert root.attributes["batchgen.status"] == "failed"
+    assert root.start_time == int(created.timestamp() * 1e9) and not root.parent
