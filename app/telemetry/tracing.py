@@ -26,6 +26,7 @@ import dataclasses
 import datetime as dt
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
@@ -174,12 +175,23 @@ def id_generator() -> Any:
     return _ids()
 
 
-def shutdown() -> None:
-    """Flush and stop the exporters (a worker's shutdown; a process's exit)."""
+# How long a stopping process waits for its exporters to send what they hold: a
+# collector that is away must not hold a worker's restart for the exporter's time-out.
+SHUTDOWN_WAIT_S = 3.0
+
+
+def shutdown(wait_s: float = SHUTDOWN_WAIT_S) -> None:
+    """Flush and stop the exporters (a worker's shutdown), waiting at most ``wait_s``."""
     global _state
     state, _state = _state, None
     if state is None:
         return
+    stopping = threading.Thread(target=_stop, args=(state,), name="otel-shutdown", daemon=True)
+    stopping.start()
+    stopping.join(wait_s)
+
+
+def _stop(state: _State) -> None:
     for provider in (state.tracer_provider, state.meter_provider):
         if provider is not None:
             with contextlib.suppress(Exception):

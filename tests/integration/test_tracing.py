@@ -148,8 +148,8 @@ def _done(batch_id: str) -> bool:
 
 
 def test_an_items_trace_runs_from_submit_to_the_ledger(
-    clean_db, simulator, workers, receiver, in_memory
-):
+    clean_db, simulator, receiver, workers, in_memory
+):  # the receiver outlives the worker, which sends what it holds as it stops
     make_tenant("traced")
     batch = python_api.submit_batch(
         [chat_line(f"t{i}", text=f"{PROMPT} #{i}") for i in range(ITEMS)], tenant="traced"
