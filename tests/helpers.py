@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 from sqlalchemy import func, select
 
 from batchgen.store import db, tenants
+from tests.waiting import wait_until
 
 
 def chat_line(
@@ -59,8 +60,7 @@ def wait_batches(batch_ids: list[str], timeout_s: float = 120.0) -> None:
     """Wait until every batch is finished (completed or cancelled)."""
     from batchgen.store.schema import Batch
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def all_finished() -> bool:
         try:
             with db.session_scope() as session:
                 open_count = session.scalar(
@@ -71,11 +71,10 @@ def wait_batches(batch_ids: list[str], timeout_s: float = 120.0) -> None:
         except Exception as exc:  # this process's pooled connection was cut by a fault
             if not db.is_transient(exc):
                 raise
-            open_count = None
-        if open_count == 0:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"batches not finished after {timeout_s}s: {status_summary()}")
+            return False
+        return open_count == 0
+
+    wait_until(all_finished, timeout_s, lambda: f"the batches to finish: {status_summary()}", 0.2)
 
 
 def status_summary() -> dict[str, int]:
@@ -253,11 +252,12 @@ def succeeded_items(batch_id: str) -> int:
 
 def wait_mid_run(simulator_url: str, batch_id: str, at_least: int = 10) -> None:
     """Wait until a run is under way: ``at_least`` items done and calls in flight now."""
-    deadline = time.monotonic() + 60
-    while succeeded_items(batch_id) < at_least or sim_in_flight(simulator_url) == 0:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the run did not get under way: {status_summary()}")
-        time.sleep(0.05)
+    wait_until(
+        lambda: succeeded_items(batch_id) >= at_least and sim_in_flight(simulator_url) > 0,
+        60,
+        lambda: f"the run to get under way: {status_summary()}",
+        0.05,
+    )
 
 
 def models_file_with(path: Path, model: str = "sim-small", **fields: Any) -> Path:
@@ -289,4 +289,51 @@ def dashboard_sign_in(web: Any, key: str, prefix: str = "", **kwargs: Any) -> An
     assert found, "the sign-in form carries no token"
     return web.post(
         f"{prefix}/dashboard/login", data={"key": key, "csrf": found.group(1)}, **kwargs
+    )
+
+
+# The states an OpenAI batch ends in.
+OPENAI_BATCH_ENDED = frozenset({"completed", "failed", "expired", "cancelled"})
+
+
+def openai_batch_in(
+    client: Any,
+    batch_id: str,
+    until: frozenset[str] | set[str] = OPENAI_BATCH_ENDED,
+    timeout_s: float = 90.0,
+) -> Any:
+    """The OpenAI SDK's batch ``batch_id`` once its status is one of ``until``."""
+    seen: list[str] = []
+
+    def reached() -> Any:
+        batch = client.batches.retrieve(batch_id)
+        seen[:] = [batch.status]
+        return batch if batch.status in until else None
+
+    return wait_until(
+        reached, timeout_s, lambda: f"batch {batch_id} in {sorted(until)}: {seen}", 0.2
+    )
+
+
+def anthropic_batch_ended(client: Any, batch_id: str, timeout_s: float = 90.0) -> Any:
+    """The Anthropic SDK's message batch ``batch_id`` once it has ended."""
+
+    def ended() -> Any:
+        batch = client.messages.batches.retrieve(batch_id)
+        return batch if batch.processing_status == "ended" else None
+
+    return wait_until(ended, timeout_s, f"message batch {batch_id} to end", 0.2)
+
+
+def settled_entry(base_url: str, item: object, timeout_s: float = 5.0) -> dict[str, Any]:
+    """The simulator's log entry of ``item`` once the server is done with it."""
+    entries: list[dict[str, Any]] = []
+
+    def settled() -> dict[str, Any] | None:
+        got = httpx.get(f"{base_url}/_sim/log", params={"item": str(item)}, timeout=10).json()
+        entries[:] = got
+        return got[0] if got and got[0]["end_ts"] is not None else None
+
+    return wait_until(
+        settled, timeout_s, lambda: f"a finished log entry of {item}: {entries}", 0.02
     )

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -36,6 +35,7 @@ from batchgen.registry import get_registry
 from batchgen.store import db
 from batchgen.store.schema import Item, Result, Tenant, TenantDailyUsage, UsageLedger
 from tests.helpers import assert_ledger_is_results_plus_waste
+from tests.waiting import wait_until as wait_until  # re-exported: where tests import it
 
 SHOWN = 10  # offending items listed in a failure message
 
@@ -72,25 +72,6 @@ def cut_calls(base_url: str) -> int:
     """Calls the provider admitted that ended before their answer was complete (the
     client went away mid-call): proof that a fault hit calls in flight."""
     return sum(1 for e in simulator_log(base_url) if is_billed(e) and not e["completed"])
-
-
-def wait_until(
-    condition: Callable[[], Any],
-    timeout_s: float,
-    what: str | Callable[[], str],
-    poll_s: float = 0.1,
-) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail with ``what`` (or what
-    it returns then, for a message that says how things stood)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            said = what if isinstance(what, str) else what()
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {said}")
-        time.sleep(poll_s)
 
 
 class Findings:

@@ -32,7 +32,8 @@ from batchgen.limits.budget import Budget
 from batchgen.limits.concurrency import Slots
 from batchgen.limits.money import MoneyBudgets
 from batchgen.limits.redis_keys import money as money_key
-from batchgen.registry import Registry
+from batchgen.monitoring import runnable
+from batchgen.registry import QUEUE_PREFIX, Registry
 from batchgen.store import money, overview, provider_jobs, totals
 
 TERMINAL_COUNTS = ("succeeded", "failed", "expired", "cancelled")
@@ -99,10 +100,33 @@ class StateCollector:
             yield from self._models(session, finished)
             yield from self._tenants(session, finished)
             yield from _histograms(session)
+            yield from self._runnable(session)
             budgets = money.all_budgets(session)
             names = money.tenant_names(session, {b.tenant_id for b in budgets})
         yield from self._money(budgets, names)
         yield from self._redis()
+
+    def _runnable(self, session: Session) -> Iterator[Metric]:
+        """The autoscaling signal per model group (worker queue ``llm.<group>``):
+        items that could start now, and the worker slots the group can use
+        (batchgen.domain.autoscale; docs/operations.md "Kubernetes")."""
+        items = GaugeMetricFamily(
+            runnable.RUNNABLE_ITEMS,
+            "Items that could start now within budget and slots, per model group",
+            labels=["group", "queue"],
+        )
+        wanted = GaugeMetricFamily(
+            runnable.SLOTS_WANTED,
+            "Worker slots the group's runnable and running calls can use (budget-bound: "
+            "no more than its budget keeps busy)",
+            labels=["group", "queue"],
+        )
+        for group, need in runnable.demands(
+            session, self.redis, self.registry, self.settings
+        ).items():
+            items.add_metric([group, QUEUE_PREFIX + group], need.runnable_items)
+            wanted.add_metric([group, QUEUE_PREFIX + group], need.worker_slots)
+        yield from (items, wanted)
 
     def _money(self, budgets: list[money.StoredBudget], names: dict[int, str]) -> Iterator[Metric]:
         """Each dollar budget's current period: what is used (settled, at least the

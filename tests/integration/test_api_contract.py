@@ -10,8 +10,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import pytest
@@ -25,6 +23,7 @@ from batchgen.store import db
 from batchgen.store.schema import Batch, Item, Tenant
 from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
 from tests.tcp_proxy import TcpProxy
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -51,15 +50,6 @@ def _batches_of(tenant: str) -> int:
             .join(Tenant, Tenant.id == Batch.tenant_id)
             .where(Tenant.name == tenant)
         )
-
-
-def _await(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 @pytest.fixture
@@ -103,7 +93,11 @@ def test_refused_submit_does_not_hold_the_admission_lock_across_redis(
         second.start()
         try:
             # The refused submit is stuck in Redis right now; the valid one must commit anyway.
-            stored = _await(lambda: _batches_of("valid") == 1, timeout_s=30)
+            stored = wait_until(
+                lambda: _batches_of("valid") == 1,
+                30,
+                "a valid submit stored while another tenant's Redis write is stuck",
+            )
             still_held = first.is_alive()
         finally:
             proxy.release.set()
@@ -291,7 +285,7 @@ def test_batch_whose_items_all_expired_ends_expired(clean_db):
     rows = jsonl([chat_line(f"e{i}") for i in range(3)])
     res = api.post("/v1/batches?completion_window=200ms", data=rows, headers=_auth(key))
     batch_id = res.json["id"]
-    assert _await(lambda: _deadline_passed(batch_id), timeout_s=10)
+    wait_until(lambda: _deadline_passed(batch_id), 10, "the deadline passed")
     _sweep()
     info = api.get(f"/v1/batches/{batch_id}", headers=_auth(key)).json
     assert info["status"] == "expired"
@@ -305,7 +299,7 @@ def test_partly_expired_batch_completes_and_counts_the_expired(clean_db, simulat
     rows = [chat_line("e0"), chat_line("ok1"), chat_line("ok2")]
     rows[0]["timeout"] = "200ms"
     batch_id = api.post("/v1/batches", data=jsonl(rows), headers=_auth(key)).json["id"]
-    assert _await(lambda: _deadline_passed(batch_id, custom_id="e0"), timeout_s=10)
+    wait_until(lambda: _deadline_passed(batch_id, custom_id="e0"), 10, "e0's deadline passed")
     _sweep()  # expires e0, whose own deadline passed; the others have a day
     workers(concurrency=2)
     wait_batches([batch_id], timeout_s=60)
@@ -420,7 +414,9 @@ def test_access_log_records_no_query_string(clean_db, caplog):
         )
         with urllib.request.urlopen(url.replace(" ", "%20")) as res:
             assert res.status == 200
-        assert _await(lambda: any("/healthz" in r.getMessage() for r in caplog.records), 5)
+        wait_until(
+            lambda: any("/healthz" in r.getMessage() for r in caplog.records), 5, "the log line"
+        )
     finally:
         server.shutdown()
     lines = [r.getMessage() for r in caplog.records if r.name == "werkzeug"]

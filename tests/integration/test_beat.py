@@ -21,6 +21,7 @@ import redis
 
 from batchgen.worker.beat import schedule_holder
 from batchgen.worker.procs import beat_pids
+from tests.invariants import wait_until
 
 pytestmark = pytest.mark.integration
 SENT = "Sending due task dispatch"
@@ -37,16 +38,9 @@ class Dispatcher:
 
     def beat(self) -> int:
         """The pid of its embedded beat process, once there is one."""
-        wait_for(lambda: beat_pids(self.process.pid), f"no beat under {self.process.pid}")
+        wait_until(lambda: beat_pids(self.process.pid), 30, f"a beat under {self.process.pid}")
         (pid,) = beat_pids(self.process.pid)
         return pid
-
-
-def wait_for(check: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def gone(pid: int) -> bool:
@@ -80,7 +74,7 @@ def dispatchers(clean_db, tmp_path) -> Iterator[Callable[[str], Dispatcher]]:
             )
         d = Dispatcher(process, log)
         started.append(d)
-        wait_for(ready.exists, f"{name} not ready: {log.read_text()[-2000:]}", 60)
+        wait_until(ready.exists, 60, lambda: f"{name} ready: {log.read_text()[-2000:]}")
         beats.append(d.beat())
         return d
 
@@ -106,13 +100,15 @@ def test_dispatcher_kill_9_takes_its_beat_along(dispatchers, services):
     client = redis.Redis.from_url(services["REDIS_URL"])
     d = dispatchers("d1")
     beat = d.beat()
-    wait_for(lambda: d.sends() >= 2, "no tick sent")
+    wait_until(lambda: d.sends() >= 2, 30, "a tick sent")
     assert (schedule_holder(client) or "").split(":")[1] == str(beat)  # names the beat's pid
 
     d.process.kill()  # kill -9 of the dispatcher alone, not of its process group
     d.process.wait()
-    wait_for(lambda: gone(beat), f"beat {beat} survived its dispatcher", timeout_s=5)
-    wait_for(lambda: schedule_holder(client) is None, "lock kept", 5)  # a clean stop gave it back
+    wait_until(lambda: gone(beat), 5, f"beat {beat} to go with its dispatcher")
+    wait_until(
+        lambda: schedule_holder(client) is None, 5, "the lock given back"
+    )  # a clean stop gave it back
 
     # Nothing consumes the control queue now; an orphan beat would keep filling it.
     queued = control_queue_length(services)
@@ -123,9 +119,9 @@ def test_dispatcher_kill_9_takes_its_beat_along(dispatchers, services):
 def test_two_dispatchers_one_schedule(dispatchers):
     first = dispatchers("d1")
     second = dispatchers("d2")
-    wait_for(lambda: "beat: Starting" in second.log.read_text(), "second beat not started")
+    wait_until(lambda: "beat: Starting" in second.log.read_text(), 30, "the second beat")
     base = first.sends(), second.sends()
-    wait_for(lambda: first.sends() + second.sends() >= sum(base) + 4, "no ticks")
+    wait_until(lambda: first.sends() + second.sends() >= sum(base) + 4, 30, "ticks")
     holder, waiter = (first, second) if first.sends() > base[0] else (second, first)
     assert waiter.sends() == base[waiter is second], "two beats send the schedule"
     assert "holds the schedule" in waiter.log.read_text()
@@ -138,9 +134,9 @@ def test_two_dispatchers_one_schedule(dispatchers):
     holder_beat = holder.beat()
     holder.process.kill()
     holder.process.wait()
-    wait_for(lambda: gone(holder_beat), "the killed dispatcher's beat survived", 5)
+    wait_until(lambda: gone(holder_beat), 5, "the killed dispatcher's beat to go")
     before = waiter.sends()
-    wait_for(lambda: waiter.sends() >= before + 2, "no takeover", timeout_s=2 * LEASE_S + 5)
+    wait_until(lambda: waiter.sends() >= before + 2, 2 * LEASE_S + 5, "a takeover")
 
 
 def test_schedule_lock_has_one_holder_and_a_lease(clean_db):
@@ -150,7 +146,7 @@ def test_schedule_lock_has_one_holder_and_a_lease(clean_db):
     a, b = ScheduleLock(get_redis(), lease_s=0.5), ScheduleLock(get_redis(), lease_s=0.5)
     assert a.hold() and not b.hold()
     assert a.hold()  # renewed by its holder
-    wait_for(b.hold, "the lease did not run out", timeout_s=5)  # the holder stopped renewing
+    wait_until(b.hold, 5, "the lease to run out")  # the holder stopped renewing
     assert not a.hold()
     a.release()  # not a's any more: nothing happens
     assert not a.hold()

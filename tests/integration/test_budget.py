@@ -20,6 +20,7 @@ from batchgen.limits.backend import get_redis
 from batchgen.limits.budget import Budget, charged_tokens, countdown_s
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import ChargePolicy, LimitShape, ModelSpec
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -199,10 +200,9 @@ def test_concurrency_slots_are_global_and_leased(clean_db):
     # A holder that died: its lease runs out and the slot frees itself.
     assert slots.acquire("n", "dead", limit=1, lease_s=0.05)
     assert not slots.acquire("n", "live", limit=1, lease_s=30)
-    import time
-
-    time.sleep(0.1)
-    assert slots.acquire("n", "live", limit=1, lease_s=30)
+    wait_until(
+        lambda: slots.acquire("n", "live", limit=1, lease_s=30), 5, "the dead lease to lapse"
+    )
 
 
 def test_budget_maths():

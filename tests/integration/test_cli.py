@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from batchgen.embedded import free_port
 from batchgen.store import db
 from batchgen.store.schema import Item, Result, Tenant
 from tests.helpers import chat_line, jsonl
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 SECRET = "SECRET-PROMPT-TEXT"
@@ -47,13 +47,14 @@ class Service:
         return self.log.read_text(errors="replace")
 
     def wait(self, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not check():
+        def ready() -> bool:
+            if check():
+                return True
             if self.process.poll() is not None:
                 raise AssertionError(f"{self.name} exited {self.process.returncode}: {self.text()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name} not ready: {self.text()[-3000:]}")
-            time.sleep(0.1)
+            return False
+
+        wait_until(ready, timeout_s, lambda: f"{self.name} ready: {self.text()[-3000:]}")
 
     def wait_worker(self) -> None:
         self.wait(lambda: self.ready_file.exists() or " ready." in self.text())
@@ -494,10 +495,12 @@ def test_usage_and_status(stack, run, tenant, tmp_path):
     from batchgen import python_api
 
     stuck = python_api.submit_batch([chat_line("nobody", model="sim-large")], tenant=tenant)
-    deadline = time.monotonic() + 30
-    while not (waiting := json.loads(run("status", "--json").stdout))["warnings"]:
-        assert time.monotonic() < deadline, "the item was never released"
-        time.sleep(0.3)
+    waiting = wait_until(
+        lambda: (status := json.loads(run("status", "--json").stdout))["warnings"] and status,
+        30,
+        "the item released",
+        0.3,
+    )
     assert waiting["warnings"] == [
         "queue llm.sim-large has 1 messages and no worker consuming it: "
         "start `batchgen worker --group sim-large`"

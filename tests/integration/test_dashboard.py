@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import httpx
 import pytest
 
 from tests.helpers import chat_line, jsonl, make_tenant, sim_config
+from tests.invariants import wait_until
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 # On a fresh machine the first test also pays for apt-get installing Chromium (the
@@ -93,23 +93,13 @@ class Shots:
             shutil.copy(path, Path(self.extra) / path.name)
 
 
-def _wait(condition: Any, timeout_s: float = 30.0, what: str = "the page") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def _sign_in(driver: Any, base: str, key: str) -> None:
     from selenium.webdriver.common.by import By
 
     driver.get(f"{base}/dashboard")
     driver.find_element(By.ID, "key").send_keys(key)
     driver.find_element(By.ID, "sign-in").click()
-    _wait(lambda: driver.find_elements(By.ID, "batches"), what="the dashboard")
+    wait_until(lambda: driver.find_elements(By.ID, "batches"), 30, "the dashboard")
 
 
 def _row(driver: Any, batch_id: str) -> dict[str, Any] | None:
@@ -150,7 +140,7 @@ def _message(driver: Any, contains: str) -> str:
         except StaleElementReferenceException:
             return None
 
-    return str(_wait(read, what=f"the message {contains!r}"))
+    return str(wait_until(read, 30, f"the message {contains!r}"))
 
 
 def _cancel(driver: Any, batch_id: str) -> None:
@@ -168,7 +158,7 @@ def _cancel(driver: Any, batch_id: str) -> None:
     else:
         raise AssertionError("the cancel button kept going stale")
     # The button asks first: the confirmation page's own button cancels.
-    _wait(lambda: driver.find_elements(By.ID, "confirm"), what="the confirmation")
+    wait_until(lambda: driver.find_elements(By.ID, "confirm"), 30, "the confirmation")
     driver.find_element(By.ID, "confirm").click()
 
 
@@ -209,7 +199,7 @@ def test_submit_watch_and_cancel_in_a_browser(
         browser.find_element(By.ID, "key").send_keys("bg_not-a-key")
         browser.find_element(By.ID, "sign-in").click()
         # The post reloads the page: wait for the new page's error, not the old form.
-        refused = _wait(lambda: browser.find_elements(By.ID, "login-error"), what="the error")
+        refused = wait_until(lambda: browser.find_elements(By.ID, "login-error"), 30, "the error")
         assert "unknown API key" in refused[0].text
         shots.take("1-sign-in")
 
@@ -219,19 +209,20 @@ def test_submit_watch_and_cancel_in_a_browser(
         message = _message(browser, "submitted 40 requests as batch_")
         batch_id = message.rsplit(" ", 1)[1]
         browser.execute_script("window.notReloaded = true")
-        first = _wait(lambda: _row(browser, batch_id), what="the batch row")
+        first = wait_until(lambda: _row(browser, batch_id), 30, "the batch row")
         assert first["total"] == 40
         # The tables refresh themselves: the count moves with no reload of the page.
-        _wait(
+        wait_until(
             lambda: (r := _row(browser, batch_id)) and 0 < r["done"] < 40 and r,
-            what="progress",
+            30,
+            "progress",
         )
         assert browser.execute_script("return window.notReloaded === true")
         shots.take("2-progress")
 
         # The batch's own page, mid-run: its rate and the time left at that rate.
         browser.find_element(By.CSS_SELECTOR, f'tr[data-batch="{batch_id}"] a.batch-link').click()
-        _wait(lambda: browser.find_elements(By.ID, "rate"), what="the batch page")
+        wait_until(lambda: browser.find_elements(By.ID, "rate"), 30, "the batch page")
         rate = float(browser.find_element(By.ID, "rate").text.split()[0])
         assert rate > 0, "no rate while the batch runs"
         assert browser.find_element(By.ID, "time-left").text not in ("", "unknown", "ended")
@@ -240,19 +231,20 @@ def test_submit_watch_and_cancel_in_a_browser(
         shots.take("5-batch")
         browser.set_window_size(1400, 1000)
         browser.get(f"{base}/dashboard")
-        _wait(lambda: _row(browser, batch_id), what="the batch row")
+        wait_until(lambda: _row(browser, batch_id), 30, "the batch row")
 
         _cancel(browser, batch_id)
         # The post reloads the page: wait for the new page's message, not the old one's.
         assert batch_id in _message(browser, f"cancelled {batch_id}")
-        ended = _wait(
+        ended = wait_until(
             lambda: (r := _row(browser, batch_id)) and r["status"] == "cancelled" and r,
-            what="the cancelled batch",
+            30,
+            "the cancelled batch",
         )
         # Done counts what ran, not what was cancelled; the cancelled ones are named.
         assert ended["done"] < 40 and "cancelled" in ended["text"]
         # Its bar is not a completed one's: the cancelled part has a colour of its own.
-        colours = _wait(lambda: _segment_colours(browser, batch_id), what="the bar")
+        colours = wait_until(lambda: _segment_colours(browser, batch_id), 30, "the bar")
         assert set(colours) == {"succeeded", "cancelled"}, colours
         assert colours["cancelled"] != colours["succeeded"]
         shots.take("3-cancelled")

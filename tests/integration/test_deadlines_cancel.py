@@ -13,6 +13,7 @@ from batchgen import python_api as client
 from batchgen.store import db
 from batchgen.store.schema import Item
 from tests.helpers import chat_line, make_tenant, wait_batches
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -44,13 +45,12 @@ def _wait_past_deadline(batch_id: str, *, every_item: bool, timeout_s: float = 3
     (or of its first item to expire)."""
     deadline = func.max(Item.deadline_at) if every_item else func.min(Item.deadline_at)
     query = select(func.now() > deadline).where(Item.batch_id == batch_id)
-    give_up = time.monotonic() + timeout_s
-    while True:
+
+    def passed() -> bool:
         with db.session_scope() as s:
-            if s.scalar(query):
-                return
-        assert time.monotonic() < give_up, "the deadline did not pass"
-        time.sleep(0.05)
+            return bool(s.scalar(query))
+
+    wait_until(passed, timeout_s, "the deadline to pass", 0.05)
 
 
 def test_item_past_its_deadline_never_reaches_the_provider(clean_db, simulator, workers):
@@ -88,11 +88,12 @@ def _cancel_mid_run(sim, tenant: str, n: int = 40):
     batch = client.submit_batch(
         [chat_line(f"c{i}", max_tokens=200) for i in range(n)], tenant=tenant
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # wait until calls are under way
-        if sum(1 for e in _sim_log(sim) if e.get("end_ts") is None) >= 3:
-            break
-        time.sleep(0.05)
+    wait_until(
+        lambda: sum(1 for e in _sim_log(sim) if e.get("end_ts") is None) >= 3,
+        30,
+        "calls under way",
+        0.05,
+    )
     return batch
 
 

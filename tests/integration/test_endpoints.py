@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -32,9 +31,9 @@ from batchgen.store import db
 from batchgen.store.schema import Batch, File, UsageLedger
 from batchgen.worker.offload import tick
 from batchgen.worker.procs import start_worker, stop_all
-from tests.helpers import make_tenant, sim_config
+from tests.helpers import make_tenant, openai_batch_in, sim_config
 from tests.integration.conftest import CONTROL_QUEUE, NOTIFY_QUEUE
-from tests.integration.test_whole_answers import _poll
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -170,8 +169,8 @@ def test_a_batch_per_endpoint_comes_back_as_the_provider_answered(
             completion_window="24h",
         )
         assert made[url].endpoint == url
-    responses = _poll(oai, made["/v1/responses"].id)
-    embeddings = _poll(oai, made["/v1/embeddings"].id)
+    responses = openai_batch_in(oai, made["/v1/responses"].id)
+    embeddings = openai_batch_in(oai, made["/v1/embeddings"].id)
 
     got = _output(oai, responses.output_file_id)
     assert sorted(got) == sorted(RESPONSES_BODIES)
@@ -387,11 +386,14 @@ def test_an_offloaded_embeddings_batch_comes_back_whole(
     ]
     batch = python_api.submit_batch(lines, tenant=tenant, priority="bulk", completion_window="24h")
     assert batch["endpoint"] == "/v1/embeddings"
-    deadline = time.monotonic() + 60
-    while python_api.get_batch(batch["id"], tenant=tenant)["status"] == "in_progress":
-        assert time.monotonic() < deadline, "the offloaded batch did not finish"
+
+    def finished() -> bool:
+        if python_api.get_batch(batch["id"], tenant=tenant)["status"] != "in_progress":
+            return True
         tick(get_registry(), get_settings())
-        time.sleep(0.2)
+        return False
+
+    wait_until(finished, 60, "the offloaded batch to finish", 0.2)
     rows = {r["custom_id"]: r for r in python_api.iter_results(batch["id"], tenant=tenant)}
     assert {k: r["response"]["body"] for k, r in rows.items()} == {
         k: _direct_embeddings(direct, b) for k, b in bodies.items()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -16,6 +15,7 @@ from flask import Flask
 from batchgen.api import create_app
 from batchgen.integrations.flask import BatchGen, app_scope
 from tests.helpers import chat_line, jsonl, make_tenant, message_request, wait_batches
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,10 +200,11 @@ def test_a_call_retried_after_a_provider_error_needs_no_worker(clean_db, simulat
     caller = threading.Thread(target=call)
     caller.start()
     try:
-        deadline = time.monotonic() + 20
-        while not httpx.get(f"{simulator.base_url}/_sim/log", timeout=10).json():
-            assert time.monotonic() < deadline, f"no attempt reached the provider: {answers}"
-            time.sleep(0.05)
+        wait_until(
+            lambda: httpx.get(f"{simulator.base_url}/_sim/log", timeout=10).json(),
+            20,
+            lambda: f"an attempt to reach the provider: {answers}",
+        )
     finally:
         sim_config(simulator.base_url, fault_rate=0.0)
     caller.join(30)

@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -15,10 +14,18 @@ import pytest
 from batchgen import python_api as client
 from batchgen.embedded import free_port
 from tests.helpers import chat_line, make_tenant, sim_config, wait_batches
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 SECRET = "Unreleased kettle with quantum boil"
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthcheck", timeout=0.5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.fixture
@@ -42,15 +49,9 @@ def flower(services, tmp_path):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/healthcheck", timeout=0.5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise RuntimeError((tmp_path / "flower.log").read_text())
+        wait_until(
+            lambda: _healthy(url), 30, lambda: f"flower up: {(tmp_path / 'flower.log').read_text()}"
+        )
         yield url
     finally:
         proc.terminate()
@@ -68,14 +69,15 @@ def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator,
 
     assert httpx.get(f"{flower}/api/tasks").status_code == 401
     assert httpx.get(f"{flower}/api/tasks", auth=("ops", "wrong")).status_code == 401
-    tasks: dict = {}
-    for _ in range(50):  # events arrive asynchronously
+
+    def tasks_seen() -> tuple[dict, httpx.Response] | None:  # events arrive asynchronously
         res = httpx.get(f"{flower}/api/tasks", auth=("ops", "s3cret"))
         assert res.status_code == 200
         tasks = res.json()
-        if sum(t["name"] == "batchgen.generate" for t in tasks.values()) >= 6:
-            break
-        time.sleep(0.2)
+        enough = sum(t["name"] == "batchgen.generate" for t in tasks.values()) >= 6
+        return (tasks, res) if enough else None
+
+    tasks, res = wait_until(tasks_seen, 10, "six generate tasks in flower", 0.2)
     generate = [t for t in tasks.values() if t["name"] == "batchgen.generate"]
     assert len(generate) >= 6
     assert SECRET not in res.text
@@ -105,13 +107,13 @@ def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator,
         wait_batches([doomed["id"]])
     finally:
         sim_config(simulator.base_url, fault_rate=0.0)
-    failed: list = []
-    for _ in range(50):
+
+    def failures() -> tuple[list, httpx.Response] | None:
         res = httpx.get(f"{flower}/api/tasks", auth=("ops", "s3cret"), params={"state": "FAILURE"})
         failed = [t for t in res.json().values() if t["name"] == "batchgen.generate"]
-        if len(failed) >= 2:
-            break
-        time.sleep(0.2)
+        return (failed, res) if len(failed) >= 2 else None
+
+    failed, res = wait_until(failures, 10, "two failed tasks in flower", 0.2)
     assert len(failed) == 2 and SECRET not in res.text
     assert all("failed: permanent" in (t["exception"] or "") for t in failed), failed
 
@@ -134,17 +136,13 @@ def test_batchgen_flower_puts_metrics_behind_its_basic_auth(services, tmp_path):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                health = httpx.get(f"{url}/healthcheck", timeout=0.5)
-                if health.status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+
+        def up() -> bool:
             assert proc.poll() is None, (tmp_path / "batchgen-flower.log").read_text()
-            time.sleep(0.1)
-        else:
-            raise RuntimeError((tmp_path / "batchgen-flower.log").read_text())
+            return _healthy(url)
+
+        wait_until(up, 30, lambda: (tmp_path / "batchgen-flower.log").read_text())
+        health = httpx.get(f"{url}/healthcheck", timeout=5)
         assert health.text == "OK"  # a probe's answer, nothing about tasks or workers
         assert httpx.get(f"{url}/metrics").status_code == 401
         assert httpx.get(f"{url}/metrics", auth=("ops", "wrong")).status_code == 401

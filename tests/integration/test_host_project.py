@@ -41,6 +41,7 @@ from celery import Celery
 from batchgen.embedded import RedisServer, free_port
 from batchgen.worker.procs import WorkerProcess, stop_all
 from tests.helpers import chat_line, jsonl, make_tenant
+from tests.waiting import wait_until
 
 # The first test pays for the wheel, the venv (and once per dependency list, the
 # wheelhouse); on a loaded 2-core machine that alone can near the suite's 300 s.
@@ -280,12 +281,14 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def _wait(what: str, condition: Callable[[], bool], procs: Procs, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
+    def done() -> bool:
+        if condition():
+            return True
         dead = [p.name for p in procs.started if p.process.poll() is not None]
         assert not dead, f"{dead} exited while waiting for {what}\n{procs.tails()}"
-        assert time.monotonic() < deadline, f"no {what} after {timeout_s}s\n{procs.tails()}"
-        time.sleep(0.1)
+        return False
+
+    wait_until(done, timeout_s, lambda: f"{what}\n{procs.tails()}")
 
 
 def _wait_api(base_url: str, procs: Procs, path: str = "/healthz") -> None:

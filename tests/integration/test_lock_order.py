@@ -11,7 +11,6 @@ item, then it ledgers their calls). Real PostgreSQL, two real transactions.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -24,6 +23,7 @@ from batchgen.store.ledger import CallOutcome, record_lost_call, record_waste
 from batchgen.store.schema import DAILY_USAGE_SHARDS, Item, UsageLedger
 from batchgen.worker.recording import with_db_retries
 from tests.helpers import submit_items
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -92,10 +92,9 @@ def test_a_failed_calls_waste_row_waits_for_the_item_before_the_daily_row(clean_
         assert items.lock(sweep, held) is not None
         thread = threading.Thread(target=failed_call)
         thread.start()
-        deadline = time.monotonic() + 20
-        while not _waits_on_a_lock("failed-call"):
-            assert time.monotonic() < deadline, "the failed call's transaction never blocked"
-            time.sleep(0.05)
+        wait_until(
+            lambda: _waits_on_a_lock("failed-call"), 20, "the failed call's transaction to block"
+        )
         record_lost_call(sweep, other, 1, get_registry())  # the daily row the other wants
     thread.join(30)
 

@@ -8,7 +8,6 @@ import csv
 import datetime as dt
 import json
 import os
-import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from batchgen.store import db
 from batchgen.store.schema import Batch, Item, NightlyProduct, Result, UsageLedger
 from batchgen.worker.beat import cron_schedule
 from tests.helpers import make_tenant, sim_config, status_summary, wait_batches
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 DAY = "2030-01-02"
@@ -91,12 +91,8 @@ output = { table = "product_descriptions", url_env = "SHOP_DATABASE_URL" }
 
 
 def _wait_for(path: Path, timeout_s: float = RUN_S) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists():
-            return path.read_text()
-        time.sleep(0.2)
-    raise AssertionError(f"{path.name} not written after {timeout_s}s: {status_summary()}")
+    wait_until(path.exists, timeout_s, lambda: f"{path.name} written: {status_summary()}", 0.2)
+    return path.read_text()
 
 
 def test_beat_fires_twice_one_batch_500_descriptions_and_report(
@@ -156,15 +152,15 @@ def test_beat_fires_twice_one_batch_500_descriptions_and_report(
     assert all(r["locale"] == "en-GB" and r["description"] for r in out)
 
     table = output_table("product_descriptions")
-    deadline = time.monotonic() + RUN_S
-    while True:  # the table job's collect runs on the worker too
+
+    def written() -> list | None:  # the table job's collect runs on the worker too
         with shop_engine.connect() as conn:
             if shop_engine.dialect.has_table(conn, "product_descriptions"):
                 rows = conn.execute(select(table).order_by(table.c.product_id)).all()
-                if len(rows) == 30:
-                    break
-        assert time.monotonic() < deadline, "table output not written"
-        time.sleep(0.2)
+                return list(rows) if len(rows) == 30 else None
+        return None
+
+    rows = wait_until(written, RUN_S, "the table output written", 0.2)
     assert {r.job for r in rows} == {"shop-tables"} and rows[0].run_date == dt.date(2030, 1, 2)
     assert rows[0].product_id == "t00" and rows[0].locale == "de-DE" and rows[0].description
 
@@ -251,10 +247,7 @@ def test_nightly_collect_message_carries_no_file_path(
     sent = celery_app.send_task(
         "batchgen.nightly_collect", args=["vases", DAY], kwargs={"jobs_file": str(planted)}
     )
-    deadline = time.monotonic() + 30
-    while not (ended := _task_ended(worker.log_tail(400), sent.id)):
-        assert time.monotonic() < deadline, worker.log_tail()
-        time.sleep(0.1)
+    ended = wait_until(lambda: _task_ended(worker.log_tail(400), sent.id), 30, worker.log_tail)
     assert "succeeded" not in ended and "jobs_file" in ended, ended
     assert not (planted.parent / "written-here.jsonl").exists()
     assert not (tmp_path / "out" / f"vases-{DAY}.jsonl").exists()  # nor from the settings

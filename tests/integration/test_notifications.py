@@ -38,6 +38,7 @@ from batchgen.store.schema import Batch, BatchNotification
 from batchgen.worker import webhooks
 from batchgen.worker.notify import deliver_due
 from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
+from tests.invariants import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = '["127.0.0.0/8"]'  # the test receivers listen on 127.0.0.1
@@ -154,13 +155,6 @@ def notify_env(clean_db) -> Iterator[dict[str, str]]:
     get_settings.cache_clear()
 
 
-def _wait(condition: Any, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
 def _hook(batch_id: str, tenant: str) -> dict[str, Any]:
     (hook,) = [
         n for n in client.batch_notifications(batch_id, tenant=tenant) if n["channel"] == "webhook"
@@ -186,7 +180,7 @@ def test_a_webhook_follows_standard_webhooks_and_is_delivered_once_past_two_fail
     batch = client.submit_batch([chat_line(f"w-{i}") for i in range(3)], tenant="hooked")
     workers(env=notify_env)
     wait_batches([batch["id"]], timeout_s=60)
-    _wait(lambda: receiver.accepted())
+    wait_until(lambda: receiver.accepted(), 30, "a delivery accepted")
     time.sleep(1.5)  # several more ticks: nothing is delivered again
 
     assert [code for _, _, code in receiver.requests] == [500, 500, 200]
@@ -328,7 +322,9 @@ def test_a_dripping_receiver_is_cut_at_the_deadline_and_stalls_nobody(
         ]
         for worker in started:
             worker.wait_ready()
-        _wait(lambda: drip.opened)  # the delivery is reading the dripped answer now
+        wait_until(
+            lambda: drip.opened, 30, "the dripped answer opened"
+        )  # the delivery is reading the dripped answer now
         other = client.submit_batch([chat_line(f"b-{i}") for i in range(4)], tenant="bystander")
         idle_with_lock = text(
             "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
@@ -357,7 +353,7 @@ def test_a_dripping_receiver_is_cut_at_the_deadline_and_stalls_nobody(
         assert finished_during_drip  # another tenant's batch completed meanwhile
         # The client gave up at its deadline, not after 100 dripped bytes (100 s).
         assert drip.closed[0] - drip.opened[0] < deadline_s + 2
-        _wait(lambda: _stored_error(slow["id"]) == "timeout")
+        wait_until(lambda: _stored_error(slow["id"]) == "timeout", 30, "the timeout stored")
         assert _hook(slow["id"], "dripped")["last_error"] == "delivery_failed"
     finally:
         drip.close()
@@ -402,7 +398,7 @@ def test_a_host_celery_task_on_its_own_broker_is_called_once(
         )
         workers(env=env)
         wait_batches([batch["id"]], timeout_s=60)
-        _wait(lambda: calls.exists() and calls.read_text().strip(), timeout_s=60)
+        wait_until(lambda: calls.exists() and calls.read_text().strip(), 60, "the host task called")
         time.sleep(1.5)
         lines = [json.loads(x) for x in calls.read_text().splitlines()]
         # Nothing went to (or waits on) batchgen's own broker.
@@ -566,9 +562,12 @@ def test_a_lapsed_lease_makes_a_send_due_again_and_the_late_sender_records_nothi
         first = notifications.claim_send(session, [Channel.WEBHOOK], lease_s=0.3)
     with db.session_scope() as session:  # leased: nobody else takes it
         assert notifications.claim_send(session, [Channel.WEBHOOK], lease_s=0.3) is None
-    time.sleep(0.4)  # the first deliverer died mid-send: its lease runs out
-    with db.session_scope() as session:
-        second = notifications.claim_send(session, [Channel.WEBHOOK], lease_s=30)
+
+    def claim_again() -> object:  # the first deliverer died mid-send: its lease runs out
+        with db.session_scope() as session:
+            return notifications.claim_send(session, [Channel.WEBHOOK], lease_s=30)
+
+    second = wait_until(claim_again, 10, "the lapsed lease's send due again")
     assert first is not None and second is not None and second.id == first.id
     assert second.attempts == first.attempts + 1
     with db.session_scope() as session:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,6 +12,7 @@ from batchgen.api import create_app
 from batchgen.store import db
 from batchgen.store.schema import Item, Result, UsageLedger
 from tests.helpers import chat_line, jsonl, make_tenant, usage_totals, wait_batches
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -67,10 +67,7 @@ def test_metrics_match_the_database_across_two_workers(clean_db, simulator, work
         batch_ids.append(res.json["id"])
     workers(concurrency=4, name="one")
     workers(concurrency=4, name="two", beat=False)
-    deadline = time.monotonic() + 60
-    while not _started():  # the workers have begun on the batches
-        assert time.monotonic() < deadline, "no item started"
-        time.sleep(0.02)
+    wait_until(_started, 60, "the workers to begin on the batches", 0.02)
     mid = _scrape(api)  # while the batch runs: every item is somewhere
     in_states = sum(v for (name, labels), v in mid.items() if name == "batchgen_items")
     assert in_states == 50

@@ -32,6 +32,7 @@ from tests.helpers import (
     usage_by_deployment_from_ledger,
     wait_batches,
 )
+from tests.waiting import wait_until
 
 NOW = 1_000_000.0
 
@@ -154,11 +155,13 @@ def test_a_failing_deployment_cools_down_is_skipped_then_tried_again(clean_db):
     picks = [budget.enter(spec, f"c:{n}", 0, 10).deployment for n in range(5)]
     assert picks == ["b"] * 5
     # After the cooldown it is picked again (waited for as a condition, not a sleep).
-    n = 0
-    while budget.enter(spec, f"d:{n}", 0, 10).deployment != "a":
-        assert time.monotonic() - tripped < 5, "a never came back"
-        n += 1
-        time.sleep(0.02)
+    tries = iter(range(10**6))
+    wait_until(
+        lambda: budget.enter(spec, f"d:{next(tries)}", 0, 10).deployment == "a",
+        5,
+        "a to come back",
+        0.02,
+    )
     assert time.monotonic() - tripped >= 0.35
     # The probe after a cooldown: one failure opens it again, for twice as long.
     assert budget.settle(a, "", fail).tripped_s == pytest.approx(breaker_cooldown_s(2, 0.4, 5))

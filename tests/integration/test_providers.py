@@ -35,6 +35,7 @@ from batchgen.registry import ModelSpec, ProviderKind
 from batchgen.simulator import SimulatorConfig, SimulatorThread, completion_text
 from batchgen.simulator.state import key_id
 from batchgen.simulator.text import anthropic_prompt_messages
+from tests.helpers import settled_entry
 
 SECRET = "zebra-quokka-secret"
 SYSTEM = "You are terse."
@@ -137,17 +138,6 @@ def expected_answer(kind: str, max_tokens: int = 400) -> tuple[str, int, int, st
         prompt = anthropic_prompt_messages(SYSTEM, MESSAGES[1:])
     text, tokens, finish = completion_text(prompt, max_tokens)
     return text, count_messages(prompt, "cl100k_base"), tokens, finish
-
-
-def settled_entry(base: str, item: int | None, timeout_s: float = 5.0) -> dict[str, Any]:
-    """The simulator's log entry of ``item`` once the server is done with it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        entries = sim_log(base, item)
-        if entries and entries[0]["end_ts"] is not None:
-            return entries[0]
-        assert time.monotonic() < deadline, f"no finished log entry for {item}: {entries}"
-        time.sleep(0.02)
 
 
 def assert_no_text(exc: BaseException) -> None:

@@ -21,6 +21,7 @@ from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.store import db
 from batchgen.store.schema import Item, Tenant
 from tests.helpers import chat_line, make_tenant, wait_batches
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -200,10 +201,7 @@ def test_budget_starvation_fails_nothing_and_work_resumes(limited, workers):
         worker = workers(["llm.budgeted", "batchgen.control"], concurrency=8, env=env)
         # A long while at zero: six budget waits an item on average, twice Celery's
         # default max_retries, before the test looks.
-        deadline = time.monotonic() + 90
-        while _budget_denials() <= 6 * 30:
-            assert time.monotonic() < deadline, _budget_denials()
-            time.sleep(0.2)
+        wait_until(lambda: _budget_denials() > 6 * 30, 90, lambda: f"{_budget_denials()} denials")
         with db.session_scope() as s:
             done = s.scalar(
                 select(func.count())

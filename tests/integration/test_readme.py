@@ -10,6 +10,7 @@ run here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -31,6 +32,7 @@ import pytest
 
 from batchgen.embedded import free_port
 from tests import readme
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -138,12 +140,16 @@ class Runner:
     def wait_ready(self, timeout_s: float = 90) -> None:
         deadline = time.monotonic() + timeout_s
         for s in self.started:
-            while not s.ready():
+
+            def up(s: Started = s) -> bool:
+                if s.ready():
+                    return True
                 if s.process.poll() is not None:
                     raise AssertionError(f"{s.command.line!r} exited: {s.text()[-3000:]}")
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"{s.command.line!r} not up: {s.text()[-3000:]}")
-                time.sleep(0.1)
+                return False
+
+            left_s = max(0.0, deadline - time.monotonic())
+            wait_until(up, left_s, lambda s=s: f"{s.command.line!r} up: {s.text()[-3000:]}")
 
     def stop(self) -> None:
         for s in self.started:
@@ -220,10 +226,16 @@ def run_doctor(runner: Runner, command: readme.Command) -> subprocess.CompletedP
     """`batchgen doctor` once the started processes are up; a worker is seen once it
     answers Celery's ping, so it is asked again until it passes or a minute is up."""
     runner.wait_ready()
-    deadline = time.monotonic() + 60
-    while (done := runner.run(command)).returncode and time.monotonic() < deadline:
-        time.sleep(1)
-    return done
+    runs: list[subprocess.CompletedProcess] = []
+
+    def passed() -> bool:
+        runs.append(runner.run(command))
+        return runs[-1].returncode == 0
+
+    # The caller reads the last run's output and says what failed.
+    with contextlib.suppress(AssertionError):
+        wait_until(passed, 60, "`batchgen doctor` to pass", 1.0)
+    return runs[-1]
 
 
 def run_quick_start(runner: Runner, section: str) -> None:

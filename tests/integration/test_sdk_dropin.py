@@ -28,7 +28,15 @@ from batchgen.domain.status import CALL_RANK
 from batchgen.registry import get_registry
 from batchgen.store import db
 from batchgen.store.schema import Item, Result, Tenant, UsageLedger
-from tests.helpers import chat_line, make_tenant, message_request, sim_config, sim_in_flight
+from tests.helpers import (
+    anthropic_batch_ended,
+    chat_line,
+    make_tenant,
+    message_request,
+    openai_batch_in,
+    sim_config,
+    sim_in_flight,
+)
 from tests.invariants import cut_calls, simulator_log, wait_until
 
 pytestmark = pytest.mark.integration
@@ -144,16 +152,6 @@ def _jsonl(lines: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
 
 
-def _poll(client: openai.OpenAI, batch_id: str, until: set[str], timeout_s: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in until:
-            return batch
-        assert time.monotonic() < deadline, f"batch {batch_id} still {batch.status}"
-        time.sleep(0.3)
-
-
 def _strict_dump(model: openai.BaseModel) -> dict[str, Any]:
     """The SDK's own dump, with any serializer warning (a value its type does not
     hold) raised as an error."""
@@ -205,7 +203,7 @@ def test_openai_files_and_batches_flow(oai_run: openai.OpenAI):
     assert batch.status == "in_progress" and batch.in_progress_at == batch.created_at
     assert batch.output_file_id is None and batch.error_file_id is None
 
-    done = _poll(oai_run, batch.id, {"completed", "expired", "failed", "cancelled"})
+    done = openai_batch_in(oai_run, batch.id)
     _strict_dump(done)
     assert done.status == "completed" and done.completed_at >= done.created_at
     assert (done.request_counts.total, done.request_counts.completed) == (7, 6)
@@ -244,7 +242,7 @@ def test_openai_batch_cancel_and_file_errors(oai_run: openai.OpenAI):
     )
     cancelling = oai_run.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
-    ended = _poll(oai_run, batch.id, {"cancelled"})
+    ended = openai_batch_in(oai_run, batch.id, {"cancelled"})
     assert ended.cancelled_at and ended.error_file_id
     errors = [json.loads(x) for x in oai_run.files.content(ended.error_file_id).text.splitlines()]
     assert errors and {r["error"]["code"] for r in errors} <= {"batch_cancelled"}
@@ -299,16 +297,6 @@ def _request(custom_id: str, text: str = "Describe a chair.", **params: Any) -> 
     return request
 
 
-def _poll_ended(client: anthropic.Anthropic, batch_id: str, timeout_s: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        batch = client.messages.batches.retrieve(batch_id)
-        if batch.processing_status == "ended":
-            return batch
-        assert time.monotonic() < deadline, f"batch {batch_id} still {batch.processing_status}"
-        time.sleep(0.3)
-
-
 def test_anthropic_message_batches_flow(claude_run: anthropic.Anthropic):
     """messages.batches.create → retrieve until ended → results → list → cancel, every
     object the SDK's type, through the same dispatcher, budget and ledger."""
@@ -319,7 +307,7 @@ def test_anthropic_message_batches_flow(claude_run: anthropic.Anthropic):
     assert created.processing_status == "in_progress" and created.results_url is None
     assert created.request_counts.processing == 5
 
-    ended = _poll_ended(claude_run, created.id)
+    ended = anthropic_batch_ended(claude_run, created.id)
     _anthropic_strict(ended)
     assert ended.request_counts.succeeded == 5 and ended.ended_at is not None
     assert ended.results_url and ended.results_url.endswith(f"/{created.id}/results")
@@ -340,7 +328,7 @@ def test_anthropic_message_batches_flow(claude_run: anthropic.Anthropic):
     cancelling = claude_run.messages.batches.cancel(many.id)
     assert cancelling.processing_status in ("canceling", "ended")
     assert cancelling.cancel_initiated_at is not None
-    stopped = _poll_ended(claude_run, many.id)
+    stopped = anthropic_batch_ended(claude_run, many.id)
     assert stopped.request_counts.canceled >= 1
     kinds = {r.result.type for r in claude_run.messages.batches.results(many.id)}
     assert "canceled" in kinds and kinds <= {"canceled", "succeeded"}

@@ -19,6 +19,8 @@ import pytest
 from batchgen.domain.tokens import count_messages, count_text
 from batchgen.simulator import SimulatorConfig, SimulatorThread, completion_text, request_digest
 from batchgen.simulator.text import anthropic_prompt_messages
+from tests.helpers import settled_entry
+from tests.waiting import wait_until
 
 MODEL = "sim-gpt"
 CLAUDE = "sim-claude"
@@ -76,17 +78,6 @@ def claude(base: str) -> Iterator[anthropic.Anthropic]:
 
 def sim_log(base: str, item: str) -> list[dict[str, Any]]:
     return httpx.get(base + "/_sim/log", params={"item": item}).json()
-
-
-def settled_entry(base: str, item: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    """The log entry of ``item`` once the server has finished with it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        entries = sim_log(base, item)
-        if entries and entries[0]["end_ts"] is not None:
-            return entries[0]
-        assert time.monotonic() < deadline, f"no finished log entry for {item}: {entries}"
-        time.sleep(0.02)
 
 
 def test_openai_plain(base: str, oai: openai.OpenAI) -> None:
@@ -350,10 +341,8 @@ def test_no_text_in_server_logs(
     caplog.set_level(logging.DEBUG, logger="batchgen.simulator")
     secret = [{"role": "user", "content": "zebra-quokka-secret"}]
     completion = oai.chat.completions.create(model=MODEL, messages=secret, max_tokens=50)
-    deadline = time.monotonic() + 5
-    while "sim " not in caplog.text:  # the server thread logs the call after answering it
-        assert time.monotonic() < deadline, caplog.text
-        time.sleep(0.01)
+    # The server thread logs the call after answering it.
+    wait_until(lambda: "sim " in caplog.text, 5, lambda: caplog.text, 0.01)
     assert "zebra-quokka-secret" not in caplog.text
     assert (completion.choices[0].message.content or "")[20:] not in caplog.text
 

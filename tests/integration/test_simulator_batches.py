@@ -12,7 +12,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.helpers import chat_line, sim_config
+from tests.helpers import anthropic_batch_ended, chat_line, openai_batch_in, sim_config
 
 pytestmark = pytest.mark.integration
 DEFAULTS = {
@@ -46,13 +46,7 @@ def _job(client: openai.OpenAI, n: int, max_tokens: int = 30) -> Any:
 
 
 def _ended(client: openai.OpenAI, batch_id: str) -> Any:
-    deadline = time.monotonic() + 20
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status not in ("validating", "in_progress", "finalizing", "cancelling"):
-            return batch
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    return openai_batch_in(client, batch_id, timeout_s=20)
 
 
 def _rows(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
@@ -145,10 +139,7 @@ def test_an_anthropic_job_and_its_cancel(sim):
     ]
     job = claude.messages.batches.create(requests=requests)  # type: ignore[arg-type]
     assert job.processing_status == "in_progress" and job.request_counts.processing == 4
-    deadline = time.monotonic() + 20
-    while (job := claude.messages.batches.retrieve(job.id)).processing_status != "ended":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    job = anthropic_batch_ended(claude, job.id, 20)
     assert job.request_counts.succeeded == 4 and job.results_url
     results = list(claude.messages.batches.results(job.id))
     assert sorted(r.custom_id for r in results) == [f"m-{i}" for i in range(4)]
@@ -255,10 +246,7 @@ def test_a_jobs_rows_read_the_prompt_cache_as_online_calls_do(sim):
         for i in range(3)
     ]
     batch = claude.messages.batches.create(requests=requests)  # type: ignore[arg-type]
-    deadline = time.monotonic() + 20
-    while claude.messages.batches.retrieve(batch.id).processing_status != "ended":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    anthropic_batch_ended(claude, batch.id, 20)
 
     def usage() -> list[tuple[int, int]]:
         out = sorted(claude.messages.batches.results(batch.id), key=lambda r: r.custom_id)

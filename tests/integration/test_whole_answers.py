@@ -10,7 +10,6 @@ stream is compared as the SDK's own accumulator merges it (``get_final_completio
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ import openai
 import pytest
 
 from batchgen.registry import get_registry
-from tests.helpers import make_tenant
+from tests.helpers import anthropic_batch_ended, make_tenant, openai_batch_in
 from tests.integration.test_simulator_rich import CLAUDE_TOOLS, TOOLS
 
 # A system prompt long enough for OpenAI's prompt cache (1024 tokens and more).
@@ -195,16 +194,6 @@ def _sync_case(oai: openai.OpenAI, direct_oai: openai.OpenAI, simulator, case: s
     assert got == want, _diff(got, want)
 
 
-def _poll(client: openai.OpenAI, batch_id: str, timeout_s: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "expired", "cancelled"):
-            return batch
-        assert time.monotonic() < deadline, f"batch still {batch.status}"
-        time.sleep(0.2)
-
-
 def test_a_batch_output_file_carries_the_whole_answer(
     oai: openai.OpenAI, direct_oai: openai.OpenAI
 ):
@@ -223,7 +212,7 @@ def test_a_batch_output_file_carries_the_whole_answer(
     batch = oai.batches.create(
         input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
-    done = _poll(oai, batch.id)
+    done = openai_batch_in(oai, batch.id)
     assert done.status == "completed" and done.output_file_id
     rows = [json.loads(x) for x in oai.files.content(done.output_file_id).text.splitlines()]
     assert sorted(r["custom_id"] for r in rows) == sorted(OPENAI_BODIES)
@@ -275,10 +264,7 @@ def test_anthropic_batch_results_carry_the_whole_message(
     expected = _direct_message(direct_claude)
     requests = [{"custom_id": "whole", "params": {"model": "sim-claude", **CLAUDE_PARAMS}}]
     created = claude.messages.batches.create(requests=requests)  # type: ignore[arg-type]
-    deadline = time.monotonic() + 90
-    while claude.messages.batches.retrieve(created.id).processing_status != "ended":
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    anthropic_batch_ended(claude, created.id)
     results = list(claude.messages.batches.results(created.id))
     assert [r.result.type for r in results] == ["succeeded"]
     message = results[0].result.message  # type: ignore[union-attr]

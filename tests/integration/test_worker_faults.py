@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from tests.helpers import (
     wait_batches,
 )
 from tests.tcp_proxy import proxy_for_postgres
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -309,14 +310,6 @@ def _sim_calls(sim_url: str, item_id: int) -> list[dict[str, Any]]:
     return list(httpx.get(f"{sim_url}/_sim/log", params={"item": str(item_id)}).json())
 
 
-def _await(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_paid_answer_survives_database_outage(clean_db, simulator, workers):
     """PostgreSQL becomes unreachable while the provider answers: the worker keeps the
     answer and records it once the database is back (one call, one ledger row)."""
@@ -336,10 +329,10 @@ def test_paid_answer_survives_database_outage(clean_db, simulator, workers):
                 "BATCHGEN_SWEEP_INTERVAL_S": "0.5",
             },
         )
-        _await(lambda: _sim_calls(simulator.base_url, item_id), 30, "the provider call")
+        wait_until(lambda: _sim_calls(simulator.base_url, item_id), 30, "the provider call")
         proxy.cut()  # the provider is answering now; the database is gone
         try:
-            _await(
+            wait_until(
                 lambda: worker.log_tail(1_000_000).count(RECORD_RETRY_LINE) >= 6,
                 15,
                 "the worker to keep retrying the record",
@@ -628,8 +621,8 @@ def test_killed_worker_sent_calls_are_ledgered(clean_db, simulator, workers):
             get_registry().queues, concurrency=8, beat=False, env=fast_leases, name="victim"
         )
         workers(concurrency=8, beat=True, env=fast_leases, name="survivor")
-        _await(lambda: "succeeded prompt_tokens" in victim.log_tail(200), 30, "a first answer")
-        _await(lambda: _in_flight(simulator.base_url) >= 4, 10, "calls in flight")
+        wait_until(lambda: "succeeded prompt_tokens" in victim.log_tail(200), 30, "a first answer")
+        wait_until(lambda: _in_flight(simulator.base_url) >= 4, 10, "calls in flight")
         victim.kill()
         wait_batches([batch["id"]], timeout_s=120)
     finally:

@@ -164,3 +164,20 @@ def test_the_inline_commands_are_found() -> None:
         "run `batchgen\nworker --group openai`, not `--group x`\n```sh\nbatchgen beat\n```\n"
     )
     assert readme.inline_commands("```sh\nbatchgen beat\n```\n") == []
+
+
+def _features_table() -> list[str]:
+    """The rows of docs/index.md's "Features by layer" table."""
+    text = (ROOT / "docs" / "index.md").read_text()
+    section = text.split("## Features by layer", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("| ") and "`" in line]
+
+
+def test_every_path_of_the_features_table_exists() -> None:
+    """docs/index.md's table of features by layer names real files and folders, so it
+    cannot drift from the tree as modules move."""
+    rows = _features_table()
+    paths = [p for row in rows for p in re.findall(r"`([^`]+)`", row)]
+    assert len(rows) >= 10 and len(paths) >= 60
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"docs/index.md names paths that do not exist: {missing}"
