@@ -280,3 +280,19 @@ def test_an_item_ended_without_an_answer_gets_its_root(exported):
     )
     assert root.attributes["batchgen.status"] == "failed"
     assert root.start_time == int(created.timestamp() * 1e9) and not root.parent
+
+
+def test_a_retry_carries_the_context_its_message_brought(exported):
+    spans, _ = exported
+    ticket = {"batch": "batch_1", "tenant_name": "acme"}
+    released: dict[str, Any] = {"args": [7], "kwargs": {"model": "m", "ticket": ticket}}
+    tracing.carry(released)
+
+    class Request:
+        headers = released["headers"]
+
+    retried: dict[str, Any] = {"args": [7], "kwargs": {"model": "m", "ticket": ticket}}
+    with tracing.delivery(Request()):
+        tracing.carry(retried, [7], {"model": "m", "ticket": ticket})  # Task.retry's form
+    assert retried["headers"]["traceparent"] == released["headers"]["traceparent"]
+    assert [s.name for s in spans.get_finished_spans()] == ["batchgen.dispatch"]
