@@ -69,6 +69,7 @@ from batchgen.store import batches, tenants
 from batchgen.store.batches import SubmitOptions
 from batchgen.store.db import UNMIGRATED_SQLSTATES, session_scope
 from batchgen.store.schema import Tenant
+from batchgen.telemetry import tracing
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("batchgen_api", __name__)
@@ -779,6 +780,7 @@ def create_app() -> Flask:
     from batchgen.logs import configure_logging
 
     configure_logging()
+    tracing.setup_from_env("batchgen-api")  # off unless the OTEL_* variables say
     from batchgen.admin_api import admin_blueprint
     from batchgen.dashboard import dashboard
 

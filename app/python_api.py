@@ -20,6 +20,7 @@ import dataclasses
 import json
 import logging
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from batchgen.store import batches, files, notifications, tenants
 from batchgen.store.batches import SubmitOptions
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
+from batchgen.telemetry import tracing
 from batchgen.worker import cancellation, publish, webhooks
 from batchgen.worker.call_answers import StreamPart as StreamPart
 from batchgen.worker.call_answers import stream_call as stream_call
@@ -136,6 +138,7 @@ def submit(
     committed, nothing turns the answer into an error.
     """
     name: str | None = None
+    started_ns = time.time_ns()
     settings = get_settings()
     webhooks.check_url(options.webhook_url, settings.webhook_allow_nets)
     if options.origin is None:
@@ -157,6 +160,8 @@ def submit(
             _count_rejection(name, exc.code)
         raise
     if created:
+        total = described["request_counts"]["total"]
+        tracing.submitted(described["id"], name or "", total, started_ns)
         wake_dispatcher()
     return described, created
 

@@ -13,6 +13,7 @@ from batchgen.config import get_settings
 from batchgen.logs import configure_logging
 from batchgen.providers import get_provider
 from batchgen.registry import get_registry
+from batchgen.telemetry import tracing
 from batchgen.worker import broker_guard
 from batchgen.worker.beat import die_with_parent
 from batchgen.worker.clock import redis_offset_s
@@ -42,6 +43,12 @@ def _refuse_other_pools(**_: Any) -> None:
     if message:
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
+
+
+@signals.worker_init.connect
+def _telemetry(**_: Any) -> None:
+    # Traces and metrics in the GenAI conventions, if the OTEL_* variables say so.
+    tracing.setup_from_env("batchgen-worker")
 
 
 @signals.worker_init.connect
@@ -131,6 +138,7 @@ def _announce(sender: Any = None, **_: Any) -> None:
 def _withdraw(**_: Any) -> None:
     while _presence:
         _presence.pop().stop()
+    tracing.shutdown()  # what the exporters still hold goes out
 
 
 @signals.worker_shutdown.connect

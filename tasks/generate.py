@@ -9,6 +9,7 @@ from celery import Task
 
 from batchgen.errors import ItemFailed
 from batchgen.tasks.celery_app import celery_app
+from batchgen.telemetry import tracing
 from batchgen.worker.messages import run_message
 from batchgen.worker.names import GENERATE_TASK
 
@@ -35,8 +36,10 @@ def generate(
     """Run item ``item_id``, then the items of ``more`` (``[[id, ticket], ...]``, a pack).
     ``model`` routes the message to its group's queue; ``ticket`` is what the gate
     decides on before the claim."""
-    ran = run_message(item_id, model, ticket, more)
+    with tracing.delivery(self.request):  # the trace context its message carried
+        ran = run_message(item_id, model, ticket, more)
     if ran.retry is not None:
         retry = ran.retry
-        raise self.retry(args=[retry.item_id], kwargs=retry.kwargs, countdown=retry.countdown_s)
+        with tracing.delivery(self.request):  # the retry's message carries it on
+            raise self.retry(args=[retry.item_id], kwargs=retry.kwargs, countdown=retry.countdown_s)
     return ran.summary

@@ -62,6 +62,8 @@ from batchgen.store.batches import Progress
 from batchgen.store.db import session_scope
 from batchgen.store.items import Claimed, Ticket
 from batchgen.store.ledger import CallOutcome, record_answer, record_success
+from batchgen.telemetry import tracing
+from batchgen.telemetry.genai import CallInfo
 from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.failures import cancelled, failed, failover, flex_refused, rate_limited_call
 from batchgen.worker.heartbeat import heartbeat
@@ -112,7 +114,9 @@ def run_item(
         spec = registry.get(model_name)
         if spec is None:
             return Verdict("skipped")
-    verdict = _run_ticket(ticket, spec, settings, gate, watcher, on_chunk, on_answer)
+    tenant = ticket.tenant_name or str(ticket.tenant_id)
+    with tracing.attempt(item_id, ticket.batch_id, tenant, ticket.attempt, spec.name):
+        verdict = _run_ticket(ticket, spec, settings, gate, watcher, on_chunk, on_answer)
     return replace(verdict, model=spec.name)
 
 
@@ -128,7 +132,7 @@ def _run_ticket(
     """Gate first, then claim: on the gate's yes, one statement claims the item and
     marks it sent; on a wait, the item is claimed and handed back for later."""
     lease_s = running_lease_s(spec, settings)
-    decision = gate.enter(spec, ticket)  # a Redis error: nothing claimed yet
+    decision = tracing.gated(gate.enter, spec, ticket)  # a Redis error: nothing claimed yet
     if not isinstance(decision, Pass):
         item = _claim(ticket.item_id, lease_s, ticket.attempt)
         if item is None:  # duplicate, cancelled, finished, or past its deadline
@@ -340,14 +344,21 @@ def _call(
     started = time.monotonic()
     settlement.error = MAYBE_SENT
     try:
-        response = provider.complete(sending.request)
+        response = tracing.called(
+            lambda: call_info(call, sending), provider.complete, sending.request
+        )
     except ProviderError as exc:
         settlement.error = exc
         return call_failed(call, sending, settings, exc, time.monotonic() - started)
     settlement.response, settlement.error = response, None
     latency_s = time.monotonic() - started
     outcome = outcome_of(call, sending, response, latency_s)
-    recorded = _record(call.item, outcome, call.served)
+    recorded = tracing.ledgered(
+        lambda: _record(call.item, outcome, call.served),
+        lambda: call_info(call, sending),
+        call.item.created_at,
+        latency_s,
+    )
     if recorded and on_answer is not None:
         on_answer(response.body)
     if on_chunk is not None:
@@ -397,6 +408,23 @@ def sending_of(
         cache_prefix=item.prefix_key is not None,
     )
     return Sending(request, route, flex)
+
+
+def call_info(call: _Call, sending: Sending) -> CallInfo:
+    """What the spans of ``call`` say about it (ids, names, the route: never text)."""
+    item, ticket = call.item, call.ticket
+    return CallInfo(
+        model=call.spec.name,
+        spec=call.served,
+        endpoint=sending.request.endpoint,
+        tenant=ticket.tenant_name or str(item.tenant_id),
+        batch_id=item.batch_id,
+        item_id=item.item_id,
+        attempt=item.attempt,
+        route=sending.route.value,
+        stream=sending.request.stream,
+        tier=sending.route.tier,
+    )
 
 
 def call_failed(

@@ -72,6 +72,7 @@ from batchgen.registry import ModelSpec
 from batchgen.store import db, items
 from batchgen.store.items import Claimed, Ticket
 from batchgen.store.ledger import CallOutcome, record_answers
+from batchgen.telemetry import tracing
 from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.execution import (
     MAYBE_SENT,
@@ -87,6 +88,7 @@ from batchgen.worker.execution import (
     _settle,
     _wait,
     call_failed,
+    call_info,
     log_answer,
     outcome_of,
     sending_of,
@@ -498,7 +500,9 @@ def _send(flight: _Flight) -> None:
     settlement.error = MAYBE_SENT
     try:
         try:
-            response = flight.provider.complete(flight.sending.request)
+            sending = flight.sending
+            described = functools.partial(call_info, flight.call, sending)
+            response = tracing.called(described, flight.provider.complete, sending.request)
         except ProviderError as exc:
             settlement.error = exc
             call_s = time.monotonic() - started

@@ -16,6 +16,7 @@ from typing import Any
 
 from celery import Celery
 
+from batchgen.telemetry import tracing
 from batchgen.worker.names import COLLECT_TASK, DISPATCH_TASK, GENERATE_TASK
 
 
@@ -48,6 +49,8 @@ class BatchgenCelery(Celery):
             eta = eta_on_redis_clock(float(countdown))
             if eta is not None:
                 options["eta"], options["countdown"] = eta, None
+        if name == GENERATE_TASK:  # the item's trace context, in the message's headers
+            tracing.carry(options, *args)
         return super().send_task(name, *args, **options)
 
 

@@ -23,6 +23,7 @@ from batchgen.store import batches, db, items
 from batchgen.store.batches import Progress
 from batchgen.store.db import session_scope
 from batchgen.store.items import Attempt, Claimed
+from batchgen.telemetry import tracing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -154,4 +155,9 @@ def end(
             closing(session, item, progress)
 
     with_db_retries(item, f"ending the item {status}", work)
+    if progress:  # this attempt ended it: the item's trace gets its root
+        tenant = str(item.tenant_id)
+        tracing.ended(
+            item.batch_id, item.item_id, tenant, item.attempt, status.value, item.created_at
+        )
     after_commit(item, progress)

@@ -63,6 +63,8 @@ SLOW = frozenset(
         "test_offload.py::test_an_expired_job_falls_back_online_within_the_deadline",
         "test_offload.py::test_near_deadlines_run_online_and_the_rest_offline",
         "test_observability.py::test_metrics_match_the_database_across_two_workers",
+        # A worker exporting OTLP to a receiver in the test; a synchronous call's trace.
+        "test_tracing.py",
         "test_packs.py::test_a_pack_that_meets_the_budget_waits_with_its_rest",
         "test_packs.py::test_a_worker_killed_mid_pack_loses_nothing",
         "test_pgbouncer.py::test_a_batch_runs_through_pgbouncer_in_transaction_mode",

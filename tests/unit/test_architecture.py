@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("edges", ("batchgen.limits",)),
     ("edges", ("batchgen.providers",)),
     ("edges", ("batchgen.embedded",)),
+    ("edges", ("batchgen.telemetry",)),
     ("worker", ("batchgen.worker", "batchgen.celeryconfig")),
     (
         "interfaces",
@@ -49,7 +50,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tasks", ("batchgen.tasks",)),
 ]
 ORDER = ["foundation", "domain", "edges", "worker", "interfaces", "tasks"]
-PEERS = [("batchgen.store", "batchgen.migrations"), ("batchgen.limits",), ("batchgen.providers",)]
+PEERS = [
+    ("batchgen.store", "batchgen.migrations"),
+    ("batchgen.limits",),
+    ("batchgen.providers",),
+    ("batchgen.telemetry",),
+]
 # The simulator is a test peer, self-contained: the product's token counter only.
 SIMULATOR = "batchgen.simulator"
 SIMULATOR_MAY_IMPORT = ("batchgen.simulator", "batchgen.domain.tokens")

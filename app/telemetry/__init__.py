@@ -1,0 +1,1 @@
+"""OpenTelemetry traces and metrics in the GenAI conventions (off unless OTEL_* says)."""
