@@ -239,3 +239,8 @@ def tenant_webhook(session: Session, tenant_id: int) -> tuple[str, str | None, s
     if tenant is None:
         return str(tenant_id), None, None
     return tenant.name, tenant.webhook_url, tenant.webhook_secret
+
+
+def tenants_with_budgets(session: Session) -> frozenset[int]:
+    """The tenants that have a budget (their own or one of their keys')."""
+    return frozenset(session.scalars(select(MoneyBudget.tenant_id).distinct()))

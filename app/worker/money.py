@@ -45,6 +45,7 @@ from batchgen.store import items, rounds, tenants
 from batchgen.store import money as store
 from batchgen.store.db import session_scope
 from batchgen.store.money import StoredBudget
+from batchgen.store.schema import Tenant
 from batchgen.worker.money_alerts import Alert, fire
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,6 @@ def sync_budget(
     win = rules.window(budget.rule.period, budget.rule.time_zone, now)
     key = money_key(budget.tenant_id, budget.id, win.key)
     cutoff_s = mb.now_s() - settings.money_sync_grace_s
-    spend = store.spend_micros(session, budget, win.start, win.end)
     flying = [
         (
             f.reservation_id,
@@ -116,6 +116,8 @@ def sync_budget(
     flying_ids = {rid for rid, _ in flying}
     held = [rid for rid in mb.held(key) if rid not in flying_ids]
     done = store.ledgered(session, held)
+    # The spend last: a row committed after it was read is a call counted in flight.
+    spend = store.spend_micros(session, budget, win.start, win.end)
     level = mb.sync(key, spend, cutoff_s, flying, _ttl_s(win, now), done=done)
     _fire_alerts(mb, budget, win, level, now)
     return level
@@ -167,12 +169,12 @@ def reserve(
     now = now or _now()
     asks, wins = _asks(budgets, amount_micros, now)
     ttl_s = max(_ttl_s(w, now) for w in wins)
-    reply = mb.reserve(reservation_id, asks, ttl_s)
+    reply = mb.reserve(budgets[0].tenant_id, reservation_id, asks, ttl_s)
     if reply.granted:
         return None
     for b in budgets:
         sync_budget(session, b, mb=mb, now=now, exclude=exclude)
-    reply = mb.reserve(reservation_id, asks, ttl_s)
+    reply = mb.reserve(budgets[0].tenant_id, reservation_id, asks, ttl_s)
     if reply.granted:
         return None
     return Refusal(budgets[reply.index], wins[reply.index])
@@ -245,19 +247,26 @@ def admit_picks(session: Session, model: str, picks: Sequence[items.Pick]) -> se
     return refused
 
 
+@dataclass(frozen=True)
+class HeldCall:
+    """A synchronous call's reservation before its item exists."""
+
+    tenant_id: int
+    reservation_id: str
+
+
 def reserve_call(
     line: dict[str, Any], *, tenant: Any, key_id: int | None, endpoint: str
-) -> str | None:
+) -> HeldCall | None:
     """Before a synchronous call is stored: reserve its worst case in its tenant's and
-    key's budgets, under an id of its own (released by a rebuild once the call is
-    ledgered or past ``money_sync_grace_s`` and no longer in flight: its item then holds
-    its own). Refused: :class:`BudgetExhausted` (429) with the period's reset. Returns
-    the reservation id (None: no budget applies, or the line is invalid: storing it
-    refuses it)."""
+    key's budgets, under an id of its own, moved to its item's ``<item>:<attempt>`` once
+    it is stored (:func:`adopt_call`), then settled when it is ledgered. Refused:
+    :class:`BudgetExhausted` (429) with the period's reset. Returns the reservation
+    (None: no budget applies, or the line is invalid: storing it refuses it)."""
     registry = get_registry()
     with session_scope() as session:
-        owner = tenants.find(session, tenant)
-        budgets = applicable(store.budgets_of(session, [owner.id]).get(owner.id, []), key_id)
+        owner_id = tenant.id if isinstance(tenant, Tenant) else tenants.find(session, tenant).id
+        budgets = applicable(store.budgets_of(session, [owner_id]).get(owner_id, []), key_id)
         if not budgets:
             return None
         try:
@@ -272,7 +281,7 @@ def reserve_call(
         now = _now()
         refusal = reserve(session, budgets, rid, amount, now=now)
     if refusal is None:
-        return rid
+        return HeldCall(owner_id, rid)
     resets = refusal.window.end
     retry_after = rules.retry_after_s(refusal.window, now)
     scope = "its key's" if refusal.budget.key_id is not None else "the tenant's"
@@ -284,6 +293,16 @@ def reserve_call(
         retry_after_s=retry_after,
         resets_at=resets.isoformat() if resets else None,
     )
+
+
+def adopt_call(held: HeldCall, item_id: int, attempt: int) -> None:
+    """Move a synchronous call's reservation to its item's id, so that its ledger row
+    settles it and a rebuild counts it once. Redis away: the rebuild releases the call's
+    own id after ``money_sync_grace_s`` (meanwhile it is counted twice, never less)."""
+    try:
+        MoneyBudgets(get_redis()).adopt(held.tenant_id, held.reservation_id, f"{item_id}:{attempt}")
+    except REDIS_DOWN:
+        log.warning("Redis unreachable: call item %d keeps its own reservation", item_id)
 
 
 def _line_bytes(line: dict[str, Any], endpoint: str) -> bytes:

@@ -62,8 +62,10 @@ from batchgen.store import batches, items, provider_jobs
 from batchgen.store.db import ADVISORY_NAMESPACE, session_lock, session_scope
 from batchgen.store.ledger import CallOutcome, record_success
 from batchgen.store.provider_jobs import JobRecord
+from batchgen.worker import money_settle
 
 log = logging.getLogger(__name__)
+money_settle.install()  # each ledger write settles its call's dollar reservation
 
 TICK_LOCK = (ADVISORY_NAMESPACE + 3, 0)
 RECORD_CHUNK = 200  # rows recorded per transaction
