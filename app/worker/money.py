@@ -38,7 +38,7 @@ from batchgen.domain.admission import validate_line
 from batchgen.domain.routes import ItemRoute
 from batchgen.errors import BudgetExhausted, ValidationFailed
 from batchgen.limits.backend import REDIS_DOWN, get_redis
-from batchgen.limits.money import Ask, Level, MoneyBudgets
+from batchgen.limits.money import Ask, Level, MoneyBudgets, Settle
 from batchgen.limits.redis_keys import money as money_key
 from batchgen.registry import Registry, Tier, get_registry
 from batchgen.store import items, rounds, tenants
@@ -245,6 +245,37 @@ def admit_picks(session: Session, model: str, picks: Sequence[items.Pick]) -> se
     for tenant_id, hold_s in stopped.items():
         rounds.hold_tenant(session, tenant_id, hold_s)
     return refused
+
+
+def reserve_job(
+    session: Session, batch_id: str, model: str, rows: Sequence[tuple[int, int, int, int]]
+) -> bool:
+    """Before an offloaded job is created: reserve each of its rows ``(item, attempt,
+    prompt estimate, max_tokens)`` at its worst case at the batch tier, all or none;
+    their ledger rows settle them as the job's results are recorded. False: the job
+    would overspend (nothing stays reserved; its items wait offloaded, held, as a
+    batch item waits pending). Redis unreachable: False for a tenant with a budget."""
+    tenant_id, key_id = store.batch_owner(session, batch_id)
+    budgets = applicable(store.budgets_of(session, [tenant_id]).get(tenant_id, []), key_id)
+    if not budgets:
+        return True
+    registry, now = get_registry(), _now()
+    done: list[Settle] = []
+    # The job's items are in it already: a rebuild must not count them in flight.
+    mine = {item_id for item_id, *_ in rows}
+    try:
+        mb = MoneyBudgets(get_redis())
+        for item_id, attempt, prompt_est, max_tokens in rows:
+            rid = f"{item_id}:{attempt}"
+            amount = worst_case(registry, model, prompt_est, max_tokens, Tier.BATCH)
+            if reserve(session, budgets, rid, amount, mb=mb, now=now, exclude=mine) is not None:
+                mb.release(done)
+                return False
+            done.append(Settle(tenant_id, rid, 0))
+    except REDIS_DOWN:
+        log.warning("Redis unreachable: offloaded jobs of tenants with budgets wait")
+        return False
+    return True
 
 
 @dataclass(frozen=True)
