@@ -11,14 +11,18 @@ the tier of its route) is reserved in each, all or nothing
   item goes back to pending unsent and its tenant is held (``budget_holds``) for
   ``money_hold_s``, not billed, not failed;
 * a synchronous call before it is stored (:func:`reserve_call`): refused, it gets 429
-  ``budget_exhausted`` with the period's reset time.
+  ``budget_exhausted`` with the period's reset time; stored, its reservation moves to
+  its item's id (:func:`adopt_call`);
+* an offloaded job's rows before the job is created (:func:`reserve_job`, at the
+  batch tier): refused, the job is not created and its items go back online.
 
-A reservation is held until a rebuild of its budget (:func:`sync_budget`: whenever a
-reservation is refused, and for every budget on the beat's tick) finds its call
-ledgered or no longer in flight: the period's ``used`` becomes the ledger's spend and
-what ended is released, in one script; what is in flight stays held (added if Redis
-lost it). So a budget is never passed, whatever dies meanwhile: a reservation outlives
-its call until its price is in ``used``.
+Each reservation is settled right after its call's ledger row commits
+(:mod:`batchgen.worker.money_settle`): released, its actual price added to ``used``,
+once. A rebuild of its budget (:func:`sync_budget`: whenever a reservation is
+refused, and for every budget on the beat's tick) is the safety net: ``used`` becomes
+the ledger's spend and what ended is released, in one script; what is in flight stays
+held (added if Redis lost it). So a budget is never passed, whatever dies meanwhile:
+a reservation outlives its call until its price is in ``used``.
 """
 
 from __future__ import annotations
