@@ -38,12 +38,16 @@ _lock = threading.Lock()
 _cache: tuple[float, frozenset[int]] = (-1.0, frozenset())
 
 
-def budget_tenants() -> frozenset[int]:
-    """The tenants with a budget, as read at most :data:`TENANTS_TTL_S` ago."""
+def budget_tenants(*, may_read: bool = True) -> frozenset[int] | None:
+    """The tenants with a budget, as read at most :data:`TENANTS_TTL_S` ago; None when
+    that is stale and ``may_read`` is False (a committing session's listener holds its
+    connection: reading another could wait on a pool it exhausts)."""
     global _cache
     read_at, found = _cache
     if read_at >= 0 and time.monotonic() - read_at < TENANTS_TTL_S:
         return found
+    if not may_read:
+        return None
     with session_scope() as session:
         found = store.tenants_with_budgets(session)
     with _lock:
@@ -58,18 +62,19 @@ def forget_budget_tenants() -> None:
         _cache = (-1.0, frozenset())
 
 
-def settle(rows: Sequence[Ledgered]) -> int:
+def settle(rows: Sequence[Ledgered], *, may_read: bool = True) -> int:
     """Settle the reservations of ``rows`` (their transaction committed); returns how
-    many budgets' reservations were released. Never raises: a settle lost is done by
-    the next rebuild."""
+    many budgets' reservations were released. ``may_read`` False: no database read
+    (which tenants have a budget unknown: every row is settled, a no-op in Redis for
+    those without one). Never raises: a settle lost is done by the next rebuild."""
     if not rows:
         return 0
     try:
-        mine = budget_tenants()
+        mine = budget_tenants(may_read=may_read)
         settles = [
             Settle(r.tenant_id, r.reservation_id, to_micros(r.cost_usd))
             for r in rows
-            if r.tenant_id in mine
+            if mine is None or r.tenant_id in mine
         ]
         return MoneyBudgets(get_redis()).release(settles) if settles else 0
     except Exception as exc:  # noqa: BLE001 - the rebuild settles what this could not
@@ -77,6 +82,10 @@ def settle(rows: Sequence[Ledgered]) -> int:
         return 0
 
 
+def _committed(rows: list[Ledgered]) -> None:
+    settle(rows, may_read=False)
+
+
 def install() -> None:
     """Settle what each committed session ledgered (once per process)."""
-    on_commit(settle)
+    on_commit(_committed)
