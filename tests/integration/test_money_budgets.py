@@ -476,3 +476,24 @@ def test_real_workers_never_pass_a_budget_and_finish_once_it_is_raised(
     assert statuses(batch) == {"succeeded": 12}
     state = level("acme")
     assert (state["used_micros"], state["reserved_micros"]) == (spent_micros(), 0)
+
+
+def test_the_key_lookup_says_whether_a_budget_applies(clean_db):
+    """Read in the key's own lookup: a call with no budget reads nothing more."""
+    from batchgen.store.keys import authenticate
+
+    secret = make_tenant("acme")
+    other = admin.create_key("acme", name="other", scopes=["calls"])
+
+    def applies() -> tuple[bool, bool]:
+        with db.session_scope() as session:
+            return (
+                authenticate(session, secret).has_budget,
+                authenticate(session, other["secret"]).has_budget,
+            )
+
+    assert applies() == (False, False)
+    admin.set_budget("acme", key_id=other["id"], limit_usd="1", period="day")
+    assert applies() == (False, True)  # a key's budget is that key's only
+    admin.set_budget("acme", limit_usd="1", period="day")
+    assert applies() == (True, True)
