@@ -28,6 +28,7 @@ from batchgen.errors import Conflict, NotFound, ValidationFailed
 from batchgen.store import audit, keys, money, tenants
 from batchgen.store.db import session_scope
 from batchgen.store.schema import ApiKey, Tenant
+from batchgen.worker import money_settle
 
 DEFAULT_ACTOR = "python"
 
@@ -319,7 +320,9 @@ def set_budget(
             before=None if before is None else before.as_dict(),
             after=after.as_dict(),
         )
-        return after.as_dict()
+        result = after.as_dict()
+    money_settle.forget_budget_tenants()  # this process settles its calls from now on
+    return result
 
 
 def _budget_rule(

@@ -427,3 +427,24 @@ def check_invariants(
         waste_rows=sum(1 for rows in ledger.values() for r in rows if r.waste_reason),
         calls_per_item=dict(billed),
     )
+
+
+def assert_budget_settled(tenant: str, timeout_s: float = 60.0) -> None:
+    """The tenant's dollar budget, once settled (a read of it rebuilds it from the
+    ledger), holds no reservation and its ``used`` is the ledger's spend: nothing was
+    reserved twice or left held by the fault."""
+    from batchgen import admin
+    from batchgen.domain.money import to_micros
+
+    def budget() -> dict[str, Any]:
+        (found,) = admin.get_budgets(tenant)
+        return found
+
+    wait_until(lambda: budget()["reserved_micros"] == 0, timeout_s, lambda: str(budget()))
+    with db.session_scope() as session:
+        spent = session.scalar(
+            select(func.coalesce(func.sum(UsageLedger.cost_usd), 0))
+            .join(Tenant, Tenant.id == UsageLedger.tenant_id)
+            .where(Tenant.name == tenant)
+        )
+    assert budget()["used_micros"] == to_micros(spent)

@@ -114,6 +114,7 @@ TRANSITIONS: dict[ItemStatus, frozenset[ItemStatus]] = {
         {
             ItemStatus.QUEUED,  # released by the dispatcher
             ItemStatus.EXPIRED,  # deadline passed before it ran
+            ItemStatus.FAILED,  # deadline passed while its dollar budget held it
             ItemStatus.CANCELLED,  # its batch was cancelled
             ItemStatus.SUCCEEDED,  # a late answer of an attempt the sweep took back
         }

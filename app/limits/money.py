@@ -1,12 +1,17 @@
 """Dollar budgets in Redis: reserve a call's worst case, settle it once.
 
 One hash per budget and period (:func:`batchgen.limits.redis_keys.money`) holds what
-was settled (``used``, never less than the ledger's spend of the period), what is
+was settled (``used``: the ledger's spend of the period at its last rebuild, plus the
+prices settled since, each rounded up), what is
 reserved, and each reservation by its id (``<item>:<attempt>``, or a synchronous
 call's id before its item exists). :meth:`MoneyBudgets.reserve` is all or nothing
 across the budgets a call counts against (``lua/money_reserve.lua``) and idempotent
-per id; :meth:`MoneyBudgets.settle` releases a reservation and adds its actual price,
-once (an id not held is a no-op); :meth:`MoneyBudgets.sync` rebuilds a period from
+per id, and notes in an index of its own (:func:`~batchgen.limits.redis_keys.money_reservation`)
+the hashes it is held in; :meth:`MoneyBudgets.release` settles it by that index right
+after its call's ledger row is written: released and its actual price added to
+``used``, once (the index is deleted; an id not held is a no-op);
+:meth:`MoneyBudgets.adopt` moves a synchronous call's reservation to its item's id once
+the item is stored. :meth:`MoneyBudgets.sync` rebuilds a period from
 the ledger (``lua/money_settle.lua``): after Redis lost its data, at a new period,
 and whenever a reservation is refused, so what ended is released and what is in
 flight stays held. The maths is in :mod:`batchgen.domain.money`.
@@ -16,11 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from batchgen.limits import redis_keys as keys
-from batchgen.limits.backend import script
+from batchgen.limits.backend import script, scripts_pipelined
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,15 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class Settle:
+    """A reservation to settle: its tenant, its id and the price its ledger row holds."""
+
+    tenant_id: int
+    reservation_id: str
+    actual_micros: int
+
+
+@dataclass(frozen=True)
 class Level:
     used_micros: int
     reserved_micros: int
@@ -56,7 +71,12 @@ class MoneyBudgets:
         self.client = client
 
     def reserve(
-        self, reservation_id: str, asks: Sequence[Ask], ttl_s: float, now_s: float | None = None
+        self,
+        tenant_id: int,
+        reservation_id: str,
+        asks: Sequence[Ask],
+        ttl_s: float,
+        now_s: float | None = None,
     ) -> Reply:
         if not asks:
             return Reply(True)
@@ -64,7 +84,8 @@ class MoneyBudgets:
         args.append(ttl_s)
         for a in asks:
             args += [a.amount_micros, a.limit_micros]
-        reply = script(self.client, "money_reserve")(keys=[a.key for a in asks], args=args)
+        names = [a.key for a in asks] + [keys.money_reservation(tenant_id, reservation_id)]
+        reply = script(self.client, "money_reserve")(keys=names, args=args)
         code = int(reply[0])
         if code == 1:
             return Reply(True, held_before=bool(int(reply[1])))
@@ -73,6 +94,25 @@ class MoneyBudgets:
         return Reply(
             False, index=int(reply[1]) - 1, used_micros=int(reply[2]), reserved_micros=int(reply[3])
         )
+
+    def release(self, settles: Sequence[Settle]) -> int:
+        """Settle each reservation (its actual price into ``used``), once, in one round
+        trip; returns how many budgets' reservations were released."""
+        calls: list[tuple[list[str], list[Any]]] = [
+            (
+                [keys.money_reservation(s.tenant_id, s.reservation_id)],
+                ["settle", s.reservation_id, max(0, s.actual_micros)],
+            )
+            for s in settles
+        ]
+        return sum(int(r) for r in scripts_pipelined(self.client, "money_release", calls))
+
+    def adopt(self, tenant_id: int, old_id: str, new_id: str) -> bool:
+        """Move the reservation ``old_id`` (a synchronous call's, before its item existed)
+        to ``new_id`` (its item's ``<item>:<attempt>``)."""
+        names = [keys.money_reservation(tenant_id, i) for i in (old_id, new_id)]
+        reply = script(self.client, "money_release")(keys=names, args=["adopt", old_id, new_id])
+        return bool(int(reply))
 
     def settle(self, key: str, reservation_id: str, actual_micros: int) -> bool:
         """Release ``reservation_id`` and add ``actual_micros`` to what is used, once."""
@@ -90,7 +130,7 @@ class MoneyBudgets:
         ttl_s: float,
         done: Sequence[str] = (),
     ) -> Level:
-        """Rebuild from the ledger: ``used`` at least ``spend_micros``; reservations
+        """Rebuild from the ledger: ``used`` becomes ``spend_micros``; reservations
         made before ``cutoff_s`` (Redis seconds) that are not ``in_flight`` released;
         those in flight held (added if missing); those ``done`` (ledgered) released
         whatever their age."""

@@ -200,6 +200,12 @@ def money(tenant_id: int, budget_id: int, period_key: str) -> str:
     return f"{PREFIX}money:{{m{tenant_id}}}:{budget_id}:{period_key}"
 
 
+def money_reservation(tenant_id: int, reservation_id: str) -> str:
+    """The budgets' hashes a reservation is held in (space-separated): what settling it
+    releases, once (batchgen.limits.money)."""
+    return f"{PREFIX}money:{{m{tenant_id}}}:rsv:{reservation_id}"
+
+
 def money_alert(tenant_id: int, budget_id: int, period_key: str, pct: int) -> str:
     """Set once when the budget's period reached ``pct`` per cent (its alert went)."""
     return f"{PREFIX}money:{{m{tenant_id}}}:{budget_id}:{period_key}:alert:{pct}"

@@ -96,6 +96,8 @@ OFFLOAD_RETURN = _declare("offload_return", {S.OFFLOADED}, {S.PENDING, S.CANCELL
 # The sweep's statements (sql/sweep_*.sql).
 SWEEP_CANCEL_ORPHANS = _declare("sweep_cancel_orphans", {S.PENDING, S.QUEUED}, {S.CANCELLED})
 SWEEP_EXPIRE = _declare("sweep_expire", {S.PENDING, S.QUEUED}, {S.EXPIRED})
+# The same statement: an item its dollar budget still holds at its deadline fails.
+SWEEP_EXPIRE_HELD = _declare("sweep_expire_held", {S.PENDING}, {S.FAILED})
 # sql/sweep_requeue_lost.sql: a lost message (queued) or a dead worker (running).
 SWEEP_LOST_QUEUED = _declare("sweep_lost_queued", {S.QUEUED}, {S.PENDING, S.CANCELLED, S.EXPIRED})
 SWEEP_LOST_RUNNING = _declare(
@@ -814,13 +816,21 @@ def release_picks(
 
 def unrelease(session: Session, item_ids: list[int]) -> int:
     """``queued → pending`` for items released in the caller's transaction whose
-    dollar budget refused them: as if they had not been picked (nothing was sent)."""
+    dollar budget refused them: as if they had not been picked (nothing was sent),
+    marked held by it (``error_code`` ``budget_exhausted``: still held at its deadline,
+    the item ends failed with that code, :func:`sweep_expire`)."""
     if not item_ids:
         return 0
     result = session.execute(
         update(Item)
         .where(Item.id.in_(item_ids), UNRELEASE.where())
-        .values(status=S.PENDING.value, queued_at=None, lease_expires_at=None)
+        .values(
+            status=S.PENDING.value,
+            queued_at=None,
+            lease_expires_at=None,
+            error_code=BUDGET_HELD,
+            last_error="held: its dollar budget cannot cover it this period",
+        )
         .execution_options(synchronize_session=False)
     )
     return int(getattr(result, "rowcount", 0) or 0)
@@ -924,8 +934,13 @@ def sweep_cancel_orphans(session: Session) -> int:
     return len(session.execute(query("sweep_cancel_orphans")).all())
 
 
+# What an item a dollar budget holds back carries, and ends with at its deadline.
+BUDGET_HELD = "budget_exhausted"
+
+
 def sweep_expire(session: Session) -> int:
-    """Pending or queued items whose deadline passed end expired (never sent)."""
+    """Pending or queued items whose deadline passed end expired (never sent); those
+    still held by their dollar budget (:func:`unrelease`) end failed, ``budget_exhausted``."""
     return len(session.execute(query("sweep_expire")).all())
 
 

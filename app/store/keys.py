@@ -14,12 +14,12 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from batchgen.domain import keys as rules
 from batchgen.errors import NotFound, Unauthorized, ValidationFailed
-from batchgen.store.schema import ApiKey, Tenant
+from batchgen.store.schema import ApiKey, MoneyBudget, Tenant
 
 
 def hash_key(secret: str) -> str:
@@ -41,6 +41,9 @@ class Caller:
     scopes: tuple[str, ...]
     requests_per_min: int | None
     tenant: Tenant
+    # Whether a dollar budget applies to its calls (its tenant's or its own), read in
+    # the same lookup: a call with none reserves nothing and reads nothing more.
+    has_budget: bool = True
 
 
 def now(session: Session) -> dt.datetime:
@@ -97,14 +100,22 @@ def authenticate(session: Session, secret: str | None) -> Caller:
     once per :data:`~batchgen.domain.keys.LAST_USED_EVERY_S` per key)."""
     if not secret:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    budget = (
+        select(MoneyBudget.id)
+        .where(
+            MoneyBudget.tenant_id == ApiKey.tenant_id,
+            or_(MoneyBudget.key_id.is_(None), MoneyBudget.key_id == ApiKey.id),
+        )
+        .exists()
+    )
     row = session.execute(
-        select(ApiKey, Tenant, func.now())
+        select(ApiKey, Tenant, func.now(), budget)
         .join(Tenant, Tenant.id == ApiKey.tenant_id)
         .where(ApiKey.key_hash == hash_key(secret))
     ).one_or_none()
     if row is None:
         raise Unauthorized("unknown API key")
-    key, tenant, at = row
+    key, tenant, at, has_budget = row
     refused = rules.refusal(at, key.expires_at, key.revoked_at)
     if refused is not None:
         raise Unauthorized(refused)
@@ -112,7 +123,9 @@ def authenticate(session: Session, secret: str | None) -> Caller:
         raise Unauthorized("this API key's tenant is suspended")
     if rules.last_used_due(at, key.last_used_at):
         touch(session, key.id, at)
-    return Caller(key.id, key.name, tuple(key.scopes), key.requests_per_min, tenant)
+    return Caller(
+        key.id, key.name, tuple(key.scopes), key.requests_per_min, tenant, bool(has_budget)
+    )
 
 
 def works(session: Session, key_id: int) -> bool:

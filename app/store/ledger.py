@@ -9,12 +9,12 @@ moves go through :mod:`batchgen.store.items`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Connection, TextClause, bindparam
+from sqlalchemy import Connection, TextClause, bindparam, event
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
@@ -126,6 +126,57 @@ def _params(item: LockedItem, outcome: CallOutcome, priced: Priced, waste: str |
     }
 
 
+@dataclass(frozen=True)
+class Ledgered:
+    """A ledger row just written: what settles its call's dollar reservation
+    (``<item>:<attempt>``) once its transaction commits (batchgen.worker.money_settle)."""
+
+    tenant_id: int
+    item_id: int
+    attempt: int
+    cost_usd: Decimal
+
+    @property
+    def reservation_id(self) -> str:
+        return f"{self.item_id}:{self.attempt}"
+
+
+# session.info's list of the rows its transaction ledgered (taken at commit).
+LEDGERED = "batchgen.ledgered"
+
+
+def take_ledgered(session: Session) -> list[Ledgered]:
+    """The rows ``session``'s transaction ledgered, taken (each settled once)."""
+    found: list[Ledgered] = session.info.pop(LEDGERED, [])
+    return found
+
+
+_settlers: list[Callable[[list[Ledgered]], object]] = []
+
+
+def on_commit(settle: Callable[[list[Ledgered]], object]) -> None:
+    """Hand ``settle`` what each session's transaction ledgered, once it commits (once
+    per process, whoever asks again)."""
+    if settle in _settlers:
+        return
+    if not _settlers:
+        event.listen(Session, "after_commit", _committed)
+        event.listen(Session, "after_rollback", take_ledgered)
+    _settlers.append(settle)
+
+
+def _committed(session: Session) -> None:
+    rows = take_ledgered(session)
+    if rows:
+        for settle in _settlers:
+            settle(rows)
+
+
+def answered_row(item: Claimed, outcome: CallOutcome, spec: ModelSpec) -> Ledgered:
+    """The ledger row :func:`record_answer` wrote (its transaction committed with it)."""
+    return Ledgered(item.tenant_id, item.item_id, outcome.attempt, price(outcome, spec).cost)
+
+
 def _ledger(
     session: Session,
     item: LockedItem,
@@ -138,6 +189,9 @@ def _ledger(
     params = _params(item, outcome, priced, waste)
     params.update(route=priced.route.value, online_cost_usd=priced.online_cost)
     inserted = session.execute(query("ledger_insert"), params).scalar_one_or_none()
+    if inserted is not None:
+        row = Ledgered(item.tenant_id, item.id, outcome.attempt, priced.cost)
+        session.info.setdefault(LEDGERED, []).append(row)
     return inserted is not None
 
 

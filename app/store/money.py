@@ -168,9 +168,11 @@ def spend_micros(
 
 
 def in_flight(session: Session, budget: StoredBudget) -> list[InFlight]:
-    """The budget's items released or running now, by the attempt their call is."""
+    """The budget's items released or running now, by the attempt their call is, and
+    those in a provider's job (reserved at its creation, at the batch tier)."""
     queued = and_(Item.status == ItemStatus.QUEUED.value)
     running = and_(Item.status == ItemStatus.RUNNING.value)
+    in_job = and_(Item.status == ItemStatus.OFFLOADED.value, Item.job_id.is_not(None))
     stmt = select(
         Item.id,
         Item.attempts,
@@ -179,7 +181,7 @@ def in_flight(session: Session, budget: StoredBudget) -> list[InFlight]:
         Item.route,
         Item.prompt_tokens_est,
         Item.max_tokens,
-    ).where(Item.tenant_id == budget.tenant_id, or_(queued, running))
+    ).where(Item.tenant_id == budget.tenant_id, or_(queued, running, in_job))
     if budget.key_id is not None:
         stmt = stmt.join(Batch, Batch.id == Item.batch_id).where(Batch.key_id == budget.key_id)
     return [
@@ -187,12 +189,18 @@ def in_flight(session: Session, budget: StoredBudget) -> list[InFlight]:
             r.id,
             r.attempts + 1 if r.status == ItemStatus.QUEUED.value else r.attempts,
             r.model,
-            r.route,
+            "batch" if r.status == ItemStatus.OFFLOADED.value else r.route,
             r.prompt_tokens_est,
             r.max_tokens,
         )
         for r in session.execute(stmt)
     ]
+
+
+def batch_owner(session: Session, batch_id: str) -> tuple[int, int | None]:
+    """The batch's tenant and the key it was made with."""
+    row = session.execute(select(Batch.tenant_id, Batch.key_id).where(Batch.id == batch_id)).one()
+    return row.tenant_id, row.key_id
 
 
 def item_facts(session: Session, item_ids: Collection[int]) -> dict[int, ItemFacts]:
@@ -239,3 +247,8 @@ def tenant_webhook(session: Session, tenant_id: int) -> tuple[str, str | None, s
     if tenant is None:
         return str(tenant_id), None, None
     return tenant.name, tenant.webhook_url, tenant.webhook_secret
+
+
+def tenants_with_budgets(session: Session) -> frozenset[int]:
+    """The tenants that have a budget (their own or one of their keys')."""
+    return frozenset(session.scalars(select(MoneyBudget.tenant_id).distinct()))

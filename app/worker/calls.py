@@ -188,6 +188,7 @@ def start_call(
     stream: bool = False,
     idempotency_key: str | None = None,
     key_id: int | None = None,
+    has_budget: bool | None = None,
 ) -> PendingCall:
     """Store a call (one item, priority ``call``) and run it in this process, unless it
     cannot start before ``deadline_s``: :class:`Overloaded` (503) when the model's
@@ -201,13 +202,16 @@ def start_call(
     call's answer instead (``stored.replayed``: no second provider call, no second
     ledger row); used for another request, it raises
     :class:`~batchgen.errors.IdempotencyKeyReused` (422). ``key_id``: the API key it
-    is made with (its usage is that key's)."""
+    is made with (its usage is that key's); ``has_budget`` False: no dollar budget
+    applies to it (as its key's lookup found), so none is read (None: look)."""
     settings = get_settings()
     body = line.get("body")
     spec = get_registry().get(body.get("model", "")) if isinstance(body, dict) else None
+    held = None
     if spec is not None and not _key_used(tenant, idempotency_key):
         refuse_early(spec, tenant, deadline_s)
-        money.reserve_call(line, tenant=tenant, key_id=key_id, endpoint=endpoint)
+        if has_budget is not False:
+            held = money.reserve_call(line, tenant=tenant, key_id=key_id, endpoint=endpoint)
     started = time.monotonic()
     stored = None
     if not idempotency_key and isinstance(tenant, Tenant):  # one statement, most calls
@@ -235,6 +239,9 @@ def start_call(
                 idempotency_key=idempotency_key,
                 key_id=key_id,
             )
+    if held is not None and not stored.replayed:
+        attempt = stored.queue_ticket.attempt if stored.queue_ticket else 1
+        money.adopt_call(held, stored.item_id, attempt)
     relay = ChunkRelay() if stream else None
     woken = call_waiter().register(stored.item_id, event=Wake(relay) if relay else None)
     if stored.replayed:  # the earlier call's run (done, or under way elsewhere) answers it

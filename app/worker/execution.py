@@ -61,9 +61,10 @@ from batchgen.store import batches, db, items, rounds
 from batchgen.store.batches import Progress
 from batchgen.store.db import session_scope
 from batchgen.store.items import Claimed, Ticket
-from batchgen.store.ledger import CallOutcome, record_answer, record_success
+from batchgen.store.ledger import CallOutcome, answered_row, record_answer, record_success
 from batchgen.telemetry import tracing
 from batchgen.telemetry.genai import CallInfo
+from batchgen.worker import money_settle
 from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.failures import cancelled, failed, failover, flex_refused, rate_limited_call
 from batchgen.worker.heartbeat import heartbeat
@@ -78,6 +79,7 @@ from batchgen.worker.recording import (
 from batchgen.worker.verdict import Verdict
 
 log = logging.getLogger(__name__)
+money_settle.install()  # each ledger write settles its call's dollar reservation
 T = TypeVar("T")
 OnChunk = Callable[[dict[str, Any]], None]
 # Handed the answer of record once this attempt recorded it (a synchronous call's
@@ -533,6 +535,7 @@ def _record(item: Claimed, outcome: CallOutcome, spec: ModelSpec) -> bool:
         scope=db.autocommit,
     )
     if answered.recorded:
+        money_settle.settle([answered_row(item, outcome, spec)])
         if not answered.waiting and not answered.closed:  # it may be done
             close_batch(item.batch_id, item.item_id)
         return True

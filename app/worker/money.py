@@ -11,14 +11,18 @@ the tier of its route) is reserved in each, all or nothing
   item goes back to pending unsent and its tenant is held (``budget_holds``) for
   ``money_hold_s``, not billed, not failed;
 * a synchronous call before it is stored (:func:`reserve_call`): refused, it gets 429
-  ``budget_exhausted`` with the period's reset time.
+  ``budget_exhausted`` with the period's reset time; stored, its reservation moves to
+  its item's id (:func:`adopt_call`);
+* an offloaded job's rows before the job is created (:func:`reserve_job`, at the
+  batch tier): refused, the job is not created and its items go back online.
 
-A reservation is held until a rebuild of its budget (:func:`sync_budget`: whenever a
-reservation is refused, and for every budget on the beat's tick) finds its call
-ledgered or no longer in flight: the period's ``used`` becomes the ledger's spend and
-what ended is released, in one script; what is in flight stays held (added if Redis
-lost it). So a budget is never passed, whatever dies meanwhile: a reservation outlives
-its call until its price is in ``used``.
+Each reservation is settled right after its call's ledger row commits
+(:mod:`batchgen.worker.money_settle`): released, its actual price added to ``used``,
+once. A rebuild of its budget (:func:`sync_budget`: whenever a reservation is
+refused, and for every budget on the beat's tick) is the safety net: ``used`` becomes
+the ledger's spend and what ended is released, in one script; what is in flight stays
+held (added if Redis lost it). So a budget is never passed, whatever dies meanwhile:
+a reservation outlives its call until its price is in ``used``.
 """
 
 from __future__ import annotations
@@ -38,13 +42,14 @@ from batchgen.domain.admission import validate_line
 from batchgen.domain.routes import ItemRoute
 from batchgen.errors import BudgetExhausted, ValidationFailed
 from batchgen.limits.backend import REDIS_DOWN, get_redis
-from batchgen.limits.money import Ask, Level, MoneyBudgets
+from batchgen.limits.money import Ask, Level, MoneyBudgets, Settle
 from batchgen.limits.redis_keys import money as money_key
 from batchgen.registry import Registry, Tier, get_registry
 from batchgen.store import items, rounds, tenants
 from batchgen.store import money as store
 from batchgen.store.db import session_scope
 from batchgen.store.money import StoredBudget
+from batchgen.store.schema import Tenant
 from batchgen.worker.money_alerts import Alert, fire
 
 log = logging.getLogger(__name__)
@@ -104,7 +109,6 @@ def sync_budget(
     win = rules.window(budget.rule.period, budget.rule.time_zone, now)
     key = money_key(budget.tenant_id, budget.id, win.key)
     cutoff_s = mb.now_s() - settings.money_sync_grace_s
-    spend = store.spend_micros(session, budget, win.start, win.end)
     flying = [
         (
             f.reservation_id,
@@ -116,6 +120,8 @@ def sync_budget(
     flying_ids = {rid for rid, _ in flying}
     held = [rid for rid in mb.held(key) if rid not in flying_ids]
     done = store.ledgered(session, held)
+    # The spend last: a row committed after it was read is a call counted in flight.
+    spend = store.spend_micros(session, budget, win.start, win.end)
     level = mb.sync(key, spend, cutoff_s, flying, _ttl_s(win, now), done=done)
     _fire_alerts(mb, budget, win, level, now)
     return level
@@ -167,12 +173,12 @@ def reserve(
     now = now or _now()
     asks, wins = _asks(budgets, amount_micros, now)
     ttl_s = max(_ttl_s(w, now) for w in wins)
-    reply = mb.reserve(reservation_id, asks, ttl_s)
+    reply = mb.reserve(budgets[0].tenant_id, reservation_id, asks, ttl_s)
     if reply.granted:
         return None
     for b in budgets:
         sync_budget(session, b, mb=mb, now=now, exclude=exclude)
-    reply = mb.reserve(reservation_id, asks, ttl_s)
+    reply = mb.reserve(budgets[0].tenant_id, reservation_id, asks, ttl_s)
     if reply.granted:
         return None
     return Refusal(budgets[reply.index], wins[reply.index])
@@ -245,19 +251,57 @@ def admit_picks(session: Session, model: str, picks: Sequence[items.Pick]) -> se
     return refused
 
 
+def reserve_job(
+    session: Session, batch_id: str, model: str, rows: Sequence[tuple[int, int, int, int]]
+) -> bool:
+    """Before an offloaded job is created: reserve each of its rows ``(item, attempt,
+    prompt estimate, max_tokens)`` at its worst case at the batch tier, all or none;
+    their ledger rows settle them as the job's results are recorded. False: the job
+    would overspend (nothing stays reserved; its items wait offloaded, held, as a
+    batch item waits pending). Redis unreachable: False for a tenant with a budget."""
+    tenant_id, key_id = store.batch_owner(session, batch_id)
+    budgets = applicable(store.budgets_of(session, [tenant_id]).get(tenant_id, []), key_id)
+    if not budgets:
+        return True
+    registry, now = get_registry(), _now()
+    done: list[Settle] = []
+    # The job's items are in it already: a rebuild must not count them in flight.
+    mine = {item_id for item_id, *_ in rows}
+    try:
+        mb = MoneyBudgets(get_redis())
+        for item_id, attempt, prompt_est, max_tokens in rows:
+            rid = f"{item_id}:{attempt}"
+            amount = worst_case(registry, model, prompt_est, max_tokens, Tier.BATCH)
+            if reserve(session, budgets, rid, amount, mb=mb, now=now, exclude=mine) is not None:
+                mb.release(done)
+                return False
+            done.append(Settle(tenant_id, rid, 0))
+    except REDIS_DOWN:
+        log.warning("Redis unreachable: offloaded jobs of tenants with budgets wait")
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class HeldCall:
+    """A synchronous call's reservation before its item exists."""
+
+    tenant_id: int
+    reservation_id: str
+
+
 def reserve_call(
     line: dict[str, Any], *, tenant: Any, key_id: int | None, endpoint: str
-) -> str | None:
+) -> HeldCall | None:
     """Before a synchronous call is stored: reserve its worst case in its tenant's and
-    key's budgets, under an id of its own (released by a rebuild once the call is
-    ledgered or past ``money_sync_grace_s`` and no longer in flight: its item then holds
-    its own). Refused: :class:`BudgetExhausted` (429) with the period's reset. Returns
-    the reservation id (None: no budget applies, or the line is invalid: storing it
-    refuses it)."""
+    key's budgets, under an id of its own, moved to its item's ``<item>:<attempt>`` once
+    it is stored (:func:`adopt_call`), then settled when it is ledgered. Refused:
+    :class:`BudgetExhausted` (429) with the period's reset. Returns the reservation
+    (None: no budget applies, or the line is invalid: storing it refuses it)."""
     registry = get_registry()
     with session_scope() as session:
-        owner = tenants.find(session, tenant)
-        budgets = applicable(store.budgets_of(session, [owner.id]).get(owner.id, []), key_id)
+        owner_id = tenant.id if isinstance(tenant, Tenant) else tenants.find(session, tenant).id
+        budgets = applicable(store.budgets_of(session, [owner_id]).get(owner_id, []), key_id)
         if not budgets:
             return None
         try:
@@ -272,7 +316,7 @@ def reserve_call(
         now = _now()
         refusal = reserve(session, budgets, rid, amount, now=now)
     if refusal is None:
-        return rid
+        return HeldCall(owner_id, rid)
     resets = refusal.window.end
     retry_after = rules.retry_after_s(refusal.window, now)
     scope = "its key's" if refusal.budget.key_id is not None else "the tenant's"
@@ -284,6 +328,16 @@ def reserve_call(
         retry_after_s=retry_after,
         resets_at=resets.isoformat() if resets else None,
     )
+
+
+def adopt_call(held: HeldCall, item_id: int, attempt: int) -> None:
+    """Move a synchronous call's reservation to its item's id, so that its ledger row
+    settles it and a rebuild counts it once. Redis away: the rebuild releases the call's
+    own id after ``money_sync_grace_s`` (meanwhile it is counted twice, never less)."""
+    try:
+        MoneyBudgets(get_redis()).adopt(held.tenant_id, held.reservation_id, f"{item_id}:{attempt}")
+    except REDIS_DOWN:
+        log.warning("Redis unreachable: call item %d keeps its own reservation", item_id)
 
 
 def _line_bytes(line: dict[str, Any], endpoint: str) -> bytes:

@@ -62,8 +62,10 @@ from batchgen.store import batches, items, provider_jobs
 from batchgen.store.db import ADVISORY_NAMESPACE, session_lock, session_scope
 from batchgen.store.ledger import CallOutcome, record_success
 from batchgen.store.provider_jobs import JobRecord
+from batchgen.worker import money, money_settle
 
 log = logging.getLogger(__name__)
+money_settle.install()  # each ledger write settles its call's dollar reservation
 
 TICK_LOCK = (ADVISORY_NAMESPACE + 3, 0)
 RECORD_CHUNK = 200  # rows recorded per transaction
@@ -428,6 +430,31 @@ def _plan(spec: ModelSpec, adapter: OfflineJobs, settings: Settings, report: Tic
             return
 
 
+def _reserved(
+    spec: ModelSpec,
+    batch_id: str,
+    job: JobRecord,
+    attempts: dict[int, int],
+    by_id: dict[int, items.Waiting],
+) -> bool:
+    """The job's rows reserved in their dollar budgets (batchgen.worker.money); refused,
+    the job is not created: it ends failed and its items go back online, where the
+    dispatcher holds them as any item its budget cannot cover (failed
+    ``budget_exhausted`` if still held at their deadline)."""
+    rows = [
+        (item_id, attempt, by_id[item_id].prompt_tokens_est, by_id[item_id].max_tokens)
+        for item_id, attempt in sorted(attempts.items())
+    ]
+    with session_scope() as session:
+        if money.reserve_job(session, batch_id, spec.name, rows):
+            return True
+        provider_jobs.mark(session, job.id, JobStatus.FAILED, items.BUDGET_HELD)
+        why = "its dollar budget cannot cover a provider job"
+        items.return_online(session, items.BUDGET_HELD, why, job_id=job.id)
+    log.info("offload: job %d not created: its budget cannot cover it", job.id)
+    return False
+
+
 def _create(
     spec: ModelSpec,
     adapter: OfflineJobs,
@@ -447,6 +474,8 @@ def _create(
         return 0
     job, attempts = recorded
     by_id = {w.item_id: w for w in group}
+    if not _reserved(spec, batch_id, job, attempts, by_id):
+        return 0
     requests = [
         OfflineRow(
             item_id,

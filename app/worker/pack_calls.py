@@ -71,8 +71,9 @@ from batchgen.providers.base import Provider, ProviderResponse
 from batchgen.registry import ModelSpec
 from batchgen.store import db, items
 from batchgen.store.items import Claimed, Ticket
-from batchgen.store.ledger import CallOutcome, record_answers
+from batchgen.store.ledger import CallOutcome, answered_row, record_answers
 from batchgen.telemetry import tracing
+from batchgen.worker import money_settle
 from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.execution import (
     MAYBE_SENT,
@@ -402,6 +403,13 @@ class _Run:
             if not db.is_transient(exc):
                 raise
             return {}  # each answer on its own, below, through its own retries
+        money_settle.settle(
+            [
+                answered_row(item, outcome, spec)
+                for item, outcome, spec in group
+                if (got := found.get(item.item_id)) is not None and got.recorded
+            ]
+        )
         closing: dict[str, int] = {}
         for item, _, _ in group:
             got = found.get(item.item_id)

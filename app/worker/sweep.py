@@ -33,8 +33,10 @@ from batchgen.limits.gate import free_slot, slot_holder
 from batchgen.registry import Registry, get_registry
 from batchgen.store import batches, files, items, notifications
 from batchgen.store.ledger import record_lost_call
+from batchgen.worker import money_settle
 
 log = logging.getLogger(__name__)
+money_settle.install()  # each ledger write settles its call's dollar reservation
 
 
 @dataclass(frozen=True)

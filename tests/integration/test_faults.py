@@ -8,6 +8,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from batchgen import admin
 from batchgen import python_api as client
 from batchgen.config import get_settings
 from batchgen.limits.backend import get_redis
@@ -25,6 +26,7 @@ from tests.helpers import (
     make_tenant,
     wait_batches,
 )
+from tests.invariants import assert_budget_settled
 
 pytestmark = pytest.mark.integration
 
@@ -105,6 +107,7 @@ def test_sigkill_worker_mid_call_loses_nothing(clean_db, simulator, workers):
     ).raise_for_status()
     try:
         make_tenant("kill")
+        admin.set_budget("kill", limit_usd="100", period="total")  # ample: never refuses
         batch = client.submit_batch([chat_line(f"k{i}") for i in range(60)], tenant="kill")
         victim = workers(
             get_registry().queues, concurrency=8, beat=False, env=fast_leases, name="victim"
@@ -131,6 +134,7 @@ def test_sigkill_worker_mid_call_loses_nothing(clean_db, simulator, workers):
     assert recorded == 60
     assert retried > 0  # the kill really hit items in flight
     assert_ledger_is_results_plus_waste()
+    assert_budget_settled("kill")
 
 
 def test_provider_error_storm_retries_through_the_dispatcher(clean_db, simulator, workers):

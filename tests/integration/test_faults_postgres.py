@@ -28,7 +28,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from batchgen import embedded
+from batchgen import admin, embedded
 from batchgen.config import get_settings
 from batchgen.limits.backend import get_redis
 from batchgen.store import db
@@ -44,7 +44,12 @@ from tests.helpers import (
     wait_batches,
     wait_mid_run,
 )
-from tests.invariants import check_invariants, reset_simulator, simulator_log
+from tests.invariants import (
+    assert_budget_settled,
+    check_invariants,
+    reset_simulator,
+    simulator_log,
+)
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -252,6 +257,7 @@ def test_postgres_unreachable_30s_during_calls(sim, workers, own_pg):
     time-out + 5 s = 35 s) outlasts the outage, as a lease must."""
     sim_config(sim.base_url, latency_base_ms=500)
     batch_id = submit_items("pgcut", 100)
+    admin.set_budget("pgcut", limit_usd="100", period="total")  # ample: never refuses
     env = own_pg.worker_env(
         BATCHGEN_CALL_TIMEOUT_S="15",
         BATCHGEN_RUNNING_LEASE_MARGIN_S="5",
@@ -265,6 +271,7 @@ def test_postgres_unreachable_30s_during_calls(sim, workers, own_pg):
     cut.check_it_hit(sim.base_url)
     report = check_invariants(sim.base_url, get_redis())
     assert report.statuses == {"succeeded": 100}
+    assert_budget_settled("pgcut")
 
 
 LEASE_S = 4.0  # the running lease of the next test: 2 x 1.5 s call time-out + 1 s

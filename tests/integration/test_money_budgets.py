@@ -27,10 +27,14 @@ from batchgen import python_api as client
 from batchgen.config import get_settings
 from batchgen.domain import money as rules
 from batchgen.limits.backend import get_redis
+from batchgen.limits.money import MoneyBudgets
+from batchgen.limits.redis_keys import money as money_key
 from batchgen.registry import Tier, get_registry
-from batchgen.store import db
+from batchgen.store import db, items, tenants
+from batchgen.store import money as money_store
+from batchgen.store.ledger import CallOutcome, Ledgered, price, record_waste
 from batchgen.store.schema import BudgetHold, Item
-from batchgen.worker import money, money_alerts
+from batchgen.worker import money, money_alerts, money_settle
 from batchgen.worker.dispatch import release_model
 from tests.helpers import chat_line, make_tenant
 
@@ -154,6 +158,52 @@ def test_items_reserve_their_worst_case_at_their_routes_tier(clock):
     assert (level("acme")["used_micros"], level("acme")["reserved_micros"]) == (738, 0)
 
 
+def raw_level(tenant: str) -> tuple[int, int]:
+    """What Redis holds for the tenant's budget now (no rebuild): used, reserved."""
+    with db.session_scope() as session:
+        tenant_id = tenants.find(session, tenant).id
+        (budget,) = [b for b in money_store.budgets_of(session, [tenant_id])[tenant_id]]
+    win = rules.window(budget.rule.period, budget.rule.time_zone, money._now())
+    found = MoneyBudgets(get_redis()).level(money_key(tenant_id, budget.id, win.key))
+    assert found is not None
+    return found.used_micros, found.reserved_micros
+
+
+def test_each_ledger_write_settles_its_reservation_once(clock):
+    make_tenant("acme")
+    batch = submit("acme", 2)
+    admin.set_budget("acme", limit_usd="10", period="day")
+    assert len(release()) == 2
+    (first, _, est, max_tokens), _ = item_facts(batch)
+    assert raw_level("acme") == (0, 2 * worst(max_tokens, est))
+    outcome = CallOutcome(item_id=first, attempt=1, prompt_tokens=est, completion_tokens=7)
+    with db.session_scope() as session:
+        record_waste(session, outcome, spec(), "cancelled_mid_call")
+    cost = rules.to_micros(price(outcome, spec()).cost)
+    # Released and its price applied as the row committed, not by a rebuild.
+    assert raw_level("acme") == (cost, worst(max_tokens, est))
+    again = Ledgered(tenant_of(first), first, 1, price(outcome, spec()).cost)
+    assert money_settle.settle([again]) == 0  # once: a second settle is a no-op
+    assert raw_level("acme") == (cost, worst(max_tokens, est))
+
+
+def tenant_of(item_id: int) -> int:
+    with db.session_scope() as session:
+        return int(session.get(Item, item_id).tenant_id)  # type: ignore[union-attr]
+
+
+def test_a_sync_call_settles_its_reservation_when_ledgered(clean_db, simulator):
+    make_tenant("acme")
+    admin.set_budget("acme", limit_usd="10", period="total")
+    line = chat_line("call", model=MODEL, max_tokens=20)
+    start = {"tenant": "acme", "endpoint": "/v1/chat/completions", "deadline_s": 60}
+    assert client.wait_call(client.start_call(line, **start)).response is not None
+    with db.session_scope() as session:
+        spent = session.scalar(text("SELECT sum(cost_usd) FROM usage_ledger"))
+    # Its reservation moved to its item's id and settled at the ledger's price.
+    assert raw_level("acme") == (rules.to_micros(spent), 0)
+
+
 def test_a_tenant_over_budget_is_held_not_failed_and_resumes_when_the_period_rolls(clock):
     make_tenant("acme")
     make_tenant("globex")
@@ -180,6 +230,25 @@ def test_a_tenant_over_budget_is_held_not_failed_and_resumes_when_the_period_rol
     clock[0] = NOW + dt.timedelta(days=1)
     assert len(released_when_free()) == 3
     assert statuses(batch) == {"succeeded": 3, "queued": 3, "pending": 4}
+
+
+def test_items_still_held_at_their_deadline_end_failed_budget_exhausted(clock):
+    make_tenant("acme")
+    batch = submit("acme", 4)
+    (_, _, est, max_tokens), *_ = item_facts(batch)
+    admin.set_budget("acme", limit_usd=rules.to_usd(worst(max_tokens, est)), period="day")
+    assert len(release()) == 1
+    with db.session_scope() as session:
+        session.execute(update(Item).where(Item.batch_id == batch).values(deadline_at=func.now()))
+    with db.session_scope() as session:
+        items.sweep_expire(session)
+        ends = session.execute(
+            select(Item.status, Item.error_code).where(Item.batch_id == batch)
+        ).all()
+    # The one released (queued, not held) expires; the held ones fail, never billed.
+    assert (
+        sorted(map(tuple, ends)) == [("expired", "expired")] + [("failed", "budget_exhausted")] * 3
+    )
 
 
 def test_raising_the_limit_releases_held_items(clock):
@@ -407,3 +476,24 @@ def test_real_workers_never_pass_a_budget_and_finish_once_it_is_raised(
     assert statuses(batch) == {"succeeded": 12}
     state = level("acme")
     assert (state["used_micros"], state["reserved_micros"]) == (spent_micros(), 0)
+
+
+def test_the_key_lookup_says_whether_a_budget_applies(clean_db):
+    """Read in the key's own lookup: a call with no budget reads nothing more."""
+    from batchgen.store.keys import authenticate
+
+    secret = make_tenant("acme")
+    other = admin.create_key("acme", name="other", scopes=["calls"])
+
+    def applies() -> tuple[bool, bool]:
+        with db.session_scope() as session:
+            return (
+                authenticate(session, secret).has_budget,
+                authenticate(session, other["secret"]).has_budget,
+            )
+
+    assert applies() == (False, False)
+    admin.set_budget("acme", key_id=other["id"], limit_usd="1", period="day")
+    assert applies() == (False, True)  # a key's budget is that key's only
+    admin.set_budget("acme", limit_usd="1", period="day")
+    assert applies() == (True, True)

@@ -886,3 +886,32 @@ def test_items_back_from_an_expired_job_run_flex_where_the_model_offers_it(
     assert [tuple(t) for t in tiers] == [("online", "flex", 5)]
     assert late_items(batch_id) == 0
     assert_ledger_is_results_plus_waste()
+
+
+def test_a_job_reserves_its_rows_and_one_that_would_overspend_is_not_created(offloading, simulator):
+    from batchgen import admin
+    from batchgen.domain import money as rules
+    from batchgen.limits.backend import get_redis
+    from batchgen.limits.money import MoneyBudgets
+    from batchgen.limits.redis_keys import money as money_key
+    from batchgen.store import money as money_store
+    from batchgen.store import tenants
+
+    offloading()
+    for name, limit in (("money-rich", "10"), ("money-poor", "0.000001")):
+        make_tenant(name)
+        admin.set_budget(name, limit_usd=limit, period="total")
+    rich, poor = submit("money-rich", 3, "sim-small"), submit("money-poor", 3, "sim-small")
+    ticks_until(lambda: finished(rich) and "offloaded" not in statuses(poor))
+    assert statuses(rich) == {"succeeded": 3}
+    assert statuses(poor) == {"pending": 3}  # back online, where its budget holds them
+    assert [j.status for j in jobs_of(poor)] == ["failed"]  # never created at the provider
+    with db.session_scope() as session:
+        tenant_id = tenants.find(session, "money-rich").id
+        (budget,) = money_store.budgets_of(session, [tenant_id])[tenant_id]
+        spent = session.scalar(
+            select(func.sum(UsageLedger.cost_usd)).where(UsageLedger.batch_id == rich)
+        )
+    level = MoneyBudgets(get_redis()).level(money_key(tenant_id, budget.id, "total"))
+    assert level is not None and level.reserved_micros == 0  # each row settled as recorded
+    assert 0 <= level.used_micros - rules.to_micros(spent) < 3  # each row rounded up

@@ -8,7 +8,8 @@
 -- 'used' has not been built from the ledger yet (a new period, or Redis lost its
 -- data): nothing is reserved, the caller syncs it first (reply -2).
 --
--- KEYS[i]: budget i's hash of this period.
+-- KEYS[i] (i < #KEYS): budget i's hash of this period; KEYS[#KEYS]: the reservation's
+-- index (the hashes it is held in, space-separated), what settling it releases.
 -- ARGV: id, now_s (empty = Redis TIME), ttl_s (each hash's expiry),
 --       then per budget: amount_micros, limit_micros.
 -- Returns {1, held_before} granted (held_before 1: the id held it already, nothing
@@ -17,7 +18,10 @@ local id = 'r:' .. ARGV[1]
 local now = clock(ARGV[2])
 local ttl_ms = math.ceil(tonumber(ARGV[3]) * 1000)
 local held = 0
-for i, key in ipairs(KEYS) do
+local n = #KEYS - 1
+local index = KEYS[#KEYS]
+for i = 1, n do
+    local key = KEYS[i]
     local amount = tonumber(ARGV[2 + 2 * i])
     local limit = tonumber(ARGV[3 + 2 * i])
     local used = redis.call('HGET', key, 'used')
@@ -31,7 +35,10 @@ for i, key in ipairs(KEYS) do
         end
     end
 end
-for i, key in ipairs(KEYS) do
+local names = {}
+for i = 1, n do
+    local key = KEYS[i]
+    names[i] = key
     local amount = tonumber(ARGV[2 + 2 * i])
     if redis.call('HEXISTS', key, id) == 0 then
         redis.call('HSET', key, id, amount .. ' ' .. now)
@@ -39,4 +46,5 @@ for i, key in ipairs(KEYS) do
     end
     redis.call('PEXPIRE', key, ttl_ms)
 end
-return {1, held == #KEYS and 1 or 0}
+redis.call('SET', index, table.concat(names, ' '), 'PX', ttl_ms)
+return {1, held == n and 1 or 0}

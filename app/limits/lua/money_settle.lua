@@ -9,7 +9,7 @@
 --   (micro-dollars), ARGV[3] cutoff (Redis seconds: reservations made before it and not
 --   in flight are released), ARGV[4] ttl_s, ARGV[5] n, ARGV[6..5+n] ids ledgered
 --   (released whatever their age), then pairs (id, amount) of the calls in flight
---   (each held, added at its amount if missing). 'used' becomes at least the
+--   (each held, added at its amount if missing). 'used' becomes the
 --   spend; 'reserved' the sum of what is held. Returns {used, reserved}.
 local key = KEYS[1]
 local mode = ARGV[1]
@@ -59,7 +59,10 @@ for i = 1, #fields, 2 do
         end
     end
 end
-local used = math.max(tonumber(redis.call('HGET', key, 'used')) or 0, spend)
+-- 'used' becomes the spend, exactly: what settles added since the last rebuild (each
+-- row rounded up) is in it, read after the calls in flight (a row committed after the
+-- spend was read belongs to a call in flight, whose reservation is kept or re-added).
+local used = spend
 redis.call('HSET', key, 'used', used, 'reserved', reserved)
 redis.call('PEXPIRE', key, ttl_ms)
 return {used, reserved}

@@ -22,7 +22,9 @@ WITH picked AS (
 released AS (
     UPDATE items
     SET status = :target, queued_at = now(),
-        lease_expires_at = now() + make_interval(secs => :lease_s)
+        lease_expires_at = now() + make_interval(secs => :lease_s),
+        -- no longer held by its dollar budget (store.items.unrelease marks it so)
+        error_code = nullif(items.error_code, 'budget_exhausted')
     FROM picked, tenants AS t
     WHERE items.id = picked.id AND t.id = items.tenant_id AND items.status = ANY(:sources)
     RETURNING items.id, items.batch_id, items.tenant_id, items.attempts,
