@@ -12,8 +12,11 @@ service-account key file (``GOOGLE_APPLICATION_CREDENTIALS`` is the usual one); 
 it is unset, Application Default Credentials. The SDK refreshes the access token.
 
 Errors: a 429 ``RESOURCE_EXHAUSTED`` is :class:`RateLimited` with its ``RetryInfo``
-delay; 5xx (``UNAVAILABLE``, ``INTERNAL``) transient; a 400 whose wording says the
-input is over the model's tokens :class:`ContextLengthExceeded`; other 4xx permanent.
+delay; 5xx (``UNAVAILABLE``, ``INTERNAL``) transient, but a flex call's 503
+``UNAVAILABLE`` (Google sheds flex traffic when busy) is :class:`FlexUnavailable` (no
+cooldown, no attempt used: :func:`batchgen.domain.routes.after_flex_refusal`
+decides); a 400 whose wording says the input is over the model's tokens
+:class:`ContextLengthExceeded`; other 4xx permanent.
 Messages carry the status and Google's status name only, never the provider's text.
 """
 
@@ -41,6 +44,7 @@ from batchgen.domain.formats import gemini as gemini_format
 from batchgen.domain.rate_limits import RateLimitState
 from batchgen.errors import (
     ContextLengthExceeded,
+    FlexUnavailable,
     MalformedResponse,
     PermanentProviderError,
     ProviderError,
@@ -124,13 +128,17 @@ def client_for(spec: ModelSpec) -> genai.Client:
     )
 
 
-def translate(exc: BaseException, *, in_stream: bool = False) -> ProviderError:
-    """An SDK, transport or credentials exception as the project's error (no text)."""
+def translate(exc: BaseException, *, in_stream: bool = False, flex: bool = False) -> ProviderError:
+    """An SDK, transport or credentials exception as the project's error (no text);
+    ``flex``: the call asked the flex tier."""
     if isinstance(exc, genai_errors.APIError):
         code = safe_code(exc.status)
         status = int(exc.code or 500)
         message = status_message(status, exc, code, None)
         headers = getattr(exc.response, "headers", None)
+        if flex and status == 503 and not in_stream:
+            delay = gemini_format.retry_delay_s(exc.details)
+            return FlexUnavailable(f"flex tier busy: {message}", status=503, retry_after_s=delay)
         if status == 429:
             delay = gemini_format.retry_delay_s(exc.details)
             if delay is None:
@@ -215,7 +223,7 @@ class GeminiProvider:
         except ProviderError:
             raise
         except _SDK_ERRORS as exc:
-            raise translate(exc) from None
+            raise translate(exc, flex=gemini_format.is_flex(params)) from None
 
     def _plain(
         self, client: genai.Client, request: ProviderRequest, params: dict[str, Any]
@@ -266,7 +274,9 @@ class GeminiProvider:
         except ProviderError:
             raise
         except _SDK_ERRORS as exc:  # the answer may have started: it may be billed
-            raise translate(exc, in_stream=bool(headers)) from None
+            raise translate(
+                exc, in_stream=bool(headers), flex=gemini_format.is_flex(params)
+            ) from None
         except (KeyError, TypeError) as exc:
             raise MalformedResponse(
                 f"malformed stream chunk ({type(exc).__name__})", status=200, billed=True

@@ -148,6 +148,9 @@ def parse_gemini(body: Any, model: str, stream: bool, default_max_tokens: int) -
         raise BadRequest("generationConfig.maxOutputTokens must be a positive integer")
     max_tokens = raw or default_max_tokens
     chat["max_tokens"] = max_tokens
+    tier = _get(body, "serviceTier")
+    if isinstance(tier, str) and tier.lower() == "flex":
+        chat["service_tier"] = "flex"
     return ChatRequest(model, messages, max_tokens, stream, True, chat)
 
 

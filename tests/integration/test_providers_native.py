@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from batchgen.errors import (
     CallCancelled,
     ContextLengthExceeded,
+    FlexUnavailable,
     MalformedResponse,
     PermanentProviderError,
     RateLimited,
@@ -449,3 +450,28 @@ def test_doctor_probes_each_kind_with_its_credentials(base: str) -> None:
     assert failed.name == f"provider {base}/d/none"
     assert "no Vertex AI access token" in failed.found
     assert failed.fix is not None and "BATCHGEN_TEST_MISSING_KEY_FILE" in failed.fix
+
+
+# -- flex --------------------------------------------------------------------------
+
+
+def test_a_gemini_flex_call_asks_the_tier_and_a_shed_one_is_flex_unavailable(base: str) -> None:
+    body = {"messages": [{"role": "user", "content": "Describe a lamp."}], "max_tokens": 8}
+    spec = make_spec("gemini", base)
+    req = request(spec, {**body, "service_tier": "flex"})
+    get_provider(spec).complete(req)
+    assert sim_entry(base, req.item_id)["service_tier"] == "flex"
+    sent = httpx.get(f"{base}/_sim/last_request", params={"api": "gemini"}).json()
+    assert sent["serviceTier"] == "flex"
+    vertex = make_spec("vertex", base)  # Vertex AI's flex is not taken: a standard call
+    req = request(vertex, {**body, "service_tier": "flex"})
+    get_provider(vertex).complete(req)
+    assert sim_entry(base, req.item_id)["service_tier"] is None
+    httpx.post(f"{base}/_sim/config", json={"flex_refusal_rate": 1.0}).raise_for_status()
+    try:
+        with pytest.raises(FlexUnavailable) as caught:
+            get_provider(spec).complete(request(spec, {**body, "service_tier": "flex"}))
+        assert caught.value.status == 503 and not caught.value.billed
+        get_provider(spec).complete(request(spec, body))  # a standard call is not shed
+    finally:
+        httpx.post(f"{base}/_sim/config", json={"flex_refusal_rate": 0.0}).raise_for_status()
