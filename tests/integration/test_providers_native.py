@@ -12,13 +12,10 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
 from batchgen.errors import (
     CallCancelled,
@@ -33,7 +30,9 @@ from batchgen.providers import get_provider
 from batchgen.providers.base import ProviderRequest
 from batchgen.registry import ModelSpec, ProviderKind
 from batchgen.simulator import SimulatorConfig, SimulatorThread
+from tests.helpers import environment
 from tests.images import png_data_url
+from tests.native_setup import AWS_ENV, VERTEX_KEY_ENV, service_account_file
 
 KINDS = ("gemini", "vertex", "bedrock")
 SECRET = "walrus-tangerine-secret"
@@ -125,36 +124,9 @@ def base(sim: SimulatorThread) -> str:
 def credentials(sim: SimulatorThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Dummy AWS credentials, and a service-account key file whose token endpoint is the
     simulator's (google-auth signs a real JWT with it)."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
-    account = {
-        "type": "service_account",
-        "project_id": "sim-project",
-        "private_key_id": "sim-key",
-        "private_key": pem,
-        "client_email": "batchgen@sim-project.iam.gserviceaccount.com",
-        "client_id": "1",
-        "token_uri": f"{sim.base_url}/token",
-    }
-    path = Path(tmp_path_factory.mktemp("vertex")) / "service-account.json"
-    path.write_text(json.dumps(account))
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="AKIDSIMULATOR",
-        AWS_SECRET_ACCESS_KEY="sim-secret",
-        BATCHGEN_TEST_VERTEX_KEY_FILE=str(path),
-    )
-    yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    os.environ.pop("BATCHGEN_TEST_VERTEX_KEY_FILE", None)
+    key_file = service_account_file(tmp_path_factory.mktemp("vertex"), f"{sim.base_url}/token")
+    with environment({**AWS_ENV, VERTEX_KEY_ENV: str(key_file)}):
+        yield
 
 
 def make_spec(kind: str, base_url: str) -> ModelSpec:

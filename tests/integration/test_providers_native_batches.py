@@ -9,7 +9,6 @@ submit, naming the line and field."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,69 +17,29 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import select
 
-from batchgen.config import get_settings
 from batchgen.domain.admission import canonical_text
 from batchgen.domain.cost import cost_usd
 from batchgen.providers import get_provider
 from batchgen.providers.base import ProviderRequest
-from batchgen.registry import get_registry, load_registry
+from batchgen.registry import get_registry
 from batchgen.store import db
 from batchgen.store.schema import UsageLedger
-from tests.helpers import make_tenant
+from tests.helpers import environment, make_tenant
 from tests.integration.test_providers_native import schema_body, tools_body
+from tests.native_setup import (
+    AWS_ENV,
+    VERTEX_KEY_ENV,
+    model_toml,
+    service_account_file,
+)
 
-MODELS = """
-[models."gemini-sim"]
-provider = "gemini"
-base_url = "${BATCHGEN_SIMULATOR_URL}"
-api_key_env = "BATCHGEN_SIMULATOR_KEY"
-group = "native"
-budget_key = "gemini-account"
-context_window = 1000000
-max_output_tokens = 8192
-tokens_per_min = 2000000
-requests_per_min = 2000
-max_concurrency = 8
-input_usd_per_1m = 0.30
-output_usd_per_1m = 2.50
-
-[models."vertex-sim"]
-provider = "vertex"
-base_url = "${BATCHGEN_SIMULATOR_URL}"
-api_key_env = "BATCHGEN_TEST_VERTEX_KEY_FILE"
-project = "sim-project"
-region = "us-central1"
-group = "native"
-budget_key = "vertex-account"
-context_window = 1000000
-max_output_tokens = 8192
-tokens_per_min = 2000000
-requests_per_min = 2000
-max_concurrency = 8
-input_usd_per_1m = 1.25
-output_usd_per_1m = 10.00
-
-[models."bedrock-sim"]
-provider = "bedrock"
-base_url = "${BATCHGEN_SIMULATOR_URL}"
-api_key_env = "AWS_BEARER_TOKEN_BEDROCK"
-region = "us-east-1"
-group = "native"
-budget_key = "bedrock-account"
-context_window = 200000
-max_output_tokens = 8192
-tokens_per_min = 2000000
-requests_per_min = 2000
-max_concurrency = 8
-input_usd_per_1m = 3.00
-output_usd_per_1m = 15.00
-charge_policy = "actual"
-"""
 NATIVE = ("gemini-sim", "vertex-sim", "bedrock-sim")
+SIM = "${BATCHGEN_SIMULATOR_URL}"
+MODELS = "".join(
+    model_toml(name, name.removesuffix("-sim"), base_url=SIM, group="native") for name in NATIVE
+)
 VOLATILE = ("id", "created")
 
 
@@ -90,41 +49,14 @@ def native_env(simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     service-account key whose token endpoint is the simulator's, in this process's
     environment (the API and worker processes inherit it)."""
     folder = Path(tmp_path_factory.mktemp("native"))
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
-    account = {
-        "type": "service_account",
-        "project_id": "sim-project",
-        "private_key_id": "sim-key",
-        "private_key": pem,
-        "client_email": "batchgen@sim-project.iam.gserviceaccount.com",
-        "client_id": "1",
-        "token_uri": f"{simulator.base_url}/token",
-    }
-    (folder / "service-account.json").write_text(json.dumps(account))
     (folder / "models.toml").write_text(MODELS)
     env = {
         "BATCHGEN_MODELS_FILE": str(folder / "models.toml"),
-        "BATCHGEN_TEST_VERTEX_KEY_FILE": str(folder / "service-account.json"),
-        "AWS_ACCESS_KEY_ID": "AKIDSIMULATOR",
-        "AWS_SECRET_ACCESS_KEY": "sim-secret",
+        VERTEX_KEY_ENV: str(service_account_file(folder, f"{simulator.base_url}/token")),
+        **AWS_ENV,
     }
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    get_settings.cache_clear()
-    load_registry.cache_clear()
-    yield env
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    get_settings.cache_clear()
-    load_registry.cache_clear()
+    with environment(env):
+        yield env
 
 
 @pytest.fixture(scope="module")

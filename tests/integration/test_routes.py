@@ -6,7 +6,6 @@ provider's cache and read from it."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from decimal import Decimal
@@ -16,15 +15,14 @@ import pytest
 from sqlalchemy import func, select
 
 from batchgen import python_api
-from batchgen.config import get_settings
 from batchgen.domain.cost import TokenUsage, price_usage
 from batchgen.limits import counters
 from batchgen.limits.backend import get_redis
-from batchgen.registry import Tier, get_registry, load_registry
+from batchgen.registry import Tier, get_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.store import db
 from batchgen.store.schema import Item, UsageLedger
-from tests.helpers import chat_line, make_tenant, wait_batches
+from tests.helpers import chat_line, environment, make_tenant, wait_batches
 
 # Each flex model's route: a flex answer within a second, 3 s kept for a standard call.
 FLEX = """latency_s = 1
@@ -94,22 +92,12 @@ def stack(services, module_workers, tmp_path_factory) -> Iterator[SimulatorThrea
     and an Anthropic model."""
     config = SimulatorConfig(latency_base_ms=40, flex_latency_factor=3.0, seed=11)
     models = tmp_path_factory.mktemp("routes") / "models.toml"
-    saved = {k: os.environ.get(k) for k in ("BATCHGEN_MODELS_FILE", "ROUTES_KEY")}
     with SimulatorThread(config) as sim:
         models.write_text(MODELS.format(base=sim.base_url, flex=FLEX))
         env = {"BATCHGEN_MODELS_FILE": str(models), "ROUTES_KEY": "routes-key"}
-        os.environ.update(env)
-        get_settings.cache_clear()
-        load_registry.cache_clear()
-        module_workers(["llm.routes", "batchgen.control"], concurrency=8, env=env)
-        yield sim
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    get_settings.cache_clear()
-    load_registry.cache_clear()
+        with environment(env):
+            module_workers(["llm.routes", "batchgen.control"], concurrency=8, env=env)
+            yield sim
 
 
 def _sim(sim: SimulatorThread, **changes: object) -> dict:
