@@ -200,6 +200,9 @@ class OfflineRoute(BaseModel):
     role_arn: str | None = None
     storage_endpoint: str | None = None
     control_url: str | None = None
+    # Gemini Batch Mode: a job of up to this many bytes of requests goes inline, a
+    # larger one as a JSONL file uploaded to the Files API (Google's inline bound: 20 MB).
+    inline_max_bytes: PositiveInt = 20_000_000
 
 
 class FlexRoute(BaseModel):
