@@ -52,7 +52,7 @@ LIMITS = {
 
 def model_toml(name: str, provider: str, **fields: Any) -> str:
     """The registry table of a ``provider`` model at the simulator (``fields`` override
-    the kind's and the limits' defaults)."""
+    the kind's and the limits' defaults; a field set to None is left out)."""
     values = {
         "provider": provider,
         "base_url": SIM_URL,
@@ -62,7 +62,7 @@ def model_toml(name: str, provider: str, **fields: Any) -> str:
         **LIMITS,
         **fields,
     }
-    lines = [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    lines = [f"{key} = {json.dumps(value)}" for key, value in values.items() if value is not None]
     return f'\n[models."{name}"]\n' + "\n".join(lines) + "\n"
 
 

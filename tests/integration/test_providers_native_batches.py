@@ -37,8 +37,27 @@ from tests.native_setup import (
 
 NATIVE = ("gemini-sim", "vertex-sim", "bedrock-sim")
 SIM = "${BATCHGEN_SIMULATOR_URL}"
-MODELS = "".join(
-    model_toml(name, name.removesuffix("-sim"), base_url=SIM, group="native") for name in NATIVE
+# A Bedrock model pooled over two regions, each deployment its own endpoint (a
+# simulated deployment) and limits: 300 tokens a minute each, so ten calls need both.
+POOL = "bedrock-pool"
+# Set on each deployment, not the model.
+LIMITS = ("max_output_tokens", "tokens_per_min", "requests_per_min", "max_concurrency")
+POOL_DEPLOYMENT = """
+[models."bedrock-pool".deployments.{name}]
+base_url = "${{BATCHGEN_SIMULATOR_URL}}/d/{lane}"
+region = "{region}"
+budget_key = "bedrock-{name}"
+tokens_per_min = 300
+requests_per_min = 1000
+max_concurrency = 2
+"""
+MODELS = (
+    "".join(
+        model_toml(name, name.removesuffix("-sim"), base_url=SIM, group="native") for name in NATIVE
+    )
+    + model_toml(POOL, "bedrock", base_url=SIM, group="native", **dict.fromkeys(LIMITS[1:]))
+    + POOL_DEPLOYMENT.format(name="us-east", lane="east", region="us-east-1")
+    + POOL_DEPLOYMENT.format(name="eu-west", lane="west", region="eu-west-1")
 )
 VOLATILE = ("id", "created")
 
@@ -224,3 +243,29 @@ def test_what_a_kind_cannot_carry_is_refused_at_submit(
     with pytest.raises(openai.BadRequestError) as sync:
         oai.chat.completions.create(model=model, **body)
     assert isinstance(sync.value.body, dict) and sync.value.body.get("param") == param
+
+
+def test_a_bedrock_pool_over_two_regions_keeps_each_deployments_limit(
+    oai: openai.OpenAI, simulator
+) -> None:
+    lanes = {"east": {"tokens_per_min": 300}, "west": {"tokens_per_min": 300}}
+    httpx.post(f"{simulator.base_url}/_sim/deployments", json=lanes).raise_for_status()
+    body = {"messages": [{"role": "user", "content": "Name a lamp."}], "max_tokens": 12}
+    lines = [_line(f"p{i}", POOL, body) for i in range(10)]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    upload = oai.files.create(file=("pool.jsonl", content), purpose="batch")
+    batch = oai.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = _poll(oai, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 10, done
+    stats = httpx.get(f"{simulator.base_url}/_sim/stats").json()["deployments"]
+    for lane in ("east", "west"):
+        seen = stats[lane]
+        assert seen["succeeded"] > 0, stats  # both regions served
+        assert seen["rate_limited"] == 0, stats  # neither was sent past its limit
+        tokens = seen["bound"]["tokens"]
+        assert tokens["limit"] == 300 and tokens["max_in_any_window"] <= 300, stats
+    with db.session_scope() as session:
+        served = session.execute(select(UsageLedger.deployment)).scalars().all()
+    assert sorted(set(served)) == ["eu-west", "us-east"]
