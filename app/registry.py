@@ -68,9 +68,10 @@ DEFAULT_ENDPOINTS = {
 }
 # What the Anthropic adapter can call.
 ANTHROPIC_ENDPOINTS = frozenset({Endpoint.CHAT_COMPLETIONS})
-# What each adapter of a native format can call (chat, translated).
+# What each adapter of a native format can call (chat, translated; the Gemini API's
+# embedContent too).
 NATIVE_ENDPOINTS = {
-    "gemini": frozenset({Endpoint.CHAT_COMPLETIONS}),
+    "gemini": frozenset({Endpoint.CHAT_COMPLETIONS, Endpoint.EMBEDDINGS}),
     "vertex": frozenset({Endpoint.CHAT_COMPLETIONS}),
     "bedrock": frozenset({Endpoint.CHAT_COMPLETIONS}),
 }

@@ -38,8 +38,8 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.oauth2 import service_account
 
-from batchgen.domain.endpoints import CHAT_COMPLETIONS
-from batchgen.domain.formats import Untranslatable
+from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS
+from batchgen.domain.formats import Untranslatable, gemini_embeddings
 from batchgen.domain.formats import gemini as gemini_format
 from batchgen.domain.rate_limits import RateLimitState
 from batchgen.errors import (
@@ -189,7 +189,8 @@ def _request_id(headers: dict[str, str], body: dict[str, Any]) -> str | None:
 
 
 class GeminiProvider:
-    """Chat completions (plain or streamed) on Gemini's ``generateContent``."""
+    """Chat completions (plain or streamed) on Gemini's ``generateContent``; on the
+    Gemini API, embeddings on ``embedContent``."""
 
     def warm(self, spec: ModelSpec) -> None:
         client_for(spec)
@@ -204,14 +205,13 @@ class GeminiProvider:
             params = gemini_format.request(request.body, request.spec.provider.value, max_tokens)
         except Untranslatable as exc:  # admission refuses these: a line stored before
             raise PermanentProviderError(f"not translatable: {exc.field}") from None
-        params["config"]["http_options"] = {
-            "headers": request.headers(),
-            "timeout": max(1, int(request.timeout_s * 1000)),
-        }
+        params["config"]["http_options"] = self._http(request)
         return params
 
     def complete(self, request: ProviderRequest) -> ProviderResponse:
         cancelled_before_call(request)
+        if request.endpoint == EMBEDDINGS and request.spec.provider is ProviderKind.GEMINI:
+            return self._embed(request)
         if request.endpoint != CHAT_COMPLETIONS:  # the registry lets no such request in
             raise PermanentProviderError(f"a gemini model does not serve {request.endpoint}")
         params = self._params(request)
@@ -224,6 +224,45 @@ class GeminiProvider:
             raise
         except _SDK_ERRORS as exc:
             raise translate(exc, flex=gemini_format.is_flex(params)) from None
+
+    def _embed(self, request: ProviderRequest) -> ProviderResponse:
+        """``embedContent`` (``batchEmbedContents`` for several texts); the Gemini API
+        reports no tokens for it, so the prompt is its free ``countTokens``."""
+        try:
+            texts = gemini_embeddings.texts(request.body, request.spec.provider.value)
+        except Untranslatable as exc:  # admission refuses these: a line stored before
+            raise PermanentProviderError(f"not translatable: {exc.field}") from None
+        model, http = request.spec.name, genai.types.HttpOptions(**self._http(request))
+        config: dict[str, Any] = {**gemini_embeddings.config(request.body), "http_options": http}
+        try:
+            client = client_for(request.spec)
+            types = genai.types
+            contents = [types.Content(role="user", parts=[types.Part(text=t)]) for t in texts]
+            answer = client.models.embed_content(  # one content a text: one embedding each
+                model=model, contents=contents, config=genai.types.EmbedContentConfig(**config)
+            )
+            counted = client.models.count_tokens(
+                model=model, contents=texts, config=genai.types.CountTokensConfig(http_options=http)
+            )
+        except _SDK_ERRORS as exc:
+            raise translate(exc) from None
+        vectors = [list(e.values or []) for e in answer.embeddings or []]
+        prompt = int(counted.total_tokens or 0)
+        if len(vectors) != len(texts):
+            raise MalformedResponse("an embedding per input was not answered", billed=True)
+        body = gemini_embeddings.embeddings_list(vectors, model, prompt, request.body)
+        return ProviderResponse(
+            text="",
+            prompt_tokens=prompt,
+            completion_tokens=0,
+            finish_reason="stop",
+            request_id=_request_id(_headers(answer), body),
+            body=body,
+            rate_limits=RateLimitState(),
+        )
+
+    def _http(self, request: ProviderRequest) -> dict[str, Any]:
+        return {"headers": request.headers(), "timeout": max(1, int(request.timeout_s * 1000))}
 
     def _plain(
         self, client: genai.Client, request: ProviderRequest, params: dict[str, Any]

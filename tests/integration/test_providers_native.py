@@ -447,3 +447,37 @@ def test_a_gemini_flex_call_asks_the_tier_and_a_shed_one_is_flex_unavailable(bas
         get_provider(spec).complete(request(spec, body))  # a standard call is not shed
     finally:
         httpx.post(f"{base}/_sim/config", json={"flex_refusal_rate": 0.0}).raise_for_status()
+
+
+# -- embeddings ----------------------------------------------------------------------
+
+
+def test_gemini_embeddings_come_back_as_an_openai_list_counted_by_count_tokens(
+    base: str,
+) -> None:
+    from batchgen.domain.endpoints import EMBEDDINGS
+
+    spec = make_spec("gemini", base).model_copy(
+        update={"endpoints": (EMBEDDINGS,), "dimensions": 768, "max_output_tokens": None}
+    )
+    texts = ["a red chair", "a walnut table with six legs"]
+    req = ProviderRequest(
+        spec=spec,
+        body={"model": spec.name, "input": texts, "dimensions": 16},
+        timeout_s=10,
+        item_id=next(_items),
+        endpoint=EMBEDDINGS,
+    )
+    response = get_provider(spec).complete(req)
+    body = response.body
+    assert body["object"] == "list" and [d["index"] for d in body["data"]] == [0, 1]
+    assert all(len(d["embedding"]) == 16 for d in body["data"])
+    counted = httpx.post(
+        f"{base}/v1beta/models/{spec.name}:countTokens",
+        json={"contents": [{"role": "user", "parts": [{"text": t} for t in texts]}]},
+    ).json()["totalTokens"]
+    assert response.prompt_tokens == body["usage"]["prompt_tokens"] == counted > 0
+    assert response.completion_tokens == 0
+    tokens = ProviderRequest(**{**req.__dict__, "body": {"model": spec.name, "input": [1, 2]}})
+    with pytest.raises(PermanentProviderError, match="body.input"):
+        get_provider(spec).complete(tokens)

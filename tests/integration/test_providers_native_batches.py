@@ -40,6 +40,7 @@ SIM = "${BATCHGEN_SIMULATOR_URL}"
 # A Bedrock model pooled over two regions, each deployment its own endpoint (a
 # simulated deployment) and limits: 300 tokens a minute each, so ten calls need both.
 POOL = "bedrock-pool"
+EMBED = "gemini-embedding-sim"
 # Set on each deployment, not the model.
 LIMITS = ("max_output_tokens", "tokens_per_min", "requests_per_min", "max_concurrency")
 POOL_DEPLOYMENT = """
@@ -56,6 +57,15 @@ MODELS = (
         model_toml(name, name.removesuffix("-sim"), base_url=SIM, group="native") for name in NATIVE
     )
     + model_toml(POOL, "bedrock", base_url=SIM, group="native", **dict.fromkeys(LIMITS[1:]))
+    + model_toml(
+        EMBED,
+        "gemini",
+        base_url=SIM,
+        group="native",
+        endpoints=["/v1/embeddings"],
+        dimensions=768,
+        max_output_tokens=None,
+    )
     + POOL_DEPLOYMENT.format(name="us-east", lane="east", region="us-east-1")
     + POOL_DEPLOYMENT.format(name="eu-west", lane="west", region="eu-west-1")
 )
@@ -269,3 +279,15 @@ def test_a_bedrock_pool_over_two_regions_keeps_each_deployments_limit(
     with db.session_scope() as session:
         served = session.execute(select(UsageLedger.deployment)).scalars().all()
     assert sorted(set(served)) == ["eu-west", "us-east"]
+
+
+def test_gemini_embeddings_answer_and_token_ids_are_refused_at_submit(
+    oai: openai.OpenAI,
+) -> None:
+    answer = oai.embeddings.create(model=EMBED, input=["a red chair", "a lamp"], dimensions=8)
+    assert [len(d.embedding) for d in answer.data] == [8, 8]
+    assert answer.usage.prompt_tokens > 0
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.embeddings.create(model=EMBED, input=[[1, 2, 3]])
+    error = caught.value.body
+    assert isinstance(error, dict) and error.get("param") == "body.input", error
