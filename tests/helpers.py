@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -291,25 +290,3 @@ def dashboard_sign_in(web: Any, key: str, prefix: str = "", **kwargs: Any) -> An
     return web.post(
         f"{prefix}/dashboard/login", data={"key": key, "csrf": found.group(1)}, **kwargs
     )
-
-
-@contextmanager
-def environment(env: Mapping[str, str]) -> Iterator[None]:
-    """``env`` set in this process (settings and registry read afresh), then undone."""
-    from batchgen.config import get_settings
-    from batchgen.registry import load_registry
-
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    get_settings.cache_clear()
-    load_registry.cache_clear()
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        get_settings.cache_clear()
-        load_registry.cache_clear()

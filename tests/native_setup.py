@@ -1,6 +1,6 @@
 """Shared setup of the Gemini, Vertex AI and Bedrock tests: a service-account key file
 whose token endpoint is the simulator's, the registry entries of the three kinds at
-the simulator (:func:`tests.helpers.environment` sets and undoes their
+the simulator (:func:`tests.env_vars.environment` sets and undoes their
 environment)."""
 
 from __future__ import annotations

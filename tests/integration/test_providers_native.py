@@ -30,7 +30,7 @@ from batchgen.providers import get_provider
 from batchgen.providers.base import ProviderRequest
 from batchgen.registry import ModelSpec, ProviderKind
 from batchgen.simulator import SimulatorConfig, SimulatorThread
-from tests.helpers import environment
+from tests.env_vars import environment
 from tests.images import png_data_url
 from tests.native_setup import AWS_ENV, VERTEX_KEY_ENV, service_account_file
 

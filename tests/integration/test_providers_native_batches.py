@@ -26,7 +26,8 @@ from batchgen.providers.base import ProviderRequest
 from batchgen.registry import get_registry
 from batchgen.store import db
 from batchgen.store.schema import UsageLedger
-from tests.helpers import environment, make_tenant
+from tests.env_vars import environment
+from tests.helpers import make_tenant
 from tests.integration.test_providers_native import schema_body, tools_body
 from tests.native_setup import (
     AWS_ENV,

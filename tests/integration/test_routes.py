@@ -22,7 +22,8 @@ from batchgen.registry import Tier, get_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.store import db
 from batchgen.store.schema import Item, UsageLedger
-from tests.helpers import chat_line, environment, make_tenant, wait_batches
+from tests.env_vars import environment
+from tests.helpers import chat_line, make_tenant, wait_batches
 
 # Each flex model's route: a flex answer within a second, 3 s kept for a standard call.
 FLEX = """latency_s = 1
