@@ -68,16 +68,18 @@ DEFAULT_ENDPOINTS = {
 }
 # What the Anthropic adapter can call.
 ANTHROPIC_ENDPOINTS = frozenset({Endpoint.CHAT_COMPLETIONS})
-# What each adapter of a native format can call (chat, translated).
+# What each adapter of a native format can call (chat, translated; the Gemini API's
+# embedContent too).
 NATIVE_ENDPOINTS = {
-    "gemini": frozenset({Endpoint.CHAT_COMPLETIONS}),
+    "gemini": frozenset({Endpoint.CHAT_COMPLETIONS, Endpoint.EMBEDDINGS}),
     "vertex": frozenset({Endpoint.CHAT_COMPLETIONS}),
     "bedrock": frozenset({Endpoint.CHAT_COMPLETIONS}),
 }
 # Bedrock batch inference: the fewest records per job.
 BEDROCK_MIN_JOB_REQUESTS = 100
-# The kinds with OpenAI's service tiers (flex).
-OPENAI_KINDS = frozenset({"openai", "azure"})
+# The kinds with a flex tier: OpenAI's ``service_tier: "flex"``, and the Gemini API's
+# (``service_tier`` flex on ``generateContent``; Vertex AI's flex is not taken).
+FLEX_KINDS = frozenset({"openai", "azure", "gemini"})
 # The endpoints that generate text (their requests reserve output tokens).
 GENERATING = frozenset({Endpoint.CHAT_COMPLETIONS, Endpoint.RESPONSES})
 
@@ -120,7 +122,7 @@ class Tier(StrEnum):
 
     STANDARD = "standard"
     BATCH = "batch"  # the providers' Batch APIs (about half price)
-    FLEX = "flex"  # OpenAI's service_tier="flex" (slower, batch prices)
+    FLEX = "flex"  # OpenAI's or Gemini's service_tier "flex" (slower, batch prices)
 
 
 # What a tier costs against the standard prices when the registry names no price of its
@@ -199,12 +201,16 @@ class OfflineRoute(BaseModel):
     role_arn: str | None = None
     storage_endpoint: str | None = None
     control_url: str | None = None
+    # Gemini Batch Mode: a job of up to this many bytes of requests goes inline, a
+    # larger one as a JSONL file uploaded to the Files API (Google's inline bound: 20 MB).
+    inline_max_bytes: PositiveInt = 20_000_000
 
 
 class FlexRoute(BaseModel):
     """A model's flex route (``[models."<name>".flex]``): OpenAI's ``service_tier:
-    "flex"``, synchronous calls at the batch prices, slower, and refused with a 429
-    "resource unavailable" when the provider is busy. The table turns it on (an empty
+    "flex"`` or the Gemini API's, synchronous calls at the batch prices, slower, and
+    refused when the provider is busy (OpenAI: a 429 "resource unavailable"; Gemini: a
+    503 ``UNAVAILABLE``). The table turns it on (an empty
     one takes the defaults); the rules that send an item there, and back to standard
     calls in time, are in :mod:`batchgen.domain.routes`.
     """
@@ -386,7 +392,7 @@ class ModelSpec(ProviderTarget):
     # The provider's Batch API for bulk work whose deadline allows it (half price).
     offload: bool = False
     offline: OfflineRoute = OfflineRoute()
-    # OpenAI's flex tier for work whose deadline allows it (None: not offered).
+    # OpenAI's or Gemini's flex tier for work whose deadline allows it (None: not offered).
     flex: FlexRoute | None = None
     # The shortest prompt prefix the provider caches (Anthropic: 1024 tokens for most
     # models, 2048 or 4096 for some; OpenAI: 1024): a shared prefix this long or longer
@@ -435,10 +441,11 @@ class ModelSpec(ProviderTarget):
             raise ValueError("max_output_tokens: required by a model that serves chat or responses")
         if self.dimensions is None and Endpoint.EMBEDDINGS in served:
             raise ValueError("dimensions: required for a model that serves /v1/embeddings")
-        if self.flex is not None and self.provider.value not in OPENAI_KINDS:
+        if self.flex is not None and self.provider.value not in FLEX_KINDS:
             article = "an" if self.provider.value[0] in "aeiou" else "a"
             raise ValueError(
-                f"flex: OpenAI's service tier; {article} {self.provider.value} model has none"
+                f"flex: OpenAI's and the Gemini API's service tier; {article} "
+                f"{self.provider.value} model has none"
             )
         return self
 

@@ -39,7 +39,7 @@ from batchgen.domain.endpoints import (
     not_served,
     unknown_endpoint,
 )
-from batchgen.domain.formats import NATIVE_KINDS, refusal
+from batchgen.domain.formats import NATIVE_KINDS, gemini_embeddings, refusal
 from batchgen.errors import PayloadTooLarge, ValidationFailed
 from batchgen.registry import ModelSpec, ProviderKind, Registry
 
@@ -322,6 +322,10 @@ def _embeddings(
     """An embeddings request's input tokens; it reserves no output."""
     inputs = embeddings_api.inputs(body)
     embeddings_api.check_options(body, spec)
+    for kind in sorted({d.provider.value for d in spec.deployments} & NATIVE_KINDS):
+        why = gemini_embeddings.refusal(body, kind)
+        if why is not None:
+            raise _fail(line_no, why.field, why.message)
     return embeddings_api.count(inputs, spec, lambda size: budget.spend(size, line_no)), 0
 
 

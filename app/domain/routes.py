@@ -34,7 +34,7 @@ from batchgen.domain import retry
 from batchgen.domain.offload import OfflineWindow, OffloadMode, wants_offline
 from batchgen.domain.status import Priority
 from batchgen.errors import ValidationFailed
-from batchgen.registry import OPENAI_KINDS, FlexRoute, ModelSpec, Tier
+from batchgen.registry import FLEX_KINDS, FlexRoute, ModelSpec, Tier
 
 SERVICE_TIER = "service_tier"
 FLEX_TIER = "flex"
@@ -145,7 +145,7 @@ def flex_window(spec: ModelSpec, served: ModelSpec, call_timeout_s: float) -> Fl
     Anthropic model)."""
     if served.flex is not None:
         return FlexWindow.of(served.flex)
-    if spec.flex is None and spec.provider.value in OPENAI_KINDS:
+    if spec.flex is None and spec.provider.value in FLEX_KINDS:
         return replace(DEFAULT_FLEX, timeout_s=min(DEFAULT_FLEX.timeout_s, call_timeout_s))
     return None
 

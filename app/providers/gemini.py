@@ -12,8 +12,11 @@ service-account key file (``GOOGLE_APPLICATION_CREDENTIALS`` is the usual one); 
 it is unset, Application Default Credentials. The SDK refreshes the access token.
 
 Errors: a 429 ``RESOURCE_EXHAUSTED`` is :class:`RateLimited` with its ``RetryInfo``
-delay; 5xx (``UNAVAILABLE``, ``INTERNAL``) transient; a 400 whose wording says the
-input is over the model's tokens :class:`ContextLengthExceeded`; other 4xx permanent.
+delay; 5xx (``UNAVAILABLE``, ``INTERNAL``) transient, but a flex call's 503
+``UNAVAILABLE`` (Google sheds flex traffic when busy) is :class:`FlexUnavailable` (no
+cooldown, no attempt used: :func:`batchgen.domain.routes.after_flex_refusal`
+decides); a 400 whose wording says the input is over the model's tokens
+:class:`ContextLengthExceeded`; other 4xx permanent.
 Messages carry the status and Google's status name only, never the provider's text.
 """
 
@@ -35,12 +38,13 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.oauth2 import service_account
 
-from batchgen.domain.endpoints import CHAT_COMPLETIONS
-from batchgen.domain.formats import Untranslatable
+from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS
+from batchgen.domain.formats import Untranslatable, gemini_embeddings
 from batchgen.domain.formats import gemini as gemini_format
 from batchgen.domain.rate_limits import RateLimitState
 from batchgen.errors import (
     ContextLengthExceeded,
+    FlexUnavailable,
     MalformedResponse,
     PermanentProviderError,
     ProviderError,
@@ -124,13 +128,17 @@ def client_for(spec: ModelSpec) -> genai.Client:
     )
 
 
-def translate(exc: BaseException, *, in_stream: bool = False) -> ProviderError:
-    """An SDK, transport or credentials exception as the project's error (no text)."""
+def translate(exc: BaseException, *, in_stream: bool = False, flex: bool = False) -> ProviderError:
+    """An SDK, transport or credentials exception as the project's error (no text);
+    ``flex``: the call asked the flex tier."""
     if isinstance(exc, genai_errors.APIError):
         code = safe_code(exc.status)
         status = int(exc.code or 500)
         message = status_message(status, exc, code, None)
         headers = getattr(exc.response, "headers", None)
+        if flex and status == 503 and not in_stream:
+            delay = gemini_format.retry_delay_s(exc.details)
+            return FlexUnavailable(f"flex tier busy: {message}", status=503, retry_after_s=delay)
         if status == 429:
             delay = gemini_format.retry_delay_s(exc.details)
             if delay is None:
@@ -181,7 +189,8 @@ def _request_id(headers: dict[str, str], body: dict[str, Any]) -> str | None:
 
 
 class GeminiProvider:
-    """Chat completions (plain or streamed) on Gemini's ``generateContent``."""
+    """Chat completions (plain or streamed) on Gemini's ``generateContent``; on the
+    Gemini API, embeddings on ``embedContent``."""
 
     def warm(self, spec: ModelSpec) -> None:
         client_for(spec)
@@ -196,14 +205,13 @@ class GeminiProvider:
             params = gemini_format.request(request.body, request.spec.provider.value, max_tokens)
         except Untranslatable as exc:  # admission refuses these: a line stored before
             raise PermanentProviderError(f"not translatable: {exc.field}") from None
-        params["config"]["http_options"] = {
-            "headers": request.headers(),
-            "timeout": max(1, int(request.timeout_s * 1000)),
-        }
+        params["config"]["http_options"] = self._http(request)
         return params
 
     def complete(self, request: ProviderRequest) -> ProviderResponse:
         cancelled_before_call(request)
+        if request.endpoint == EMBEDDINGS and request.spec.provider is ProviderKind.GEMINI:
+            return self._embed(request)
         if request.endpoint != CHAT_COMPLETIONS:  # the registry lets no such request in
             raise PermanentProviderError(f"a gemini model does not serve {request.endpoint}")
         params = self._params(request)
@@ -215,7 +223,46 @@ class GeminiProvider:
         except ProviderError:
             raise
         except _SDK_ERRORS as exc:
+            raise translate(exc, flex=gemini_format.is_flex(params)) from None
+
+    def _embed(self, request: ProviderRequest) -> ProviderResponse:
+        """``embedContent`` (``batchEmbedContents`` for several texts); the Gemini API
+        reports no tokens for it, so the prompt is its free ``countTokens``."""
+        try:
+            texts = gemini_embeddings.texts(request.body, request.spec.provider.value)
+        except Untranslatable as exc:  # admission refuses these: a line stored before
+            raise PermanentProviderError(f"not translatable: {exc.field}") from None
+        model, http = request.spec.name, genai.types.HttpOptions(**self._http(request))
+        config: dict[str, Any] = {**gemini_embeddings.config(request.body), "http_options": http}
+        try:
+            client = client_for(request.spec)
+            types = genai.types
+            contents = [types.Content(role="user", parts=[types.Part(text=t)]) for t in texts]
+            answer = client.models.embed_content(  # one content a text: one embedding each
+                model=model, contents=contents, config=genai.types.EmbedContentConfig(**config)
+            )
+            counted = client.models.count_tokens(
+                model=model, contents=texts, config=genai.types.CountTokensConfig(http_options=http)
+            )
+        except _SDK_ERRORS as exc:
             raise translate(exc) from None
+        vectors = [list(e.values or []) for e in answer.embeddings or []]
+        prompt = int(counted.total_tokens or 0)
+        if len(vectors) != len(texts):
+            raise MalformedResponse("an embedding per input was not answered", billed=True)
+        body = gemini_embeddings.embeddings_list(vectors, model, prompt, request.body)
+        return ProviderResponse(
+            text="",
+            prompt_tokens=prompt,
+            completion_tokens=0,
+            finish_reason="stop",
+            request_id=_request_id(_headers(answer), body),
+            body=body,
+            rate_limits=RateLimitState(),
+        )
+
+    def _http(self, request: ProviderRequest) -> dict[str, Any]:
+        return {"headers": request.headers(), "timeout": max(1, int(request.timeout_s * 1000))}
 
     def _plain(
         self, client: genai.Client, request: ProviderRequest, params: dict[str, Any]
@@ -266,7 +313,9 @@ class GeminiProvider:
         except ProviderError:
             raise
         except _SDK_ERRORS as exc:  # the answer may have started: it may be billed
-            raise translate(exc, in_stream=bool(headers)) from None
+            raise translate(
+                exc, in_stream=bool(headers), flex=gemini_format.is_flex(params)
+            ) from None
         except (KeyError, TypeError) as exc:
             raise MalformedResponse(
                 f"malformed stream chunk ({type(exc).__name__})", status=200, billed=True

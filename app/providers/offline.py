@@ -7,8 +7,10 @@ names the job on our side: OpenAI's jobs also carry it in their metadata
 creation answer was lost; Anthropic's have no metadata, so there a job is found by
 the custom ids of its rows once it has ended.
 
-Gemini Batch Mode (``batchGenerateContent`` with inline requests, :class:`GeminiJobs`)
-names a job by its display name and each request by ``metadata.key``.
+Gemini Batch Mode (``batchGenerateContent``, :class:`GeminiJobs`) names a job by its
+display name and each request by its key (``metadata.key`` inline; in a job over the
+route's ``inline_max_bytes``, the ``key`` of its line in a JSONL file uploaded to the
+Files API, its answers read from the job's results file).
 
 A job holds requests to one endpoint (its batch's): chat completions, or, at OpenAI,
 the Responses API or embeddings, each line's body as the item has it (the model
@@ -25,9 +27,10 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from typing import Any, Protocol
 
 import anthropic
@@ -197,6 +200,34 @@ def _response(body: dict[str, Any], request_id: str | None) -> ProviderResponse:
         request_id=request_id or body.get("id"),
         body=body,
     )
+
+
+def _row(
+    item_id: int,
+    answer: Any,
+    translate: Callable[[Any], dict[str, Any]],
+    failure: tuple[bool, str, str],
+) -> RowResult:
+    """A row: its ``answer`` (a dict) as ``translate`` makes it a ``chat.completion`` (an
+    answer it cannot read errored as ``malformed_row``); without one, by ``failure``
+    ``(cancelled with its job, error code, message)``: cancelled, else errored."""
+    if isinstance(answer, dict):
+        try:
+            body = translate(answer)
+        except (KeyError, TypeError, ValueError):
+            return RowResult(item_id, RowKind.ERRORED, error_code="malformed_row")
+        return RowResult(item_id, RowKind.SUCCEEDED, _response(body, body["id"] or None))
+    cancelled, code, message = failure
+    if cancelled:
+        return RowResult(item_id, RowKind.CANCELLED, error_code="batch_cancelled")
+    return RowResult(item_id, RowKind.ERRORED, error_code=code, error_message=message)
+
+
+def _jsonl(data: bytes) -> Iterator[dict[str, Any]]:
+    """The records of a JSONL file (blank lines skipped)."""
+    for raw in data.splitlines():
+        if raw.strip():
+            yield json.loads(raw)
 
 
 # --- OpenAI: files.create + batches.create -------------------------------------------
@@ -453,6 +484,12 @@ def _gemini_state(job: Any) -> str:
     return str(getattr(state, "value", state) or "")
 
 
+def _gemini_failure(cancelled: bool, code: Any) -> tuple[bool, str, str]:
+    """A Gemini Batch Mode row's failure (:func:`_row`) by its error code."""
+    error = f"error_{code}" if code is not None else "batch_error"
+    return cancelled, error, f"the provider's job: error {code}"
+
+
 class GeminiJobs:
     lists_running = True
 
@@ -460,16 +497,41 @@ class GeminiJobs:
         return _gemini()[0].client_for(spec)
 
     def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
+        """Inline requests, or, past the route's ``inline_max_bytes``, a JSONL file of
+        ``{"key", "request"}`` lines (the REST form) uploaded to the Files API."""
         _, gemini_format = _gemini()
-        requests = []
-        for row in rows:
-            params = gemini_format.request(
-                row.body, spec.provider.value, per_choice_max_tokens(row.body, row.max_tokens)
+        kind = spec.provider.value
+        lines = [
+            json.dumps(
+                {
+                    "key": custom_id(tag, row.item_id),
+                    "request": gemini_format.rest_request(
+                        row.body, kind, per_choice_max_tokens(row.body, row.max_tokens)
+                    ),
+                },
+                ensure_ascii=False,
+            ).encode()
+            for row in rows
+        ]
+        client = self._client(spec)
+        if sum(len(line) + 1 for line in lines) > spec.offline.inline_max_bytes:
+            data = b"\n".join(lines) + b"\n"
+            upload = client.files.upload(
+                file=io.BytesIO(data),
+                config={"mime_type": "application/jsonl", "display_name": tag},
             )
-            requests.append({**params, "metadata": {"key": custom_id(tag, row.item_id)}})
-        job = self._client(spec).batches.create(
-            model=spec.name, src=requests, config={"display_name": tag}
-        )
+            src: Any = str(upload.name)
+        else:
+            src = [
+                {
+                    **gemini_format.request(
+                        row.body, kind, per_choice_max_tokens(row.body, row.max_tokens)
+                    ),
+                    "metadata": {"key": custom_id(tag, row.item_id)},
+                }
+                for row in rows
+            ]
+        job = client.batches.create(model=spec.name, src=src, config={"display_name": tag})
         return str(job.name)
 
     def find(self, spec: ModelSpec, tag: str) -> str | None:
@@ -501,28 +563,24 @@ class GeminiJobs:
         job = self._client(spec).batches.get(name=job_id)
         cancelled = _gemini_state(job) == "JOB_STATE_CANCELLED"
         created = int(time.time())
+        translate = partial(gemini_format.chat_completion, model=spec.name, created=created)
+        file_name = getattr(job.dest, "file_name", None) if job.dest else None
+        if file_name:
+            data = self._client(spec).files.download(file=file_name)
+            for line in _jsonl(data):
+                item_id = item_of(str(line.get("key", "")), tag)
+                if item_id is None:
+                    continue
+                failure = _gemini_failure(cancelled, (line.get("error") or {}).get("code"))
+                yield _row(item_id, line.get("response"), translate, failure)
+            return
         for entry in (job.dest.inlined_responses if job.dest else None) or []:
             item_id = item_of(str((entry.metadata or {}).get("key", "")), tag)
             if item_id is None:
                 continue
-            if entry.response is not None:
-                answer = gemini_adapter._dump(entry.response)
-                try:
-                    body = gemini_format.chat_completion(answer, spec.name, created)
-                except (KeyError, TypeError, ValueError):
-                    yield RowResult(item_id, RowKind.ERRORED, error_code="malformed_row")
-                    continue
-                yield RowResult(item_id, RowKind.SUCCEEDED, _response(body, body["id"] or None))
-            elif cancelled:
-                yield RowResult(item_id, RowKind.CANCELLED, error_code="batch_cancelled")
-            else:
-                code = getattr(entry.error, "code", None)
-                yield RowResult(
-                    item_id,
-                    RowKind.ERRORED,
-                    error_code=f"error_{code}" if code is not None else "batch_error",
-                    error_message=f"the provider's job: error {code}",
-                )
+            answer = None if entry.response is None else gemini_adapter._dump(entry.response)
+            failure = _gemini_failure(cancelled, getattr(entry.error, "code", None))
+            yield _row(item_id, answer, translate, failure)
 
     def cancel(self, spec: ModelSpec, job_id: str) -> None:
         self._client(spec).batches.cancel(name=job_id)
@@ -638,28 +696,15 @@ class BedrockJobs:
             raise
         stopped = job.get("status") in ("Stopped", "Expired")
         created = int(time.time())
-        for raw in data.splitlines():
-            if not raw.strip():
-                continue
-            record = json.loads(raw)
+        translate = partial(anthropic_messages.chat_completion, model=spec.name, created=created)
+        for record in _jsonl(data):
             item_id = item_of(str(record.get("recordId", "")), tag)
             if item_id is None:
                 continue
-            output = record.get("modelOutput")
-            if isinstance(output, dict):
-                try:
-                    body = anthropic_messages.chat_completion(output, spec.name, created)
-                except (KeyError, TypeError, ValueError):
-                    yield RowResult(item_id, RowKind.ERRORED, error_code="malformed_row")
-                    continue
-                yield RowResult(item_id, RowKind.SUCCEEDED, _response(body, body["id"] or None))
-                continue
             error = record.get("error") or {}
             code = safe_code(str(error.get("errorCode", ""))) or "batch_error"
-            kind = RowKind.CANCELLED if stopped else RowKind.ERRORED
-            yield RowResult(
-                item_id, kind, error_code=f"error_{code}", error_message=f"the job: {code}"
-            )
+            failure = (stopped, f"error_{code}", f"the job: {code}")
+            yield _row(item_id, record.get("modelOutput"), translate, failure)
 
     def cancel(self, spec: ModelSpec, job_id: str) -> None:
         control, _ = self._clients(spec)
@@ -721,15 +766,6 @@ class VertexJobs(GeminiJobs):
         )
         return str(job.name)
 
-    def state(self, spec: ModelSpec, job_id: str) -> JobState:
-        job = self._client(spec).batches.get(name=job_id)
-        state = _gemini_state(job)
-        if state in GEMINI_RUNNING:
-            return JobState(JobStatus.RUNNING, 0, 0, 0)
-        if state == "JOB_STATE_FAILED":
-            return JobState(JobStatus.FAILED, 0, 0, 0, "failed")
-        return JobState(JobStatus.ENDED, 0, 0, 0)
-
     def results(self, spec: ModelSpec, job_id: str, tag: str) -> Iterator[RowResult]:
         _, gemini_format = _gemini()
         job = self._client(spec).batches.get(name=job_id)
@@ -737,31 +773,14 @@ class VertexJobs(GeminiJobs):
         store, prefix = self._bucket(spec)
         folder = f"{prefix}/{tag}/output/".lstrip("/")
         created = int(time.time())
+        translate = partial(gemini_format.chat_completion, model=spec.name, created=created)
+        failure = (cancelled, "batch_error", "the provider's job: a row failed")
         for name in store.names(folder):
             if not name.endswith(".jsonl"):
                 continue
-            for raw in store.get(name).splitlines():
-                if not raw.strip():
-                    continue
-                line = json.loads(raw)
+            for line in _jsonl(store.get(name)):
                 labels = (line.get("request") or {}).get("labels") or {}
                 item_id = _labelled_item(str(labels.get(LABEL, "")), tag)
                 if item_id is None:
                     continue
-                answer = line.get("response")
-                if isinstance(answer, dict):
-                    try:
-                        body = gemini_format.chat_completion(answer, spec.name, created)
-                    except (KeyError, TypeError, ValueError):
-                        yield RowResult(item_id, RowKind.ERRORED, error_code="malformed_row")
-                        continue
-                    yield RowResult(item_id, RowKind.SUCCEEDED, _response(body, body["id"] or None))
-                elif cancelled:
-                    yield RowResult(item_id, RowKind.CANCELLED, error_code="batch_cancelled")
-                else:
-                    yield RowResult(
-                        item_id,
-                        RowKind.ERRORED,
-                        error_code="batch_error",
-                        error_message="the provider's job: a row failed",
-                    )
+                yield _row(item_id, line.get("response"), translate, failure)

@@ -1,4 +1,4 @@
-"""OpenAI's flex tier, simulated: slower answers, refused as busy.
+"""OpenAI's and the Gemini API's flex tiers, simulated: slower answers, refused as busy.
 
 A chat completions or Responses request that says ``service_tier: "flex"`` is a flex
 call. It is answered ``flex_latency_factor`` times slower than a standard one, its
@@ -7,6 +7,10 @@ it is refused with a 429 whose code is ``resource_unavailable`` (not a rate limi
 nothing is charged against the key's limits) while ``flex_max_in_flight`` flex calls
 are in progress on its deployment, or, by a seeded draw, for a share
 ``flex_refusal_rate`` of flex calls.
+
+A Gemini ``generateContent`` (or its stream) that says ``serviceTier: "flex"`` (read
+into the chat form as ``service_tier``) is a flex call the same way, refused as
+Google sheds traffic: a 503 ``UNAVAILABLE`` (:func:`refusal`).
 """
 
 from __future__ import annotations
@@ -24,9 +28,25 @@ REFUSAL_MESSAGE = (
 )
 
 
+GEMINI_REFUSAL_MESSAGE = (
+    "The model is overloaded (simulated): flex traffic is shed. Retry later, or send the "
+    "request without service tier flex."
+)
+FLEX_APIS = frozenset({"openai", "gemini"})
+
+
 def requested(api: str, body: Any) -> bool:
-    """The request asks for the flex tier (an OpenAI request)."""
-    return api == "openai" and isinstance(body, Mapping) and body.get("service_tier") == FLEX
+    """The request asks for the flex tier (an OpenAI or Gemini request, the latter in
+    the chat form it was read into)."""
+    return api in FLEX_APIS and isinstance(body, Mapping) and body.get("service_tier") == FLEX
+
+
+def refusal(api: str) -> tuple[int, dict[str, Any]]:
+    """The status and body of a busy flex tier's refusal, as the provider words it."""
+    if api == "gemini":
+        error = {"code": 503, "message": GEMINI_REFUSAL_MESSAGE, "status": "UNAVAILABLE"}
+        return 503, {"error": error}
+    return 429, refusal_body()
 
 
 def refusal_body() -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """Gemini Batch Mode, simulated (the Gemini API's ``batchGenerateContent`` with inline
-requests), and Vertex AI's batch prediction (``batchPredictionJobs``, its JSONL input
-read from and its ``predictions.jsonl`` written to Cloud Storage at
-``gcs_endpoint_url``: gcp-storage-emulator in the tests): jobs created, read, listed
+requests, or a JSONL file uploaded to the Files API,
+:mod:`batchgen.simulator.gemini_files`, whose job writes its results to a file), and
+Vertex AI's batch prediction (``batchPredictionJobs``, its JSONL input read from and
+its ``predictions.jsonl`` written to Cloud Storage at ``gcs_endpoint_url``:
+gcp-storage-emulator in the tests): jobs created, read, listed
 and cancelled as the ``google-genai`` SDK calls them, on the same clock, turnaround,
 row errors, expiry, failure, enqueued-token limit and create delay as the other
 batch APIs (:mod:`batchgen.simulator.batch_jobs`).
@@ -27,7 +29,7 @@ from urllib.parse import quote
 import httpx
 from aiohttp import web
 
-from batchgen.simulator import batch_jobs, counting, native, rich
+from batchgen.simulator import batch_jobs, counting, gemini_files, native, rich
 from batchgen.simulator import native_errors as errors
 from batchgen.simulator.batch_jobs import JOBS, BatchJobs, Job
 from batchgen.simulator.formats import BadRequest
@@ -52,8 +54,21 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response(errors.error_body(errors.GEMINI, status, message), status=status)
 
 
-def _rows(body: Any, model: str, state: SimState) -> list[dict[str, Any]]:
-    requests = body["batch"]["inputConfig"]["requests"]["requests"]
+def _requests(request: web.Request, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's requests: inline (``requests.requests``, each with its ``metadata``),
+    or the lines of an uploaded file (``fileName``: ``{"key", "request"}`` each, the key
+    kept as ``metadata.key``)."""
+    name = config.get("fileName")
+    if name is None:
+        return list(config["requests"]["requests"])
+    data = gemini_files.read(request.app, str(name), _key(request))
+    if data is None:
+        raise KeyError("fileName")
+    lines = [json.loads(raw) for raw in data.splitlines() if raw.strip()]
+    return [{"request": line["request"], "metadata": {"key": line["key"]}} for line in lines]
+
+
+def _rows(requests: list[dict[str, Any]], model: str, state: SimState) -> list[dict[str, Any]]:
     rows = []
     for i, entry in enumerate(requests):
         req = native.parse_gemini(entry["request"], model, False, state.config.default_max_tokens)
@@ -75,7 +90,8 @@ async def create(request: web.Request, model: str) -> web.Response:
     jobs, state = request.app[JOBS], request.app[STATE]
     try:
         body = json.loads(await request.read())
-        rows = _rows(body, model, state)
+        config = body["batch"]["inputConfig"]
+        rows = _rows(_requests(request, config), model, state)
     except (ValueError, KeyError, TypeError, BadRequest):
         return _error(400, "invalid batch requests")
     state.last_request[API] = body
@@ -83,11 +99,11 @@ async def create(request: web.Request, model: str) -> web.Response:
     del jobs.jobs[job.id]
     job.id = "batches/" + uuid.uuid4().hex[:20]
     jobs.jobs[job.id] = job
-    job.metadata = {"displayName": body["batch"].get("displayName")}
+    job.metadata = {"displayName": body["batch"].get("displayName"), "file": "fileName" in config}
     if job.failed and job.failed_code == "token_limit_exceeded":
         job.failed_code = "429"
     await asyncio.sleep(state.config.batch_create_delay_s)
-    return web.json_response(_operation(jobs, state, job))
+    return web.json_response(_operation(request.app, job))
 
 
 def _answer(row: dict[str, Any], state: SimState) -> dict[str, Any]:
@@ -126,7 +142,22 @@ def _outputs(jobs: BatchJobs, state: SimState, job: Job) -> list[dict[str, Any]]
     return out
 
 
-def _operation(jobs: BatchJobs, state: SimState, job: Job) -> dict[str, Any]:
+def _results_file(app: web.Application, job: Job, responses: list[dict[str, Any]]) -> str:
+    """The job's results file (written once): a line ``{"key", "response"}`` or
+    ``{"key", "error"}`` per answered request."""
+    meta = job.metadata or {}
+    if "responsesFile" not in meta:
+        lines = []
+        for entry in responses:
+            line = {"key": (entry.pop("metadata", None) or {}).get("key"), **entry}
+            lines.append(json.dumps(line, separators=(",", ":")).encode())
+        data = b"".join(line + b"\n" for line in lines)
+        meta["responsesFile"] = gemini_files.write(app, job.key, data)
+    return str(meta["responsesFile"])
+
+
+def _operation(app: web.Application, job: Job) -> dict[str, Any]:
+    jobs, state = app[JOBS], app[STATE]
     status = jobs.status(job, state)
     ended = jobs.ended_s(job, state)
     metadata: dict[str, Any] = {
@@ -144,6 +175,8 @@ def _operation(jobs: BatchJobs, state: SimState, job: Job) -> dict[str, Any]:
     if job.failed is not None:
         code = int(job.failed_code) if job.failed_code.isdigit() else 400
         operation["error"] = {"code": code, "message": job.failed}
+    elif ended is not None and (job.metadata or {}).get("file"):
+        metadata["output"] = {"responsesFile": _results_file(app, job, _outputs(jobs, state, job))}
     elif ended is not None:
         responses = _outputs(jobs, state, job)
         metadata["output"] = {"inlinedResponses": {"inlinedResponses": responses}}
@@ -168,12 +201,12 @@ async def get(request: web.Request) -> web.Response:
         return web.json_response({})
     if method:
         return _error(404, f"method {method!r} is not served")
-    return web.json_response(_operation(jobs, state, job))
+    return web.json_response(_operation(request.app, job))
 
 
 async def listing(request: web.Request) -> web.Response:
     """``batches``: the caller's jobs, newest first (``pageSize``, ``pageToken``)."""
-    jobs, state = request.app[JOBS], request.app[STATE]
+    jobs = request.app[JOBS]
     key = _key(request)
     mine = sorted(
         (j for j in jobs.jobs.values() if j.api == "gemini" and j.key == key),
@@ -183,7 +216,7 @@ async def listing(request: web.Request) -> web.Response:
     start = int(request.query.get("pageToken") or 0)
     size = int(request.query.get("pageSize") or 50)
     page = mine[start : start + size]
-    body: dict[str, Any] = {"operations": [_operation(jobs, state, j) for j in page]}
+    body: dict[str, Any] = {"operations": [_operation(request.app, j) for j in page]}
     if start + size < len(mine):
         body["nextPageToken"] = str(start + size)
     return web.json_response(body)
@@ -191,6 +224,7 @@ async def listing(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application, prefix: str = "") -> None:
     add_vertex_routes(app)
+    gemini_files.add_routes(app)
     app.router.add_get(prefix + "/{version}/batches", listing)
     app.router.add_get(prefix + "/{version}/batches/{call}", get)
     app.router.add_post(prefix + "/{version}/batches/{call}", get)

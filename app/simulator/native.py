@@ -47,6 +47,35 @@ def _get(obj: Any, name: str) -> Any:
     return obj.get(snake)
 
 
+def _fold_turn(
+    messages: list[Any], assistant: bool, content: list[Any], calls: list[Any], results: list[Any]
+) -> None:
+    """One native turn's parts appended as chat messages: an assistant message (its text
+    and tool calls), or the tool results it answers and then the user's own content."""
+    if assistant:
+        text = "".join(p["text"] for p in content if p["type"] == "text")
+        message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if calls:
+            message["tool_calls"] = calls
+        messages.append(message)
+        return
+    messages.extend(results)
+    if content:
+        messages.append({"role": "user", "content": content})
+
+
+def _max_tokens(raw: Any, where: str, default: int) -> int:
+    if raw is not None and (type(raw) is not int or raw < 1):
+        raise BadRequest(f"{where} must be a positive integer")
+    return int(raw or default)
+
+
+def _function(name: Any, description: Any, parameters: Any) -> dict[str, Any]:
+    """A native function declaration as an OpenAI function tool."""
+    fn = {"name": name, "description": description, "parameters": parameters}
+    return {"type": "function", "function": fn}
+
+
 def _gemini_parts(parts: Any, where: str) -> tuple[list[Any], list[Any], list[Any]]:
     """(content parts, tool calls, tool results) of one Gemini turn, OpenAI-shaped."""
     content: list[Any] = []
@@ -104,17 +133,8 @@ def parse_gemini(body: Any, model: str, stream: bool, default_max_tokens: int) -
         role = turn.get("role", "user") if isinstance(turn, Mapping) else None
         if role not in ("user", "model"):
             raise BadRequest(f"contents[{i}].role must be user or model", f"contents[{i}]")
-        content, calls, results = _gemini_parts(turn.get("parts"), f"contents[{i}]")
-        if role == "model":
-            text = "".join(p["text"] for p in content if p["type"] == "text")
-            message: dict[str, Any] = {"role": "assistant", "content": text or None}
-            if calls:
-                message["tool_calls"] = calls
-            messages.append(message)
-        else:
-            messages.extend(results)
-            if content:
-                messages.append({"role": "user", "content": content})
+        parts = _gemini_parts(turn.get("parts"), f"contents[{i}]")
+        _fold_turn(messages, role == "model", *parts)
     config = _get(body, "generationConfig") or {}
     chat: dict[str, Any] = {"model": model, "messages": messages}
     declarations = [
@@ -122,14 +142,11 @@ def parse_gemini(body: Any, model: str, stream: bool, default_max_tokens: int) -
     ]
     if declarations:
         chat["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": d.get("name"),
-                    "description": d.get("description"),
-                    "parameters": _get(d, "parametersJsonSchema") or d.get("parameters"),
-                },
-            }
+            _function(
+                d.get("name"),
+                d.get("description"),
+                _get(d, "parametersJsonSchema") or d.get("parameters"),
+            )
             for d in declarations
         ]
     schema = _get(config, "responseJsonSchema") or _get(config, "responseSchema")
@@ -143,11 +160,13 @@ def parse_gemini(body: Any, model: str, stream: bool, default_max_tokens: int) -
         chat["n"] = count
     if isinstance(_get(config, "thinkingConfig"), Mapping):
         chat["reasoning_effort"] = "low"
-    raw = _get(config, "maxOutputTokens")
-    if raw is not None and (type(raw) is not int or raw < 1):
-        raise BadRequest("generationConfig.maxOutputTokens must be a positive integer")
-    max_tokens = raw or default_max_tokens
+    max_tokens = _max_tokens(
+        _get(config, "maxOutputTokens"), "generationConfig.maxOutputTokens", default_max_tokens
+    )
     chat["max_tokens"] = max_tokens
+    tier = _get(body, "serviceTier")
+    if isinstance(tier, str) and tier.lower() == "flex":
+        chat["service_tier"] = "flex"
     return ChatRequest(model, messages, max_tokens, stream, True, chat)
 
 
@@ -208,34 +227,17 @@ def parse_bedrock(body: Any, model: str, stream: bool, default_max_tokens: int) 
                 f"messages[{i}]",
             )
         last = role
-        content, calls, results = _bedrock_content(turn.get("content"), f"messages[{i}]")
-        if role == "assistant":
-            text = "".join(p["text"] for p in content if p["type"] == "text")
-            message: dict[str, Any] = {"role": "assistant", "content": text or None}
-            if calls:
-                message["tool_calls"] = calls
-            messages.append(message)
-        else:
-            messages.extend(results)
-            if content:
-                messages.append({"role": "user", "content": content})
+        blocks = _bedrock_content(turn.get("content"), f"messages[{i}]")
+        _fold_turn(messages, role == "assistant", *blocks)
     inference = body.get("inferenceConfig") or {}
-    raw = inference.get("maxTokens")
-    if raw is not None and (type(raw) is not int or raw < 1):
-        raise BadRequest("inferenceConfig.maxTokens must be a positive integer")
-    max_tokens = raw or default_max_tokens
+    max_tokens = _max_tokens(
+        inference.get("maxTokens"), "inferenceConfig.maxTokens", default_max_tokens
+    )
     chat: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
     tools = [t.get("toolSpec") for t in (body.get("toolConfig") or {}).get("tools") or []]
     if tools:
         chat["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.get("name"),
-                    "description": t.get("description"),
-                    "parameters": (t.get("inputSchema") or {}).get("json"),
-                },
-            }
+            _function(t.get("name"), t.get("description"), (t.get("inputSchema") or {}).get("json"))
             for t in tools
             if isinstance(t, Mapping)
         ]

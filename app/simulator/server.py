@@ -268,7 +268,7 @@ async def _admit_and_answer(
     ):
         state.counters["flex_refused"] += 1  # before the limits: nothing is charged
         _rl_headers(state, call, *state.peek(scope, call.lane))
-        return _json(call, 429, flex_tier.refusal_body())
+        return _json(call, *flex_tier.refusal(call.api))
     amount = state.charge(call.prompt_tokens, call.body_bytes, req.max_tokens, call.lane)
     call.entry["requested_tokens"] = amount
     req_adm, tok_adm = state.admit(call.key, amount, call.rid, call.lane)  # type: ignore[arg-type]

@@ -68,7 +68,7 @@ from batchgen.domain.status import (
     values,
 )
 from batchgen.errors import IdempotencyKeyReused, NotFound, ValidationFailed
-from batchgen.registry import OPENAI_KINDS, ModelSpec, Registry
+from batchgen.registry import FLEX_KINDS, ModelSpec, Registry
 from batchgen.store import items, notifications, quotas, rounds, totals
 from batchgen.store.schema import Batch, Item, Result, Tenant, listed_batch
 from batchgen.store.sqlfiles import query
@@ -158,7 +158,7 @@ def _routes(spec: ModelSpec) -> Routes:
     return Routes(
         batch=None if offline is None else OfflineWindow(offline.turnaround_s, offline.fallback_s),
         flex=None if spec.flex is None else FlexWindow.of(spec.flex),
-        flex_on_request=spec.provider.value in OPENAI_KINDS,
+        flex_on_request=spec.provider.value in FLEX_KINDS,
     )
 
 

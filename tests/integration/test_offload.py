@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 from google import genai
@@ -36,78 +37,28 @@ from tests.helpers import (
     sim_config,
     wait_batches,
 )
+from tests.native_setup import AWS_ENV, VERTEX_KEY_ENV, model_toml, service_account_file
 
 MODELS = ["sim-small", "sim-claude", "sim-gemini", "anthropic.claude-sim", "sim-vertex"]
 VERTEX_BUCKET = "batchgen-vertex"
 # Gemini on Vertex AI at the simulator (its token endpoint signs the service account
 # in), batch prediction's Cloud Storage at gcp-storage-emulator's server.
-VERTEX_MODEL = """
-[models."sim-vertex"]
-provider = "vertex"
-base_url = "${BATCHGEN_SIMULATOR_URL:-http://127.0.0.1:8099}"
-api_key_env = "BATCHGEN_TEST_VERTEX_KEY_FILE"
-project = "sim-project"
-region = "us-central1"
-group = "sim"
-budget_key = "sim-vertex-account"
-context_window = 1000000
-max_output_tokens = 8192
-tokens_per_min = 2000000
-requests_per_min = 10000
-max_concurrency = 8
-input_usd_per_1m = 1.25
-output_usd_per_1m = 10.00
-"""
+VERTEX_MODEL = model_toml("sim-vertex", "vertex")
 VERTEX_ROUTE = """storage_uri = "gs://{bucket}/jobs"
 storage_endpoint = "{gcs}"
 """
 BEDROCK = "anthropic.claude-sim"
 BUCKET = "batchgen-jobs"
 # Bedrock's control plane and runtime at the simulator, its S3 at moto's server.
-BEDROCK_MODEL = """
-[models."anthropic.claude-sim"]
-provider = "bedrock"
-base_url = "${BATCHGEN_SIMULATOR_URL:-http://127.0.0.1:8099}"
-api_key_env = "AWS_BEARER_TOKEN_BEDROCK"
-region = "us-east-1"
-group = "sim"
-budget_key = "sim-bedrock-account"
-context_window = 200000
-max_output_tokens = 8192
-tokens_per_min = 2000000
-requests_per_min = 10000
-max_concurrency = 8
-input_usd_per_1m = 3.00
-output_usd_per_1m = 15.00
-charge_policy = "actual"
-"""
+BEDROCK_MODEL = model_toml(BEDROCK, "bedrock", budget_key="sim-bedrock-account")
 BEDROCK_ROUTE = """storage_uri = "s3://{bucket}/batchgen"
 role_arn = "arn:aws:iam::123456789012:role/batchgen-batch"
 storage_endpoint = "{s3}"
 control_url = "{sim}"
 min_requests = {min_requests}
 """
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "AKIDBATCHGENTEST",
-    "AWS_SECRET_ACCESS_KEY": "batchgen-test-secret",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 # A Gemini model at the simulator (Gemini Batch Mode, inline requests).
-GEMINI_MODEL = """
-[models."sim-gemini"]
-provider = "gemini"
-base_url = "${BATCHGEN_SIMULATOR_URL:-http://127.0.0.1:8099}"
-api_key_env = "BATCHGEN_SIMULATOR_KEY"
-group = "sim"
-budget_key = "sim-gemini-account"
-context_window = 1000000
-max_output_tokens = 8192
-tokens_per_min = 2000000
-requests_per_min = 10000
-max_concurrency = 8
-input_usd_per_1m = 0.30
-output_usd_per_1m = 2.50
-"""
+GEMINI_MODEL = model_toml("sim-gemini", "gemini")
 # The registry's offline route in these tests: a job is expected within a minute, and
 # 10 s are kept back to run a late job online.
 OFFLINE = """
@@ -169,11 +120,7 @@ def s3_server() -> Iterator[str]:
 def gcs_server(simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """gcp-storage-emulator's Cloud Storage server (real HTTP, in a thread) with the jobs'
     bucket; and a service-account key file whose token endpoint is the simulator's."""
-    import json
-
     import httpx
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
     from gcp_storage_emulator.server import create_server
 
     from batchgen.embedded import free_port
@@ -186,26 +133,11 @@ def gcs_server(simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         f"{url}/storage/v1/b", params={"project": "sim-project"}, json={"name": VERTEX_BUCKET}
     )
     created.raise_for_status()
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
-    account = {
-        "type": "service_account",
-        "project_id": "sim-project",
-        "private_key_id": "sim-key",
-        "private_key": pem,
-        "client_email": "batchgen@sim-project.iam.gserviceaccount.com",
-        "client_id": "1",
-        "token_uri": f"{simulator.base_url}/token",
-    }
-    key_file = tmp_path_factory.mktemp("vertex") / "service-account.json"
-    key_file.write_text(json.dumps(account))
-    os.environ["BATCHGEN_TEST_VERTEX_KEY_FILE"] = str(key_file)
+    token_uri = f"{simulator.base_url}/token"
+    key_file = service_account_file(tmp_path_factory.mktemp("vertex"), token_uri)
+    os.environ[VERTEX_KEY_ENV] = str(key_file)
     yield url
-    os.environ.pop("BATCHGEN_TEST_VERTEX_KEY_FILE", None)
+    os.environ.pop(VERTEX_KEY_ENV, None)
     server.stop()
 
 
@@ -231,7 +163,7 @@ def offloading(
         models = offload_models(tmp_path / "models.toml", max_requests, extra, bedrock, vertex)
         env = {
             "BATCHGEN_MODELS_FILE": str(models),
-            "BATCHGEN_TEST_VERTEX_KEY_FILE": os.environ["BATCHGEN_TEST_VERTEX_KEY_FILE"],
+            VERTEX_KEY_ENV: os.environ[VERTEX_KEY_ENV],
             **OFFLOAD_ENV,
             **AWS_ENV,
         }
@@ -418,6 +350,28 @@ def test_a_bulk_batch_is_offloaded_and_recorded_at_the_batch_price(offloading, s
     # The results read as any batch's, in the OpenAI output format.
     results = list(client.iter_results(batch_id, tenant=tenant))
     assert [r["response"]["status_code"] for r in results] == [200] * 6
+
+
+def test_a_gemini_job_over_the_inline_bound_goes_as_a_file(offloading, simulator):
+    offloading(extra="inline_max_bytes = 1")  # every job is "large": a file
+    tenant = "offload-gemini-file"
+    make_tenant(tenant)
+    batch_id = submit(tenant, 3, "sim-gemini")
+    ticks_until(lambda: finished(batch_id))
+    assert statuses(batch_id) == {"succeeded": 3}
+    assert ledger_by_route(batch_id) == {("offline", False): 3}
+    sent = httpx.get(f"{simulator.base_url}/_sim/last_request", params={"api": "gemini_batch"})
+    source = sent.json()["batch"]["inputConfig"]
+    assert source["fileName"].startswith("files/") and "requests" not in source
+    with db.session_scope() as session:
+        costs = session.execute(
+            select(UsageLedger.cost_usd, UsageLedger.online_cost_usd).where(
+                UsageLedger.batch_id == batch_id
+            )
+        ).all()
+    assert len(costs) == 3 and all(cost > 0 and online == 2 * cost for cost, online in costs)
+    results = list(client.iter_results(batch_id, tenant=tenant))
+    assert [r["response"]["body"]["object"] for r in results] == ["chat.completion"] * 3
 
 
 def test_near_deadlines_run_online_and_the_rest_offline(offloading, simulator, workers):

@@ -12,17 +12,15 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
 from batchgen.errors import (
     CallCancelled,
     ContextLengthExceeded,
+    FlexUnavailable,
     MalformedResponse,
     PermanentProviderError,
     RateLimited,
@@ -32,7 +30,9 @@ from batchgen.providers import get_provider
 from batchgen.providers.base import ProviderRequest
 from batchgen.registry import ModelSpec, ProviderKind
 from batchgen.simulator import SimulatorConfig, SimulatorThread
+from tests.env_vars import environment
 from tests.images import png_data_url
+from tests.native_setup import AWS_ENV, VERTEX_KEY_ENV, service_account_file
 
 KINDS = ("gemini", "vertex", "bedrock")
 SECRET = "walrus-tangerine-secret"
@@ -124,36 +124,9 @@ def base(sim: SimulatorThread) -> str:
 def credentials(sim: SimulatorThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Dummy AWS credentials, and a service-account key file whose token endpoint is the
     simulator's (google-auth signs a real JWT with it)."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
-    account = {
-        "type": "service_account",
-        "project_id": "sim-project",
-        "private_key_id": "sim-key",
-        "private_key": pem,
-        "client_email": "batchgen@sim-project.iam.gserviceaccount.com",
-        "client_id": "1",
-        "token_uri": f"{sim.base_url}/token",
-    }
-    path = Path(tmp_path_factory.mktemp("vertex")) / "service-account.json"
-    path.write_text(json.dumps(account))
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="AKIDSIMULATOR",
-        AWS_SECRET_ACCESS_KEY="sim-secret",
-        BATCHGEN_TEST_VERTEX_KEY_FILE=str(path),
-    )
-    yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    os.environ.pop("BATCHGEN_TEST_VERTEX_KEY_FILE", None)
+    key_file = service_account_file(tmp_path_factory.mktemp("vertex"), f"{sim.base_url}/token")
+    with environment({**AWS_ENV, VERTEX_KEY_ENV: str(key_file)}):
+        yield
 
 
 def make_spec(kind: str, base_url: str) -> ModelSpec:
@@ -449,3 +422,62 @@ def test_doctor_probes_each_kind_with_its_credentials(base: str) -> None:
     assert failed.name == f"provider {base}/d/none"
     assert "no Vertex AI access token" in failed.found
     assert failed.fix is not None and "BATCHGEN_TEST_MISSING_KEY_FILE" in failed.fix
+
+
+# -- flex --------------------------------------------------------------------------
+
+
+def test_a_gemini_flex_call_asks_the_tier_and_a_shed_one_is_flex_unavailable(base: str) -> None:
+    body = {"messages": [{"role": "user", "content": "Describe a lamp."}], "max_tokens": 8}
+    spec = make_spec("gemini", base)
+    req = request(spec, {**body, "service_tier": "flex"})
+    get_provider(spec).complete(req)
+    assert sim_entry(base, req.item_id)["service_tier"] == "flex"
+    sent = httpx.get(f"{base}/_sim/last_request", params={"api": "gemini"}).json()
+    assert sent["serviceTier"] == "flex"
+    vertex = make_spec("vertex", base)  # Vertex AI's flex is not taken: a standard call
+    req = request(vertex, {**body, "service_tier": "flex"})
+    get_provider(vertex).complete(req)
+    assert sim_entry(base, req.item_id)["service_tier"] is None
+    httpx.post(f"{base}/_sim/config", json={"flex_refusal_rate": 1.0}).raise_for_status()
+    try:
+        with pytest.raises(FlexUnavailable) as caught:
+            get_provider(spec).complete(request(spec, {**body, "service_tier": "flex"}))
+        assert caught.value.status == 503 and not caught.value.billed
+        get_provider(spec).complete(request(spec, body))  # a standard call is not shed
+    finally:
+        httpx.post(f"{base}/_sim/config", json={"flex_refusal_rate": 0.0}).raise_for_status()
+
+
+# -- embeddings ----------------------------------------------------------------------
+
+
+def test_gemini_embeddings_come_back_as_an_openai_list_counted_by_count_tokens(
+    base: str,
+) -> None:
+    from batchgen.domain.endpoints import EMBEDDINGS
+
+    spec = make_spec("gemini", base).model_copy(
+        update={"endpoints": (EMBEDDINGS,), "dimensions": 768, "max_output_tokens": None}
+    )
+    texts = ["a red chair", "a walnut table with six legs"]
+    req = ProviderRequest(
+        spec=spec,
+        body={"model": spec.name, "input": texts, "dimensions": 16},
+        timeout_s=10,
+        item_id=next(_items),
+        endpoint=EMBEDDINGS,
+    )
+    response = get_provider(spec).complete(req)
+    body = response.body
+    assert body["object"] == "list" and [d["index"] for d in body["data"]] == [0, 1]
+    assert all(len(d["embedding"]) == 16 for d in body["data"])
+    counted = httpx.post(
+        f"{base}/v1beta/models/{spec.name}:countTokens",
+        json={"contents": [{"role": "user", "parts": [{"text": t} for t in texts]}]},
+    ).json()["totalTokens"]
+    assert response.prompt_tokens == body["usage"]["prompt_tokens"] == counted > 0
+    assert response.completion_tokens == 0
+    tokens = ProviderRequest(**{**req.__dict__, "body": {"model": spec.name, "input": [1, 2]}})
+    with pytest.raises(PermanentProviderError, match="body.input"):
+        get_provider(spec).complete(tokens)

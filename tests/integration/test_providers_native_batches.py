@@ -9,7 +9,6 @@ submit, naming the line and field."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,69 +17,59 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import select
 
-from batchgen.config import get_settings
 from batchgen.domain.admission import canonical_text
 from batchgen.domain.cost import cost_usd
 from batchgen.providers import get_provider
 from batchgen.providers.base import ProviderRequest
-from batchgen.registry import get_registry, load_registry
+from batchgen.registry import get_registry
 from batchgen.store import db
 from batchgen.store.schema import UsageLedger
+from tests.env_vars import environment
 from tests.helpers import make_tenant
 from tests.integration.test_providers_native import schema_body, tools_body
+from tests.native_setup import (
+    AWS_ENV,
+    VERTEX_KEY_ENV,
+    model_toml,
+    service_account_file,
+)
 
-MODELS = """
-[models."gemini-sim"]
-provider = "gemini"
-base_url = "${BATCHGEN_SIMULATOR_URL}"
-api_key_env = "BATCHGEN_SIMULATOR_KEY"
-group = "native"
-budget_key = "gemini-account"
-context_window = 1000000
-max_output_tokens = 8192
-tokens_per_min = 2000000
-requests_per_min = 2000
-max_concurrency = 8
-input_usd_per_1m = 0.30
-output_usd_per_1m = 2.50
-
-[models."vertex-sim"]
-provider = "vertex"
-base_url = "${BATCHGEN_SIMULATOR_URL}"
-api_key_env = "BATCHGEN_TEST_VERTEX_KEY_FILE"
-project = "sim-project"
-region = "us-central1"
-group = "native"
-budget_key = "vertex-account"
-context_window = 1000000
-max_output_tokens = 8192
-tokens_per_min = 2000000
-requests_per_min = 2000
-max_concurrency = 8
-input_usd_per_1m = 1.25
-output_usd_per_1m = 10.00
-
-[models."bedrock-sim"]
-provider = "bedrock"
-base_url = "${BATCHGEN_SIMULATOR_URL}"
-api_key_env = "AWS_BEARER_TOKEN_BEDROCK"
-region = "us-east-1"
-group = "native"
-budget_key = "bedrock-account"
-context_window = 200000
-max_output_tokens = 8192
-tokens_per_min = 2000000
-requests_per_min = 2000
-max_concurrency = 8
-input_usd_per_1m = 3.00
-output_usd_per_1m = 15.00
-charge_policy = "actual"
-"""
 NATIVE = ("gemini-sim", "vertex-sim", "bedrock-sim")
+SIM = "${BATCHGEN_SIMULATOR_URL}"
+# A Bedrock model pooled over two regions, each deployment its own endpoint (a
+# simulated deployment) and limits: 300 tokens a minute each, so ten calls need both.
+POOL = "bedrock-pool"
+EMBED = "gemini-embedding-sim"
+# Set on each deployment, not the model.
+LIMITS = ("max_output_tokens", "tokens_per_min", "requests_per_min", "max_concurrency")
+POOL_DEPLOYMENT = """
+[models."bedrock-pool".deployments.{name}]
+base_url = "${{BATCHGEN_SIMULATOR_URL}}/d/{lane}"
+region = "{region}"
+budget_key = "bedrock-{name}"
+tokens_per_min = 300
+requests_per_min = 1000
+max_concurrency = 2
+"""
+MODELS = (
+    "".join(
+        model_toml(name, name.removesuffix("-sim"), base_url=SIM, group="native") for name in NATIVE
+    )
+    + model_toml(POOL, "bedrock", base_url=SIM, group="native", **dict.fromkeys(LIMITS[1:]))
+    + model_toml(
+        EMBED,
+        "gemini",
+        base_url=SIM,
+        group="native",
+        endpoints=["/v1/embeddings"],
+        dimensions=768,
+        max_output_tokens=None,
+    )
+    + POOL_DEPLOYMENT.format(name="us-east", lane="east", region="us-east-1")
+    + POOL_DEPLOYMENT.format(name="eu-west", lane="west", region="eu-west-1")
+)
 VOLATILE = ("id", "created")
 
 
@@ -90,41 +79,14 @@ def native_env(simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     service-account key whose token endpoint is the simulator's, in this process's
     environment (the API and worker processes inherit it)."""
     folder = Path(tmp_path_factory.mktemp("native"))
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
-    account = {
-        "type": "service_account",
-        "project_id": "sim-project",
-        "private_key_id": "sim-key",
-        "private_key": pem,
-        "client_email": "batchgen@sim-project.iam.gserviceaccount.com",
-        "client_id": "1",
-        "token_uri": f"{simulator.base_url}/token",
-    }
-    (folder / "service-account.json").write_text(json.dumps(account))
     (folder / "models.toml").write_text(MODELS)
     env = {
         "BATCHGEN_MODELS_FILE": str(folder / "models.toml"),
-        "BATCHGEN_TEST_VERTEX_KEY_FILE": str(folder / "service-account.json"),
-        "AWS_ACCESS_KEY_ID": "AKIDSIMULATOR",
-        "AWS_SECRET_ACCESS_KEY": "sim-secret",
+        VERTEX_KEY_ENV: str(service_account_file(folder, f"{simulator.base_url}/token")),
+        **AWS_ENV,
     }
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    get_settings.cache_clear()
-    load_registry.cache_clear()
-    yield env
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    get_settings.cache_clear()
-    load_registry.cache_clear()
+    with environment(env):
+        yield env
 
 
 @pytest.fixture(scope="module")
@@ -292,3 +254,41 @@ def test_what_a_kind_cannot_carry_is_refused_at_submit(
     with pytest.raises(openai.BadRequestError) as sync:
         oai.chat.completions.create(model=model, **body)
     assert isinstance(sync.value.body, dict) and sync.value.body.get("param") == param
+
+
+def test_a_bedrock_pool_over_two_regions_keeps_each_deployments_limit(
+    oai: openai.OpenAI, simulator
+) -> None:
+    lanes = {"east": {"tokens_per_min": 300}, "west": {"tokens_per_min": 300}}
+    httpx.post(f"{simulator.base_url}/_sim/deployments", json=lanes).raise_for_status()
+    body = {"messages": [{"role": "user", "content": "Name a lamp."}], "max_tokens": 12}
+    lines = [_line(f"p{i}", POOL, body) for i in range(10)]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    upload = oai.files.create(file=("pool.jsonl", content), purpose="batch")
+    batch = oai.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = _poll(oai, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 10, done
+    stats = httpx.get(f"{simulator.base_url}/_sim/stats").json()["deployments"]
+    for lane in ("east", "west"):
+        seen = stats[lane]
+        assert seen["succeeded"] > 0, stats  # both regions served
+        assert seen["rate_limited"] == 0, stats  # neither was sent past its limit
+        tokens = seen["bound"]["tokens"]
+        assert tokens["limit"] == 300 and tokens["max_in_any_window"] <= 300, stats
+    with db.session_scope() as session:
+        served = session.execute(select(UsageLedger.deployment)).scalars().all()
+    assert sorted(set(served)) == ["eu-west", "us-east"]
+
+
+def test_gemini_embeddings_answer_and_token_ids_are_refused_at_submit(
+    oai: openai.OpenAI,
+) -> None:
+    answer = oai.embeddings.create(model=EMBED, input=["a red chair", "a lamp"], dimensions=8)
+    assert [len(d.embedding) for d in answer.data] == [8, 8]
+    assert answer.usage.prompt_tokens > 0
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.embeddings.create(model=EMBED, input=[[1, 2, 3]])
+    error = caught.value.body
+    assert isinstance(error, dict) and error.get("param") == "body.input", error

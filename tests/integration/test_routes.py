@@ -6,7 +6,6 @@ provider's cache and read from it."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from decimal import Decimal
@@ -16,16 +15,24 @@ import pytest
 from sqlalchemy import func, select
 
 from batchgen import python_api
-from batchgen.config import get_settings
 from batchgen.domain.cost import TokenUsage, price_usage
 from batchgen.limits import counters
 from batchgen.limits.backend import get_redis
-from batchgen.registry import Tier, get_registry, load_registry
+from batchgen.registry import Tier, get_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.store import db
 from batchgen.store.schema import Item, UsageLedger
+from tests.env_vars import environment
 from tests.helpers import chat_line, make_tenant, wait_batches
 
+# Each flex model's route: a flex answer within a second, 3 s kept for a standard call.
+FLEX = """latency_s = 1
+timeout_s = 5
+fallback_s = 3
+retry_s = 0.2
+retry_max_s = 0.4
+max_refusals = 100
+"""
 MODELS = """
 [models."flexy"]
 provider = "openai"
@@ -43,13 +50,24 @@ output_usd_per_1m = 4.0
 call_timeout_s = 10
 
 [models."flexy".flex]
-latency_s = 1
-timeout_s = 5
-fallback_s = 3
-retry_s = 0.2
-retry_max_s = 0.4
-max_refusals = 100
+{flex}
+[models."gemflex"]
+provider = "gemini"
+base_url = "{base}"
+api_key_env = "ROUTES_KEY"
+group = "routes"
+budget_key = "gemflex"
+context_window = 1000000
+max_output_tokens = 200
+tokens_per_min = 5000000
+requests_per_min = 100000
+max_concurrency = 8
+input_usd_per_1m = 0.3
+output_usd_per_1m = 2.5
+call_timeout_s = 10
 
+[models."gemflex".flex]
+{flex}
 [models."claudy"]
 provider = "anthropic"
 base_url = "{base}"
@@ -75,22 +93,12 @@ def stack(services, module_workers, tmp_path_factory) -> Iterator[SimulatorThrea
     and an Anthropic model."""
     config = SimulatorConfig(latency_base_ms=40, flex_latency_factor=3.0, seed=11)
     models = tmp_path_factory.mktemp("routes") / "models.toml"
-    saved = {k: os.environ.get(k) for k in ("BATCHGEN_MODELS_FILE", "ROUTES_KEY")}
     with SimulatorThread(config) as sim:
-        models.write_text(MODELS.format(base=sim.base_url))
+        models.write_text(MODELS.format(base=sim.base_url, flex=FLEX))
         env = {"BATCHGEN_MODELS_FILE": str(models), "ROUTES_KEY": "routes-key"}
-        os.environ.update(env)
-        get_settings.cache_clear()
-        load_registry.cache_clear()
-        module_workers(["llm.routes", "batchgen.control"], concurrency=8, env=env)
-        yield sim
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    get_settings.cache_clear()
-    load_registry.cache_clear()
+        with environment(env):
+            module_workers(["llm.routes", "batchgen.control"], concurrency=8, env=env)
+            yield sim
 
 
 def _sim(sim: SimulatorThread, **changes: object) -> dict:
@@ -111,28 +119,38 @@ def _ledger(batch_id: str) -> list:
         )
 
 
-def _price(row: UsageLedger, tier: Tier) -> Decimal:
+def _price(row: UsageLedger, tier: Tier, model: str = "flexy") -> Decimal:
     usage = TokenUsage(row.prompt_tokens, row.completion_tokens, row.cached_tokens)
-    return price_usage(usage, get_registry()["flexy"], tier)
+    return price_usage(usage, get_registry()[model], tier)
+
+
+def _bulk_flex(model: str, n: int) -> dict:
+    """A bulk batch of ``n`` lines of ``model``, routed flex, run to its end."""
+    rows = [chat_line(f"{model}{i}", model=model, max_tokens=40) for i in range(n)]
+    bulk = python_api.submit_batch(rows, tenant="shop", completion_window="1h", priority="bulk")
+    assert {i.route for i in _items(bulk["id"])} == {"flex"}
+    wait_batches([bulk["id"]], timeout_s=120)
+    return bulk
+
+
+def _succeeded_without_failure_or_cooldown(items: list, model: str) -> None:
+    """A refusal is no failure (every item on its first failure attempt) and no rate limit."""
+    assert {i.status for i in items} == {"succeeded"}
+    assert all(i.attempts - i.failovers == 1 and i.rate_limited == 0 for i in items)
+    seen = counters.read(get_redis(), model)
+    assert seen.get(counters.COOLDOWNS, 0) == 0 and seen.get(counters.RATE_LIMITED, 0) == 0
 
 
 def test_flex_calls_cost_half_and_a_busy_tier_falls_back_to_standard_in_time(clean_db, stack):
     make_tenant("shop")
     # A busy flex tier: two flex calls at a time, eight workers' threads asking.
     _sim(stack, flex_max_in_flight=2, flex_refusal_rate=0.0)
-    rows = [chat_line(f"p{i}", model="flexy", max_tokens=40) for i in range(12)]
-    bulk = python_api.submit_batch(rows, tenant="shop", completion_window="1h", priority="bulk")
-    assert {i.route for i in _items(bulk["id"])} == {"flex"}
-    wait_batches([bulk["id"]], timeout_s=120)
+    bulk = _bulk_flex("flexy", 12)
     stats = httpx.get(f"{stack.base_url}/_sim/stats").json()["flex"]
     assert stats["refused"] > 0, "the flex tier must have been busy"
     items = _items(bulk["id"])
-    assert {i.status for i in items} == {"succeeded"}
     assert sum(i.flex_refusals for i in items) == stats["refused"]
-    # A refusal is no failure (every item on its first failure attempt) and no rate limit.
-    assert all(i.attempts - i.failovers == 1 and i.rate_limited == 0 for i in items)
-    seen = counters.read(get_redis(), "flexy")
-    assert seen.get(counters.COOLDOWNS, 0) == 0 and seen.get(counters.RATE_LIMITED, 0) == 0
+    _succeeded_without_failure_or_cooldown(items, "flexy")
     ledger = _ledger(bulk["id"])
     assert len(ledger) == 12 and {r.tier for r in ledger} == {"flex"}
     for row in ledger:  # priced at the flex tier: half the standard price
@@ -161,6 +179,23 @@ def test_flex_calls_cost_half_and_a_busy_tier_falls_back_to_standard_in_time(cle
     refused = [e for e in log if e["status"] == 429]
     assert refused and all(e["service_tier"] == "flex" for e in refused)
     _sim(stack, flex_refusal_rate=0.0)
+
+
+def test_gemini_flex_calls_cost_half_and_its_shed_calls_wait_without_a_cooldown(clean_db, stack):
+    make_tenant("shop")
+    _sim(stack, flex_max_in_flight=1, flex_refusal_rate=0.0)
+    bulk = _bulk_flex("gemflex", 4)
+    items = _items(bulk["id"])
+    _succeeded_without_failure_or_cooldown(items, "gemflex")
+    log = httpx.get(f"{stack.base_url}/_sim/log").json()
+    assert {e["api"] for e in log} == {"gemini"} and all(e["service_tier"] == "flex" for e in log)
+    shed = [e for e in log if e["status"] == 503]  # Google sheds flex traffic with a 503
+    assert sum(i.flex_refusals for i in items) == len(shed)
+    ledger = _ledger(bulk["id"])
+    assert len(ledger) == 4 and {r.tier for r in ledger} == {"flex"}
+    for row in ledger:
+        flex = _price(row, Tier.FLEX, "gemflex")
+        assert row.cost_usd == flex == _price(row, Tier.STANDARD, "gemflex") / 2
 
 
 def test_a_shared_prefix_is_marked_for_anthropics_cache_and_read_from_it(clean_db, stack):

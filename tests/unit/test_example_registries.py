@@ -70,7 +70,11 @@ def test_the_registry_refuses_a_native_kind_without_what_it_needs():
         ("vertex", "", "needs project and region"),
         ("bedrock", "", "needs region"),
         ("gemini", 'endpoints = ["/v1/responses"]', "serves only /v1/chat/completions"),
-        ("gemini", '[models."m".flex]', "flex: OpenAI's service tier; a gemini model"),
+        (
+            "vertex",
+            'project = "p"\nregion = "r"\n[models."m".flex]',
+            "service tier; a vertex model has none",
+        ),
         ("bedrock", 'region = "us-east-1"\noffload = true', "needs storage_uri"),
         (
             "vertex",
@@ -82,3 +86,6 @@ def test_the_registry_refuses_a_native_kind_without_what_it_needs():
     for provider, extra, message in cases:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
             parse_registry(BASE.format(provider=provider, extra=extra))
+    # The Gemini API has a flex tier: its route loads.
+    gemini = parse_registry(BASE.format(provider="gemini", extra='[models."m".flex]'))
+    assert gemini["m"].offers_flex

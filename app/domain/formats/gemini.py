@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from batchgen.domain.formats.chat import (
+    GEMINI,
     THINKING_BUDGETS,
     Chat,
     ChunkWriter,
@@ -35,6 +36,7 @@ from batchgen.domain.formats.chat import (
     usage,
 )
 
+FLEX_TIER = "flex"
 FINISH_REASONS = {
     "STOP": "stop",
     "MAX_TOKENS": "length",
@@ -83,8 +85,18 @@ def _part(part: Part) -> dict[str, Any]:
 def request(body: Mapping[str, Any], kind: str, max_tokens: int) -> dict[str, Any]:
     """``{"contents": ..., "config": ...}`` of the request ``body`` asks for (raises
     :class:`~batchgen.domain.formats.chat.Untranslatable`); ``max_tokens`` bounds the
-    output when the body does not."""
-    return from_chat(parse_chat(body, kind), max_tokens)
+    output when the body does not. A body that says ``service_tier: "flex"`` (a flex
+    call, :func:`batchgen.domain.routes.with_service_tier`) asks the Gemini API's flex
+    tier."""
+    params = from_chat(parse_chat(body, kind), max_tokens)
+    if kind == GEMINI and body.get("service_tier") == FLEX_TIER:
+        params["config"]["service_tier"] = FLEX_TIER
+    return params
+
+
+def is_flex(params: Mapping[str, Any]) -> bool:
+    """The request (:func:`request`'s) asks the flex tier."""
+    return bool((params.get("config") or {}).get("service_tier") == FLEX_TIER)
 
 
 def from_chat(chat: Chat, max_tokens: int) -> dict[str, Any]:
@@ -310,9 +322,11 @@ def rest_request(
     body: Mapping[str, Any], kind: str, max_tokens: int, labels: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """The ``GenerateContentRequest`` of ``body`` in its REST (JSON) form, as a Vertex AI
-    batch prediction's input line carries it (``labels``: Vertex AI's request labels)."""
+    batch prediction's input line carries it (``labels``: Vertex AI's request labels).
+    A batch job's line asks no service tier (its price is the batch one)."""
     sdk = request(body, kind, max_tokens)
     config = dict(sdk["config"])
+    config.pop("service_tier", None)
     out: dict[str, Any] = {"contents": _rest(sdk["contents"])}
     for name in _REQUEST_FIELDS:
         if name in config:
