@@ -20,7 +20,7 @@ from batchgen.limits.budget import Budget, SettleOps
 from batchgen.limits.call_shares import CallDemand
 from batchgen.limits.concurrency import Slots
 from batchgen.limits.key_rate import take
-from batchgen.limits.money import Ask, MoneyBudgets
+from batchgen.limits.money import Ask, MoneyBudgets, Settle
 from batchgen.registry import parse_registry
 from batchgen.worker.beat import ScheduleLock
 from tests.unit.test_pools import MODEL, POOL
@@ -97,8 +97,10 @@ def test_every_scripts_keys_hash_to_one_slot() -> None:
     money = MoneyBudgets(r)
     tenant_budget, key_budget = keys.money(7, 1, "2026-12"), keys.money(7, 2, "2026-12")
     asks = [Ask(tenant_budget, 5, 10), Ask(key_budget, 5, 10)]
-    record(client, lambda: money.reserve("r", asks, 60))
+    record(client, lambda: money.reserve(7, "r", asks, 60))
     record(client, lambda: money.settle(tenant_budget, "r", 5))
+    record(client, lambda: money.adopt(7, "r", "9:1"))
+    record(client, lambda: money.release([Settle(7, "9:1", 5)]))
     record(client, lambda: ScheduleLock(r, 10.0).hold())
     record(client, lambda: ScheduleLock(r, 10.0).release())
 
