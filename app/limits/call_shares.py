@@ -12,6 +12,7 @@ taking the slot (``lua/budget_reserve.lua``).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 import redis
 
@@ -69,6 +70,29 @@ class CallDemand:
             args=[entry, ttl_s],
         )
         return parse(list(waiting), list(running))
+
+    def read_with_ttls(
+        self, model: str, ttl_keys: Sequence[str]
+    ) -> tuple[dict[int, Demand] | None, list[int | None]]:
+        """Every tenant's demand on ``model`` (only read; None when the script failed)
+        and the PTTL of each of ``ttl_keys`` (ms; None: no expiry or no key), in one
+        round trip (a pipeline: the script and the reads, each atomic on its own). A
+        lost connection is raised, as by :meth:`read`."""
+        runner = script(self.client, "call_demand")
+        keys_ = [keys.call_demand(model), keys.slot_tenants(model), keys.slots(model)]
+        pipe = self.client.pipeline(transaction=False)
+        pipe.evalsha(runner.sha, len(keys_), *keys_, "", DEMAND_TTL_S)
+        for key in ttl_keys:
+            pipe.pttl(key)
+        first, *ttls = pipe.execute(raise_on_error=False)
+        if isinstance(first, redis.exceptions.NoScriptError):  # a flushed Redis: once more
+            demand: dict[int, Demand] | None = self.read(model)
+        elif isinstance(first, Exception):
+            demand = None
+        else:
+            waiting, running = first
+            demand = parse(list(waiting), list(running))
+        return demand, [t if isinstance(t, int) and t >= 0 else None for t in ttls]
 
     def forget(self, model: str, entry: str) -> None:
         """The call no longer waits (it ended, or gave up): best effort, it lapses anyway."""

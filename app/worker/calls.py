@@ -79,19 +79,20 @@ def redis_unavailable() -> Unavailable:
     )
 
 
-def _cooldown_left_s(spec: ModelSpec) -> float:
-    """The provider's cooldown on the model's budget (0 when none; for a model of several
-    deployments, the shortest of theirs). Redis unreachable (refused, or silent past
-    the client's socket timeout): :class:`Unavailable` now, before the call is stored,
-    rather than a call that cannot pass the gate."""
+def _model_now(spec: ModelSpec) -> tuple[float, dict[int, call_shares.Demand]]:
+    """In one round trip: the provider's cooldown on the model's budget (0 when none;
+    for a model of several deployments, the shortest of theirs) and every tenant's sync
+    calls on it ({} when Redis cannot say: the gate will say so anyway). Redis
+    unreachable (refused, or silent past the client's socket timeout):
+    :class:`Unavailable` now, before the call is stored, rather than a call that cannot
+    pass the gate."""
+    cooldowns = [keys.cooldown(d.budget_key) for d in spec.deployments]
     try:
-        pipe = get_redis().pipeline(transaction=False)
-        for d in spec.deployments:
-            pipe.pttl(keys.cooldown(d.budget_key))
-        lefts = pipe.execute()
+        demand, lefts_ms = CallDemand(get_redis()).read_with_ttls(spec.name, cooldowns)
     except REDIS_DOWN:
         raise redis_unavailable() from None
-    return min(max(0.0, float(ms) / 1000.0) if isinstance(ms, int) else 0.0 for ms in lefts)
+    left_s = min(max(0.0, ms / 1000.0) if ms is not None else 0.0 for ms in lefts_ms)
+    return left_s, demand or {}
 
 
 @dataclass(frozen=True)
@@ -123,15 +124,6 @@ class PendingCall:
 pace = CallPace()
 
 
-def _demand(model: str) -> dict[int, call_shares.Demand]:
-    """Every tenant's sync calls on ``model`` now ({} when Redis cannot say: the gate
-    will say so anyway)."""
-    try:
-        return CallDemand(get_redis()).read(model)
-    except Exception:
-        return {}
-
-
 def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> None:
     """The fail-fast rule, before anything is stored: :class:`Overloaded` (503) when the
     model's calls ahead need longer than ``deadline_s``; :class:`OverShare` (429) when
@@ -144,8 +136,8 @@ def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> No
             owner_id, weight = owner.id, owner.weight
     with db.autocommit() as connection:
         ahead, own_open = calls.call_load(connection, spec.name, owner_id)
-    wait_s = call_rules.expected_wait_s(ahead, spec.tokens_per_min, _cooldown_left_s(spec))
-    demand = _demand(spec.name)
+    cooldown_s, demand = _model_now(spec)
+    wait_s = call_rules.expected_wait_s(ahead, spec.tokens_per_min, cooldown_s)
     demand[owner_id] = call_shares.Demand(weight, running=0, waiting=own_open + 1)
     refusal = call_shares.refuse_call(
         open_calls=own_open,

@@ -45,6 +45,7 @@ from batchgen.store import items, rounds, tenants
 from batchgen.store import money as store
 from batchgen.store.db import session_scope
 from batchgen.store.money import StoredBudget
+from batchgen.store.schema import Tenant
 from batchgen.worker.money_alerts import Alert, fire
 
 log = logging.getLogger(__name__)
@@ -256,8 +257,9 @@ def reserve_call(
     refuses it)."""
     registry = get_registry()
     with session_scope() as session:
-        owner = tenants.find(session, tenant)
-        budgets = applicable(store.budgets_of(session, [owner.id]).get(owner.id, []), key_id)
+        # A tenant this request authenticated is read already (its id is all it takes).
+        owner_id = tenant.id if isinstance(tenant, Tenant) else tenants.find(session, tenant).id
+        budgets = applicable(store.budgets_of(session, [owner_id]).get(owner_id, []), key_id)
         if not budgets:
             return None
         try:
