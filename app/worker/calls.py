@@ -124,10 +124,12 @@ class PendingCall:
 pace = CallPace()
 
 
-def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> None:
+def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> bool:
     """The fail-fast rule, before anything is stored: :class:`Overloaded` (503) when the
     model's calls ahead need longer than ``deadline_s``; :class:`OverShare` (429) when
-    the tenant's own open calls, run at its share of the model's slots, do."""
+    the tenant's own open calls, run at its share of the model's slots, do. Returns
+    whether the tenant has a dollar budget (read in the same statement: without one,
+    the call has nothing to reserve)."""
     if isinstance(tenant, Tenant):  # authenticated by this request: read already
         owner_id, weight = tenant.id, tenant.weight
     else:
@@ -135,7 +137,7 @@ def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> No
             owner = tenants.find(session, tenant)
             owner_id, weight = owner.id, owner.weight
     with db.autocommit() as connection:
-        ahead, own_open = calls.call_load(connection, spec.name, owner_id)
+        ahead, own_open, has_budgets = calls.call_load(connection, spec.name, owner_id)
     cooldown_s, demand = _model_now(spec)
     wait_s = call_rules.expected_wait_s(ahead, spec.tokens_per_min, cooldown_s)
     demand[owner_id] = call_shares.Demand(weight, running=0, waiting=own_open + 1)
@@ -147,7 +149,7 @@ def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> No
         deadline_s=deadline_s,
     )
     if refusal is None:
-        return
+        return has_budgets
     if refusal.status == 429:
         raise OverShare(
             f"this tenant's {own_open} open calls on {spec.name}, at its share of the "
@@ -197,8 +199,8 @@ def start_call(
     settings = get_settings()
     body = line.get("body")
     spec = get_registry().get(body.get("model", "")) if isinstance(body, dict) else None
-    if spec is not None and not _key_used(tenant, idempotency_key):
-        refuse_early(spec, tenant, deadline_s)
+    fresh = spec is not None and not _key_used(tenant, idempotency_key)
+    if fresh and spec is not None and refuse_early(spec, tenant, deadline_s):
         money.reserve_call(line, tenant=tenant, key_id=key_id, endpoint=endpoint)
     started = time.monotonic()
     stored = None
