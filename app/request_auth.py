@@ -11,7 +11,7 @@ from batchgen.errors import KeyRateLimited
 from batchgen.limits import key_rate
 from batchgen.limits.backend import get_redis
 from batchgen.store import keys
-from batchgen.store.db import session_scope
+from batchgen.store.db import autocommit
 from batchgen.store.keys import Caller
 
 
@@ -30,11 +30,11 @@ def api_key() -> str | None:
 def current_key() -> Caller:
     """The request's API key and tenant, checked once per request: it works (else 401),
     it holds a scope the route needs (else 403 ``key_out_of_scope``) and is within its
-    own requests per minute (else 429 ``key_rate_limited``). One indexed lookup, no
-    cache: a revoked key is refused from its next request on."""
+    own requests per minute (else 429 ``key_rate_limited``). One indexed lookup (one
+    statement, autocommit), no cache: a revoked key is refused from its next request on."""
     if "caller" not in g:
-        with session_scope() as session:
-            caller = keys.authenticate(session, api_key())
+        with autocommit() as connection:  # one statement: no transaction around it
+            caller = keys.authenticate(connection, api_key())
         key_rules.check_scope(request.endpoint, caller.scopes)
         if caller.requests_per_min is not None:
             wait_s = key_rate.take(get_redis(), caller.key_id, caller.requests_per_min)

@@ -12,6 +12,7 @@ taking the slot (``lua/budget_reserve.lua``).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 import redis
 
@@ -70,7 +71,45 @@ class CallDemand:
         )
         return parse(list(waiting), list(running))
 
+    def read_with_ttls(
+        self, model: str, ttl_keys: Sequence[str]
+    ) -> tuple[dict[int, Demand] | None, list[int | None]]:
+        """Every tenant's demand on ``model`` (only read; None when the script failed)
+        and the PTTL of each of ``ttl_keys`` (ms; None: no expiry or no key), in one
+        round trip (a pipeline: the script and the reads, each atomic on its own). A
+        Redis that forgot the script (a flush) has it loaded and the pipeline sent
+        again; a lost connection is raised, as by :meth:`read`."""
+        runner = script(self.client, "call_demand")
+        keys_ = [keys.call_demand(model), keys.slot_tenants(model), keys.slots(model)]
+        for last_try in (False, True):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(runner.sha, len(keys_), *keys_, "", DEMAND_TTL_S)
+            for key in ttl_keys:
+                pipe.pttl(key)
+            try:
+                (waiting, running), *ttls = pipe.execute()
+            except redis.exceptions.NoScriptError:
+                if last_try:
+                    raise
+                self.client.script_load(runner.script)
+                continue
+            except redis.exceptions.ResponseError:  # the script's own error: no demand
+                return None, self._ttls(ttl_keys)
+            return parse(list(waiting), list(running)), [_ttl(t) for t in ttls]
+        raise AssertionError("unreachable")
+
+    def _ttls(self, ttl_keys: Sequence[str]) -> list[int | None]:
+        pipe = self.client.pipeline(transaction=False)
+        for key in ttl_keys:
+            pipe.pttl(key)
+        return [_ttl(t) for t in pipe.execute()]
+
     def forget(self, model: str, entry: str) -> None:
         """The call no longer waits (it ended, or gave up): best effort, it lapses anyway."""
         with contextlib.suppress(redis.RedisError):
             self.client.zrem(keys.call_demand(model), entry)
+
+
+def _ttl(reply: object) -> int | None:
+    """A PTTL reply in ms; None for no key (-2) or no expiry (-1)."""
+    return reply if isinstance(reply, int) and reply >= 0 else None

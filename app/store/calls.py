@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from sqlalchemy import Connection, func, select, update
@@ -77,12 +77,21 @@ def open_calls(session: Session, model: str, tenant_id: int) -> int:
     return int(session.scalar(query) or 0)
 
 
-def call_load(connection: Connection, model: str, tenant_id: int) -> tuple[int, int]:
-    """:func:`calls_ahead_tokens` and the tenant's :func:`open_calls` on ``model``, in
-    one statement (``sql/call_load.sql``)."""
+class CallLoad(NamedTuple):
+    """What the fail-fast rule reads of PostgreSQL (:func:`call_load`)."""
+
+    ahead_tokens: int
+    own_open: int
+    # Whether the tenant has any dollar budget (its own or a key's).
+    has_budgets: bool
+
+
+def call_load(connection: Connection, model: str, tenant_id: int) -> CallLoad:
+    """:func:`calls_ahead_tokens` and the tenant's :func:`open_calls` on ``model``, and
+    whether the tenant has a dollar budget, in one statement (``sql/call_load.sql``)."""
     params = {"model": model, "tenant_id": tenant_id, "call_rank": CALL_RANK}
     (row,) = db.driver_rows(connection, driver_query("call_load"), params)
-    return int(row.ahead_tokens), int(row.own_open)
+    return CallLoad(int(row.ahead_tokens), int(row.own_open), bool(row.has_budgets))
 
 
 def _spent_call(session: Session, tenant_id: int, key: str, lock: bool = False) -> Any:

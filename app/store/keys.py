@@ -14,12 +14,14 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, func, select
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from batchgen.domain import keys as rules
 from batchgen.errors import NotFound, Unauthorized, ValidationFailed
-from batchgen.store.schema import ApiKey, MoneyBudget, Tenant
+from batchgen.store import db
+from batchgen.store.schema import ApiKey, Tenant
+from batchgen.store.sqlfiles import driver_query
 
 
 def hash_key(secret: str) -> str:
@@ -94,38 +96,49 @@ def check_rate(requests_per_min: Any) -> None:
         )
 
 
-def authenticate(session: Session, secret: str | None) -> Caller:
+def authenticate(connection: Session | Connection, secret: str | None) -> Caller:
     """The key ``secret`` is and its tenant; :class:`Unauthorized` when it is missing,
     unknown, revoked or expired, or its tenant is suspended. Notes its use (at most
-    once per :data:`~batchgen.domain.keys.LAST_USED_EVERY_S` per key)."""
+    once per :data:`~batchgen.domain.keys.LAST_USED_EVERY_S` per key).
+
+    One statement for the key and its tenant (``sql/key_caller.sql``), through the
+    driver: the tenant comes back as a detached row, as a session's would after it
+    closed. Nothing is cached, so a revoked key is refused from its next request on."""
     if not secret:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-    budget = (
-        select(MoneyBudget.id)
-        .where(
-            MoneyBudget.tenant_id == ApiKey.tenant_id,
-            or_(MoneyBudget.key_id.is_(None), MoneyBudget.key_id == ApiKey.id),
-        )
-        .exists()
-    )
-    row = session.execute(
-        select(ApiKey, Tenant, func.now(), budget)
-        .join(Tenant, Tenant.id == ApiKey.tenant_id)
-        .where(ApiKey.key_hash == hash_key(secret))
-    ).one_or_none()
-    if row is None:
+    rows = db.driver_rows(connection, driver_query("key_caller"), {"key_hash": hash_key(secret)})
+    if not rows:
         raise Unauthorized("unknown API key")
-    key, tenant, at, has_budget = row
-    refused = rules.refusal(at, key.expires_at, key.revoked_at)
+    (row,) = rows
+    at = row.key_checked_at
+    refused = rules.refusal(at, row.key_expires_at, row.key_revoked_at)
     if refused is not None:
         raise Unauthorized(refused)
-    if tenant.revoked_at is not None:
+    if row.revoked_at is not None:
         raise Unauthorized("this API key's tenant is suspended")
-    if rules.last_used_due(at, key.last_used_at):
-        touch(session, key.id, at)
+    if rules.last_used_due(at, row.key_last_used_at):
+        stale = at - dt.timedelta(seconds=rules.LAST_USED_EVERY_S)
+        params = {"key_id": row.key_id, "at": at, "stale": stale}
+        db.driver_rows(connection, driver_query("key_touch"), params)
+    scopes = tuple(row.key_scopes or ())
     return Caller(
-        key.id, key.name, tuple(key.scopes), key.requests_per_min, tenant, bool(has_budget)
+        row.key_id,
+        row.key_name,
+        scopes,
+        row.key_requests_per_min,
+        _tenant_of(row),
+        bool(row.key_has_budget),
     )
+
+
+def _tenant_of(row: Any) -> Tenant:
+    """The tenant's columns of a ``key_caller`` row as a detached :class:`Tenant`."""
+    tenant = Tenant(**{c.key: getattr(row, c.name) for c in _TENANT_COLUMNS})
+    make_transient_to_detached(tenant)
+    return tenant
+
+
+_TENANT_COLUMNS = tuple(Tenant.__table__.columns)
 
 
 def works(session: Session, key_id: int) -> bool:
@@ -134,23 +147,6 @@ def works(session: Session, key_id: int) -> bool:
         select(ApiKey.expires_at, ApiKey.revoked_at, func.now()).where(ApiKey.id == key_id)
     ).one_or_none()
     return row is not None and rules.refusal(row[2], row[0], row[1]) is None
-
-
-def touch(session: Session, key_id: int, at: dt.datetime) -> None:
-    """Note a use at ``at`` unless one in the last minute was noted (by anyone), or
-    another request is noting one now (then this one neither writes nor waits)."""
-    stale = at - dt.timedelta(seconds=rules.LAST_USED_EVERY_S)
-    # A twin request writing it right now holds the row: skip it rather than wait.
-    due = (
-        select(ApiKey.id)
-        .where(
-            ApiKey.id == key_id,
-            (ApiKey.last_used_at.is_(None)) | (ApiKey.last_used_at <= stale),
-        )
-        .with_for_update(skip_locked=True)
-        .scalar_subquery()
-    )
-    session.execute(update(ApiKey).where(ApiKey.id == due).values(last_used_at=at))
 
 
 def of_tenant(session: Session, tenant_id: int) -> list[ApiKey]:

@@ -79,19 +79,20 @@ def redis_unavailable() -> Unavailable:
     )
 
 
-def _cooldown_left_s(spec: ModelSpec) -> float:
-    """The provider's cooldown on the model's budget (0 when none; for a model of several
-    deployments, the shortest of theirs). Redis unreachable (refused, or silent past
-    the client's socket timeout): :class:`Unavailable` now, before the call is stored,
-    rather than a call that cannot pass the gate."""
+def _model_now(spec: ModelSpec) -> tuple[float, dict[int, call_shares.Demand]]:
+    """In one round trip: the provider's cooldown on the model's budget (0 when none;
+    for a model of several deployments, the shortest of theirs) and every tenant's sync
+    calls on it ({} when Redis cannot say: the gate will say so anyway). Redis
+    unreachable (refused, or silent past the client's socket timeout):
+    :class:`Unavailable` now, before the call is stored, rather than a call that cannot
+    pass the gate."""
+    cooldowns = [keys.cooldown(d.budget_key) for d in spec.deployments]
     try:
-        pipe = get_redis().pipeline(transaction=False)
-        for d in spec.deployments:
-            pipe.pttl(keys.cooldown(d.budget_key))
-        lefts = pipe.execute()
+        demand, lefts_ms = CallDemand(get_redis()).read_with_ttls(spec.name, cooldowns)
     except REDIS_DOWN:
         raise redis_unavailable() from None
-    return min(max(0.0, float(ms) / 1000.0) if isinstance(ms, int) else 0.0 for ms in lefts)
+    left_s = min(max(0.0, ms / 1000.0) if ms is not None else 0.0 for ms in lefts_ms)
+    return left_s, demand or {}
 
 
 @dataclass(frozen=True)
@@ -123,19 +124,12 @@ class PendingCall:
 pace = CallPace()
 
 
-def _demand(model: str) -> dict[int, call_shares.Demand]:
-    """Every tenant's sync calls on ``model`` now ({} when Redis cannot say: the gate
-    will say so anyway)."""
-    try:
-        return CallDemand(get_redis()).read(model)
-    except Exception:
-        return {}
-
-
-def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> None:
+def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> bool:
     """The fail-fast rule, before anything is stored: :class:`Overloaded` (503) when the
     model's calls ahead need longer than ``deadline_s``; :class:`OverShare` (429) when
-    the tenant's own open calls, run at its share of the model's slots, do."""
+    the tenant's own open calls, run at its share of the model's slots, do. Returns
+    whether the tenant has a dollar budget (read in the same statement: without one,
+    the call has nothing to reserve)."""
     if isinstance(tenant, Tenant):  # authenticated by this request: read already
         owner_id, weight = tenant.id, tenant.weight
     else:
@@ -143,9 +137,9 @@ def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> No
             owner = tenants.find(session, tenant)
             owner_id, weight = owner.id, owner.weight
     with db.autocommit() as connection:
-        ahead, own_open = calls.call_load(connection, spec.name, owner_id)
-    wait_s = call_rules.expected_wait_s(ahead, spec.tokens_per_min, _cooldown_left_s(spec))
-    demand = _demand(spec.name)
+        ahead, own_open, has_budgets = calls.call_load(connection, spec.name, owner_id)
+    cooldown_s, demand = _model_now(spec)
+    wait_s = call_rules.expected_wait_s(ahead, spec.tokens_per_min, cooldown_s)
     demand[owner_id] = call_shares.Demand(weight, running=0, waiting=own_open + 1)
     refusal = call_shares.refuse_call(
         open_calls=own_open,
@@ -155,7 +149,7 @@ def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> No
         deadline_s=deadline_s,
     )
     if refusal is None:
-        return
+        return has_budgets
     if refusal.status == 429:
         raise OverShare(
             f"this tenant's {own_open} open calls on {spec.name}, at its share of the "
@@ -209,8 +203,10 @@ def start_call(
     spec = get_registry().get(body.get("model", "")) if isinstance(body, dict) else None
     held = None
     if spec is not None and not _key_used(tenant, idempotency_key):
-        refuse_early(spec, tenant, deadline_s)
-        if has_budget is not False:
+        budgeted = refuse_early(spec, tenant, deadline_s)
+        # The request's key said whether a budget applies to it; else the fail-fast
+        # statement said whether its tenant has any.
+        if has_budget or (has_budget is None and budgeted):
             held = money.reserve_call(line, tenant=tenant, key_id=key_id, endpoint=endpoint)
     started = time.monotonic()
     stored = None

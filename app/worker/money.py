@@ -300,6 +300,7 @@ def reserve_call(
     (None: no budget applies, or the line is invalid: storing it refuses it)."""
     registry = get_registry()
     with session_scope() as session:
+        # A tenant this request authenticated is read already (its id is all it takes).
         owner_id = tenant.id if isinstance(tenant, Tenant) else tenants.find(session, tenant).id
         budgets = applicable(store.budgets_of(session, [owner_id]).get(owner_id, []), key_id)
         if not budgets:

@@ -236,3 +236,25 @@ def test_a_tenant_whose_own_calls_fill_its_share_is_refused_at_once(clean_db, mo
     assert _open_calls("busy") == 10  # nothing of the refused call was stored
     spec = get_registry()[MODEL]
     call_runner.refuse_early(spec, "calm", 3.0)  # within its share: taken
+
+
+def test_the_fail_fast_rule_reads_demand_and_cooldowns_in_one_go(clean_db):
+    """What the fail-fast rule reads of Redis (every tenant's demand and each
+    deployment's cooldown) comes in one pipeline, also after Redis forgot its scripts
+    (a flush): the demand is then read again on its own."""
+    from batchgen.domain.call_shares import Demand
+    from batchgen.limits import redis_keys as keys
+    from batchgen.limits.call_shares import CallDemand
+
+    client = get_redis()
+    demand = CallDemand(client)
+    demand.read("shared", demand_entry(7, 2, 11))  # a call of tenant 7 waits
+    client.set(keys.cooldown("shared-a"), "1", px=30_000)
+    cooldowns = [keys.cooldown("shared-a"), keys.cooldown("shared-b")]
+    for flushed in (False, True):
+        if flushed:
+            client.script_flush()
+        read, ttls_ms = demand.read_with_ttls("shared", cooldowns)
+        assert read == {7: Demand(weight=2, running=0, waiting=1)}
+        assert ttls_ms[0] is not None and 0 < ttls_ms[0] <= 30_000
+        assert ttls_ms[1] is None  # no cooldown on that deployment

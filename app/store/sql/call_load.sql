@@ -1,7 +1,10 @@
 -- The calls open on a model (store.calls.call_load, the fail-fast rule): the tokens
--- they are estimated at (the calls ahead of a new one), and how many are the tenant's.
+-- they are estimated at (the calls ahead of a new one), and how many are the tenant's;
+-- and whether the tenant has a dollar budget at all (none: its call reserves nothing,
+-- worker.money.reserve_call is skipped).
 SELECT COALESCE(SUM(prompt_tokens_est + max_tokens), 0) AS ahead_tokens,
-       COUNT(*) FILTER (WHERE tenant_id = :tenant_id) AS own_open
+       COUNT(*) FILTER (WHERE tenant_id = :tenant_id) AS own_open,
+       EXISTS (SELECT 1 FROM money_budgets AS b WHERE b.tenant_id = :tenant_id) AS has_budgets
 FROM items
 WHERE model = :model AND priority_rank = :call_rank
   AND status IN ('pending', 'offloaded', 'queued', 'running')
