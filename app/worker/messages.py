@@ -23,6 +23,7 @@ from batchgen.domain.decisions import (
     calls_overlap,
     pack_size,
     refill_at_once_after,
+    round_size,
     together_pack_size,
 )
 from batchgen.errors import ItemFailed
@@ -74,7 +75,14 @@ def _pack_plan(model: str) -> tuple[int, bool]:
         return pack_size(pace, settings.pack_target_s, settings.pack_max_items), False
     spec = get_registry().get(model)
     cap = spec.max_concurrency if spec is not None else 1
-    return together_pack_size(pace, settings.pack_target_s, settings.pack_max_items, cap)
+    return together_pack_size(
+        pace,
+        settings.pack_target_s,
+        settings.pack_max_items,
+        cap,
+        short_items=settings.pack_short_items,
+        max_s=settings.pack_max_s,
+    )
 
 
 def _pack_items(model: str) -> int:
@@ -159,8 +167,12 @@ def run_message(
     spec = registry.get(model) if model else None
     tickets = _together(pack, spec, settings)
     if spec is not None and tickets is not None:
-        overlap = calls_overlap(_pace().call_s(spec.name), settings.pack_target_s, len(pack))
-        outcome = run_together(pack, spec, tickets, settings, _gate(), _watcher(), overlap, note)
+        pace = _pace().call_s(spec.name)
+        overlap = calls_overlap(pace, settings.pack_target_s, len(pack))
+        rounds = round_size(pace, settings.pack_target_s, settings.pack_max_items)
+        outcome = run_together(
+            pack, spec, tickets, settings, _gate(), _watcher(), overlap, note, rounds
+        )
     else:
         outcome = run_pack(pack, run_one, settings.pack_max_s)
     if outcome.handed_back:
