@@ -80,6 +80,7 @@ def together_pack_size(
     max_concurrency: int,
     short_items: int | None = None,
     max_s: float | None = None,
+    item_s: float | None = None,
 ) -> tuple[int, bool]:
     """How many of a model's items one message carries when a pack runs as a group
     (:mod:`batchgen.worker.pack_calls`), and whether its calls overlap. Calls that
@@ -88,12 +89,15 @@ def together_pack_size(
     Short calls (:func:`short_calls`) run one after another (no thread switch, one slot
     at a time): as many as take ``target_s`` together (:func:`pack_size`), or, given
     ``short_items`` and ``max_s``, by count (:func:`short_pack_size`): Celery's cost
-    per message and the refill's then fall on many items. Before the model's first call
-    here, they overlap."""
+    per message and the refill's then fall on many items; ``item_s`` (when known) is
+    what an item of such a pack has taken, its gate, claim and record included, which
+    a loaded machine makes longer than the call. Before the model's first call here,
+    they overlap."""
     overlapping = max(1, min(max_items, max_concurrency // OVERLAP_PACKS_PER_MODEL))
     if call_s is not None and max_items > 1 and short_calls(call_s, target_s):
         if short_items is not None and max_s is not None:
-            return short_pack_size(call_s, max_s, max(short_items, max_items)), False
+            per_item_s = max(call_s, item_s or 0.0)
+            return short_pack_size(per_item_s, max_s, max(short_items, max_items)), False
         return pack_size(call_s, target_s, max_items), False
     return overlapping, overlapping > 1
 

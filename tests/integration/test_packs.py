@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, text
 
+from batchgen.config import get_settings
 from batchgen.limits.backend import get_redis
 from batchgen.registry import get_registry
 from batchgen.store import db
@@ -89,8 +90,8 @@ def unacked_packs() -> list[list[int]]:
 @pytest.mark.parametrize("max_items", [8, 1])
 def test_short_calls_travel_in_packs_and_each_item_runs_once(sim, workers, max_items):
     """Short calls (30 ms, as a loaded machine's quick calls take): the refills pack
-    up to BATCHGEN_PACK_MAX_ITEMS items a message (1: never), and every item succeeds
-    once with one billed call."""
+    them by count, up to BATCHGEN_PACK_SHORT_ITEMS items a message (64; none with
+    BATCHGEN_PACK_MAX_ITEMS=1), and every item succeeds once with one billed call."""
     sim_config(sim.base_url, latency_base_ms=LOADED_CALL_MS)
     n = 300
     batch_id = submit_items(f"packs{max_items}", n)
@@ -106,7 +107,8 @@ def test_short_calls_travel_in_packs_and_each_item_runs_once(sim, workers, max_i
     if max_items == 1:
         assert max(sizes) == 1
     else:
-        assert max(sizes) == max_items, f"no full pack went out: {sorted(sizes)[-10:]}"
+        full = get_settings().pack_short_items
+        assert max(sizes) == full, f"no full pack went out: {sorted(sizes)[-10:]}"
         assert len(sizes) < n / 2, f"{len(sizes)} messages for {n} items"
 
 
