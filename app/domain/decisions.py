@@ -80,7 +80,6 @@ def together_pack_size(
     max_concurrency: int,
     short_items: int | None = None,
     max_s: float | None = None,
-    item_s: float | None = None,
 ) -> tuple[int, bool]:
     """How many of a model's items one message carries when a pack runs as a group
     (:mod:`batchgen.worker.pack_calls`), and whether its calls overlap. Calls that
@@ -89,15 +88,12 @@ def together_pack_size(
     Short calls (:func:`short_calls`) run one after another (no thread switch, one slot
     at a time): as many as take ``target_s`` together (:func:`pack_size`), or, given
     ``short_items`` and ``max_s``, by count (:func:`short_pack_size`): Celery's cost
-    per message and the refill's then fall on many items; ``item_s`` (when known) is
-    what an item of such a pack has taken, its gate, claim and record included, which
-    a loaded machine makes longer than the call. Before the model's first call here,
-    they overlap."""
+    per message and the refill's then fall on many items. Before the model's first call
+    here, they overlap."""
     overlapping = max(1, min(max_items, max_concurrency // OVERLAP_PACKS_PER_MODEL))
     if call_s is not None and max_items > 1 and short_calls(call_s, target_s):
         if short_items is not None and max_s is not None:
-            per_item_s = max(call_s, item_s or 0.0)
-            return short_pack_size(per_item_s, max_s, max(short_items, max_items)), False
+            return short_pack_size(call_s, max_s, max(short_items, max_items)), False
         return pack_size(call_s, target_s, max_items), False
     return overlapping, overlapping > 1
 
@@ -112,8 +108,21 @@ def round_size(call_s: float | None, target_s: float, max_items: int) -> int:
     """How many of a pack's short calls go through the gate, the claim, the record and
     the settlement together (a round): as many as take ``target_s`` at pace
     ``call_s`` (:func:`pack_size`), so that a pack whose calls turn slow stops
-    between rounds, once it has run its time, and hands the rest back."""
+    between rounds and hands the rest back (:func:`rounds_stop`)."""
     return pack_size(call_s, target_s, max_items)
+
+
+def rounds_stop(
+    quickest_s: float | None, ran_s: float, target_s: float, max_s: float, lease_s: float
+) -> bool:
+    """Whether a pack of short calls begins no more rounds, after one whose quickest
+    answered call took ``quickest_s`` (None: none answered), having run ``ran_s``: once
+    it has run ``max_s`` if its calls turned slow (even the quickest no longer short),
+    and in any case once it has run half of ``lease_s`` (its untried items' queued
+    lease). A process busy with many threads makes a pack slow without its calls
+    being so: that alone hands nothing back, which would only multiply the messages."""
+    turned_slow = quickest_s is None or not short_calls(quickest_s, target_s)
+    return (turned_slow and ran_s >= max_s) or ran_s >= lease_s / 2
 
 
 def split_into_packs(items: Sequence[T], size: int, alone: Callable[[T], bool]) -> list[list[T]]:

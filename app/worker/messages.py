@@ -15,7 +15,6 @@ import contextlib
 import functools
 import logging
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,19 +69,6 @@ def _pace() -> CallPace:
     return CallPace()
 
 
-class ItemPace(CallPace):
-    """What an item of a pack of short calls took here, all of it (its share of the
-    gate, claim, record and settlement as well as its call): the median of recent
-    packs', which sizes those packs so that they end within their time."""
-
-    QUANTILE = 0.5
-
-
-@functools.cache
-def _item_pace() -> ItemPace:
-    return ItemPace()
-
-
 def _pack_plan(model: str) -> tuple[int, bool]:
     """Items per message for ``model``'s refills, and whether their calls overlap."""
     settings = get_settings()
@@ -98,7 +84,6 @@ def _pack_plan(model: str) -> tuple[int, bool]:
         cap,
         short_items=settings.pack_short_items,
         max_s=settings.pack_max_s,
-        item_s=_item_pace().call_s(model),
     )
 
 
@@ -187,13 +172,9 @@ def run_message(
         pace = _pace().call_s(spec.name)
         overlap = calls_overlap(pace, settings.pack_target_s, len(pack))
         rounds = round_size(pace, settings.pack_target_s, settings.pack_max_items)
-        started_s = time.monotonic()
         outcome = run_together(
             pack, spec, tickets, settings, _gate(), _watcher(), overlap, note, rounds
         )
-        if not overlap and outcome.verdicts:
-            took_s = (time.monotonic() - started_s) / len(outcome.verdicts)
-            _item_pace().note(spec.name, took_s)
     else:
         outcome = run_pack(pack, run_one, settings.pack_max_s)
     if outcome.handed_back:

@@ -55,6 +55,7 @@ from threading import Event
 import redis
 
 from batchgen.config import Settings
+from batchgen.domain.decisions import rounds_stop
 from batchgen.errors import ProviderError
 from batchgen.limits.gate import (
     SLOT_POLL_S,
@@ -160,7 +161,8 @@ def run_together(
 
     Calls one after another go in rounds of ``round_items`` (None: all at once), each
     entered, claimed, recorded and settled together; once the pack has run
-    ``settings.pack_max_s`` (its calls turned slow), the rounds not begun are handed
+    ``settings.pack_max_s`` and its calls turned slow
+    (:func:`batchgen.domain.decisions.rounds_stop`), the rounds not begun are handed
     back, as :func:`batchgen.worker.packs.run_pack` hands back its untried items."""
     run = _Run(spec, settings, gate, watcher, overlap, note)
     todo = list(zip(pack, tickets, strict=True))
@@ -178,7 +180,15 @@ def run_together(
                     run.pack.waiting.extend(entry for entry, _ in later)
                     later = []
                     break
-                if time.monotonic() - started >= settings.pack_max_s:
+                quickest_s, run.quickest_s = run.quickest_s, None
+                ran_s = time.monotonic() - started
+                if rounds_stop(
+                    quickest_s,
+                    ran_s,
+                    settings.pack_target_s,
+                    settings.pack_max_s,
+                    settings.queued_lease_s,
+                ):
                     run.pack.handed_back.extend(entry for entry, _ in later)
                     later = []
                     break
@@ -233,6 +243,7 @@ class _Run:
         self.flying: dict[Future[None], _Flight] = {}
         self.landed: list[_Flight] = []  # calls made inline, not yet recorded
         self.unsent: list[tuple[Pass, Ticket]] = []  # entered, not claimed: settle last
+        self.quickest_s: float | None = None  # the quickest answer since the last look
 
     def done(self, entry: PackItem, verdict: Verdict) -> None:
         verdict = verdict if verdict.model else replace(verdict, model=self.spec.name)
@@ -396,6 +407,9 @@ class _Run:
     def _record(self, done: list[_Flight]) -> None:
         try:
             answered = [f for f in done if f.response is not None]
+            for flight in answered:
+                if self.quickest_s is None or flight.latency_s < self.quickest_s:
+                    self.quickest_s = flight.latency_s
             recorded = self._group_commit(answered)
             for flight in done:
                 if flight.response is not None:

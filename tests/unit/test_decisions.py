@@ -236,3 +236,16 @@ def test_a_pack_of_short_calls_fits_its_time(call_s, max_items, short_items, cap
     assert calls_overlap(call_s, 0.05, items) == overlap
     if not overlap and items > 2 and call_s is not None:
         assert call_s * items <= 0.5 + 1e-9  # half of max_s, one after another
+
+
+def test_a_pack_of_short_calls_stops_its_rounds_only_when_its_calls_turn_slow():
+    from batchgen.domain.decisions import rounds_stop
+
+    # A busy process: the pack ran past max_s, but its calls are still short.
+    assert not rounds_stop(0.002, 5.0, 0.05, 1.0, 120.0)
+    # The calls turned slow (even the quickest), or none answered: after max_s.
+    assert rounds_stop(0.2, 1.5, 0.05, 1.0, 120.0)
+    assert rounds_stop(None, 1.5, 0.05, 1.0, 120.0)
+    assert not rounds_stop(0.2, 0.5, 0.05, 1.0, 120.0)
+    # Whatever the calls, before its untried items' queued leases could run out.
+    assert rounds_stop(0.002, 60.0, 0.05, 1.0, 120.0)
