@@ -164,11 +164,13 @@ def test_short_calls_go_in_rounds_and_a_pack_out_of_time_hands_the_rest_back(
 ):
     """Six short calls in rounds of two: each round entered (the first item takes the
     slot, the other its budget), claimed, recorded and settled together. A pack that has
-    run its time (pack_max_s; here 0) begins no other round: the items of the rounds not
-    begun are handed back untried, still queued, and nothing was sent for them."""
+    run its time (pack_max_s; here 0) with calls no longer short (here: a target of
+    almost 0) begins no other round: the items of the rounds not begun are handed back
+    untried, still queued, and nothing was sent for them."""
     registry = _registry()
     spec = registry[MODEL]
-    settings = get_settings().model_copy(update={"pack_max_s": max_s})
+    slow = {"pack_max_s": 0.0, "pack_target_s": 1e-9}
+    settings = get_settings().model_copy(update=slow if max_s == 0 else {"pack_max_s": max_s})
     released = _released_pack("rounds", 6, registry)
     trips = Trips(monkeypatch)
     outcome = run_together(
