@@ -111,21 +111,9 @@ def _refill_at_once_after(model: str) -> int:
     )
 
 
-def _refill_at_least(model: str) -> int:
-    """Places to have freed before a refill of ``model``: a whole pack of short calls."""
-    items, overlap = _pack_plan(model)
-    return 1 if overlap else items
-
-
 @functools.cache
 def _refiller() -> Refiller:
-    return Refiller(
-        _release,
-        get_settings().refill_coalesce_s,
-        _refill_at_once_after,
-        least=_refill_at_least,
-        patience_s=get_settings().dispatch_interval_s,
-    )
+    return Refiller(_release, get_settings().refill_coalesce_s, _refill_at_once_after)
 
 
 @dataclass(frozen=True)

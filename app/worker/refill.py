@@ -9,11 +9,7 @@ holds ``dispatch_ahead_factor`` times the model's concurrency), or at once when
 a model has had ``enough(model)`` places freed meanwhile
 (:func:`batchgen.domain.decisions.refill_at_once_after`): with calls shorter
 than the wait, the window's reserve would run out first, and the wait alone
-would hold the model to about one window per wait. A model whose messages carry
-packs of short calls is released at the end of the wait only once a whole pack's
-worth of places has been freed (``least(model)``), or it has waited
-``patience_s``: released 0.2 s at a time, its packs would carry only what the
-process freed meanwhile. A refill that is lost (the
+would hold the model to about one window per wait. A refill that is lost (the
 process dies) only waits for the beat's dispatch tick.
 """
 
@@ -21,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -35,16 +30,11 @@ class Refiller:
         release: Callable[[frozenset[str]], int],
         coalesce_s: float,
         enough: Callable[[str], int] | None = None,
-        least: Callable[[str], int] | None = None,
-        patience_s: float | None = None,
     ) -> None:
         self._release = release
         self._coalesce_s = coalesce_s
         self._enough_for = enough
-        self._least_for = least
-        self._patience_s = patience_s if patience_s is not None else 5 * coalesce_s
         self._wanted: dict[str, int] = {}  # model -> places freed since the last release
-        self._since: dict[str, float] = {}  # model -> when its first place freed
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._enough = threading.Event()  # a model has had enough places freed: release now
@@ -55,7 +45,6 @@ class Refiller:
         """A place in ``model``'s window freed: refill it soon."""
         with self._lock:
             freed = self._wanted[model] = self._wanted.get(model, 0) + 1
-            self._since.setdefault(model, time.monotonic())
             if self._enough_for is not None and freed >= self._enough_for(model):
                 self._enough.set()
             if self._thread is None or not self._thread.is_alive():
@@ -66,29 +55,16 @@ class Refiller:
         self._wake.set()
 
     def _take(self) -> frozenset[str]:
-        """The models to release now: those with at least ``least(model)`` places freed
-        (a whole pack's worth), or noted ``patience_s`` ago; the rest wait for more."""
         with self._lock:
-            now = time.monotonic()
-            models = frozenset(
-                m
-                for m, freed in self._wanted.items()
-                if self._least_for is None
-                or freed >= self._least_for(m)
-                or now - self._since[m] >= self._patience_s
-            )
-            for model in models:
-                del self._wanted[model]
-                del self._since[model]
+            models = frozenset(self._wanted)
+            self._wanted.clear()
             self._wake.clear()
             self._enough.clear()
         return models
 
     def _run(self) -> None:
         while True:
-            with self._lock:
-                waiting = bool(self._wanted)
-            self._wake.wait(self._patience_s if waiting else None)
+            self._wake.wait()
             self._enough.wait(self._coalesce_s)  # let the other threads' notes gather
             models = self._take()
             if not models:

@@ -87,35 +87,3 @@ def test_refill_at_once_after_half_the_reserve():
     assert refill_at_once_after(10, 1.5) == 3  # window 15: 5 ahead, rounded up
     assert refill_at_once_after(4, 1.0) == 1  # no reserve: every freed place
     assert refill_at_once_after(1, 1.2) == 1
-
-
-def test_a_model_of_packs_is_released_once_a_whole_pack_is_freed_or_it_waited():
-    """At the end of the wait a model is released only with ``least`` places freed (a
-    pack's worth), or once it has waited ``patience_s``: its packs stay whole."""
-    calls: list[frozenset[str]] = []
-    refiller = Refiller(
-        lambda models: calls.append(models) or 0,
-        coalesce_s=0.01,
-        least=lambda model: 3 if model == "packed" else 1,
-        patience_s=30.0,
-    )
-    refiller.note("packed")
-    refiller.note("single")
-    _wait_for(lambda: calls)
-    assert calls == [frozenset({"single"})]  # one of three: "packed" waits on
-    refiller.note("packed")
-    time.sleep(0.2)
-    assert len(calls) == 1
-    refiller.note("packed")  # three freed: a whole pack
-    _wait_for(lambda: len(calls) == 2)
-    assert calls[1] == frozenset({"packed"})
-
-    patient = Refiller(
-        lambda models: calls.append(models) or 0,
-        coalesce_s=0.01,
-        least=lambda model: 100,
-        patience_s=0.2,
-    )
-    patient.note("few")
-    _wait_for(lambda: len(calls) == 3)  # not 100 freed, but it waited long enough
-    assert calls[2] == frozenset({"few"})
