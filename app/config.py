@@ -218,6 +218,12 @@ class Settings(BaseSettings):
     # at most a quarter of the model's max_concurrency, however slow its calls).
     # False: a pack's items run one after another, each as a message of its own would.
     pack_calls_together: bool = True
+    # Run as a group, a pack of short calls (two fit in pack_target_s) is sized by
+    # count: as many as take half of pack_max_s one after another, at most this many
+    # (pack_max_items=1 still turns packs off). Its calls go in rounds of
+    # pack_max_items within pack_target_s (one gate pipeline, claim, record and settle
+    # pipeline a round); after pack_max_s the rounds not begun are handed back.
+    pack_short_items: int = Field(default=64, ge=1, le=256)
 
     # Provider calls. Streaming lets a cancel stop a call mid-answer.
     stream_calls: bool = True

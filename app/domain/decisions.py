@@ -58,29 +58,71 @@ def pack_size(call_s: float | None, target_s: float, max_items: int) -> int:
 OVERLAP_PACKS_PER_MODEL = 4
 
 
+def short_calls(call_s: float | None, target_s: float) -> bool:
+    """Whether a model's calls are short (at pace ``call_s``; None: not known yet): at
+    least two of them fit in ``target_s`` one after another."""
+    return call_s is not None and pack_size(call_s, target_s, 2) > 1
+
+
+def short_pack_size(call_s: float, max_s: float, max_items: int) -> int:
+    """How many items a pack of short calls carries, sized by count: as many as take
+    half of ``max_s`` (the time after which a pack hands its untried items back) one
+    after another at pace ``call_s``, at least 2, at most ``max_items``."""
+    if call_s * max_items <= max_s / 2:  # also a call time of zero (no division)
+        return max(1, max_items)
+    return max(min(2, max_items), min(max_items, math.floor(max_s / 2 / call_s)))
+
+
 def together_pack_size(
-    call_s: float | None, target_s: float, max_items: int, max_concurrency: int
+    call_s: float | None,
+    target_s: float,
+    max_items: int,
+    max_concurrency: int,
+    short_items: int | None = None,
+    max_s: float | None = None,
 ) -> tuple[int, bool]:
     """How many of a model's items one message carries when a pack runs as a group
     (:mod:`batchgen.worker.pack_calls`), and whether its calls overlap. Calls that
     overlap each hold a slot: a pack of at most a quarter of the model's
     ``max_concurrency`` (at least 1) and ``max_items``, however slow the calls are.
-    Short calls run one after another (no thread switch, one slot for the pack): as
-    many as take ``target_s`` together (:func:`pack_size`), whenever two or more do.
-    Before the model's first call here, they overlap."""
+    Short calls (:func:`short_calls`) run one after another (no thread switch, one slot
+    at a time): as many as take ``target_s`` together (:func:`pack_size`), or, given
+    ``short_items`` and ``max_s``, by count (:func:`short_pack_size`): Celery's cost
+    per message and the refill's then fall on many items. Before the model's first call
+    here, they overlap."""
     overlapping = max(1, min(max_items, max_concurrency // OVERLAP_PACKS_PER_MODEL))
-    if call_s is not None:
-        in_turn = pack_size(call_s, target_s, max_items)
-        if in_turn > 1:
-            return in_turn, False
+    if call_s is not None and max_items > 1 and short_calls(call_s, target_s):
+        if short_items is not None and max_s is not None:
+            return short_pack_size(call_s, max_s, max(short_items, max_items)), False
+        return pack_size(call_s, target_s, max_items), False
     return overlapping, overlapping > 1
 
 
 def calls_overlap(call_s: float | None, target_s: float, items: int) -> bool:
-    """Whether a pack of ``items`` run as a group overlaps its calls: unless they all
-    fit in ``target_s`` one after another at the model's pace ``call_s`` (None: not
-    known yet)."""
-    return items > 1 and (call_s is None or call_s * items > target_s)
+    """Whether a pack of ``items`` run as a group overlaps its calls: unless they are
+    short (:func:`short_calls`; None: not known yet)."""
+    return items > 1 and not short_calls(call_s, target_s)
+
+
+def round_size(call_s: float | None, target_s: float, max_items: int) -> int:
+    """How many of a pack's short calls go through the gate, the claim, the record and
+    the settlement together (a round): as many as take ``target_s`` at pace
+    ``call_s`` (:func:`pack_size`), so that a pack whose calls turn slow stops
+    between rounds and hands the rest back (:func:`rounds_stop`)."""
+    return pack_size(call_s, target_s, max_items)
+
+
+def rounds_stop(
+    quickest_s: float | None, ran_s: float, target_s: float, max_s: float, lease_s: float
+) -> bool:
+    """Whether a pack of short calls begins no more rounds, after one whose quickest
+    answered call took ``quickest_s`` (None: none answered), having run ``ran_s``: once
+    it has run ``max_s`` if its calls turned slow (even the quickest no longer short),
+    and in any case once it has run half of ``lease_s`` (its untried items' queued
+    lease). A process busy with many threads makes a pack slow without its calls
+    being so: that alone hands nothing back, which would only multiply the messages."""
+    turned_slow = quickest_s is None or not short_calls(quickest_s, target_s)
+    return (turned_slow and ran_s >= max_s) or ran_s >= lease_s / 2
 
 
 def split_into_packs(items: Sequence[T], size: int, alone: Callable[[T], bool]) -> list[list[T]]:

@@ -23,6 +23,8 @@ from batchgen.domain.decisions import (
     calls_overlap,
     pack_size,
     refill_at_once_after,
+    round_size,
+    split_into_packs,
     together_pack_size,
 )
 from batchgen.errors import ItemFailed
@@ -42,6 +44,7 @@ from batchgen.worker.packs import (
     PackOutcome,
     hold,
     message_of,
+    pack_wait_s,
     read_pack,
     run_pack,
 )
@@ -74,7 +77,14 @@ def _pack_plan(model: str) -> tuple[int, bool]:
         return pack_size(pace, settings.pack_target_s, settings.pack_max_items), False
     spec = get_registry().get(model)
     cap = spec.max_concurrency if spec is not None else 1
-    return together_pack_size(pace, settings.pack_target_s, settings.pack_max_items, cap)
+    return together_pack_size(
+        pace,
+        settings.pack_target_s,
+        settings.pack_max_items,
+        cap,
+        short_items=settings.pack_short_items,
+        max_s=settings.pack_max_s,
+    )
 
 
 def _pack_items(model: str) -> int:
@@ -159,12 +169,23 @@ def run_message(
     spec = registry.get(model) if model else None
     tickets = _together(pack, spec, settings)
     if spec is not None and tickets is not None:
-        overlap = calls_overlap(_pace().call_s(spec.name), settings.pack_target_s, len(pack))
-        outcome = run_together(pack, spec, tickets, settings, _gate(), _watcher(), overlap, note)
+        pace = _pace().call_s(spec.name)
+        overlap = calls_overlap(pace, settings.pack_target_s, len(pack))
+        rounds = round_size(pace, settings.pack_target_s, settings.pack_max_items)
+        outcome = run_together(
+            pack, spec, tickets, settings, _gate(), _watcher(), overlap, note, rounds
+        )
     else:
         outcome = run_pack(pack, run_one, settings.pack_max_s)
     if outcome.handed_back:
-        _hand_back(outcome, model, len(pack), item_id, settings)
+        # A group of short calls that ran out of time hands its rest back in packs of
+        # the size a refill would make now (its calls turned slow: small ones).
+        packed = spec is not None and tickets is not None and outcome.error is None
+        size = _pack_items(spec.name) if packed and spec is not None else 1
+        lease_s = settings.queued_lease_s
+        if size > 1 and spec is not None:  # as a refill's packed items' (dispatch.py)
+            lease_s += pack_wait_s(spec, settings)
+        _hand_back(outcome, model, len(pack), item_id, settings, size, lease_s)
     if outcome.error is not None:
         raise outcome.error
     if outcome.waiting:
@@ -214,12 +235,18 @@ def _together(
 
 
 def _hand_back(
-    outcome: PackOutcome, model: str | None, size: int, item_id: int, settings: Settings
+    outcome: PackOutcome,
+    model: str | None,
+    size: int,
+    item_id: int,
+    settings: Settings,
+    pack_items: int = 1,
+    lease_s: float | None = None,
 ) -> None:
-    """The pack's untried items go to other threads, one per message: its calls turned
-    slow, an item raised, or items failed over to another deployment (each with its
-    next ticket). Best effort: an item whose message is lost waits for the
-    sweep."""
+    """The pack's untried items go to other threads, one per message (or in packs of
+    ``pack_items``; a failed-over item always alone): its calls turned slow, an item
+    raised, or items failed over to another deployment (each with its next ticket).
+    Best effort: an item whose message is lost waits for the sweep."""
     failed_over = sum(1 for p in outcome.handed_back if (p.ticket or {}).get("avoid"))
     why = f"ran past {settings.pack_max_s} s"
     if outcome.error is not None:
@@ -236,8 +263,15 @@ def _hand_back(
     if model is None:
         return
     try:
-        hold(outcome.handed_back, settings.queued_lease_s)
-        publish.generate_many((p.item_id, model, p.ticket, None) for p in outcome.handed_back)
+        hold(outcome.handed_back, lease_s or settings.queued_lease_s)
+        packs = split_into_packs(
+            outcome.handed_back, pack_items, alone=lambda p: bool((p.ticket or {}).get("avoid"))
+        )
+        messages = []
+        for each in packs:
+            first, ticket, more = message_of(each)
+            messages.append((first, model, ticket, more))
+        publish.generate_many(messages)
     except Exception as exc:
         if outcome.error is None:
             raise

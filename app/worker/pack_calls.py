@@ -55,6 +55,7 @@ from threading import Event
 import redis
 
 from batchgen.config import Settings
+from batchgen.domain.decisions import rounds_stop
 from batchgen.errors import ProviderError
 from batchgen.limits.gate import (
     SLOT_POLL_S,
@@ -153,33 +154,64 @@ def run_together(
     watcher: CancelWatcher | None,
     overlap: bool,
     note: Callable[[Verdict], None],
+    round_items: int | None = None,
 ) -> PackOutcome:
     """Run ``pack`` (its items' ``tickets``, all readable, all of model ``spec``) as a
     group; ``overlap``: its calls on threads of their own. ``note`` hears every
     verdict as it comes (the calls' pace, the refill). An error (a database or Redis
     outage) stops the entries: the items not entered are handed back, those in flight
-    end as usual, and the error is in the outcome."""
+    end as usual, and the error is in the outcome.
+
+    Calls one after another go in rounds of ``round_items`` (None: all at once), each
+    entered, claimed, recorded and settled together; once the pack has run
+    ``settings.pack_max_s`` and its calls turned slow
+    (:func:`batchgen.domain.decisions.rounds_stop`), the rounds not begun are handed
+    back, as :func:`batchgen.worker.packs.run_pack` hands back its untried items."""
     run = _Run(spec, settings, gate, watcher, overlap, note)
     todo = list(zip(pack, tickets, strict=True))
+    later: list[tuple[PackItem, Ticket]] = []  # the rounds not begun
+    if not overlap and round_items is not None:
+        todo, later = todo[: max(1, round_items)], todo[max(1, round_items) :]
+    started = time.monotonic()
     error: Exception | None = None
     slot_deadline = time.monotonic() + settings.slot_wait_s
     probe = False  # the slots were all held at the last try: one item asks first
     try:
-        while todo or run.flying:
+        while todo or run.flying or later:
+            if not todo and not run.flying:  # the round has landed: the next one
+                if run.pack.waiting:
+                    run.pack.waiting.extend(entry for entry, _ in later)
+                    later = []
+                    break
+                quickest_s, run.quickest_s = run.quickest_s, None
+                ran_s = time.monotonic() - started
+                if rounds_stop(
+                    quickest_s,
+                    ran_s,
+                    settings.pack_target_s,
+                    settings.pack_max_s,
+                    settings.queued_lease_s,
+                ):
+                    run.pack.handed_back.extend(entry for entry, _ in later)
+                    later = []
+                    break
+                size = max(1, round_items or len(later))
+                todo, later = later[:size], later[size:]
+                slot_deadline = time.monotonic() + settings.slot_wait_s
             if todo and not run.pack.waiting:
                 last_try = time.monotonic() >= slot_deadline
                 todo, entered = run.enter(todo, last_try, probe)
                 probe = bool(todo) and not entered
                 if entered:
                     slot_deadline = time.monotonic() + settings.slot_wait_s
-            if run.pack.waiting and todo:  # the rest would meet the same wait
-                run.pack.waiting.extend(entry for entry, _ in todo)
-                todo = []
+            if run.pack.waiting and (todo or later):  # the rest would meet the same wait
+                run.pack.waiting.extend(entry for entry, _ in todo + later)
+                todo, later = [], []
             run.land(poll_s=SLOT_POLL_S if todo else None)
         run.settle_unsent()
     except Exception as exc:  # the rest of the pack goes back; what flies lands first
         error = exc
-        run.pack.handed_back.extend(entry for entry, _ in todo)
+        run.pack.handed_back.extend(entry for entry, _ in todo + later)
         with contextlib.suppress(Exception):
             while run.flying or run.landed:
                 run.land(poll_s=None)
@@ -214,6 +246,7 @@ class _Run:
         self.flying: dict[Future[None], _Flight] = {}
         self.landed: list[_Flight] = []  # calls made inline, not yet recorded
         self.unsent: list[tuple[Pass, Ticket]] = []  # entered, not claimed: settle last
+        self.quickest_s: float | None = None  # the quickest answer since the last look
 
     def done(self, entry: PackItem, verdict: Verdict) -> None:
         verdict = verdict if verdict.model else replace(verdict, model=self.spec.name)
@@ -377,6 +410,9 @@ class _Run:
     def _record(self, done: list[_Flight]) -> None:
         try:
             answered = [f for f in done if f.response is not None]
+            for flight in answered:
+                if self.quickest_s is None or flight.latency_s < self.quickest_s:
+                    self.quickest_s = flight.latency_s
             recorded = self._group_commit(answered)
             for flight in done:
                 if flight.response is not None:

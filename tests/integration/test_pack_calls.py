@@ -158,6 +158,50 @@ def test_a_pack_enters_claims_records_and_settles_its_items_together(sim, monkey
     assert_daily_usage_matches_ledger()
 
 
+@pytest.mark.parametrize("max_s", [120.0, 0.0], ids=["all-rounds", "out-of-time"])
+def test_short_calls_go_in_rounds_and_a_pack_out_of_time_hands_the_rest_back(
+    sim, monkeypatch, max_s
+):
+    """Six short calls in rounds of two: each round entered (the first item takes the
+    slot, the other its budget), claimed, recorded and settled together. A pack that has
+    run its time (pack_max_s; here 0) with calls no longer short (here: a target of
+    almost 0) begins no other round: the items of the rounds not begun are handed back
+    untried, still queued, and nothing was sent for them."""
+    registry = _registry()
+    spec = registry[MODEL]
+    slow = {"pack_max_s": 0.0, "pack_target_s": 1e-9}
+    settings = get_settings().model_copy(update=slow if max_s == 0 else {"pack_max_s": max_s})
+    released = _released_pack("rounds", 6, registry)
+    trips = Trips(monkeypatch)
+    outcome = run_together(
+        [PackItem(r.item_id, r.ticket.to_message()) for r in released],
+        spec,
+        [r.ticket for r in released],
+        settings,
+        Gate(get_redis(), settings),
+        None,
+        False,
+        lambda verdict: None,
+        2,
+    )
+
+    rounds = 3 if max_s else 1
+    assert outcome.error is None and not outcome.waiting
+    assert [v.outcome for v in outcome.verdicts] == ["succeeded"] * 2 * rounds
+    hot = [s for s in trips.statements if s != "other"]
+    assert hot.count("item_claim_sent_many") == rounds
+    assert hot.count("item_succeed_answered_many") == rounds
+    assert [n for name, n in trips.pipelines if name == "budget_reserve"] == [1, 1] * rounds
+    assert [n for name, n in trips.pipelines if name == "budget_settle"] == [2] * rounds
+    ids = [r.item_id for r in released]
+    assert [p.item_id for p in outcome.handed_back] == ids[2 * rounds :]
+    with db.session_scope() as s:
+        statuses = dict(s.execute(select(Item.id, Item.status)).all())
+    assert [statuses[i] for i in ids] == ["succeeded"] * 2 * rounds + ["queued"] * (6 - 2 * rounds)
+    assert httpx.get(f"{sim.base_url}/_sim/stats").json()["requests"] == 2 * rounds
+    assert_ledger_is_results_plus_waste()
+
+
 def test_a_group_commit_records_only_the_running_attempts(sim):
     """A group of answers in one statement: the answers of attempts that still run their
     items are recorded (ledger, result, daily totals, succeeded); one whose attempt does

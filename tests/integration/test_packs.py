@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, text
 
+from batchgen.config import get_settings
 from batchgen.limits.backend import get_redis
 from batchgen.registry import get_registry
 from batchgen.store import db
@@ -89,8 +90,8 @@ def unacked_packs() -> list[list[int]]:
 @pytest.mark.parametrize("max_items", [8, 1])
 def test_short_calls_travel_in_packs_and_each_item_runs_once(sim, workers, max_items):
     """Short calls (30 ms, as a loaded machine's quick calls take): the refills pack
-    up to BATCHGEN_PACK_MAX_ITEMS items a message (1: never), and every item succeeds
-    once with one billed call."""
+    them by count, up to BATCHGEN_PACK_SHORT_ITEMS items a message (64; none with
+    BATCHGEN_PACK_MAX_ITEMS=1), and every item succeeds once with one billed call."""
     sim_config(sim.base_url, latency_base_ms=LOADED_CALL_MS)
     n = 300
     batch_id = submit_items(f"packs{max_items}", n)
@@ -106,7 +107,8 @@ def test_short_calls_travel_in_packs_and_each_item_runs_once(sim, workers, max_i
     if max_items == 1:
         assert max(sizes) == 1
     else:
-        assert max(sizes) == max_items, f"no full pack went out: {sorted(sizes)[-10:]}"
+        full = get_settings().pack_short_items
+        assert max(sizes) == full, f"no full pack went out: {sorted(sizes)[-10:]}"
         assert len(sizes) < n / 2, f"{len(sizes)} messages for {n} items"
 
 
@@ -301,3 +303,35 @@ def test_holding_a_packs_waiting_items_extends_only_their_queued_leases(sim):
     with db.autocommit() as connection:  # never shortened
         assert items.hold_queued(connection, [(ids[0], 1)], 10) == 1
     assert lease_left_s()[ids[0]] > 3500
+
+
+def test_a_packs_rest_handed_back_goes_out_in_packs_a_failed_over_item_alone(sim):
+    """A group's rounds not begun go back in packs of the size given (a refill's now),
+    with their queued leases held; an item failed over to another deployment (its
+    ticket says which to avoid) travels alone."""
+    from batchgen.config import get_settings
+    from batchgen.worker.dispatch import dispatch
+    from batchgen.worker.messages import _hand_back
+    from batchgen.worker.packs import PackItem, PackOutcome
+
+    submit_items("handback", 5)
+    queue = get_registry()["sim-small"].queue
+    redis_client = get_redis()
+    redis_client.delete(queue)
+    assert dispatch(get_registry(), get_settings()) == 5
+    redis_client.delete(queue)
+    with db.session_scope() as s:
+        ids = sorted(s.scalars(select(Item.id)))
+    rest = [PackItem(i, {"attempt": 1}) for i in ids[:4]]
+    rest.insert(2, PackItem(ids[4], {"attempt": 1, "avoid": ["a"]}))
+    outcome = PackOutcome([], [], None, rest)
+    _hand_back(outcome, "sim-small", 6, ids[0], get_settings(), 2, 3600.0)
+    messages = []
+    for raw in reversed(redis_client.lrange(queue, 0, -1)):  # LPUSHed: oldest last
+        args, kwargs, _ = json.loads(base64.b64decode(json.loads(raw)["body"]))
+        messages.append([int(args[0]), *(int(i) for i, _ in kwargs.get("more") or [])])
+    redis_client.delete(queue)
+    assert messages == [ids[:2], [ids[4]], ids[2:4]]
+    with db.session_scope() as s:
+        left = s.scalar(select(func.min(func.extract("epoch", Item.lease_expires_at - func.now()))))
+    assert float(left) > 3500  # every item's queued lease held

@@ -198,3 +198,54 @@ def test_a_group_never_holds_more_slots_than_a_quarter_of_the_models(call_s, max
         assert items <= max(1, cap // 4) and items > 1
     # The message's side decides the same way for the pack the refill made.
     assert calls_overlap(call_s, 0.05, items) == overlap
+
+
+def test_a_group_of_short_calls_is_sized_by_count():
+    from batchgen.domain.decisions import calls_overlap, round_size, together_pack_size
+
+    # Zero-latency calls: as many as the count allows, run one after another.
+    assert together_pack_size(0.001, 0.05, 8, 32, short_items=64, max_s=1.0) == (64, False)
+    assert together_pack_size(0.0, 0.05, 8, 32, short_items=64, max_s=1.0) == (64, False)
+    # 20 ms calls: as many as take half of max_s.
+    assert together_pack_size(0.02, 0.05, 8, 32, short_items=64, max_s=1.0) == (25, False)
+    # Not short (one fits in the target), or not known: overlapping, as before.
+    assert together_pack_size(0.03, 0.05, 8, 64, short_items=64, max_s=1.0) == (8, True)
+    assert together_pack_size(None, 0.05, 8, 64, short_items=64, max_s=1.0) == (8, True)
+    # pack_max_items = 1 still turns packs off.
+    assert together_pack_size(0.001, 0.05, 1, 64, short_items=64, max_s=1.0) == (1, False)
+    # The worker that runs such a pack runs it in turn, in rounds of the old size.
+    assert not calls_overlap(0.001, 0.05, 64)
+    assert calls_overlap(None, 0.05, 64)
+    assert round_size(0.001, 0.05, 8) == 8
+    assert round_size(0.01, 0.05, 8) == 5
+
+
+@given(
+    call_s=st.one_of(st.none(), st.floats(min_value=0, max_value=600)),
+    max_items=st.integers(min_value=1, max_value=64),
+    short_items=st.integers(min_value=1, max_value=256),
+    cap=st.integers(min_value=1, max_value=1000),
+)
+def test_a_pack_of_short_calls_fits_its_time(call_s, max_items, short_items, cap):
+    from batchgen.domain.decisions import calls_overlap, together_pack_size
+
+    items, overlap = together_pack_size(
+        call_s, 0.05, max_items, cap, short_items=short_items, max_s=1.0
+    )
+    assert 1 <= items <= max(max_items, short_items)
+    assert calls_overlap(call_s, 0.05, items) == overlap
+    if not overlap and items > 2 and call_s is not None:
+        assert call_s * items <= 0.5 + 1e-9  # half of max_s, one after another
+
+
+def test_a_pack_of_short_calls_stops_its_rounds_only_when_its_calls_turn_slow():
+    from batchgen.domain.decisions import rounds_stop
+
+    # A busy process: the pack ran past max_s, but its calls are still short.
+    assert not rounds_stop(0.002, 5.0, 0.05, 1.0, 120.0)
+    # The calls turned slow (even the quickest), or none answered: after max_s.
+    assert rounds_stop(0.2, 1.5, 0.05, 1.0, 120.0)
+    assert rounds_stop(None, 1.5, 0.05, 1.0, 120.0)
+    assert not rounds_stop(0.2, 0.5, 0.05, 1.0, 120.0)
+    # Whatever the calls, before its untried items' queued leases could run out.
+    assert rounds_stop(0.002, 60.0, 0.05, 1.0, 120.0)
