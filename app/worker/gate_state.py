@@ -16,6 +16,7 @@ import logging
 import time
 
 import redis
+from sqlalchemy.exc import SQLAlchemyError
 
 from batchgen.config import Settings
 from batchgen.domain.gate_rebuild import rebuild_plan
@@ -63,12 +64,12 @@ def ensure_gate_state(client: redis.Redis, registry: Registry, settings: Setting
 
 
 def ensure_quietly(client: redis.Redis, registry: Registry, settings: Settings) -> None:
-    """:func:`ensure_gate_state`, Redis being unreachable left for the next try (the
-    gate's own calls fail meanwhile)."""
+    """:func:`ensure_gate_state`, Redis or PostgreSQL being unreachable left for the next
+    try (the sweep's next tick, the gate's next check; the rebuild lock lapses)."""
     try:
         ensure_gate_state(client, registry, settings)
-    except redis.RedisError as error:
-        log.warning("gate state not checked: Redis unreachable (%s)", type(error).__name__)
+    except (redis.RedisError, SQLAlchemyError) as error:
+        log.warning("gate state not checked: %s unreachable", type(error).__name__)
 
 
 def checked_gate(client: redis.Redis, settings: Settings) -> Gate:

@@ -101,6 +101,8 @@ def test_flushed_gate_state_is_rebuilt_as_spent(limited, workers):
     workers(["llm.rebuilt", "batchgen.control"], concurrency=8, env=env, name="w")
     wait_until(lambda: r.exists(keys.gate_state()), 60, "the gate's first start")
     first = r.get(keys.gate_state())
+    # A first start (nothing ran, nothing billed) rebuilds nothing: no budget spent.
+    assert not [k for k in r.hkeys(keys.budget_amounts("rebuilt-account")) if b"rebuilt:" in k]
     wait_until(lambda: sim_in_flight(sim.base_url) >= 2, 60, "calls in flight")
     before = _running_holders()
     assert r.flushall()
