@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 
 WINDOW_S = 4.0
 TOKENS_PER_WINDOW = 1500
-ITEMS = 30
+ITEMS = 24
 MODELS_TOML = """
 [models."rebuilt"]
 provider = "openai"
@@ -56,7 +56,7 @@ def limited(clean_db: Any, tmp_path: Any, monkeypatch: Any) -> Iterator[tuple[An
     """A simulator enforcing TOKENS_PER_WINDOW per 4 s window, a registry saying the
     same, and a Redis of the test's own for budgets and slots."""
     config = SimulatorConfig(
-        tokens_per_min=TOKENS_PER_WINDOW, window_s=WINDOW_S, latency_base_ms=1500, seed=5
+        tokens_per_min=TOKENS_PER_WINDOW, window_s=WINDOW_S, latency_base_ms=3000, seed=5
     )
     own = OwnRedis(tmp_path / "gate-redis")
     own.start()
@@ -103,7 +103,8 @@ def test_flushed_gate_state_is_rebuilt_as_spent(limited, workers):
     first = r.get(keys.gate_state())
     # A first start (nothing ran, nothing billed) rebuilds nothing: no budget spent.
     assert not [k for k in r.hkeys(keys.budget_amounts("rebuilt-account")) if b"rebuilt:" in k]
-    wait_until(lambda: sim_in_flight(sim.base_url) >= 2, 60, "calls in flight")
+    # The first calls (3 s each) have just started: they are in flight at the rebuild.
+    wait_until(lambda: sim_in_flight(sim.base_url) >= 2, 60, "calls in flight", 0.02)
     before = _running_holders()
     assert r.flushall()
     wait_until(lambda: r.get(keys.gate_state()) not in (None, first), 30, "the rebuild")
