@@ -146,6 +146,10 @@ class Settings(BaseSettings):
     # Dispatch and leases.
     dispatch_interval_s: float = 1.0
     sweep_interval_s: float = 5.0
+    # How often a process using the gate checks its state marker in Redis (a Redis that
+    # lost the gate's state is rebuilt from the database: app/worker/gate_state.py);
+    # the sweep checks it on every tick too.
+    gate_state_check_s: float = 1.0
     # Offload to the providers' Batch APIs (app/worker/offload.py): the tick's
     # interval, a job's first poll after its creation and the most between polls
     # (doubling), and how many waiting items one tick plans per model.

@@ -380,7 +380,10 @@ def _check_reservations(
                     f"{amounts_key}: _requests={amounts.get('_requests', 0)} but {requests} "
                     "reservations"
                 )
-        per_item = Counter(int(m.split(":", 1)[0]) for m in members if not m.startswith("o:"))
+        # "rebuilt:": a budget restarted as spent after Redis lost it (no item's).
+        per_item = Counter(
+            int(m.split(":", 1)[0]) for m in members if not m.startswith(("o:", "rebuilt:"))
+        )
         for item_id, kept in sorted(per_item.items()):
             retried = items.get(item_id, ("", 0))[1] > 1
             if kept > billed[item_id] and not (tolerate_retried and retried):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -34,6 +34,7 @@ from batchgen.limits import counters
 from batchgen.limits.budget import Budget, Grant, SettleOps, countdown_s, reservation_tokens
 from batchgen.limits.call_shares import DEMAND_TTL_S, CallDemand, demand_entry, tenant_key
 from batchgen.limits.concurrency import Slots
+from batchgen.limits.gate_state import is_known_good
 from batchgen.registry import ModelSpec
 
 SLOT_POLL_S = 0.05
@@ -179,13 +180,37 @@ def free_slot(slots: Slots, spec: ModelSpec, holder: str) -> None:
 
 
 class Gate:
-    def __init__(self, client: redis.Redis, settings: Settings):
+    def __init__(
+        self,
+        client: redis.Redis,
+        settings: Settings,
+        on_lost_state: Callable[[], None] | None = None,
+    ):
         self.client = client
         self.settings = settings
         self.budget = Budget(client, settings)
         self.slots = Slots(client)
         self.demand = CallDemand(client)
         self.enabled = settings.budget_enabled
+        # Called when the gate's state marker is missing (Redis lost it), checked on
+        # the first entry and then at most every gate_state_check_s: it rebuilds the
+        # state before the entry goes on (app/worker/gate_state.py).
+        self.on_lost_state = on_lost_state
+        self._next_state_check = 0.0
+
+    def _check_state(self) -> None:
+        if self.on_lost_state is None or not self.enabled:
+            return
+        now = time.monotonic()
+        if now < self._next_state_check:
+            return
+        self._next_state_check = now + self.settings.gate_state_check_s
+        try:
+            if is_known_good(self.client):
+                return
+        except redis.RedisError:
+            return  # unreachable: the entry itself will say so
+        self.on_lost_state()
 
     def _slot_lease_s(self, spec: ModelSpec) -> float:
         return running_lease_s(spec, self.settings)
@@ -212,6 +237,7 @@ class Gate:
         leaves the slots that free to the others' calls and batches. Other work adds
         its tenant to that demand (in the same one script) when it is denied a slot.
         """
+        self._check_state()
         reservation_id = slot_holder(item.item_id, item.attempt)
         avoid = getattr(item, "avoid", None)
         if not self.enabled:  # no budget: the first deployment, unless the item avoids it
@@ -282,6 +308,7 @@ class Gate:
             return []
         if not self.enabled:
             return [self.enter(spec, ticket) for ticket in tickets]
+        self._check_state()
         lease = self._slot_lease_s(spec)
         entries: list[dict[str, Any]] = []
         for item in tickets:

@@ -209,3 +209,15 @@ def money_reservation(tenant_id: int, reservation_id: str) -> str:
 def money_alert(tenant_id: int, budget_id: int, period_key: str, pct: int) -> str:
     """Set once when the budget's period reached ``pct`` per cent (its alert went)."""
     return f"{PREFIX}money:{{m{tenant_id}}}:{budget_id}:{period_key}:alert:{pct}"
+
+
+def gate_state() -> str:
+    """String: set once the gate's state is known good (a first start found nothing to
+    rebuild, or what Redis lost was rebuilt: app/limits/gate_state.py). Missing: Redis
+    lost the gate's keys (or never had them)."""
+    return f"{GATE}state"
+
+
+def gate_rebuild_lock() -> str:
+    """String with a TTL: the one process rebuilding the gate's state (its token)."""
+    return f"{GATE}state:rebuild"

@@ -43,6 +43,7 @@ from batchgen.store.schema import Tenant
 from batchgen.worker import money, publish
 from batchgen.worker.cancellation import CancelWatcher, cancel_batch
 from batchgen.worker.execution import run_item
+from batchgen.worker.gate_state import checked_gate
 from batchgen.worker.packs import CallPace
 from batchgen.worker.relay import ChunkRelay, Wake
 
@@ -259,7 +260,7 @@ def start_call(
 
 @functools.cache
 def _process_call_runtime() -> tuple[Gate, CancelWatcher]:
-    return Gate(get_redis(), get_settings()), CancelWatcher(get_redis())
+    return checked_gate(get_redis(), get_settings()), CancelWatcher(get_redis())
 
 
 def call_runtime() -> tuple[Gate, CancelWatcher]:
@@ -269,7 +270,7 @@ def call_runtime() -> tuple[Gate, CancelWatcher]:
         return _process_call_runtime()
     return scope.resource(
         ("call_runtime",),
-        lambda: (Gate(get_redis(), get_settings()), CancelWatcher(get_redis())),
+        lambda: (checked_gate(get_redis(), get_settings()), CancelWatcher(get_redis())),
         lambda _: None,  # its Redis client is the scope's
     )
 

@@ -37,6 +37,7 @@ from batchgen.worker import publish
 from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.dispatch import dispatch
 from batchgen.worker.execution import run_item
+from batchgen.worker.gate_state import checked_gate
 from batchgen.worker.pack_calls import run_together
 from batchgen.worker.packs import (
     CallPace,
@@ -56,7 +57,7 @@ log = logging.getLogger("batchgen.tasks.generate")
 
 @functools.cache
 def _gate() -> Gate:
-    return Gate(get_redis(), get_settings())
+    return checked_gate(get_redis(), get_settings())
 
 
 @functools.cache

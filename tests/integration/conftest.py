@@ -49,6 +49,7 @@ SLOW = frozenset(
         "test_deadlines_cancel.py::test_cancel_holds_across_a_worker_restart",
         "test_faults.py::test_flushed_redis_loses_no_item",
         "test_faults.py::test_sigkill_worker_mid_call_loses_nothing",
+        "test_gate_rebuild.py",
         "test_flower.py::test_flower_shows_tasks_with_ids_only_behind_basic_auth",
         "test_notifications.py::test_a_dripping_receiver_is_cut_at_the_deadline_and_stalls_nobody",
         "test_notifications.py::test_a_host_celery_task_on_its_own_broker_is_called_once",

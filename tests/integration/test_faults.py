@@ -172,6 +172,9 @@ FAST_RECOVERY = {
     "BATCHGEN_RUNNING_LEASE_MARGIN_S": "1",
     "BATCHGEN_QUEUED_LEASE_S": "3",
     "BATCHGEN_SWEEP_INTERVAL_S": "0.5",
+    # A Redis that lost the gate's state restarts its budgets as spent for one window
+    # (app/worker/gate_state.py): a short window keeps that wait short.
+    "BATCHGEN_BUDGET_WINDOW_S": "5",
 }
 
 

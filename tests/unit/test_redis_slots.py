@@ -12,6 +12,7 @@ import pytest
 from redis.crc import key_slot
 
 from batchgen.config import Settings, get_settings
+from batchgen.domain.gate_rebuild import HeldSlot, RebuildPlan, SpentBudget
 from batchgen.errors import ConfigError
 from batchgen.limits import backend
 from batchgen.limits import redis_keys as keys
@@ -19,6 +20,7 @@ from batchgen.limits.backend import parse_nodes_url
 from batchgen.limits.budget import Budget, SettleOps
 from batchgen.limits.call_shares import CallDemand
 from batchgen.limits.concurrency import Slots
+from batchgen.limits.gate_state import rebuild
 from batchgen.limits.key_rate import take
 from batchgen.limits.money import Ask, MoneyBudgets, Settle
 from batchgen.registry import parse_registry
@@ -103,6 +105,11 @@ def test_every_scripts_keys_hash_to_one_slot() -> None:
     record(client, lambda: money.release([Settle(7, "9:1", 5)]))
     record(client, lambda: ScheduleLock(r, 10.0).hold())
     record(client, lambda: ScheduleLock(r, 10.0).release())
+    plan = RebuildPlan(
+        tuple(SpentBudget(d.budget_key, 10, 1) for d in spec.deployments),
+        tuple(HeldSlot(d.slot_key, "1:1", 5.0) for d in spec.deployments),
+    )
+    record(client, lambda: rebuild(r, plan, "token", 60.0, 1.0))
 
     assert {name for name, _ in client.calls} == set(script_names())
     for name, script_keys in client.calls:
