@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -197,20 +198,25 @@ class Gate:
         # state before the entry goes on (app/worker/gate_state.py).
         self.on_lost_state = on_lost_state
         self._next_state_check = 0.0
+        self._state_lock = threading.Lock()
 
     def _check_state(self) -> None:
         if self.on_lost_state is None or not self.enabled:
             return
-        now = time.monotonic()
-        if now < self._next_state_check:
+        if time.monotonic() < self._next_state_check:
             return
-        self._next_state_check = now + self.settings.gate_state_check_s
-        try:
-            if is_known_good(self.client):
-                return
-        except redis.RedisError:
-            return  # unreachable: the entry itself will say so
-        self.on_lost_state()
+        # One thread checks; the process's other entrants wait for it. Otherwise they
+        # would pass the gate and claim items while the check reads the database, and
+        # those running items would look like another process's lost state.
+        with self._state_lock:
+            if time.monotonic() < self._next_state_check:
+                return  # checked by another thread meanwhile
+            try:
+                if not is_known_good(self.client):
+                    self.on_lost_state()
+            except redis.RedisError:
+                pass  # unreachable: the entry itself will say so
+            self._next_state_check = time.monotonic() + self.settings.gate_state_check_s
 
     def _slot_lease_s(self, spec: ModelSpec) -> float:
         return running_lease_s(spec, self.settings)
