@@ -215,8 +215,7 @@ def login() -> BaseResponse:
     try:
         auth.check_signin(key)
         with session_scope() as session:
-            caller = keys.authenticate(session, key)
-            session.expunge(caller.tenant)
+            caller = keys.authenticate(session, key)  # its tenant comes back detached
         tenant = caller.tenant
         key_rules.check_dashboard_scopes(caller.scopes)
     except auth.SigninRefused as refused:

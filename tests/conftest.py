@@ -221,11 +221,12 @@ def _environment(**values: str) -> Iterator[None]:
 
 @pytest.fixture
 def clean_db(services: dict[str, str]) -> dict[str, str]:
-    """Empty tables and an empty Redis database (the broker's bindings kept) before the
-    test."""
+    """Empty tables and an empty Redis database (the broker's bindings kept, the gate's
+    state marked known good) before the test."""
     import redis
     from sqlalchemy import text
 
+    from batchgen.limits import redis_keys as keys
     from batchgen.store.db import get_engine
 
     with get_engine().begin() as conn:
@@ -239,7 +240,12 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
             )
         )
         conn.execute(text("UPDATE totals_watermark SET rolled_up_before = NULL"))
-    clear_redis(redis.Redis.from_url(services["REDIS_URL"]))
+    client = redis.Redis.from_url(services["REDIS_URL"])
+    clear_redis(client)
+    # Both stores are empty, as at a first start: the gate's state is known good. (A
+    # process that outlives the test would otherwise find the marker gone and take its
+    # own calls since as evidence of lost state: app/worker/gate_state.py.)
+    client.set(keys.gate_state(), "clean_db")
     return services
 
 

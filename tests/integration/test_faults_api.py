@@ -228,7 +228,7 @@ def test_streamed_calls_of_a_killed_api_are_ledgered_with_the_providers_usage(
             for seen in usage_seen:
                 assert seen.wait(60), "a short call's usage never reached its caller"
             recording = wait_until(
-                lambda: _recording(lock) if len(_recording(lock)) == FINISHED else None,
+                lambda: got if len(got := _recording(lock)) >= FINISHED else None,
                 60,
                 "the finished calls' records to wait on the lock",
             )

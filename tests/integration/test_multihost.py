@@ -56,6 +56,7 @@ import redis
 from batchgen import python_api as client
 from batchgen.config import get_settings
 from batchgen.embedded import free_port
+from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.registry import load_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
@@ -461,12 +462,12 @@ def cluster(
             )
         )
         settings = {
+            **FAULT_ENV,  # first: the window below is the simulator's, not the faults' own
             "BATCHGEN_MODELS_FILE": str(models),
             "BATCHGEN_BUDGET_WINDOW_S": str(WINDOW_S),
             "BATCHGEN_BUDGET_GUARD_S": str(GUARD_S),
             "BATCHGEN_MAX_COUNTDOWN_S": "10",
             "BATCHGEN_DISPATCH_INTERVAL_S": "0.3",
-            **FAULT_ENV,
             # At the limits, a retry that came due may wait seconds in its worker's
             # thread pool behind others: 6 s could run out there. A retry held back by
             # a skewed clock would wait five minutes, far past 20 s (the skew test).
@@ -506,6 +507,10 @@ def run(cluster: Cluster, clean_db: dict[str, str]) -> Iterator[Cluster]:
     r = cluster.redis()
     for key in r.scan_iter(match="bg:*", count=1000):
         r.delete(key)
+    # Both stores are empty, as at a first start: the gate's state is known good (the
+    # workers that run on would otherwise take this run's first calls as evidence of
+    # lost state, and rebuild the budget as spent).
+    r.set(keys.gate_state(), "clean run")
     reset_simulator(cluster.sim.base_url)
     yield cluster
     wait_until(lambda: all(r.llen(q) == 0 for q in QUEUES), 30, "the queues to empty")

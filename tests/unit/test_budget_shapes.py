@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
@@ -394,10 +395,8 @@ def gate_with(budget, slot_wait_s: float):
     from batchgen.config import Settings
     from batchgen.limits.gate import Gate
 
-    gate = Gate.__new__(Gate)
-    gate.settings = Settings(slot_wait_s=slot_wait_s)
+    gate = Gate(cast(Any, None), Settings(slot_wait_s=slot_wait_s))  # no Redis: scripted
     gate.budget = budget
-    gate.enabled = True
     return gate
 
 
