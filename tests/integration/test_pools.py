@@ -213,6 +213,7 @@ def test_a_model_of_one_deployment_keeps_its_keys(clean_db):
         keys.budget_amounts("sim-account"),
         keys.budget_meta("sim-account"),
         keys.slots("sim-small"),
+        keys.gate_state(),  # set by clean_db: the state known good
     }
 
 
