@@ -42,13 +42,18 @@ pytestmark = pytest.mark.integration
 
 MODEL = "sim-small"
 NOW = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
+TODAY, TOMORROW = f"d{NOW:%Y%m%d}", f"d{NOW + dt.timedelta(days=1):%Y%m%d}"
+CLOCK = [NOW]  # the budgets' now, and the time the test's ledger rows are written at
 
 
 @pytest.fixture
 def clock(clean_db, monkeypatch) -> Iterator[list[dt.datetime]]:
     """The budgets' clock: ``clock[0]`` is now (move it to roll a period). Holds last
-    a tenth of a second, so a test's next release finds the tenant again."""
-    now = [NOW]
+    a tenth of a second, so a test's next release finds the tenant again. The test's
+    ledger rows are written at this clock too, never at the database's own time, so a
+    run crossing midnight keeps them in the test's period."""
+    now = CLOCK
+    now[0] = NOW
     monkeypatch.setattr(money, "_now", lambda: now[0])
     monkeypatch.setitem(os.environ, "BATCHGEN_MONEY_HOLD_S", "0.1")
     get_settings.cache_clear()
@@ -100,7 +105,9 @@ def item_facts(batch_id: str) -> list[tuple[int, str, int, int]]:
 
 
 def finish_with_cost(item_ids: list[int], cost_usd: Decimal, at: dt.datetime | None = None) -> None:
-    """As a worker would: each item succeeded and its call ledgered at ``cost_usd``."""
+    """As a worker would: each item succeeded and its call ledgered at ``cost_usd``, at
+    the budgets' clock unless ``at`` says otherwise."""
+    at = at or CLOCK[0]
     with db.session_scope() as session:
         for item_id in item_ids:
             session.execute(
@@ -108,7 +115,7 @@ def finish_with_cost(item_ids: list[int], cost_usd: Decimal, at: dt.datetime | N
                     "INSERT INTO usage_ledger (item_id, attempt, tenant_id, batch_id, model, "
                     "prompt_tokens, completion_tokens, cost_usd, created_at) "
                     "SELECT id, attempts + 1, tenant_id, batch_id, model, prompt_tokens_est, "
-                    "max_tokens, :cost, coalesce(:at, now()) FROM items WHERE id = :id"
+                    "max_tokens, :cost, :at FROM items WHERE id = :id"
                 ),
                 {"id": item_id, "cost": cost_usd, "at": at},
             )
@@ -307,16 +314,16 @@ def test_each_threshold_alerts_once_per_period(clock):
         finish_with_cost(ids[:6], Decimal("0.1"))  # $0.60
         level("acme")
         level("acme")
-        assert alerts == [("d20261205", 50)]
+        assert alerts == [(TODAY, 50)]
         finish_with_cost(ids[6:9], Decimal("0.15"))  # $1.05
         level("acme")
-        assert alerts == [("d20261205", 50), ("d20261205", 80), ("d20261205", 100)]
+        assert alerts == [(TODAY, 50), (TODAY, 80), (TODAY, 100)]
         clock[0] = NOW + dt.timedelta(days=1)  # the ledger's rows are today's: nothing
         level("acme")
         assert len(alerts) == 3
         finish_with_cost(ids[9:], Decimal("0.5"), at=clock[0])
         level("acme")
-        assert alerts[3:] == [("d20261206", 50)]
+        assert alerts[3:] == [(TOMORROW, 50)]
     finally:
         money_alerts.remove_hook(hook)
 
@@ -409,7 +416,7 @@ def test_alerts_go_to_the_tenants_and_the_operators_webhooks_signed(clock, monke
                 80,
                 "0.9",
             )
-            assert event["resets_at"] == "2026-12-06T00:00:00+00:00"
+            assert event["resets_at"] == f"{NOW.date() + dt.timedelta(days=1)}T00:00:00+00:00"
         assert len(operator_hook.requests) == 2  # one 500, then delivered
     finally:
         for hook in (tenant_hook, operator_hook):

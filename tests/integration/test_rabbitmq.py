@@ -40,6 +40,7 @@ from tests.helpers import (
     make_tenant,
     models_file_with,
     sim_config,
+    sim_in_flight,
     status_summary,
     submit_items,
     succeeded_items,
@@ -272,7 +273,10 @@ def test_sigkill_worker_mid_call_redelivers_and_loses_nothing(rabbit, sim, worke
     survivor.wait_ready()
     wait_until(lambda: "succeeded in" in _log(victim), 60, "the victim to finish a call")
     in_hand = wait_until(
-        lambda: _received(victim) - _finished(victim), 60, "the victim to hold messages"
+        lambda: sim_in_flight(sim.base_url) > 0 and _received(victim) - _finished(victim),
+        60,
+        "the victim to hold messages while calls are in flight",
+        0.02,
     )
     victim.kill()
     wait_batches([batch_id], timeout_s=180)
@@ -286,7 +290,10 @@ def test_sigkill_worker_mid_call_redelivers_and_loses_nothing(rabbit, sim, worke
         sim.base_url, get_redis(), slot_grace_s=RUNNING_LEASE_S, worker_killed=True
     )
     assert report.statuses == {"succeeded": 40}
-    assert report.retried_items > 0  # the kill hit items in flight
+    # Each call the kill cut came back as another attempt of its item. (Which of the
+    # victim's messages were mid-call rather than waiting in its prefetch, the
+    # broker cannot tell; on a quiet machine the kill cuts some.)
+    assert report.retried_items >= report.cut_calls
 
 
 def test_broker_connections_closed_then_unreachable_mid_run(rabbit, sim, workers):
