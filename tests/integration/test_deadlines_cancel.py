@@ -99,8 +99,9 @@ def _cancel_mid_run(sim, tenant: str, n: int = 40):
 
 def test_cancel_aborts_running_calls_and_sends_nothing_after(clean_db, simulator, workers):
     make_tenant("canceller")
-    # Long answers streamed slowly: 0.3 s to the first token, then 20 ms a token.
-    _set_latency(simulator, 300, per_token_ms=20)
+    # Long answers streamed slowly: 0.3 s to the first token, then 60 ms a token (a
+    # loaded machine takes seconds to see the cancel; the calls must still be running).
+    _set_latency(simulator, 300, per_token_ms=60)
     try:
         workers(concurrency=8)
         batch = _cancel_mid_run(simulator, "canceller")

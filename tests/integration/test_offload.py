@@ -476,8 +476,11 @@ def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(
     # (plus the drain time) before the 40 s deadline: a loaded machine has 25 s to create the job.
     batch_id = submit(tenant, 4, model, offload="always", completion_window="40s")
     assert statuses(batch_id) == {"offloaded": 4}
+    # The job is created before the workers start (a worker's start on a loaded machine
+    # must not eat the time to the cutoff); they run the rows online once it is cut off.
+    reports = ticks_until(lambda: bool(jobs_of(batch_id)), timeout_s=20)
     workers(env=env)
-    reports = ticks_until(lambda: finished(batch_id), timeout_s=60)
+    reports += ticks_until(lambda: finished(batch_id), timeout_s=60)
 
     assert statuses(batch_id) == {"succeeded": 4}
     assert sum(r.cut_off for r in reports) == 1
