@@ -86,10 +86,18 @@ class CallLoad(NamedTuple):
     has_budgets: bool
 
 
-def call_load(connection: Connection, model: str, tenant_id: int) -> CallLoad:
+def call_load(
+    connection: Connection, model: str, tenant_id: int, read_budget: bool = True
+) -> CallLoad:
     """:func:`calls_ahead_tokens` and the tenant's :func:`open_calls` on ``model``, and
-    whether the tenant has a dollar budget, in one statement (``sql/call_load.sql``)."""
-    params = {"model": model, "tenant_id": tenant_id, "call_rank": CALL_RANK}
+    (``read_budget``) whether the tenant has a dollar budget, in one statement
+    (``sql/call_load.sql``); without ``read_budget``, ``has_budgets`` is False."""
+    params = {
+        "model": model,
+        "tenant_id": tenant_id,
+        "call_rank": CALL_RANK,
+        "read_budget": read_budget,
+    }
     (row,) = db.driver_rows(connection, driver_query("call_load"), params)
     return CallLoad(int(row.ahead_tokens), int(row.own_open), bool(row.has_budgets))
 

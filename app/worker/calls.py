@@ -125,12 +125,15 @@ class PendingCall:
 pace = CallPace()
 
 
-def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> bool:
+def refuse_early(
+    spec: ModelSpec, tenant: str | Tenant, deadline_s: float, read_budget: bool = True
+) -> bool:
     """The fail-fast rule, before anything is stored: :class:`Overloaded` (503) when the
     model's calls ahead need longer than ``deadline_s``; :class:`OverShare` (429) when
     the tenant's own open calls, run at its share of the model's slots, do. Returns
     whether the tenant has a dollar budget (read in the same statement: without one,
-    the call has nothing to reserve)."""
+    the call has nothing to reserve), or False unless ``read_budget`` (the request's
+    key already said)."""
     if isinstance(tenant, Tenant):  # authenticated by this request: read already
         owner_id, weight = tenant.id, tenant.weight
     else:
@@ -138,7 +141,7 @@ def refuse_early(spec: ModelSpec, tenant: str | Tenant, deadline_s: float) -> bo
             owner = tenants.find(session, tenant)
             owner_id, weight = owner.id, owner.weight
     with db.autocommit() as connection:
-        ahead, own_open, has_budgets = calls.call_load(connection, spec.name, owner_id)
+        ahead, own_open, has_budgets = calls.call_load(connection, spec.name, owner_id, read_budget)
     cooldown_s, demand = _model_now(spec)
     wait_s = call_rules.expected_wait_s(ahead, spec.tokens_per_min, cooldown_s)
     demand[owner_id] = call_shares.Demand(weight, running=0, waiting=own_open + 1)
@@ -204,10 +207,10 @@ def start_call(
     spec = get_registry().get(body.get("model", "")) if isinstance(body, dict) else None
     held = None
     if spec is not None and not _key_used(tenant, idempotency_key):
-        budgeted = refuse_early(spec, tenant, deadline_s)
         # The request's key said whether a budget applies to it; else the fail-fast
-        # statement said whether its tenant has any.
-        if has_budget or (has_budget is None and budgeted):
+        # statement says whether its tenant has any.
+        budgeted = refuse_early(spec, tenant, deadline_s, read_budget=has_budget is None)
+        if has_budget or budgeted:
             held = money.reserve_call(line, tenant=tenant, key_id=key_id, endpoint=endpoint)
     started = time.monotonic()
     stored = None
