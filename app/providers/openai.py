@@ -226,7 +226,7 @@ class OpenAIProvider:
 
     def warm(self, spec: ModelSpec) -> None:
         client = client_for(spec)
-        lean = lean_http.endpoint(client, get_settings().lean_http)
+        lean = lean_http.endpoint(client, get_settings().providers.lean_http)
         if lean is not None:
             lean.warm()
         else:
@@ -340,7 +340,7 @@ class OpenAIProvider:
         every call (a TCP connect per item): the events are read to the end of the body
         (:meth:`_read_events`) into plain dicts, skipping the per-chunk models."""
         body = _stream_body(request)
-        lean = lean_http.endpoint(client, get_settings().lean_http)
+        lean = lean_http.endpoint(client, get_settings().providers.lean_http)
         if lean is not None:
             return lean.post_stream("/chat/completions", body, request.headers(), request.timeout_s)
         stream = client.post(
