@@ -405,6 +405,7 @@ def sending_of(
         item_id=item.item_id,
         cancel=cancel,
         stream=settings.providers.stream_calls,
+        lean_http=settings.providers.lean_http,
         endpoint=line_endpoint(item.endpoint),
         on_chunk=_keeping_usage(item, on_chunk) if on_chunk is not None else None,
         cache_prefix=item.prefix_key is not None,
