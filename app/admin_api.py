@@ -64,7 +64,7 @@ def _operator() -> str:
     presented = api_key()
     if presented is None:
         raise Unauthorized("the admin API needs 'Authorization: Bearer <operator key>'")
-    name = operator_of(presented, get_settings().admin_keys)
+    name = operator_of(presented, get_settings().api.admin_keys)
     if name is None:
         with session_scope() as session:
             keys.authenticate(session, presented)  # 401 for no key of ours at all

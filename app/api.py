@@ -197,7 +197,7 @@ def create_batch() -> tuple[Response, int]:
     """Either SDK's flow (a JSON body naming an uploaded ``input_file_id``) or our
     own: the JSONL request lines as the body, options in the query."""
     tenant = _caller()
-    limit = get_settings().max_body_bytes
+    limit = get_settings().submit.max_body_bytes
     cap_body(limit)
     from_file = _file_batch_request()
     if from_file is not None:
@@ -269,7 +269,7 @@ def _expires_after_s() -> int | None:
 @blueprint.post("/v1/files")
 def upload_file() -> Response:
     tenant = _caller()
-    limit = get_settings().max_body_bytes
+    limit = get_settings().submit.max_body_bytes
     # The multipart parser reads through the capped stream: past the cap it stops, and
     # what it spooled to disk goes with the request.
     cap_body(limit + MULTIPART_SLACK_BYTES, f"file larger than {limit} bytes")
@@ -333,7 +333,7 @@ def _results_url(batch_id: str) -> str:
 @blueprint.post("/v1/messages/batches")
 def create_message_batch() -> Response:
     tenant = _caller()
-    body = json_body(get_settings().max_body_bytes)
+    body = json_body(get_settings().submit.max_body_bytes)
     if not isinstance(body, dict):
         raise ValidationFailed("the body must be a JSON object with 'requests'", field="requests")
     described, created = python_api.create_message_batch(
@@ -405,7 +405,7 @@ def _caller_connected() -> bool:
 def _call_body() -> Any:
     """A synchronous call's JSON body: read once the key is known, under its own cap."""
     _caller()
-    return json_body(get_settings().max_call_body_bytes)
+    return json_body(get_settings().submit.max_call_body_bytes)
 
 
 def _deadline_s(body_timeout: Any) -> float:
@@ -413,8 +413,8 @@ def _deadline_s(body_timeout: Any) -> float:
     return call_rules.call_deadline_s(
         body_timeout,
         {name.lower(): value for name, value in request.headers.items()},
-        settings.call_default_timeout_s,
-        settings.call_max_timeout_s,
+        settings.calls.default_timeout_s,
+        settings.calls.max_timeout_s,
     )
 
 
@@ -606,7 +606,7 @@ def _check_metrics_access() -> None:
         raise Unauthorized(
             "metrics need 'Authorization: Bearer <BATCHGEN_METRICS_TOKEN or an admin key>'"
         )
-    token = get_settings().metrics_token
+    token = get_settings().api.metrics_token
     if token and hmac.compare_digest(presented.encode(), token.encode()):
         return
     if not _caller().is_admin:
@@ -744,7 +744,7 @@ def _unexpected_error(prefix: str, host_handler: Handler | None, exc: Exception)
         if host_handler:
             return host_handler(exc)
         raise exc
-    answer = unavailable(exc, get_settings().unavailable_retry_after_s)
+    answer = unavailable(exc, get_settings().api.unavailable_retry_after_s)
     if answer is not None:
         log.warning(
             "%s %s: %s (%s, sqlstate %s)",
@@ -814,7 +814,7 @@ def check_schema() -> None:
     answer 503 ``database_not_migrated``); an unreachable one is its requests' 503."""
     from batchgen.store import db
 
-    if not get_settings().database_url:
+    if not get_settings().database.url:
         return
     try:
         behind = db.schema_behind()

@@ -74,7 +74,7 @@ if is_amqp(broker_url):
 else:
     broker_transport_options = {
         # Unacked messages return after this; every countdown we use is far shorter.
-        "visibility_timeout": _settings.visibility_timeout_s,
+        "visibility_timeout": _settings.broker.visibility_timeout_s,
     }
 
 task_serializer = "json"
@@ -88,7 +88,7 @@ task_acks_late = True
 task_reject_on_worker_lost = True
 worker_prefetch_multiplier = 1
 worker_pool = "threads"  # provider calls are I/O-bound
-worker_concurrency = _settings.worker_concurrency
+worker_concurrency = _settings.worker.concurrency
 worker_hijack_root_logger = False
 
 # Flower and events: task names are readable, arguments are ids only. Workers send
@@ -138,32 +138,32 @@ beat_scheduler = "batchgen.worker.beat:LockedScheduler"
 beat_schedule = {
     "dispatch": {
         "task": DISPATCH_TASK,
-        "schedule": _settings.dispatch_interval_s,
-        "options": {"expires": 5 * _settings.dispatch_interval_s},
+        "schedule": _settings.worker.dispatch_interval_s,
+        "options": {"expires": 5 * _settings.worker.dispatch_interval_s},
     },
     "sweep": {
         "task": SWEEP_TASK,
-        "schedule": _settings.sweep_interval_s,
-        "options": {"expires": 5 * _settings.sweep_interval_s},
+        "schedule": _settings.worker.sweep_interval_s,
+        "options": {"expires": 5 * _settings.worker.sweep_interval_s},
     },
     # Provider jobs of the Batch APIs (app/worker/offload.py); a no-op while no model
     # of the registry offloads.
     "offload": {
         "task": OFFLOAD_TASK,
-        "schedule": _settings.offload_interval_s,
-        "options": {"expires": 5 * _settings.offload_interval_s},
+        "schedule": _settings.offload.interval_s,
+        "options": {"expires": 5 * _settings.offload.interval_s},
     },
     # Batch-finished notifications: host Celery tasks and webhooks (app/worker/notify.py).
     "notify": {
         "task": NOTIFY_TASK,
-        "schedule": _settings.notify_interval_s,
-        "options": {"expires": 5 * _settings.notify_interval_s},
+        "schedule": _settings.webhooks.notify_interval_s,
+        "options": {"expires": 5 * _settings.webhooks.notify_interval_s},
     },
     # Finished batches past BATCHGEN_RETENTION_DAYS (a no-op while it is unset).
     "retention": {
         "task": RETENTION_TASK,
-        "schedule": _settings.retention_interval_s,
-        "options": {"expires": _settings.retention_interval_s},
+        "schedule": _settings.retention.interval_s,
+        "options": {"expires": _settings.retention.interval_s},
     },
 }
 
@@ -174,5 +174,5 @@ beat_schedule = {
 
 beat_schedule["nightly-descriptions"] = {
     "task": NIGHTLY_TASK,
-    "schedule": cron_schedule(_settings.nightly_cron),
+    "schedule": cron_schedule(_settings.nightly.cron),
 }

@@ -246,7 +246,7 @@ def submit() -> BaseResponse:
     tenant = _tenant()
     if tenant is None:
         return _login_page("sign in again", 401)
-    limit = get_settings().max_body_bytes
+    limit = get_settings().submit.max_body_bytes
     try:
         # Capped before the form is parsed: the upload spools at most this, then a 413.
         cap_body(limit + MULTIPART_SLACK_BYTES, f"file larger than {limit} bytes")

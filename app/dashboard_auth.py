@@ -59,7 +59,7 @@ def is_https() -> bool:
     """Whether the browser talks https to us (through a trusted proxy's header too)."""
     if request.is_secure:
         return True
-    if get_settings().trusted_proxy:
+    if get_settings().api.trusted_proxy:
         proto = request.headers.get("X-Forwarded-Proto", "")
         return proto.split(",")[0].strip().lower() == "https"
     return False
@@ -67,7 +67,7 @@ def is_https() -> bool:
 
 def client_address() -> str:
     """The client's address: the connection's, or the trusted proxy's last hop entry."""
-    if get_settings().trusted_proxy:
+    if get_settings().api.trusted_proxy:
         forwarded = request.headers.get("X-Forwarded-For", "")
         hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
         if hops:
@@ -139,7 +139,7 @@ def csrf_ok(form_token: str) -> bool:
 
 
 def start_session(response: BaseResponse, tenant: Tenant, key_id: int | None = None) -> None:
-    ttl_s = get_settings().dashboard_session_s
+    ttl_s = get_settings().dashboard.session_s
     token = sessions.create(get_redis(), tenant.id, ttl_s, key_id)
     _set_cookie(response, SESSION_COOKIE, token, ttl_s)
     _delete_cookie(response, SIGNIN_COOKIE)
@@ -162,7 +162,7 @@ def signin_token() -> tuple[str, bool]:
 
 
 def remember_signin_token(response: BaseResponse, token: str) -> None:
-    _set_cookie(response, SIGNIN_COOKIE, token, get_settings().dashboard_session_s)
+    _set_cookie(response, SIGNIN_COOKIE, token, get_settings().dashboard.session_s)
 
 
 def same_origin() -> bool:
@@ -194,9 +194,9 @@ def check_signin(key: str) -> None:
         if not value:
             continue
         count, left_s = sessions.count_attempt(
-            client, kind, value, settings.dashboard_signin_window_s
+            client, kind, value, settings.dashboard.signin_window_s
         )
-        if count > settings.dashboard_signin_attempts:
+        if count > settings.dashboard.signin_attempts:
             waits.append(left_s)
     if waits:
         raise SigninRefused(

@@ -163,7 +163,7 @@ def configure_logging(json_lines: bool | None = None, level: str | None = None) 
     if _configured:
         return
     settings = get_settings()
-    use_json = settings.log_json if json_lines is None else json_lines
+    use_json = settings.log.json_lines if json_lines is None else json_lines
     handler = logging.StreamHandler(sys.stderr)
     if use_json:
         handler.setFormatter(
@@ -176,7 +176,7 @@ def configure_logging(json_lines: bool | None = None, level: str | None = None) 
     handler.addFilter(DatabaseErrorRedactor())
     root = logging.getLogger()
     root.addHandler(handler)
-    root.setLevel(level or settings.log_level)
+    root.setLevel(level or settings.log.level)
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     _configured = True

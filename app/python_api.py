@@ -140,7 +140,7 @@ def submit(
     name: str | None = None
     started_ns = time.time_ns()
     settings = get_settings()
-    webhooks.check_url(options.webhook_url, settings.webhook_allow_nets)
+    webhooks.check_url(options.webhook_url, settings.webhooks.allow_nets)
     if options.origin is None:
         options = dataclasses.replace(options, origin=current_origin())
     try:
@@ -151,7 +151,7 @@ def submit(
                 session, owner, lines, options, get_registry(), settings
             )
             described = batches.describe(session, batch)
-            if settings.dry_run:
+            if settings.submit.dry_run:
                 raise _DryRun(described)  # rolls the transaction back
     except _DryRun as dry:
         return {**dry.described, "dry_run": True}, False
@@ -272,7 +272,9 @@ def deliver_signals(
             try:
                 handler(due.payload)
             except Exception as exc:
-                delay_s = retry_delay_s(due.attempts + 1, get_settings().notify_retry_first_s)
+                delay_s = retry_delay_s(
+                    due.attempts + 1, get_settings().webhooks.notify_retry_first_s
+                )
                 notifications.failed(session, due, f"handler:{type(exc).__name__}", delay_s)
                 continue
             notifications.delivered(session, due)
@@ -520,7 +522,7 @@ def create_message_batch(
     window_s = (
         parse_duration_s(completion_window)
         if completion_window is not None
-        else get_settings().default_completion_window_s
+        else get_settings().submit.default_completion_window_s
     )
     chosen = sdk_priority(priority, window_s)
     options = SubmitOptions(
@@ -619,7 +621,7 @@ def usage(
 def _registry_created() -> int:
     """When the registry was last written (Unix seconds): the models' ``created``."""
     try:
-        return int(Path(get_settings().models_file).stat().st_mtime)
+        return int(Path(get_settings().paths.models_file).stat().st_mtime)
     except OSError:
         return 0
 

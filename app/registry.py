@@ -752,4 +752,4 @@ def get_registry() -> Registry:
     """The registry named by the settings (``BATCHGEN_MODELS_FILE``)."""
     from batchgen.config import get_settings
 
-    return load_registry(get_settings().models_file)
+    return load_registry(get_settings().paths.models_file)

@@ -45,7 +45,7 @@ def gunicorn_options(
         "graceful_timeout": 5,
         "accesslog": None,
         "errorlog": "-",
-        "loglevel": settings.log_level.lower(),
+        "loglevel": settings.log.level.lower(),
     }
 
 
@@ -54,7 +54,7 @@ def serve(host: str, port: int, workers: int, threads: int) -> None:
     from gunicorn.app.base import BaseApplication
 
     settings = get_settings()
-    if settings.db_pool_size is None:
+    if settings.database.pool_size is None:
         os.environ["BATCHGEN_DB_POOL_SIZE"] = str(pool_size_for(threads))
         get_settings.cache_clear()
     options = gunicorn_options(settings, host, port, workers, threads)

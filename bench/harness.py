@@ -148,7 +148,7 @@ def live_model_env(
         "BATCHGEN_MODELS_FILE": str(models_file),
         "BATCHGEN_SIMULATOR_KEY": "bench",
         "DATABASE_URL": os.environ["DATABASE_URL"],
-        "REDIS_URL": os.environ.get("REDIS_URL", get_settings().redis_url or ""),
+        "REDIS_URL": os.environ.get("REDIS_URL", get_settings().redis.url or ""),
         "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL", get_settings().broker_url),
         **extra,
     }

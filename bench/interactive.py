@@ -167,7 +167,7 @@ def main() -> None:
     with simulator_process(*sim_args) as sim, servers() as workdir:
         recent = {"BATCHGEN_CALL_RESERVE_RECENT_S": str(args.recent_s)}
         env = live_model_env(workdir, MODEL, sim, CONCURRENCY, **recent)
-        reserved = get_settings().call_reserved_slots
+        reserved = get_settings().calls.reserved_slots
         sampler = SlotSampler(get_redis(), MODEL)
         sampler.start()
         with db.session_scope() as s:

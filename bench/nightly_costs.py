@@ -222,7 +222,7 @@ def run_nightly(args: argparse.Namespace) -> None:
             "BATCHGEN_OFFLOAD_POLL_FIRST_S": "2",
             "BATCHGEN_OFFLOAD_POLL_MAX_S": "5",
             "DATABASE_URL": os.environ["DATABASE_URL"],
-            "REDIS_URL": os.environ.get("REDIS_URL", get_settings().redis_url or ""),
+            "REDIS_URL": os.environ.get("REDIS_URL", get_settings().redis.url or ""),
             "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL", get_settings().broker_url),
         }
         os.environ.update(env)

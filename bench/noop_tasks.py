@@ -134,7 +134,7 @@ def floor(item_id: int, model: str | None = None, steps: str = "trips") -> None:
             timeout_s=60.0,
             item_id=item_id,
             cancel=threading.Event(),
-            stream=get_settings().stream_calls,
+            stream=get_settings().providers.stream_calls,
         )
     )
     if trips:

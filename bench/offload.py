@@ -206,7 +206,7 @@ def run_offload(args: argparse.Namespace) -> None:
             "BATCHGEN_OFFLOAD_POLL_MAX_S": "10",
             "BATCHGEN_DATA_DIR": str(workdir / "data"),
             "DATABASE_URL": os.environ["DATABASE_URL"],
-            "REDIS_URL": os.environ.get("REDIS_URL", get_settings().redis_url or ""),
+            "REDIS_URL": os.environ.get("REDIS_URL", get_settings().redis.url or ""),
             "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL", get_settings().broker_url),
         }
         os.environ.update(env)

@@ -413,7 +413,7 @@ def count_pass(setup: Setup, procs: list[Any], result: Result) -> None:
 
     args = setup.args
     n = args.count_items
-    counter = CommandCount(get_settings().redis_url)
+    counter = CommandCount(get_settings().redis.url)
     try:
         batch = python_api.submit_batch(
             chat_requests(n, MODEL, "count", seed=2), tenant="bench-warmup"
@@ -789,9 +789,9 @@ def main() -> None:
         if stats_conn is None:
             raise RuntimeError("cannot connect to the postgres or template1 database")
         settings = get_settings()
-        if settings.broker_url != settings.redis_url:
+        if settings.broker_url != settings.redis.url:
             given.append("a broker other than REDIS_URL (its commands are not counted)")
-        redis = Redis.from_url(str(settings.redis_url))
+        redis = Redis.from_url(str(settings.redis.url))
         redis.ping()
         setup = Setup(
             args=args,

@@ -133,7 +133,7 @@ def _env() -> dict[str, str]:
     settings = get_settings()
     return {
         "DATABASE_URL": os.environ["DATABASE_URL"],
-        "REDIS_URL": os.environ.get("REDIS_URL", settings.redis_url or ""),
+        "REDIS_URL": os.environ.get("REDIS_URL", settings.redis.url or ""),
         "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL", settings.broker_url),
         "BATCHGEN_MAX_BATCH_LINES": str(10**7),
         "BATCHGEN_MAX_BODY_BYTES": str(1 << 30),

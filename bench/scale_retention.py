@@ -39,7 +39,7 @@ def _hot_batch(items_n: int) -> None:
 
     with db.session_scope() as session:
         tenants.create_tenant(session, "hot-path")
-    per_batch = get_settings().max_batch_lines
+    per_batch = get_settings().submit.max_batch_lines
     for start in range(0, items_n, per_batch):
         rows = chat_requests(min(per_batch, items_n - start), history.MODEL, f"hot{start}")
         python_api.submit_batch(rows, tenant="hot-path", priority="bulk")

@@ -109,7 +109,7 @@ def main() -> None:
     with servers() as workdir:
         env = {
             "DATABASE_URL": os.environ["DATABASE_URL"],
-            "REDIS_URL": os.environ.get("REDIS_URL", get_settings().redis_url or ""),
+            "REDIS_URL": os.environ.get("REDIS_URL", get_settings().redis.url or ""),
             "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL", get_settings().broker_url),
             "BATCHGEN_MAX_BATCH_LINES": str(args.lines),
             "BATCHGEN_MAX_BODY_BYTES": str(1 << 30),

@@ -63,7 +63,7 @@ def _pool_follows_threads(sender: Any = None, **_: Any) -> None:
     # "Connections"): of the threads this worker really runs (-c, --concurrency), not
     # only of BATCHGEN_WORKER_CONCURRENCY. No connection is open yet at this point.
     threads = getattr(sender, "concurrency", None)
-    if isinstance(threads, int) and threads > 0 and threads != get_settings().worker_concurrency:
+    if isinstance(threads, int) and threads > 0 and threads != get_settings().worker.concurrency:
         os.environ["BATCHGEN_WORKER_CONCURRENCY"] = str(threads)
         get_settings.cache_clear()
 

@@ -43,14 +43,14 @@ def start_run(day: dt.date, job_name: str | None = None) -> dict[str, list[str]]
             log.error("nightly job=%s date=%s not submitted: %s", job.name, day, exc)
             continue
         started[job.name] = ids
-        publish.collect_later(job.name, day.isoformat(), get_settings().nightly_poll_s)
+        publish.collect_later(job.name, day.isoformat(), get_settings().nightly.poll_s)
     return started
 
 
 @celery_app.task(name=NIGHTLY_TASK, ignore_result=True)
 def nightly(day: str | None = None) -> dict[str, list[str]]:
     """Beat's entry: run every job of ``BATCHGEN_NIGHTLY_JOBS_FILE`` for ``day`` (UTC today)."""
-    if get_settings().nightly_jobs_file is None:
+    if get_settings().nightly.jobs_file is None:
         log.warning("nightly: BATCHGEN_NIGHTLY_JOBS_FILE is unset; nothing to do")
         return {}
     return start_run(_day(day))
@@ -69,5 +69,5 @@ def collect(self: Task, job_name: str, day: str) -> str | None:
     (job,) = select_jobs(jobs_from_settings(), job_name)
     report = collect_job(job, _day(day))
     if report is None:
-        raise self.retry(countdown=get_settings().nightly_poll_s)
+        raise self.retry(countdown=get_settings().nightly.poll_s)
     return report.line()

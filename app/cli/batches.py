@@ -278,7 +278,7 @@ def nightly_run(
     except ValueError as exc:
         raise typer.BadParameter("expected YYYY-MM-DD", param_hint="--date") from exc
     with services() as settings, handled(as_json):
-        configured = settings.nightly_jobs_file
+        configured = settings.nightly.jobs_file
         if not wait and jobs_file and not _same_file(jobs_file, configured):
             # Workers write a run's output from their own BATCHGEN_NIGHTLY_JOBS_FILE
             # (messages carry no paths): another jobs file is collected here, with --wait.
@@ -297,7 +297,7 @@ def nightly_run(
             from batchgen.worker import publish
 
             for name in runs:
-                publish.collect_later(name, day.isoformat(), settings.nightly_poll_s)
+                publish.collect_later(name, day.isoformat(), settings.nightly.poll_s)
             if as_json:
                 print_json({"date": day.isoformat(), "batches": runs})
             else:

@@ -40,7 +40,7 @@ def services() -> Iterator[Settings]:
     """Ensure the servers run (embedded if no URLs are set), then yield fresh settings."""
     from batchgen import embedded
 
-    with embedded.services(Settings().data_dir):
+    with embedded.services(Settings().paths.data_dir):
         get_settings.cache_clear()
         yield get_settings()
 

@@ -223,7 +223,7 @@ def models(as_json: bool = JSON) -> None:
 
 def _beat_schedule_file() -> str:
     """Beat's state file, in the data folder (the working directory may be read-only)."""
-    data_dir = get_settings().data_dir
+    data_dir = get_settings().paths.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     return str(data_dir / "celerybeat-schedule")
 
@@ -249,7 +249,7 @@ def _celery_worker(queues: list[str], concurrency: int, beat: bool, name: str) -
     from batchgen.worker.procs import WORKER_POOL
 
     argv = ["worker", "-Q", ",".join(queues), "-P", WORKER_POOL, "-c", str(concurrency)]
-    argv += ["-n", f"{name}@%h", "--loglevel", get_settings().log_level]
+    argv += ["-n", f"{name}@%h", "--loglevel", get_settings().log.level]
     if beat:
         argv += ["-B", "-s", _beat_schedule_file()]
     _celery(argv)
@@ -281,7 +281,7 @@ def worker(
     queues = ["llm." + g for g in (group or registry.groups)] + [NOTIFY_QUEUE]
     with _services() as settings:
         _celery_worker(
-            queues, concurrency or settings.worker_concurrency, False, "-".join(group or ["all"])
+            queues, concurrency or settings.worker.concurrency, False, "-".join(group or ["all"])
         )
 
 
@@ -304,7 +304,7 @@ def dispatcher(
 def beat() -> None:
     """Celery beat alone (dispatch, sweep and nightly ticks); run exactly one."""
     with _services() as settings:
-        _celery(["beat", "-s", _beat_schedule_file(), "--loglevel", settings.log_level])
+        _celery(["beat", "-s", _beat_schedule_file(), "--loglevel", settings.log.level])
 
 
 # Flower's task list (default: name, uuid, state, received, runtime, worker) with the
@@ -325,8 +325,8 @@ def flower(
 ) -> None:
     """Flower on the configured broker, behind HTTP basic auth (required)."""
     settings = get_settings()
-    if basic_auth is None and settings.flower_user and settings.flower_password:
-        basic_auth = f"{settings.flower_user}:{settings.flower_password}"
+    if basic_auth is None and settings.flower.user and settings.flower.password:
+        basic_auth = f"{settings.flower.user}:{settings.flower.password}"
     user, _, password = (basic_auth or "").partition(":")
     if not user or not password:
         fail(
@@ -361,7 +361,7 @@ def api(
 ) -> None:
     """The HTTP API, served by gunicorn's threaded workers (production)."""
     with _services() as settings:
-        host, port = host or settings.api_host, port or settings.api_port
+        host, port = host or settings.api.host, port or settings.api.port
         if dev:
             from werkzeug.serving import run_simple
 
@@ -371,7 +371,7 @@ def api(
             return
         from batchgen.serving import serve
 
-        serve(host, port, workers or settings.api_workers, threads or settings.api_threads)
+        serve(host, port, workers or settings.api.workers, threads or settings.api.threads)
 
 
 @cli.command()

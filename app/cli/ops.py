@@ -155,7 +155,7 @@ def doctor(as_json: bool = JSON) -> None:
 
     with services(), handled(as_json):
         settings = get_settings()
-        checks = run_checks(settings, lambda: load_registry(settings.models_file))
+        checks = run_checks(settings, lambda: load_registry(settings.paths.models_file))
     if as_json:
         print_json([c.as_dict() for c in checks])
     else:

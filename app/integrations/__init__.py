@@ -47,19 +47,16 @@ def settings_from_config(config: Mapping[str, Any]) -> Settings:
     environment (the config wins), validated as the environment would be (a bad
     value is a :class:`pydantic.ValidationError` naming it). ``os.environ`` is not
     touched."""
-    from batchgen.config import Settings
+    from batchgen.config import FLAT_NAMES, Settings
 
-    fields = Settings.model_fields
     values: dict[str, Any] = {}
     for key, value in config.items():
         if not key.startswith(PREFIX) or key in LOCAL_KEYS or value is None:
             continue
         name = key[len(PREFIX) :].lower()
-        field = fields.get(name)
-        if field is None:
+        if name not in FLAT_NAMES:
             continue  # not a service setting (pydantic-settings ignores it too)
-        # A field with aliases (BATCHGEN_DATABASE_URL | DATABASE_URL) takes its alias.
-        values[key if field.validation_alias is not None else name] = value
+        values[name] = value  # Settings routes the flat name to its concern
     return Settings(**values)
 
 

@@ -100,7 +100,7 @@ def parse_nodes_url(url: str) -> NodesUrl:
 
 
 def _make_client(url: str) -> redis.Redis:
-    timeout_s = get_settings().redis_socket_timeout_s
+    timeout_s = get_settings().redis.socket_timeout_s
     common: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
     if url.startswith(SENTINEL_SCHEME):
         nodes = parse_nodes_url(url)
@@ -142,7 +142,7 @@ _client = functools.cache(_make_client)
 def get_redis(url: str | None = None) -> redis.Redis:
     """One client (one connection pool) per URL and process; inside a host app's
     :class:`~batchgen.config.SettingsScope`, that app's own (closed with it)."""
-    settings_url = get_settings().redis_url
+    settings_url = get_settings().redis.url
     target = url or settings_url
     if not target:
         raise RuntimeError("REDIS_URL is not set")

@@ -179,24 +179,24 @@ class Budget:
 
     def __init__(self, client: redis.Redis, settings: Settings):
         self.client = client
-        self.window_s = settings.budget_window_s
-        self.guard_s = settings.budget_guard_s
-        self.max_cooldown_s = settings.max_cooldown_s
-        self.held_claims = settings.budget_held_claims
-        self.claim_ttl_s = settings.budget_claim_ttl_s
-        self.ratio_weight = settings.budget_ratio_weight
-        self.ratio_min = min(settings.budget_ratio_min, settings.budget_ratio_max)
-        self.ratio_max = max(settings.budget_ratio_min, settings.budget_ratio_max)
-        self.ratio_min_calls = settings.budget_ratio_min_calls
+        self.window_s = settings.budget.window_s
+        self.guard_s = settings.budget.guard_s
+        self.max_cooldown_s = settings.budget.max_cooldown_s
+        self.held_claims = settings.budget.held_claims
+        self.claim_ttl_s = settings.budget.claim_ttl_s
+        self.ratio_weight = settings.budget.ratio_weight
+        self.ratio_min = min(settings.budget.ratio_min, settings.budget.ratio_max)
+        self.ratio_max = max(settings.budget.ratio_min, settings.budget.ratio_max)
+        self.ratio_min_calls = settings.budget.ratio_min_calls
         # Learning off: reservations use our own count from the start.
-        self.ratio_start = settings.budget_ratio_start if self.ratio_weight > 0 else 1.0
-        self.send_spread_s = settings.budget_send_spread_s
-        self.shape_samples = settings.budget_shape_samples
-        self.breaker_failures = settings.breaker_failures
-        self.breaker_window_s = settings.breaker_window_s
-        self.breaker_cooldown_s = settings.breaker_cooldown_s
-        self.call_reserved_slots = settings.call_reserved_slots
-        self.call_reserve_recent_s = settings.call_reserve_recent_s
+        self.ratio_start = settings.budget.ratio_start if self.ratio_weight > 0 else 1.0
+        self.send_spread_s = settings.budget.send_spread_s
+        self.shape_samples = settings.budget.shape_samples
+        self.breaker_failures = settings.providers.breaker_failures
+        self.breaker_window_s = settings.providers.breaker_window_s
+        self.breaker_cooldown_s = settings.providers.breaker_cooldown_s
+        self.call_reserved_slots = settings.calls.reserved_slots
+        self.call_reserve_recent_s = settings.calls.reserve_recent_s
 
     @property
     def span_s(self) -> float:

@@ -87,10 +87,10 @@ def running_lease_s(spec: ModelSpec, settings: Settings) -> float:
     may take up to twice its timeout (the SDK's timeout bounds each read, the stream
     deadline is checked between chunks), so the lease covers both and a margin. A model
     with a flex route counts its flex calls' longer timeout."""
-    timeout_s = spec.call_timeout_s or settings.call_timeout_s
+    timeout_s = spec.call_timeout_s or settings.providers.call_timeout_s
     if spec.flex is not None:
         timeout_s = max(timeout_s, spec.flex.timeout_s)
-    return 2 * timeout_s + settings.running_lease_margin_s
+    return 2 * timeout_s + settings.worker.running_lease_margin_s
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,7 @@ class Gate:
         self.budget = Budget(client, settings)
         self.slots = Slots(client)
         self.demand = CallDemand(client)
-        self.enabled = settings.budget_enabled
+        self.enabled = settings.budget.enabled
         # Called when the gate's state marker is missing (Redis lost it), checked on
         # the first entry and then at most every gate_state_check_s: it rebuilds the
         # state before the entry goes on (app/worker/gate_state.py).
@@ -216,7 +216,7 @@ class Gate:
                     self.on_lost_state()
             except redis.RedisError:
                 pass  # unreachable: the entry itself will say so
-            self._next_state_check = time.monotonic() + self.settings.gate_state_check_s
+            self._next_state_check = time.monotonic() + self.settings.worker.gate_state_check_s
 
     def _slot_lease_s(self, spec: ModelSpec) -> float:
         return running_lease_s(spec, self.settings)
@@ -251,7 +251,7 @@ class Gate:
             names = [d.name for d in spec.deployments]
             first = next((n for n in names if n != avoid), names[0])
             return Pass(reservation_id, tokens, item.prompt_tokens_est, deployment=first)
-        deadline = time.monotonic() + self.settings.slot_wait_s
+        deadline = time.monotonic() + self.settings.worker.slot_wait_s
         lease = self._slot_lease_s(spec)
         urgent = bool(getattr(item, "urgent", False))
         weight = int(getattr(item, "tenant_weight", 1) or 1)

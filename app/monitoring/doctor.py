@@ -290,7 +290,7 @@ def check_providers(registry: Registry) -> list[Check]:
 
 def run_checks(settings: Settings, registry_loader: Callable[[], Registry]) -> list[Check]:
     """Every check, in order; the registry is loaded once (a broken one is a check too)."""
-    checks = [Check("configuration", True, f"models file {settings.models_file}")]
+    checks = [Check("configuration", True, f"models file {settings.paths.models_file}")]
     registry: Registry | None = None
     with contextlib.suppress(Exception):
         registry = registry_loader()

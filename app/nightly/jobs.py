@@ -84,7 +84,9 @@ class Job(BaseModel):
         elif isinstance(self.output, Path):
             template = self.output.with_suffix(".rejects.jsonl")
         else:
-            template = get_settings().data_dir.resolve() / "nightly" / "{job}-{date}.rejects.jsonl"
+            template = (
+                get_settings().paths.data_dir.resolve() / "nightly" / "{job}-{date}.rejects.jsonl"
+            )
         return self.path(template, day)
 
     def key_prefix(self, day: dt.date) -> str:
@@ -144,7 +146,7 @@ def select_jobs(jobs: list[Job], only: str | None) -> list[Job]:
 
 def jobs_from_settings(jobs_file: Path | str | None = None) -> list[Job]:
     """The jobs of ``jobs_file`` (a local command's choice) or of ``BATCHGEN_NIGHTLY_JOBS_FILE``."""
-    path = jobs_file or get_settings().nightly_jobs_file
+    path = jobs_file or get_settings().nightly.jobs_file
     if not path:
         raise ConfigError("no jobs file: set BATCHGEN_NIGHTLY_JOBS_FILE")
     return load_jobs(path)

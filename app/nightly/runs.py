@@ -58,8 +58,10 @@ def submit_job(job: Job, day: dt.date, settings: Settings | None = None) -> tupl
     ids: list[str] = []
     # Each part within a submit's bounds: its lines, its bytes and the text the
     # tokenizer may be handed (a repeated system prompt counts on every line).
-    max_bytes = min(settings.max_body_bytes, settings.max_tokenize_bytes)
-    for part, lines in enumerate(parts(lines_to_submit, settings.max_batch_lines, max_bytes)):
+    max_bytes = min(settings.submit.max_body_bytes, settings.submit.max_tokenize_bytes)
+    for part, lines in enumerate(
+        parts(lines_to_submit, settings.submit.max_batch_lines, max_bytes)
+    ):
         batch = python_api.submit_batch(
             lines,
             tenant=job.tenant,

@@ -107,6 +107,10 @@ class ProviderRequest:
     # The prompt's prefix is shared with other items (batchgen.domain.prompt_cache): an
     # Anthropic call marks it for the provider's cache unless the request marks its own.
     cache_prefix: bool = False
+    # A streamed OpenAI-compatible call goes on urllib3 where it can
+    # (batchgen.providers.lean_http); False: through the SDK's httpx stack
+    # (BATCHGEN_LEAN_HTTP, settings.providers.lean_http, set by the worker).
+    lean_http: bool = True
 
     def headers(self) -> dict[str, str]:
         """HTTP headers of the call: the item id plus ``extra_headers``."""

@@ -24,7 +24,6 @@ import openai
 import pydantic
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from batchgen.config import get_settings
 from batchgen.domain.answers import OpenAIMerge
 from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, provider_path
 from batchgen.domain.rate_limits import RateLimitState
@@ -226,7 +225,9 @@ class OpenAIProvider:
 
     def warm(self, spec: ModelSpec) -> None:
         client = client_for(spec)
-        lean = lean_http.endpoint(client, get_settings().lean_http)
+        # The lean path where it applies (the default; a process with
+        # BATCHGEN_LEAN_HTTP=false builds it for nothing, and the SDK's on first use).
+        lean = lean_http.endpoint(client, True)
         if lean is not None:
             lean.warm()
         else:
@@ -340,7 +341,7 @@ class OpenAIProvider:
         every call (a TCP connect per item): the events are read to the end of the body
         (:meth:`_read_events`) into plain dicts, skipping the per-chunk models."""
         body = _stream_body(request)
-        lean = lean_http.endpoint(client, get_settings().lean_http)
+        lean = lean_http.endpoint(client, request.lean_http)
         if lean is not None:
             return lean.post_stream("/chat/completions", body, request.headers(), request.timeout_s)
         stream = client.post(

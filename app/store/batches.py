@@ -136,9 +136,9 @@ def output_file_ids(batch: Batch, counts: dict[str, int]) -> tuple[str | None, s
 def submission_limits(settings: Settings) -> Limits:
     """The bounds of one request file, upload or submit alike."""
     return Limits(
-        max_lines=settings.max_batch_lines,
-        max_bytes=settings.max_body_bytes,
-        max_tokenize_bytes=settings.max_tokenize_bytes,
+        max_lines=settings.submit.max_batch_lines,
+        max_bytes=settings.submit.max_body_bytes,
+        max_tokenize_bytes=settings.submit.max_tokenize_bytes,
     )
 
 
@@ -361,7 +361,7 @@ def _prepare(
     settings: Settings,
 ) -> _Prepared:
     """What :func:`store_batch` checks before it stores anything (no database)."""
-    window_s = _check_options(options, settings.default_completion_window_s)
+    window_s = _check_options(options, settings.submit.default_completion_window_s)
     endpoint = options.endpoint
     priority = Priority(options.priority)
     route = parse_route(options.route)
@@ -371,8 +371,8 @@ def _prepare(
     check_callback(
         on_finished,
         queue,
-        settings.callback_tasks,
-        settings.callback_queues,
+        settings.webhooks.callback_tasks,
+        settings.webhooks.callback_queues,
         DEFAULT_CALLBACK_QUEUE,
     )
     webhook_url = check_webhook_url(options.webhook_url)

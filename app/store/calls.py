@@ -166,7 +166,9 @@ def store_call(
     raw = json.dumps(line, ensure_ascii=False).encode("utf-8")
     batch, created = batches.store_batch(session, tenant, iter([raw]), options, registry, settings)
     # A replayed call is not released again: its one run (done or under way) answers it.
-    ticket = items.release_call(session, batch.id, settings.queued_lease_s) if created else None
+    ticket = (
+        items.release_call(session, batch.id, settings.worker.queued_lease_s) if created else None
+    )
     item_id, model = session.execute(
         select(Item.id, Item.model).where(Item.batch_id == batch.id)
     ).one()
@@ -202,7 +204,7 @@ def store_plain_call(
         "queued": ItemStatus.QUEUED.value,
         "item_route": item["route"],
         "item_window_s": rows.item_window_s,
-        "queued_lease_s": settings.queued_lease_s,
+        "queued_lease_s": settings.worker.queued_lease_s,
         "tokens_est": item["prompt_tokens_est"] + item["max_tokens"],
     }
     (row,) = db.driver_rows(connection, driver_query("call_store"), params)

@@ -141,8 +141,8 @@ def _make_engine(url: str, settings: Settings) -> Engine:
     engine = create_engine(
         url,
         pool_size=settings.db_pool_size_or_default,
-        max_overflow=settings.db_max_overflow,
-        pool_timeout=settings.db_pool_timeout_s,
+        max_overflow=settings.database.max_overflow,
+        pool_timeout=settings.database.pool_timeout_s,
         # Bound parameters hold prompts: never put them in error messages or logs.
         hide_parameters=True,
         pool_recycle=1800,

@@ -82,13 +82,13 @@ def store_file(
         raise ValidationFailed(
             f"purpose must be {BATCH_PURPOSE!r} (files feed batches here)", field="purpose"
         )
-    if len(content) > settings.max_body_bytes:
-        raise PayloadTooLarge(f"file larger than {settings.max_body_bytes} bytes")
+    if len(content) > settings.submit.max_body_bytes:
+        raise PayloadTooLarge(f"file larger than {settings.submit.max_body_bytes} bytes")
     if not filename or len(filename) > MAX_FILENAME_CHARS or not filename.isprintable():
         raise ValidationFailed(
             f"filename must be 1 to {MAX_FILENAME_CHARS} printable characters", field="file"
         )
-    retention_s = settings.file_retention_s
+    retention_s = settings.files.retention_s
     if expires_after_s is not None:
         if not 3600 <= expires_after_s <= retention_s:
             raise ValidationFailed(

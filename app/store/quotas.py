@@ -38,7 +38,7 @@ MIN_RETRY_AFTER_S = 1.0
 
 
 def backlog_bound_tokens(spec: ModelSpec, settings: Settings) -> int:
-    return spec.max_backlog_tokens or int(spec.tokens_per_min * settings.max_backlog_min)
+    return spec.max_backlog_tokens or int(spec.tokens_per_min * settings.submit.max_backlog_min)
 
 
 def drain_time_s(excess_tokens: int, tokens_per_min: int) -> float:
@@ -55,8 +55,8 @@ def seconds_until_utc_midnight(now: dt.datetime) -> float:
 def file_quota(tenant: Tenant, settings: Settings) -> tuple[int, int]:
     """The tenant's bounds on its uploads: (files, bytes in all)."""
     return (
-        tenant.max_files or settings.tenant_max_files,
-        tenant.max_file_bytes or settings.tenant_max_file_bytes,
+        tenant.max_files or settings.files.tenant_max_files,
+        tenant.max_file_bytes or settings.files.tenant_max_file_bytes,
     )
 
 

@@ -87,7 +87,7 @@ class LockedScheduler(PersistentScheduler):
     """Celery's persistent scheduler, sending due ticks only while holding the lock."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._lock = ScheduleLock(get_redis(), get_settings().beat_lock_lease_s)
+        self._lock = ScheduleLock(get_redis(), get_settings().worker.beat_lock_lease_s)
         self._holding: bool | None = None  # unknown until the first tick
         super().__init__(*args, **kwargs)
 

@@ -52,13 +52,13 @@ def wait_call(pending: PendingCall, still_there: Presence = _connected) -> calls
     settings = get_settings()
     item_id = pending.stored.item_id
     # The item's own deadline ends it (the sweep expires it); a little longer here.
-    until = pending.deadline_mono_s + settings.sweep_interval_s + 1.0
+    until = pending.deadline_mono_s + settings.worker.sweep_interval_s + 1.0
     renewed_mono_s = time.monotonic()
     try:
-        for _ in CallWaiter.wait_ticks(pending.woken, until, settings.call_poll_s, first=True):
-            if time.monotonic() - renewed_mono_s >= settings.caller_lease_s / 3:
+        for _ in CallWaiter.wait_ticks(pending.woken, until, settings.calls.poll_s, first=True):
+            if time.monotonic() - renewed_mono_s >= settings.calls.caller_lease_s / 3:
                 renewed_mono_s = time.monotonic()
-                caller_waits(item_id, settings.caller_lease_s)
+                caller_waits(item_id, settings.calls.caller_lease_s)
             ended = _ended(pending, still_there)
             if ended is not None:
                 return ended
@@ -130,7 +130,7 @@ def stream_call(
         raise ValueError("the call was not started as a stream")
     settings = get_settings()
     item_id = pending.stored.item_id
-    until = pending.deadline_mono_s + settings.sweep_interval_s + 1.0
+    until = pending.deadline_mono_s + settings.worker.sweep_interval_s + 1.0
     renewed_mono_s = time.monotonic()
     relayed = 0
     try:
@@ -139,10 +139,10 @@ def stream_call(
             if now >= until:
                 cancel_call(pending)
                 raise call_rules.call_error("expired", "the call's deadline passed")
-            if now - renewed_mono_s >= settings.caller_lease_s / 3:
+            if now - renewed_mono_s >= settings.calls.caller_lease_s / 3:
                 renewed_mono_s = now
-                caller_waits(item_id, settings.caller_lease_s)
-            got = relay.take(min(settings.call_poll_s, until - now))
+                caller_waits(item_id, settings.calls.caller_lease_s)
+            got = relay.take(min(settings.calls.poll_s, until - now))
             if isinstance(got, dict):
                 relayed += 1
                 yield StreamPart(chunk=got)

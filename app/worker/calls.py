@@ -76,7 +76,7 @@ def redis_unavailable() -> Unavailable:
     return Unavailable(
         "redis_unavailable",
         "Redis is unavailable; retry later",
-        retry_after_s=get_settings().unavailable_retry_after_s,
+        retry_after_s=get_settings().api.unavailable_retry_after_s,
     )
 
 
@@ -319,7 +319,7 @@ def _run_here(
             if verdict.countdown_s is not None:
                 time.sleep(min(verdict.countdown_s, left_s))
             elif verdict.outcome in ("retry", "deferred"):
-                ticket = _release_again(stored, deadline_mono_s, settings.queued_lease_s)
+                ticket = _release_again(stored, deadline_mono_s, settings.worker.queued_lease_s)
             else:
                 break
     except Exception as exc:
@@ -397,9 +397,9 @@ def _caller_marks(stored: calls.StoredCall, settings: Settings) -> None:
     spec, ticket = get_registry().get(stored.model), stored.queue_ticket
     try:
         pipe = get_redis().pipeline(transaction=False)
-        liveness.renew_caller(pipe, stored.item_id, settings.caller_lease_s)
+        liveness.renew_caller(pipe, stored.item_id, settings.calls.caller_lease_s)
         if spec is not None and ticket is not None:
-            ttl_s = running_lease_s(spec, settings) + settings.caller_lease_s
+            ttl_s = running_lease_s(spec, settings) + settings.calls.caller_lease_s
             liveness.mark_run_by_caller(pipe, ticket.item_id, ticket.attempt, ttl_s)
         pipe.execute()
     except Exception as exc:  # noqa: BLE001
@@ -427,7 +427,7 @@ def _run_by_caller(spec: ModelSpec | None, ticket: items.Ticket, settings: Setti
     if spec is None:
         return
     try:
-        ttl_s = running_lease_s(spec, settings) + settings.caller_lease_s
+        ttl_s = running_lease_s(spec, settings) + settings.calls.caller_lease_s
         liveness.mark_run_by_caller(get_redis(), ticket.item_id, ticket.attempt, ttl_s)
     except Exception as exc:  # noqa: BLE001
         log.debug("call item %d: could not mark its run (%s)", ticket.item_id, type(exc).__name__)

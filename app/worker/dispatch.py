@@ -53,9 +53,9 @@ def release_model(
     (a window for messages of ``pack_items`` items: :func:`window_size`; ``overlap``:
     the pack's calls overlap, each holding a slot, so the window counts items)."""
     window = window_size(
-        spec.max_concurrency, settings.dispatch_ahead_factor, 1 if overlap else pack_items
+        spec.max_concurrency, settings.worker.dispatch_ahead_factor, 1 if overlap else pack_items
     )
-    lease_s = settings.queued_lease_s
+    lease_s = settings.worker.queued_lease_s
     if pack_items > 1:  # an item may wait in its pack until it is run or handed back
         lease_s += pack_wait_s(spec, settings)
     released = rounds.release(session, spec.name, window, lease_s, admit=money.admit_picks)

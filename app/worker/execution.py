@@ -266,7 +266,7 @@ def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
             time_left_s(item.deadline_at, item.now),
             firm=decision.kind.firm,
             releases_dispatch=decision.kind.releases_dispatch,
-            max_countdown_s=settings.max_countdown_s,
+            max_countdown_s=settings.worker.max_countdown_s,
         )
         if plan.action is retry.WaitAction.DEFER:
             deferred = items.defer(session, item, plan.wait_s, decision.reason)
@@ -276,7 +276,7 @@ def _wait(item: Claimed, decision: Wait | Never, settings: Settings) -> Verdict:
                 rounds.hold_tenant(session, item.tenant_id, plan.wait_s)
             return Verdict("deferred")
         if plan.action is retry.WaitAction.REQUEUE:
-            items.requeue(session, item, plan.wait_s, settings.queued_lease_s)
+            items.requeue(session, item, plan.wait_s, settings.worker.queued_lease_s)
             return Verdict("wait", plan.wait_s)
     message = f"{decision.reason}: the wait would pass the deadline"
     end(item, ItemStatus.EXPIRED, "expired", message)
@@ -389,7 +389,7 @@ def sending_of(
     its item has left (on PostgreSQL's clock, where the deadline was set, not this
     host's); ``settlement`` learns whether that time-out was cut by the deadline."""
     item, spec, served = call.item, call.spec, call.served
-    configured_s = spec.call_timeout_s or settings.call_timeout_s
+    configured_s = spec.call_timeout_s or settings.providers.call_timeout_s
     left_s = time_left_s(item.deadline_at, item.db_now())
     flex = flex_window(spec, served, configured_s)
     route = call_route(ItemRoute(item.route), flex, left_s, flex_offered=served.flex is not None)
@@ -404,7 +404,8 @@ def sending_of(
         timeout_s=timeout,
         item_id=item.item_id,
         cancel=cancel,
-        stream=settings.stream_calls,
+        stream=settings.providers.stream_calls,
+        lean_http=settings.providers.lean_http,
         endpoint=line_endpoint(item.endpoint),
         on_chunk=_keeping_usage(item, on_chunk) if on_chunk is not None else None,
         cache_prefix=item.prefix_key is not None,
@@ -445,7 +446,7 @@ def call_failed(
         deployments=len(spec.deployments),
         reason=failover_reason(exc),
         failovers=item.failovers,
-        max_failovers=settings.max_failovers,
+        max_failovers=settings.providers.max_failovers,
         time_left_s=time_left_s(item.deadline_at, item.db_now()),
     )
     if failing_over:

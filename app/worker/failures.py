@@ -76,9 +76,9 @@ def rate_limited_call(item: Claimed, settings: Settings, exc: RateLimited) -> Ve
     decision = after_rate_limit(
         retry_after_s=exc.retry_after_s,
         rate_limited=item.rate_limited + 1,
-        max_rate_limited=settings.max_rate_limited,
+        max_rate_limited=settings.worker.max_rate_limited,
         time_left_s=time_left_s(item.deadline_at, item.db_now()),
-        max_countdown_s=settings.max_countdown_s,
+        max_countdown_s=settings.worker.max_countdown_s,
     )
     log.info(
         "item %d attempt %d rate limited (%d so far): %s, wait %.1f s",
@@ -100,7 +100,9 @@ def rate_limited_call(item: Claimed, settings: Settings, exc: RateLimited) -> Ve
         if decision.action is AfterRateLimit.DEFER:
             items.defer(session, item, decision.wait_s, reason, rate_limited=True)
             return Verdict("deferred")
-        items.requeue(session, item, decision.wait_s, settings.queued_lease_s, rate_limited=True)
+        items.requeue(
+            session, item, decision.wait_s, settings.worker.queued_lease_s, rate_limited=True
+        )
         return Verdict("wait", decision.wait_s)
 
     return with_db_retries(item, "handing a rate-limited item back", work)
@@ -125,7 +127,7 @@ def flex_refused(
             left_s,
             firm=False,
             releases_dispatch=False,
-            max_countdown_s=settings.max_countdown_s,
+            max_countdown_s=settings.worker.max_countdown_s,
         )
         if plan.action is not retry.WaitAction.EXPIRE:
             route, wait_s = ItemRoute.FLEX, plan.wait_s
@@ -145,7 +147,7 @@ def flex_refused(
             item,
             route=route.value,
             wait_s=wait_s,
-            lease_s=settings.queued_lease_s if queued else None,
+            lease_s=settings.worker.queued_lease_s if queued else None,
             code=exc.kind,
             message=decision.message,
         )
@@ -197,7 +199,7 @@ def failover(
         if items.failover(
             session,
             item,
-            settings.queued_lease_s,
+            settings.worker.queued_lease_s,
             "failover",
             message,
             rate_limited=rate_limited,
@@ -243,11 +245,11 @@ def failed(
         message=exc.message,
         permanent=isinstance(exc, PermanentProviderError),
         attempt=item.failure_attempt,
-        max_attempts=attempt_cap(spec.max_attempts, settings.max_attempts),
+        max_attempts=attempt_cap(spec.max_attempts, settings.worker.max_attempts),
         retry_after_s=None,
         time_left_s=time_left_s(item.deadline_at, item.db_now()),
-        backoff_initial_s=settings.retry_base_s,
-        backoff_max_s=settings.retry_max_s,
+        backoff_initial_s=settings.providers.retry_base_s,
+        backoff_max_s=settings.providers.retry_max_s,
     )
 
     progress: list[Progress] = []

@@ -36,7 +36,7 @@ def ensure_gate_state(client: redis.Redis, registry: Registry, settings: Setting
     """Make the gate's state known good. Returns what it found: ``known`` (the marker
     was set), ``first`` (nothing to rebuild), ``rebuilt``, or ``waited`` (another
     process rebuilt it, or its lock lapsed meanwhile)."""
-    if not settings.budget_enabled or gate_state.is_known_good(client):
+    if not settings.budget.enabled or gate_state.is_known_good(client):
         return "known"
     token = gate_state.take_lock(client, LOCK_TTL_S)
     if token is None:
@@ -45,10 +45,10 @@ def ensure_gate_state(client: redis.Redis, registry: Registry, settings: Setting
             time.sleep(POLL_S)
         return "waited"
     with session_scope() as session:
-        evidence = gate_evidence.read(session, settings.budget_window_s + settings.budget_guard_s)
+        evidence = gate_evidence.read(session, settings.budget.window_s + settings.budget.guard_s)
     plan = rebuild_plan(evidence, registry)
     done = gate_state.rebuild(
-        client, plan, token, settings.budget_window_s, settings.budget_guard_s
+        client, plan, token, settings.budget.window_s, settings.budget.guard_s
     )
     if not done:
         return "waited"

@@ -95,7 +95,7 @@ class Heartbeat:
     def interval_s(self) -> float:
         with self._lock:
             shortest = min((h.lease_s for h in self._held.values()), default=None)
-        interval = self.settings.heartbeat_interval_s
+        interval = self.settings.worker.heartbeat_interval_s
         if shortest is not None:
             interval = min(interval, shortest / MIN_RENEWALS_PER_LEASE)
         return max(0.05, interval)

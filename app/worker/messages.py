@@ -74,17 +74,17 @@ def _pack_plan(model: str) -> tuple[int, bool]:
     """Items per message for ``model``'s refills, and whether their calls overlap."""
     settings = get_settings()
     pace = _pace().call_s(model)
-    if not settings.pack_calls_together:
-        return pack_size(pace, settings.pack_target_s, settings.pack_max_items), False
+    if not settings.packs.calls_together:
+        return pack_size(pace, settings.packs.target_s, settings.packs.max_items), False
     spec = get_registry().get(model)
     cap = spec.max_concurrency if spec is not None else 1
     return together_pack_size(
         pace,
-        settings.pack_target_s,
-        settings.pack_max_items,
+        settings.packs.target_s,
+        settings.packs.max_items,
         cap,
-        short_items=settings.pack_short_items,
-        max_s=settings.pack_max_s,
+        short_items=settings.packs.short_items,
+        max_s=settings.packs.max_s,
     )
 
 
@@ -108,13 +108,13 @@ def _refill_at_once_after(model: str) -> int:
         return sys.maxsize
     items, overlap = _pack_plan(model)
     return refill_at_once_after(
-        spec.max_concurrency, settings.dispatch_ahead_factor, 1 if overlap else items
+        spec.max_concurrency, settings.worker.dispatch_ahead_factor, 1 if overlap else items
     )
 
 
 @functools.cache
 def _refiller() -> Refiller:
-    return Refiller(_release, get_settings().refill_coalesce_s, _refill_at_once_after)
+    return Refiller(_release, get_settings().worker.refill_coalesce_s, _refill_at_once_after)
 
 
 @dataclass(frozen=True)
@@ -171,19 +171,19 @@ def run_message(
     tickets = _together(pack, spec, settings)
     if spec is not None and tickets is not None:
         pace = _pace().call_s(spec.name)
-        overlap = calls_overlap(pace, settings.pack_target_s, len(pack))
-        rounds = round_size(pace, settings.pack_target_s, settings.pack_max_items)
+        overlap = calls_overlap(pace, settings.packs.target_s, len(pack))
+        rounds = round_size(pace, settings.packs.target_s, settings.packs.max_items)
         outcome = run_together(
             pack, spec, tickets, settings, _gate(), _watcher(), overlap, note, rounds
         )
     else:
-        outcome = run_pack(pack, run_one, settings.pack_max_s)
+        outcome = run_pack(pack, run_one, settings.packs.max_s)
     if outcome.handed_back:
         # A group of short calls that ran out of time hands its rest back in packs of
         # the size a refill would make now (its calls turned slow: small ones).
         packed = spec is not None and tickets is not None and outcome.error is None
         size = _pack_items(spec.name) if packed and spec is not None else 1
-        lease_s = settings.queued_lease_s
+        lease_s = settings.worker.queued_lease_s
         if size > 1 and spec is not None:  # as a refill's packed items' (dispatch.py)
             lease_s += pack_wait_s(spec, settings)
         _hand_back(outcome, model, len(pack), item_id, settings, size, lease_s)
@@ -199,7 +199,7 @@ def run_message(
                 outcome.countdown_s,
                 len(rest),
             )
-            hold(outcome.waiting[1:], (outcome.countdown_s or 0.0) + settings.queued_lease_s)
+            hold(outcome.waiting[1:], (outcome.countdown_s or 0.0) + settings.worker.queued_lease_s)
         kwargs = {"model": model, "ticket": ticket_of_first, "more": rest}
         return Ran(outcome.summary(), Retry(first, kwargs, outcome.countdown_s))
     ran = zip(outcome.ran_ids(pack), outcome.verdicts, strict=True)
@@ -219,7 +219,7 @@ def _together(
     """The pack's tickets when it runs as a group (:mod:`batchgen.worker.pack_calls`):
     more than one item, of a model in the registry, every ticket readable and none a
     synchronous call's; otherwise None (one after another, each as alone)."""
-    if not settings.pack_calls_together or len(pack) < 2 or spec is None:
+    if not settings.packs.calls_together or len(pack) < 2 or spec is None:
         return None
     tickets: list[Ticket] = []
     for item in pack:
@@ -249,7 +249,7 @@ def _hand_back(
     raised, or items failed over to another deployment (each with its next ticket).
     Best effort: an item whose message is lost waits for the sweep."""
     failed_over = sum(1 for p in outcome.handed_back if (p.ticket or {}).get("avoid"))
-    why = f"ran past {settings.pack_max_s} s"
+    why = f"ran past {settings.packs.max_s} s"
     if outcome.error is not None:
         why = "an item failed"
     elif failed_over == len(outcome.handed_back):
@@ -264,7 +264,7 @@ def _hand_back(
     if model is None:
         return
     try:
-        hold(outcome.handed_back, lease_s or settings.queued_lease_s)
+        hold(outcome.handed_back, lease_s or settings.worker.queued_lease_s)
         packs = split_into_packs(
             outcome.handed_back, pack_items, alone=lambda p: bool((p.ticket or {}).get("avoid"))
         )

@@ -77,7 +77,7 @@ def worst_case(registry: Registry, model: str, prompt_est: int, max_tokens: int,
     spec = registry.get(model)
     if spec is None:
         return 0
-    margin = get_settings().money_prompt_margin
+    margin = get_settings().money.prompt_margin
     return rules.worst_case_micros(spec, prompt_est, max_tokens, tier, margin)
 
 
@@ -108,7 +108,7 @@ def sync_budget(
     now = now or _now()
     win = rules.window(budget.rule.period, budget.rule.time_zone, now)
     key = money_key(budget.tenant_id, budget.id, win.key)
-    cutoff_s = mb.now_s() - settings.money_sync_grace_s
+    cutoff_s = mb.now_s() - settings.money.sync_grace_s
     flying = [
         (
             f.reservation_id,
@@ -239,13 +239,13 @@ def admit_picks(session: Session, model: str, picks: Sequence[items.Pick]) -> se
                 stopped_keys.add((t.tenant_id, key_id))
                 continue
             left = refusal.window.seconds_left(now)
-            hold = settings.money_hold_s if left is None else min(settings.money_hold_s, left)
+            hold = settings.money.hold_s if left is None else min(settings.money.hold_s, left)
             stopped[t.tenant_id] = max(0.05, hold)
     except REDIS_DOWN:
         log.warning("Redis unreachable: the tenants with dollar budgets wait")
         for p in mine:
             refused.add(p.ticket.item_id)
-            stopped.setdefault(p.ticket.tenant_id, settings.money_hold_s)
+            stopped.setdefault(p.ticket.tenant_id, settings.money.hold_s)
     for tenant_id, hold_s in stopped.items():
         rounds.hold_tenant(session, tenant_id, hold_s)
     return refused

@@ -106,8 +106,8 @@ def _targets(alert: Alert) -> tuple[str, list[tuple[str, str]]]:
     targets = []
     if url and secret:
         targets.append((url, secret))
-    if settings.money_webhook_url and settings.money_webhook_secret:
-        targets.append((settings.money_webhook_url, settings.money_webhook_secret))
+    if settings.money.webhook_url and settings.money.webhook_secret:
+        targets.append((settings.money.webhook_url, settings.money.webhook_secret))
     return name, targets
 
 
@@ -124,7 +124,7 @@ def deliver(url: str, secret: str, data: dict[str, Any]) -> str | None:
             **signed_headers(secret, msg_id, int(time.time()), body),
         }
         failure = webhooks.post(
-            url, body, headers, settings.webhook_allow_nets, settings.webhook_timeout_s
+            url, body, headers, settings.webhooks.allow_nets, settings.webhooks.timeout_s
         )
         if failure is None:
             return None

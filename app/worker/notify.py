@@ -67,7 +67,11 @@ def callback_app(broker_url: str) -> Celery:
 
 def _send_celery(due: Due, settings: Settings) -> None:
     assert due.target is not None
-    app = callback_app(settings.callback_broker_url) if settings.callback_broker_url else celery_app
+    app = (
+        callback_app(settings.webhooks.callback_broker_url)
+        if settings.webhooks.callback_broker_url
+        else celery_app
+    )
     app.send_task(
         due.target,
         args=[due.batch_id],
@@ -86,7 +90,7 @@ def _send_webhook(due: Due, settings: Settings) -> str | None:
     if due.secret:
         headers.update(signed_headers(due.secret, str(due.id), int(time.time()), body))
     return webhooks.post(
-        due.target, body, headers, settings.webhook_allow_nets, settings.webhook_timeout_s
+        due.target, body, headers, settings.webhooks.allow_nets, settings.webhooks.timeout_s
     )
 
 
@@ -107,8 +111,10 @@ def deliver_due(
     claiming no new one after ``budget_s`` (default ``BATCHGEN_NOTIFY_INTERVAL_S``: the
     next tick, on another thread, takes over what is left)."""
     report = NotifyReport()
-    lease_s = settings.webhook_timeout_s + LEASE_MARGIN_S
-    stop_at = time.monotonic() + (settings.notify_interval_s if budget_s is None else budget_s)
+    lease_s = settings.webhooks.timeout_s + LEASE_MARGIN_S
+    stop_at = time.monotonic() + (
+        settings.webhooks.notify_interval_s if budget_s is None else budget_s
+    )
     for _ in range(limit):
         if report.delivered + report.failed_attempts and time.monotonic() > stop_at:
             break
@@ -117,7 +123,7 @@ def deliver_due(
         if due is None:
             break
         error = _send(due, settings)  # no transaction open, no row locked
-        delay_s = retry_delay_s(due.attempts + 1, settings.notify_retry_first_s)
+        delay_s = retry_delay_s(due.attempts + 1, settings.webhooks.notify_retry_first_s)
         with session_scope() as session:
             status = notifications.record(session, due, error, delay_s)
         if error is None:

@@ -149,7 +149,7 @@ def _turned_off(model: str, settings: Settings, report: TickReport) -> None:
     """Items waiting for a job of a model that no longer offloads run online."""
     with session_scope() as session:
         ids = [
-            w.item_id for w in items.offload_waiting(session, model, settings.offload_plan_limit)
+            w.item_id for w in items.offload_waiting(session, model, settings.offload.plan_limit)
         ]
         returned = items.return_online(session, OFF, "its model no longer offloads", item_ids=ids)
     report.returned += len(returned)
@@ -281,7 +281,7 @@ def _poll(
     if state is None or state.status is ProviderState.RUNNING:
         with session_scope() as session:
             delay = poll_delay_s(
-                job.polls, settings.offload_poll_first_s, settings.offload_poll_max_s
+                job.polls, settings.offload.poll_first_s, settings.offload.poll_max_s
             )
             provider_jobs.schedule_poll(session, job.id, delay)
         return
@@ -370,7 +370,7 @@ def _plan(spec: ModelSpec, adapter: OfflineJobs, settings: Settings, report: Tic
     assert route is not None
     window = OfflineWindow(route.turnaround_s, route.fallback_s)
     with session_scope() as session:
-        waiting = items.offload_waiting(session, spec.name, settings.offload_plan_limit)
+        waiting = items.offload_waiting(session, spec.name, settings.offload.plan_limit)
         used = provider_jobs.enqueued_tokens(session, spec.name)
         now = provider_jobs.now(session)
     free = None if route.enqueued_tokens is None else route.enqueued_tokens - used
@@ -505,7 +505,7 @@ def _create(
         log.warning("offload: job %d: create failed (%s)", job.id, type(exc).__name__)
         return None
     with session_scope() as session:
-        provider_jobs.mark_created(session, job.id, provider_id, settings.offload_poll_first_s)
+        provider_jobs.mark_created(session, job.id, provider_id, settings.offload.poll_first_s)
     log.info(
         "offload: job %d created at the provider as %s (%d items)",
         job.id,

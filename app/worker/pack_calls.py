@@ -164,7 +164,7 @@ def run_together(
 
     Calls one after another go in rounds of ``round_items`` (None: all at once), each
     entered, claimed, recorded and settled together; once the pack has run
-    ``settings.pack_max_s`` and its calls turned slow
+    ``settings.packs.max_s`` and its calls turned slow
     (:func:`batchgen.domain.decisions.rounds_stop`), the rounds not begun are handed
     back, as :func:`batchgen.worker.packs.run_pack` hands back its untried items."""
     run = _Run(spec, settings, gate, watcher, overlap, note)
@@ -174,7 +174,7 @@ def run_together(
         todo, later = todo[: max(1, round_items)], todo[max(1, round_items) :]
     started = time.monotonic()
     error: Exception | None = None
-    slot_deadline = time.monotonic() + settings.slot_wait_s
+    slot_deadline = time.monotonic() + settings.worker.slot_wait_s
     probe = False  # the slots were all held at the last try: one item asks first
     try:
         while todo or run.flying or later:
@@ -188,22 +188,22 @@ def run_together(
                 if rounds_stop(
                     quickest_s,
                     ran_s,
-                    settings.pack_target_s,
-                    settings.pack_max_s,
-                    settings.queued_lease_s,
+                    settings.packs.target_s,
+                    settings.packs.max_s,
+                    settings.worker.queued_lease_s,
                 ):
                     run.pack.handed_back.extend(entry for entry, _ in later)
                     later = []
                     break
                 size = max(1, round_items or len(later))
                 todo, later = later[:size], later[size:]
-                slot_deadline = time.monotonic() + settings.slot_wait_s
+                slot_deadline = time.monotonic() + settings.worker.slot_wait_s
             if todo and not run.pack.waiting:
                 last_try = time.monotonic() >= slot_deadline
                 todo, entered = run.enter(todo, last_try, probe)
                 probe = bool(todo) and not entered
                 if entered:
-                    slot_deadline = time.monotonic() + settings.slot_wait_s
+                    slot_deadline = time.monotonic() + settings.worker.slot_wait_s
             if run.pack.waiting and (todo or later):  # the rest would meet the same wait
                 run.pack.waiting.extend(entry for entry, _ in todo + later)
                 todo, later = [], []

@@ -96,7 +96,7 @@ def pack_wait_s(spec: ModelSpec, settings: Settings) -> float:
     """How long an item may wait in its pack before it is run or handed back: the pack's
     time, then one more item's gate (its slot wait) and call (its running lease). A
     packed item's queued lease is this much longer."""
-    return settings.pack_max_s + settings.slot_wait_s + running_lease_s(spec, settings)
+    return settings.packs.max_s + settings.worker.slot_wait_s + running_lease_s(spec, settings)
 
 
 def hold(pack: Sequence[PackItem], lease_s: float) -> None:

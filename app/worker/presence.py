@@ -42,12 +42,12 @@ class Presence:
     def stop(self) -> None:
         self._stop.set()
         # A renewal under way must not name the worker again after it is withdrawn.
-        self._thread.join(get_settings().redis_socket_timeout_s)
+        self._thread.join(get_settings().redis.socket_timeout_s)
         with contextlib.suppress(redis.RedisError):  # else its key expires by itself
             liveness.withdraw_worker(get_redis(), self.name)
 
     def _run(self) -> None:
-        interval_s = get_settings().heartbeat_interval_s
+        interval_s = get_settings().worker.heartbeat_interval_s
         while not self._stop.is_set():
             try:
                 liveness.announce_worker(

@@ -48,7 +48,7 @@ def give_back(item: Owned, settings: Settings) -> None:
         with_db_retries(
             item,
             "handing the item back",
-            lambda session: items.requeue(session, item, 0.0, settings.queued_lease_s),
+            lambda session: items.requeue(session, item, 0.0, settings.worker.queued_lease_s),
         )
     except Exception as exc:
         if not db.is_transient(exc):

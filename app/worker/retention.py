@@ -21,20 +21,20 @@ def purge(settings: Settings) -> retention.Purged:
     batch removed whole, until none is left or the time budget is spent (checked between
     chunks: a tick always finishes the chunk it started)."""
     purged = retention.Purged()
-    if settings.retention_days is None:
+    if settings.retention.days is None:
         return purged
-    until_mono_s = time.monotonic() + settings.retention_budget_s
+    until_mono_s = time.monotonic() + settings.retention.budget_s
     with session_scope() as session:  # what goes is counted in the totals first
         totals.roll_up(session, wait=True)
     while True:
         with session_scope() as session:
             batch_ids = retention.expired_batches(
-                session, settings.retention_days, settings.retention_chunk_batches
+                session, settings.retention.days, settings.retention.chunk_batches
             )
         for batch_id in batch_ids:
             purged.items += _purge_batch(batch_id)
             purged.batches += 1
-        if len(batch_ids) < settings.retention_chunk_batches:
+        if len(batch_ids) < settings.retention.chunk_batches:
             break  # nothing expired is left
         if time.monotonic() >= until_mono_s:
             purged.budget_spent = True
@@ -67,7 +67,7 @@ def _report(purged: retention.Purged, settings: Settings) -> None:
             "expired, the next tick goes on",
             purged.batches,
             purged.items,
-            settings.retention_budget_s,
+            settings.retention.budget_s,
         )
     elif purged.batches:
         log.info("retention: removed %d batches (%d items)", purged.batches, purged.items)

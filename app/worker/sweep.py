@@ -50,7 +50,9 @@ class SweepReport:
 
 def attempt_caps(registry: Registry, settings: Settings) -> dict[str, int]:
     """Each model's attempt cap: its own, never above the global one (pure)."""
-    return {spec.name: attempt_cap(spec.max_attempts, settings.max_attempts) for spec in registry}
+    return {
+        spec.name: attempt_cap(spec.max_attempts, settings.worker.max_attempts) for spec in registry
+    }
 
 
 def _alive_owners(session: Session) -> set[int]:
@@ -136,10 +138,10 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
     expired = items.sweep_expire(session)
     alive = _alive_owners(session)
     caps = attempt_caps(registry, settings)
-    gone = _callers_gone(session, settings.caller_lease_s)
+    gone = _callers_gone(session, settings.calls.caller_lease_s)
     lost = items.sweep_lost(
         session,
-        settings.max_attempts,
+        settings.worker.max_attempts,
         caps,
         alive=alive,
         callers_gone={i: a for i, a in gone.items() if i not in alive},
@@ -167,7 +169,7 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
         if gone.get(attempt.item_id) == attempt.attempts and attempt.lease == "running":
             _free_slot(registry, attempt)
     files_deleted = files.delete_expired(session)
-    notifications.delete_old(session, settings.notification_retention_s)
+    notifications.delete_old(session, settings.webhooks.notification_retention_s)
     finished = 0
     for batch_id in batches.unfinished_batch_ids(session):
         batches.refresh_status(session, batch_id)

@@ -31,7 +31,7 @@ def _rows(prefix: str, n: int, max_tokens: int = 100) -> list[dict]:
 @pytest.fixture
 def small_backlog(clean_db, monkeypatch):
     # sim-small: 2 000 000 tokens/min; 0.001 min of it = a 2 000-token backlog bound
-    monkeypatch.setattr(get_settings(), "max_backlog_min", 0.001)
+    monkeypatch.setattr(get_settings().submit, "max_backlog_min", 0.001)
 
 
 def test_model_backlog_full_is_503_with_retry_after(small_backlog):

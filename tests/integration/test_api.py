@@ -109,7 +109,7 @@ def test_bad_line_reports_line_number_and_field(api, key):
 
 
 def test_too_many_lines_is_413(api, key, monkeypatch):
-    monkeypatch.setattr(get_settings(), "max_batch_lines", 3)
+    monkeypatch.setattr(get_settings().submit, "max_batch_lines", 3)
     body = jsonl([chat_line(f"l{i}") for i in range(4)])
     res = api.post("/v1/batches", data=body, headers=_auth(key))
     assert res.status_code == 413
@@ -117,7 +117,7 @@ def test_too_many_lines_is_413(api, key, monkeypatch):
 
 
 def test_too_many_bytes_is_413(api, key, monkeypatch):
-    monkeypatch.setattr(get_settings(), "max_body_bytes", 500)
+    monkeypatch.setattr(get_settings().submit, "max_body_bytes", 500)
     body = jsonl([chat_line(f"l{i}") for i in range(10)])
     res = api.post("/v1/batches", data=body, headers=_auth(key))
     assert res.status_code == 413

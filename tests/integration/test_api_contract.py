@@ -71,7 +71,7 @@ def test_refused_submit_does_not_hold_the_admission_lock_across_redis(
     target = urlsplit(clean_db["REDIS_URL"])
     with TcpProxy(target.hostname or "127.0.0.1", target.port or 6379) as proxy:
         slow_url = f"redis://127.0.0.1:{proxy.port}{target.path}?socket_timeout=120"
-        monkeypatch.setattr(get_settings(), "redis_url", slow_url)
+        monkeypatch.setattr(get_settings().redis, "url", slow_url)
         proxy.hold.set()
         refused: list[BaseException] = []
 
@@ -344,7 +344,7 @@ def test_submit_while_postgres_is_down_is_json_503(clean_db, monkeypatch):
     """Case 24: PostgreSQL unreachable → 503 JSON with Retry-After, not an HTML 500."""
     api = create_app().test_client()
     key = make_tenant("acme")
-    monkeypatch.setattr(get_settings(), "database_url", "postgresql://postgres@127.0.0.1:1/down")
+    monkeypatch.setattr(get_settings().database, "url", "postgresql://postgres@127.0.0.1:1/down")
     res = api.post("/v1/batches", data=jsonl([chat_line("a")]), headers=_auth(key))
     assert res.status_code == 503, res.data[:200]
     assert res.json["error"]["code"] == "database_unavailable"
@@ -357,7 +357,7 @@ def test_metrics_and_status_while_redis_is_down_are_json_503(
     """Case 24: Redis unreachable → /metrics and /v1/status answer 503 JSON with Retry-After."""
     api = create_app().test_client()
     admin = make_tenant("ops", is_admin=True)
-    monkeypatch.setattr(get_settings(), "redis_url", "redis://127.0.0.1:1/0")
+    monkeypatch.setattr(get_settings().redis, "url", "redis://127.0.0.1:1/0")
     for path in ("/metrics", "/v1/status"):
         res = api.get(path, headers=_auth(admin))
         assert res.status_code == 503, (path, res.data[:200])
@@ -387,11 +387,11 @@ def test_metrics_need_the_token_or_an_admin_key(clean_db, monkeypatch):
     api = create_app().test_client()
     tenant = make_tenant("acme")
     admin = make_tenant("ops", is_admin=True)
-    monkeypatch.setattr(get_settings(), "metrics_token", None)
+    monkeypatch.setattr(get_settings().api, "metrics_token", None)
     assert api.get("/metrics").status_code == 401
     assert api.get("/metrics", headers=_auth(tenant)).status_code == 403
     assert api.get("/metrics", headers=_auth(admin)).status_code == 200
-    monkeypatch.setattr(get_settings(), "metrics_token", "scrape-secret-1")
+    monkeypatch.setattr(get_settings().api, "metrics_token", "scrape-secret-1")
     assert api.get("/metrics", headers=_auth("scrape-secret-1")).status_code == 200
     assert api.get("/metrics", headers=_auth("scrape-secret-2")).status_code == 401
     assert api.get("/metrics").status_code == 401

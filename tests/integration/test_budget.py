@@ -863,7 +863,7 @@ def client_commands(action):  # type: ignore[no-untyped-def]
     client = get_redis()
     # MONITOR on a client of its own: taken from the action's pool, it could leave the
     # action a new connection to open (HELLO, PING), which is not the hot path's.
-    watcher = redis.Redis.from_url(get_settings().redis_url)
+    watcher = redis.Redis.from_url(get_settings().redis.url)
     with watcher.monitor() as monitor:
         result = action()
         client.echo(marker)

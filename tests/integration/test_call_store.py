@@ -91,7 +91,9 @@ def test_a_plain_call_is_stored_as_store_call_stores_it(clean_db):
     # Keyed from the tenant's dispatch clock: both calls from its start.
     assert ours[1] == theirs[1] and ours[1]["status"] == "queued" and ours[1]["dispatch_key"] == 1
     assert ours[2] == pytest.approx(theirs[2]) == pytest.approx(60.0)  # the call's deadline
-    assert ours[3] == pytest.approx(theirs[3]) == pytest.approx(get_settings().queued_lease_s)
+    assert (
+        ours[3] == pytest.approx(theirs[3]) == pytest.approx(get_settings().worker.queued_lease_s)
+    )
     assert plain.queue_ticket is not None and general.queue_ticket is not None
     assert plain.queue_ticket.item_id == plain.item_id
     assert {

@@ -31,7 +31,7 @@ from tests.helpers import (
 
 
 def _registry() -> Registry:
-    path = Path(get_settings().models_file)
+    path = Path(get_settings().paths.models_file)
     return parse_registry(path.read_text(encoding="utf-8"), str(path))
 
 

@@ -42,7 +42,7 @@ def dispatch_ahead(clean_db: dict[str, str]) -> Iterator[Callable[[float], Setti
         os.environ[name] = str(factor)
         get_settings.cache_clear()
         settings = get_settings()
-        assert settings.dispatch_ahead_factor == factor
+        assert settings.worker.dispatch_ahead_factor == factor
         return settings
 
     yield set_factor
@@ -59,7 +59,7 @@ def spec() -> ModelSpec:
 
 def window(settings: Settings) -> int:
     """Items the model may have queued or running at once (the dispatcher's formula)."""
-    return max(1, math.ceil(spec().max_concurrency * settings.dispatch_ahead_factor))
+    return max(1, math.ceil(spec().max_concurrency * settings.worker.dispatch_ahead_factor))
 
 
 def submit(tenant: str, prefix: str, n: int, priority: str = "interactive") -> str:

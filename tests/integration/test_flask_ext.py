@@ -97,7 +97,7 @@ def test_init_app_default_prefix_and_example_app(clean_db, simulator, workers, r
     example = _example()
     app = example.create_app({"BATCHGEN_MAX_BATCH_LINES": 3, "TESTING": True})
     # The host's config makes the app's settings; the environment is left alone.
-    assert app_scope(app).settings.max_batch_lines == 3
+    assert app_scope(app).settings.submit.max_batch_lines == 3
     assert "BATCHGEN_MAX_BATCH_LINES" not in os.environ
     web = app.test_client()
 
@@ -250,7 +250,7 @@ def test_two_apps_in_one_process_each_see_only_their_own(clean_db, second_databa
 
         @apps[name].get("/whoami")
         def whoami():  # a host view: batchgen's settings are the app's own
-            return {"app": current_app.name, "max": get_settings().max_batch_lines}
+            return {"app": current_app.name, "max": get_settings().submit.max_batch_lines}
 
     assert dict(os.environ) == environ_before
     keys = {}
@@ -260,7 +260,7 @@ def test_two_apps_in_one_process_each_see_only_their_own(clean_db, second_databa
             assert (
                 get_engine().url.database == make_url(app.config["BATCHGEN_DATABASE_URL"]).database
             )
-    assert get_settings().database_url == clean_db["DATABASE_URL"]  # outside: the process's
+    assert get_settings().database.url == clean_db["DATABASE_URL"]  # outside: the process's
 
     ids: dict[str, set[str]] = {"a": set(), "b": set()}
     for name, app in apps.items():

@@ -25,7 +25,7 @@ def _metrics_token(monkeypatch):
     """/metrics is never open: the scrapes below present the metrics token."""
     from batchgen.config import get_settings
 
-    monkeypatch.setattr(get_settings(), "metrics_token", METRICS_TOKEN)
+    monkeypatch.setattr(get_settings().api, "metrics_token", METRICS_TOKEN)
 
 
 def _scrape(api) -> dict[tuple[str, tuple], float]:

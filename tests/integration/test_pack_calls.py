@@ -58,7 +58,7 @@ def sim(simulator: Any, clean_db: dict[str, str]) -> Any:
 
 
 def _registry() -> Registry:
-    path = Path(get_settings().models_file)
+    path = Path(get_settings().paths.models_file)
     return parse_registry(path.read_text(encoding="utf-8"), str(path))
 
 

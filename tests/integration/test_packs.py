@@ -107,7 +107,7 @@ def test_short_calls_travel_in_packs_and_each_item_runs_once(sim, workers, max_i
     if max_items == 1:
         assert max(sizes) == 1
     else:
-        full = get_settings().pack_short_items
+        full = get_settings().packs.short_items
         assert max(sizes) == full, f"no full pack went out: {sorted(sizes)[-10:]}"
         assert len(sizes) < n / 2, f"{len(sizes)} messages for {n} items"
 

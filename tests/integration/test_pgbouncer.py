@@ -379,8 +379,8 @@ def test_worker_and_api_processes_keep_to_their_connection_budget(
     print(f"threads {THREADS}: peaks {peaks}, LISTEN {listeners}")
     assert 1 <= peaks["budget-worker"] <= settings.db_pool_bound
     assert peaks["budget-worker-direct"] <= db.DIRECT_POOL_BOUND
-    api_bound = settings.api_workers * pool_size_for(settings.api_threads)
-    assert (settings.api_workers, api_bound) == (2, 16)  # as docs/operations.md says
+    api_bound = settings.api.workers * pool_size_for(settings.api.threads)
+    assert (settings.api.workers, api_bound) == (2, 16)  # as docs/operations.md says
     assert 1 <= peaks["budget-api"] <= api_bound
     assert peaks["budget-api-direct"] == 0  # the API runs no offload tick
     assert listeners == 1

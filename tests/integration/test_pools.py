@@ -202,7 +202,7 @@ def test_a_call_sent_over_a_window_before_the_trip_does_not_trip_it_again(clean_
 
 
 def test_a_model_of_one_deployment_keeps_its_keys(clean_db):
-    spec = load_registry(get_settings().models_file)["sim-small"]
+    spec = load_registry(get_settings().paths.models_file)["sim-small"]
     assert [d.name for d in spec.deployments] == ["default"]
     budget = budget_of()
     grant = budget.enter(spec, "9:1", 0, 10, slot_limit=spec.max_concurrency, slot_lease_s=5)

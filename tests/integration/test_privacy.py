@@ -27,7 +27,7 @@ def test_broker_messages_carry_ids_only(clean_db):
     )
     assert dispatch_now() == 5  # no worker runs: the messages stay in the broker
 
-    r = redis.Redis.from_url(get_settings().redis_url)
+    r = redis.Redis.from_url(get_settings().redis.url)
     queue = get_registry()["sim-small"].queue
     raw_messages = r.lrange(queue, 0, -1)
     assert len(raw_messages) == 5
@@ -68,7 +68,7 @@ def test_each_model_group_gets_only_its_own_messages(clean_db):
     client.submit_batch(rows, tenant="router")
     assert dispatch_now() == 9
 
-    r = redis.Redis.from_url(get_settings().redis_url)
+    r = redis.Redis.from_url(get_settings().redis.url)
 
     def tasks_in(queue: str) -> list[str]:
         return [json.loads(raw)["headers"]["task"] for raw in r.lrange(queue, 0, -1)]

@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import pytest
 
-from batchgen.config import get_settings
 from batchgen.domain.tokens import count_messages, count_text
 from batchgen.errors import (
     CallCancelled,
@@ -27,7 +26,6 @@ from batchgen.errors import (
     TransientProviderError,
 )
 from batchgen.providers import get_provider, lean_http
-from batchgen.providers import openai as openai_adapter
 from batchgen.providers.anthropic import AnthropicProvider, to_messages_request
 from batchgen.providers.base import ProviderRequest, ProviderResponse
 from batchgen.providers.openai import OpenAIProvider, sdk_client
@@ -119,6 +117,7 @@ def make_request(
     timeout_s: float = 5.0,
     max_tokens: int = 400,
     cancel: threading.Event | None = None,
+    lean_http: bool = True,
 ) -> ProviderRequest:
     return ProviderRequest(
         spec=spec,
@@ -128,6 +127,7 @@ def make_request(
         cancel=cancel or threading.Event(),
         stream=stream,
         extra_headers={"x-sim-fault": fault} if fault else None,
+        lean_http=lean_http,
     )
 
 
@@ -388,14 +388,9 @@ def test_stream_and_plain_agree(base: str) -> None:
         assert count_text(streamed.text, "cl100k_base") == streamed.completion_tokens
 
 
-def _sdk_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Streamed OpenAI calls through the SDK's httpx stack (``BATCHGEN_LEAN_HTTP=false``)."""
-    off = get_settings().model_copy(update={"lean_http": False})
-    monkeypatch.setattr(openai_adapter, "get_settings", lambda: off)
-
-
-def _outcome(spec: ModelSpec, fault: str | None) -> tuple[Any, ...]:
-    request = make_request(spec, stream=True, fault=fault, timeout_s=0.3)
+def _outcome(spec: ModelSpec, fault: str | None, *, lean_http: bool = True) -> tuple[Any, ...]:
+    """``lean_http=False``: through the SDK's httpx stack (``BATCHGEN_LEAN_HTTP=false``)."""
+    request = make_request(spec, stream=True, fault=fault, timeout_s=0.3, lean_http=lean_http)
     try:
         response = get_provider(spec).complete(request)
     except ProviderError as exc:
@@ -418,9 +413,7 @@ LEAN_CASES = [
 
 
 @pytest.mark.parametrize("fault", LEAN_CASES)
-def test_lean_http_and_the_sdk_agree(
-    base: str, fault: str | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_lean_http_and_the_sdk_agree(base: str, fault: str | None) -> None:
     """A streamed OpenAI call on urllib3 (providers.lean_http) ends as it does through
     the SDK: the same answer and rate-limit headers, or the same error, status, billing."""
     if fault == "reset":
@@ -428,15 +421,14 @@ def test_lean_http_and_the_sdk_agree(
     spec = make_spec("openai", base)
     assert lean_http.endpoint(sdk_client(spec.base_url, spec.api_key()), True) is not None
     lean = _outcome(spec, fault)
-    _sdk_path_only(monkeypatch)
-    sdk = _outcome(spec, fault)
+    sdk = _outcome(spec, fault, lean_http=False)
     if fault is None:  # the resets count down between the two calls: to the second
         assert sdk[-2:] == pytest.approx(lean[-2:], abs=1.0)
         lean, sdk = lean[:-2], sdk[:-2]
     assert sdk == lean
 
 
-def test_lean_http_refused_connection_is_not_billed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lean_http_refused_connection_is_not_billed() -> None:
     """Nothing listens: the call surely never left, on either path."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -444,10 +436,8 @@ def test_lean_http_refused_connection_is_not_billed(monkeypatch: pytest.MonkeyPa
     spec = make_spec("openai", "", base_url=f"http://127.0.0.1:{port}/v1")
     outcomes = []
     for lean in (True, False):
-        if not lean:
-            _sdk_path_only(monkeypatch)
         with pytest.raises(TransientProviderError) as err:
-            get_provider(spec).complete(make_request(spec, stream=True))
+            get_provider(spec).complete(make_request(spec, stream=True, lean_http=lean))
         outcomes.append((err.value.billed, err.value.message.split(" (")[0]))
     assert outcomes == [(False, "connection error")] * 2
 

@@ -399,7 +399,7 @@ def test_a_bucket_budget_keeps_up_with_a_bucket_provider(bucket_provider, worker
         # by more than the samples' noise. On a loaded machine calls reach the provider
         # later than their grant and the samples run low, so how close it comes is
         # measured by bench/peer.py against llmock, not asserted here.
-        assert ratio != pytest.approx(get_settings().budget_ratio_start)
+        assert ratio != pytest.approx(get_settings().budget.ratio_start)
         assert ratio > 0.95
     learned = get_redis().hget(keys.budget_shape("budgeted-account"), "shape")
     if shape == "learned":

@@ -25,7 +25,7 @@ CALL_S = 10.0  # the observed call time, as the latency totals would say
 
 
 def test_budget_bound_and_idle_groups(clean_db, monkeypatch):
-    monkeypatch.setattr(get_settings(), "metrics_token", TOKEN)
+    monkeypatch.setattr(get_settings().api, "metrics_token", TOKEN)
     monkeypatch.setattr(runnable, "call_times_s", lambda session: {"sim-small": CALL_S})
     api = create_app().test_client()
     key = make_tenant("acme")

@@ -56,7 +56,7 @@ def fresh_simulator(simulator: Any) -> None:
 
 def _registry() -> Registry:
     """The shipped registry, pointing at this module's simulator (read now, not cached)."""
-    path = Path(get_settings().models_file)
+    path = Path(get_settings().paths.models_file)
     return parse_registry(path.read_text(encoding="utf-8"), str(path))
 
 
@@ -416,7 +416,7 @@ def test_sweep_honours_model_max_attempts(clean_db, simulator, restore_env, tmp_
     models = models_file_with(tmp_path / "models.toml", "sim-small", max_attempts=2)
     os.environ["BATCHGEN_MODELS_FILE"] = str(models)
     get_settings.cache_clear()
-    assert get_settings().max_attempts > 2  # the global cap alone would allow a third
+    assert get_settings().worker.max_attempts > 2  # the global cap alone would allow a third
     registry = _registry()
     item_id = _queue_one(registry, "sim-small", "capped")
     _lose_lease(item_id, attempts=2, sent=False)

@@ -144,7 +144,7 @@ def test_settings_repr_shows_no_password(monkeypatch):
     for shown in (repr(settings), str(settings)):
         assert not any(s in shown for s in secrets), shown
         assert "postgresql://app:***@db:5432/batchgen" in shown
-    assert settings.database_url.endswith(f"{secrets[0]}@db:5432/batchgen")  # still usable
+    assert settings.database.url.endswith(f"{secrets[0]}@db:5432/batchgen")  # still usable
 
 
 def test_access_log_records_of_every_server_lose_the_query_string():

@@ -227,6 +227,60 @@ def test_items_are_run_by_the_worker_layer_only():
     assert [name for name in users if _group(name)[0] not in ("worker", "tasks")] == []
 
 
+# get_settings() (the settings in force: a host app's scope, else the environment's)
+# is read at the edges only: the interfaces, the worker layer's entry points and the
+# tasks, which hand settings (or the values needed) down as parameters.
+MAY_GET_SETTINGS = (
+    "batchgen.config",
+    "batchgen.celeryconfig",
+    "batchgen.embedded",
+    "batchgen.logs",
+    "batchgen.registry",
+    "batchgen.worker",
+    *dict(LAYERS)["interfaces"],
+    "batchgen.tasks",
+)
+# The connection registries: every session and Redis client opens through them, for
+# the active host app's scope or the process's own settings.
+CONNECTION_REGISTRIES = ("batchgen.store.db", "batchgen.limits.backend")
+
+
+def _calls_get_settings(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name == "get_settings":
+                return True
+    return False
+
+
+def _within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def test_get_settings_is_called_at_the_edges_only():
+    """domain/, store/, limits/, providers/ and telemetry/ take settings as parameters."""
+    callers = {name for name, path in MODULES.items() if _calls_get_settings(path)}
+    offenders = sorted(
+        name
+        for name in callers
+        if not _within(name, MAY_GET_SETTINGS) and name not in CONNECTION_REGISTRIES
+    )
+    assert offenders == []
+    assert callers & set(CONNECTION_REGISTRIES) == set(CONNECTION_REGISTRIES)  # still needed?
+    for package in ("domain", "store", "limits", "providers", "telemetry"):
+        assert not _within(f"batchgen.{package}", MAY_GET_SETTINGS)
+
+
+def test_the_get_settings_rule_sees_a_call(tmp_path: Path):
+    source = tmp_path / "m.py"
+    source.write_text("from batchgen import config\nx = config.get_settings().budget\n")
+    assert _calls_get_settings(source)
+    source.write_text("def f(settings):\n    return settings.budget\n")
+    assert not _calls_get_settings(source)
+
+
 def test_simulator_imports_nothing_of_the_product_but_the_token_counter():
     offenders = [
         f"{source} -> {target}"

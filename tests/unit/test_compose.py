@@ -14,7 +14,7 @@ import yaml
 from typer.main import get_command
 
 from batchgen.cli.main import cli
-from batchgen.config import Settings
+from batchgen.config import Settings, env_variables
 from batchgen.registry import get_registry, parse_registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,16 +36,7 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def settings_variables() -> set[str]:
     """Every environment variable the settings object reads."""
-    names: set[str] = set()
-    prefix = Settings.model_config.get("env_prefix", "")
-    for name, field in Settings.model_fields.items():
-        alias = field.validation_alias
-        choices = getattr(alias, "choices", None)
-        if choices:
-            names.update(str(c) for c in choices)
-        else:
-            names.add(f"{prefix}{name}".upper())
-    return names
+    return set(env_variables())
 
 
 PROVIDERS_REGISTRY = ROOT / "examples" / "models.providers.toml"
@@ -54,7 +45,7 @@ PROVIDERS_REGISTRY = ROOT / "examples" / "models.providers.toml"
 def registry_variables() -> set[str]:
     """Variables the model registries read: ``${VAR}`` in the shipped models.toml, and the
     API key variables of it and of the example registry for real providers."""
-    text = Settings().models_file.read_text()
+    text = Settings().paths.models_file.read_text()
     names = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", text))
     providers = parse_registry(PROVIDERS_REGISTRY.read_text(), str(PROVIDERS_REGISTRY))
     return names | {spec.api_key_env for spec in [*get_registry(), *providers]}

@@ -20,7 +20,7 @@ def test_settings_read_conventional_urls(monkeypatch):
     s = Settings()
     assert s.sqlalchemy_url == "postgresql+psycopg://u@h:5432/d"
     assert s.broker_url == "redis://h:6379/0"  # the broker defaults to Redis
-    assert s.max_attempts == 7
+    assert s.worker.max_attempts == 7
     monkeypatch.setenv("CELERY_BROKER_URL", "amqp://guest@h//")
     assert Settings().broker_url == "amqp://guest@h//"
 
@@ -229,10 +229,10 @@ def test_a_host_apps_settings_come_from_its_config_over_the_environment(monkeypa
             "SECRET_KEY": "the host's",
         }
     )
-    assert settings.max_batch_lines == 3 and settings.call_poll_s == 0.25
-    assert settings.database_url == "postgresql://app/db" and settings.trusted_proxy is True
+    assert settings.submit.max_batch_lines == 3 and settings.calls.poll_s == 0.25
+    assert settings.database.url == "postgresql://app/db" and settings.api.trusted_proxy is True
     assert dict(os.environ) == before
-    assert settings_from_config({}).database_url == "postgresql://env/db"
+    assert settings_from_config({}).database.url == "postgresql://env/db"
     with pytest.raises(ValidationError, match="max_batch_lines"):
         settings_from_config({"BATCHGEN_MAX_BATCH_LINES": "many"})
 
@@ -247,7 +247,7 @@ def test_a_settings_scope_is_current_only_where_it_is_active():
     scope = SettingsScope(Settings(max_batch_lines=11))
     closed: list[str] = []
     with scope.active():
-        assert get_settings().max_batch_lines == 11 and current_scope() is scope
+        assert get_settings().submit.max_batch_lines == 11 and current_scope() is scope
         made = scope.resource("thing", lambda: ["made"], lambda v: closed.append(v[0]))
         assert scope.resource("thing", lambda: ["again"], lambda v: None) is made
         seen: list[object] = []

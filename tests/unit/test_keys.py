@@ -141,7 +141,7 @@ def test_operator_key_entries_are_checked_at_start():
     from batchgen.config import Settings
 
     good = f"ops:{'a' * 64}"
-    assert Settings(admin_keys=[good]).admin_keys == [good]
+    assert Settings(admin_keys=[good]).api.admin_keys == [good]
     for bad in ("ops", "ops:abc", f":{'a' * 64}", "ops:" + "A" * 64):
         with pytest.raises(ValidationError):
             Settings(admin_keys=[bad])

@@ -218,7 +218,7 @@ def test_the_pace_takes_notes_from_many_threads():
 
 
 def test_pack_settings_are_checked():
-    assert Settings(pack_max_items=1).pack_max_items == 1
+    assert Settings(pack_max_items=1).packs.max_items == 1
     with pytest.raises(ValueError):
         Settings(pack_max_items=0)
     with pytest.raises(ValueError):

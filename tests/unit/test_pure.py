@@ -163,11 +163,11 @@ def test_the_batchgen_names_win_over_the_conventional_ones(monkeypatch):
 
     monkeypatch.setenv("DATABASE_URL", "postgresql://site/site")
     monkeypatch.setenv("REDIS_URL", "redis://site:6379/0")
-    assert Settings().database_url == "postgresql://site/site"
+    assert Settings().database.url == "postgresql://site/site"
     monkeypatch.setenv("BATCHGEN_DATABASE_URL", "postgresql://ours/batchgen")
     monkeypatch.setenv("BATCHGEN_REDIS_URL", "redis://ours:6379/1")
     settings = Settings()
-    assert (settings.database_url, settings.redis_url) == (
+    assert (settings.database.url, settings.redis.url) == (
         "postgresql://ours/batchgen",
         "redis://ours:6379/1",
     )
