@@ -52,6 +52,7 @@ from batchgen.domain.message_batches import MESSAGES
 from batchgen.domain.offload import OffloadMode, parse_offload
 from batchgen.domain.routes import RouteMode, parse_route
 from batchgen.domain.status import Priority, parse_priority
+from batchgen.domain.submission import SubmitOptions
 from batchgen.errors import (
     BatchgenError,
     CallFailed,
@@ -66,7 +67,6 @@ from batchgen.errors import (
 from batchgen.request_auth import bearer as _bearer
 from batchgen.request_auth import current_key
 from batchgen.store import batches, tenants
-from batchgen.store.batches import SubmitOptions
 from batchgen.store.db import UNMIGRATED_SQLSTATES, session_scope
 from batchgen.store.schema import Tenant
 from batchgen.telemetry import tracing

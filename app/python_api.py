@@ -36,6 +36,7 @@ from batchgen.domain.notifications import retry_delay_s
 from batchgen.domain.offload import OffloadMode, parse_offload
 from batchgen.domain.routes import RouteMode, parse_route
 from batchgen.domain.status import Priority, parse_priority, sdk_priority
+from batchgen.domain.submission import SubmitOptions
 from batchgen.errors import (
     ClientError,
     NotFound,
@@ -46,7 +47,6 @@ from batchgen.limits import counters
 from batchgen.limits.backend import get_redis
 from batchgen.registry import ModelSpec, ProviderKind, get_registry
 from batchgen.store import batches, files, notifications, tenants
-from batchgen.store.batches import SubmitOptions
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
 from batchgen.telemetry import tracing
