@@ -18,15 +18,12 @@ from typing import Any
 
 from flask import Blueprint, Response, g, jsonify, request
 
-from batchgen import admin
+from batchgen import admin, python_api
 from batchgen.bodies import close_if_unread, json_body
 from batchgen.config import get_settings
 from batchgen.dashboard_auth import OPERATOR_ENVIRON_KEY
 from batchgen.errors import Forbidden, Unauthorized, ValidationFailed
 from batchgen.request_auth import api_key, current_key
-from batchgen.store import keys
-from batchgen.store.db import session_scope
-from batchgen.store.tenants import LIMITS
 
 admin_blueprint = Blueprint("batchgen_admin", __name__)
 admin_blueprint.after_request(close_if_unread)
@@ -66,8 +63,7 @@ def _operator() -> str:
         raise Unauthorized("the admin API needs 'Authorization: Bearer <operator key>'")
     name = operator_of(presented, get_settings().api.admin_keys)
     if name is None:
-        with session_scope() as session:
-            keys.authenticate(session, presented)  # 401 for no key of ours at all
+        python_api.authenticate(presented)  # 401 for no key of ours at all
         raise OperatorKeyRequired(
             "a tenant's API key cannot use the admin API: it needs an operator key "
             "(BATCHGEN_ADMIN_KEYS)"
@@ -142,7 +138,7 @@ def admin_create_tenant() -> tuple[Response, int]:
     name = body.pop("name", None)
     if not isinstance(name, str):
         raise ValidationFailed("name (a string) is required", field="name")
-    allowed = {"weight", "webhook_url", "is_admin", *LIMITS}
+    allowed = {"weight", "webhook_url", "is_admin", *python_api.TENANT_LIMITS}
     unknown = set(body) - allowed
     if unknown:
         raise ValidationFailed(f"unknown fields: {', '.join(sorted(unknown))}")

@@ -31,7 +31,6 @@ from flask import (
     url_for,
 )
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.orm import Session
 from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge
 
 from batchgen import python_api
@@ -52,6 +51,7 @@ from batchgen.domain.message_batches import MESSAGES
 from batchgen.domain.offload import OffloadMode, parse_offload
 from batchgen.domain.routes import RouteMode, parse_route
 from batchgen.domain.status import Priority, parse_priority
+from batchgen.domain.submission import SubmitOptions
 from batchgen.errors import (
     BatchgenError,
     CallFailed,
@@ -63,12 +63,9 @@ from batchgen.errors import (
     Unavailable,
     ValidationFailed,
 )
+from batchgen.python_api import UNMIGRATED_SQLSTATES, Tenant
 from batchgen.request_auth import bearer as _bearer
 from batchgen.request_auth import current_key
-from batchgen.store import batches, tenants
-from batchgen.store.batches import SubmitOptions
-from batchgen.store.db import UNMIGRATED_SQLSTATES, session_scope
-from batchgen.store.schema import Tenant
 from batchgen.telemetry import tracing
 
 log = logging.getLogger(__name__)
@@ -86,11 +83,6 @@ HTTP_CODES = {
 
 def _caller() -> Tenant:
     return current_key().tenant
-
-
-def _reload(session: Session, tenant: Tenant) -> Tenant:
-    """The authenticated tenant, attached to ``session``."""
-    return tenants.attach(session, tenant)
 
 
 def _limit(default: int) -> int:
@@ -231,8 +223,7 @@ def batch_notifications(batch_id: str) -> Response:
 @blueprint.get("/v1/batches/<batch_id>/results")
 def batch_results(batch_id: str) -> Response:
     tenant = _caller()
-    with session_scope() as session:  # 404 before the stream starts
-        batches.get_readable_batch(session, _reload(session, tenant), batch_id)
+    python_api.check_batch(batch_id, tenant=tenant)  # 404 before the stream starts
 
     def lines() -> Iterator[bytes]:
         for row in python_api.iter_results(batch_id, tenant=tenant):
@@ -591,11 +582,9 @@ def status() -> Response:
         raise Forbidden("the status view needs an admin key")
     from batchgen.limits.backend import get_redis
     from batchgen.monitoring.queues import queue_view
-    from batchgen.monitoring.snapshot import snapshot
     from batchgen.registry import get_registry
 
-    with session_scope() as session:
-        data = snapshot(session, get_redis(), get_registry(), get_settings())
+    data = python_api.status_snapshot()
     return jsonify({**data, **queue_view(get_registry(), get_settings(), get_redis())})
 
 
@@ -624,7 +613,9 @@ def metrics() -> Response:
 
     settings = get_settings()
     broker = get_redis(settings.broker_url) if settings.broker_url.startswith("redis") else None
-    collector = StateCollector(session_scope, get_redis(), get_registry(), settings, broker)
+    collector = StateCollector(
+        python_api.session_factory(), get_redis(), get_registry(), settings, broker
+    )
     return Response(render(collector), mimetype="text/plain; version=0.0.4")
 
 
@@ -812,12 +803,10 @@ def warm_providers() -> None:
 def check_schema() -> None:
     """Log, at start, a database that is not at the newest migration (its requests then
     answer 503 ``database_not_migrated``); an unreachable one is its requests' 503."""
-    from batchgen.store import db
-
     if not get_settings().database.url:
         return
     try:
-        behind = db.schema_behind()
+        behind = python_api.schema_behind()
     except Exception as exc:
         log.warning("database not checked at start (%s)", type(exc).__name__)
         return

@@ -43,9 +43,7 @@ from batchgen.config import get_settings
 from batchgen.domain import keys as key_rules
 from batchgen.domain.dashboard import format_usd
 from batchgen.errors import BatchgenError, PayloadTooLarge, Unauthorized
-from batchgen.store import keys
-from batchgen.store.db import session_scope
-from batchgen.store.schema import Tenant
+from batchgen.python_api import Tenant
 
 # Namespaced (blueprint and templates): a host app's own ``dashboard`` blueprint or
 # ``templates/dashboard.html`` does not collide with or replace batchgen's.
@@ -98,29 +96,21 @@ def _csrf_ok() -> bool:
 def _view(tenant: Tenant) -> dict[str, Any]:
     """Everything the page shows for this key: its batches (an admin key: every
     tenant's), the charts, and for an admin the models and today's cost per tenant."""
-    from batchgen.monitoring import pages
-    from batchgen.registry import get_registry
-
     usage: list[dict[str, Any]] = []
     view: dict[str, Any] = {"tenant": tenant.name, "admin": tenant.is_admin}
     if tenant.is_admin:
         view.update(_admin_view())
         usage = view["usage"]
-    with session_scope() as session:
-        view["batches"] = pages.batch_rows(session, tenant, LIST_LIMIT)
-        view["charts"] = pages.charts(session, get_registry(), tenant, usage)
+    view.update(python_api.dashboard_batches(tenant, LIST_LIMIT, usage))
     return view
 
 
 def _admin_view() -> dict[str, Any]:
     from batchgen.limits import counters
     from batchgen.limits.backend import get_redis
-    from batchgen.monitoring.snapshot import snapshot
-    from batchgen.registry import get_registry
 
-    registry, client = get_registry(), get_redis()
-    with session_scope() as session:
-        state = snapshot(session, client, registry, get_settings())
+    client = get_redis()
+    state = python_api.status_snapshot()
     for model in state["models"]:
         model["rate_limited"] = int(
             counters.read(client, model["model"]).get(counters.RATE_LIMITED, 0)
@@ -151,14 +141,9 @@ def _operator_view(name: str) -> dict[str, Any]:
     """The operator view a trusted host bridge asked for: every model's state, every
     tenant's batches and usage today; nothing to change (no tenant to submit or cancel
     as)."""
-    from batchgen.monitoring import pages
-    from batchgen.registry import get_registry
-
     view: dict[str, Any] = {"tenant": f"{name} (operator)", "admin": True, "operator": True}
     view.update(_admin_view())
-    with session_scope() as session:
-        view["batches"] = pages.batch_rows(session, None, LIST_LIMIT)  # read only
-        view["charts"] = pages.charts(session, get_registry(), None, view["usage"])
+    view.update(python_api.dashboard_batches(None, LIST_LIMIT, view["usage"]))  # read only
     return view
 
 
@@ -214,8 +199,7 @@ def login() -> BaseResponse:
     key = request.form.get("key", "").strip()
     try:
         auth.check_signin(key)
-        with session_scope() as session:
-            caller = keys.authenticate(session, key)  # its tenant comes back detached
+        caller = python_api.authenticate(key)  # its tenant comes back detached
         tenant = caller.tenant
         key_rules.check_dashboard_scopes(caller.scopes)
     except auth.SigninRefused as refused:
@@ -310,13 +294,11 @@ def batch_page(batch_id: str) -> Response:
 def _batch_view(tenant: Tenant, batch_id: str, template: str) -> Response:
     """A page of one batch the tenant may read (404 for another's)."""
     from batchgen.errors import NotFound
-    from batchgen.monitoring import pages
 
     key = _key()
     assert key is not None
     try:
-        with session_scope() as session:
-            batch = pages.batch_page(session, tenant, batch_id)
+        batch = python_api.dashboard_batch(tenant, batch_id)
     except NotFound as exc:
         return Response(
             render_template("batchgen/dashboard_missing.html", message=str(exc)), status=404

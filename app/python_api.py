@@ -22,6 +22,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from batchgen.domain.notifications import retry_delay_s
 from batchgen.domain.offload import OffloadMode, parse_offload
 from batchgen.domain.routes import RouteMode, parse_route
 from batchgen.domain.status import Priority, parse_priority, sdk_priority
+from batchgen.domain.submission import SubmitOptions
 from batchgen.errors import (
     ClientError,
     NotFound,
@@ -45,10 +47,10 @@ from batchgen.errors import (
 from batchgen.limits import counters
 from batchgen.limits.backend import get_redis
 from batchgen.registry import ModelSpec, ProviderKind, get_registry
-from batchgen.store import batches, files, notifications, tenants
-from batchgen.store.batches import SubmitOptions
+from batchgen.store import batches, db, files, keys, notifications, tenants
 from batchgen.store.db import session_scope
-from batchgen.store.schema import Tenant
+from batchgen.store.keys import Caller as Caller
+from batchgen.store.schema import Tenant as Tenant
 from batchgen.telemetry import tracing
 from batchgen.worker import cancellation, publish, webhooks
 from batchgen.worker.call_answers import StreamPart as StreamPart
@@ -321,6 +323,13 @@ def iter_results(batch_id: str, *, tenant: str | Tenant) -> Iterator[dict[str, A
     with session_scope() as session:
         batch = batches.get_readable_batch(session, _tenant(session, tenant), batch_id)
         yield from batches.iter_results(session, batch)
+
+
+def check_batch(batch_id: str, *, tenant: Tenant) -> None:
+    """Raise :class:`NotFound` unless the (authenticated) tenant can read ``batch_id``
+    (before a stream of its results starts)."""
+    with session_scope() as session:
+        batches.get_readable_batch(session, tenants.attach(session, tenant), batch_id)
 
 
 def cancel_batch(batch_id: str, *, tenant: str | Tenant) -> dict[str, Any]:
@@ -688,3 +697,63 @@ def list_models_page(
     created = _registry_created()
     data = [_anthropic_model(spec, created) for spec in specs[start:end]]
     return cursor_page(data, has_more)
+
+
+# --- the deployment's state, for the status view and the metrics ---------------------
+
+# A database error of an unmigrated schema (the 503 that names `batchgen db upgrade`).
+UNMIGRATED_SQLSTATES = db.UNMIGRATED_SQLSTATES
+
+
+def session_factory() -> Callable[[], AbstractContextManager[Session]]:
+    """What opens a transaction of its own, for a reader that opens one per scrape
+    (:class:`batchgen.monitoring.metrics.StateCollector`)."""
+    return session_scope
+
+
+def authenticate(secret: str | None) -> Caller:
+    """The API key ``secret`` is and its tenant (detached), or :class:`Unauthorized`;
+    one statement, autocommit (:func:`batchgen.store.keys.authenticate`)."""
+    with db.autocommit() as connection:  # one statement: no transaction around it
+        return keys.authenticate(connection, secret)
+
+
+# What an operator may change on a tenant beside its weight, webhook and admin flag.
+TENANT_LIMITS = tenants.LIMITS
+
+
+def status_snapshot() -> dict[str, Any]:
+    """Per-model backlog, throughput and budget use, per-tenant progress
+    (:func:`batchgen.monitoring.snapshot.snapshot`), read in a transaction of its own."""
+    from batchgen.monitoring.snapshot import snapshot
+
+    with session_scope() as session:
+        return snapshot(session, get_redis(), get_registry(), get_settings())
+
+
+def schema_behind() -> str | None:
+    """Why the database is not at the newest migration (None: it is)."""
+    return db.schema_behind()
+
+
+def dashboard_batches(
+    tenant: Tenant | None, limit: int, usage: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The dashboard's list of batches and its charts (``tenant`` None: a host's operator,
+    every tenant's, read only), in one transaction."""
+    from batchgen.monitoring import pages
+
+    with session_scope() as session:
+        return {
+            "batches": pages.batch_rows(session, tenant, limit),
+            "charts": pages.charts(session, get_registry(), tenant, usage),
+        }
+
+
+def dashboard_batch(tenant: Tenant, batch_id: str) -> dict[str, Any]:
+    """One batch as its dashboard page shows it; :class:`NotFound` unless the tenant may
+    read it."""
+    from batchgen.monitoring import pages
+
+    with session_scope() as session:
+        return pages.batch_page(session, tenant, batch_id)

@@ -10,9 +10,7 @@ from batchgen.domain import keys as key_rules
 from batchgen.errors import KeyRateLimited
 from batchgen.limits import key_rate
 from batchgen.limits.backend import get_redis
-from batchgen.store import keys
-from batchgen.store.db import autocommit
-from batchgen.store.keys import Caller
+from batchgen.python_api import Caller, authenticate
 
 
 def bearer() -> str | None:
@@ -33,8 +31,7 @@ def current_key() -> Caller:
     own requests per minute (else 429 ``key_rate_limited``). One indexed lookup (one
     statement, autocommit), no cache: a revoked key is refused from its next request on."""
     if "caller" not in g:
-        with autocommit() as connection:  # one statement: no transaction around it
-            caller = keys.authenticate(connection, api_key())
+        caller = authenticate(api_key())  # one statement, autocommit
         key_rules.check_scope(request.endpoint, caller.scopes)
         if caller.requests_per_min is not None:
             wait_s = key_rate.take(get_redis(), caller.key_id, caller.requests_per_min)

@@ -9,11 +9,9 @@ may read every tenant's batches (:func:`get_readable_batch`); changing a batch
 from __future__ import annotations
 
 import datetime as dt
-import itertools
-import json
 import re
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -23,41 +21,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain.admission import (
-    UNSTORABLE,
-    ItemDraft,
-    Limits,
-    RequestFingerprint,
-    fitting,
-    parse_lines,
-    unstorable_path,
-)
-from batchgen.domain.deadlines import format_duration, parse_duration_s
-from batchgen.domain.endpoints import (
-    BATCH_ENDPOINTS,
-    CHAT_COMPLETIONS,
-    MESSAGES,
-    line_endpoint,
-    unknown_endpoint,
-)
-from batchgen.domain.notifications import (
-    DEFAULT_CALLBACK_QUEUE,
-    check_callback,
-    check_task_name,
-    check_webhook_url,
-)
-from batchgen.domain.offload import OfflineWindow, OffloadMode, parse_offload
-from batchgen.domain.prompt_cache import PrefixKeys
-from batchgen.domain.routes import (
-    FlexWindow,
-    ItemRoute,
-    RouteMode,
-    Routes,
-    asks_flex,
-    choose_route,
-    offload_of,
-    parse_route,
-)
+from batchgen.domain import submission
+from batchgen.domain.deadlines import format_duration
 from batchgen.domain.status import (
     OPEN,
     TERMINAL,
@@ -67,47 +32,16 @@ from batchgen.domain.status import (
     batch_status,
     values,
 )
-from batchgen.errors import IdempotencyKeyReused, NotFound, ValidationFailed
-from batchgen.registry import FLEX_KINDS, ModelSpec, Registry
+from batchgen.domain.submission import BatchFrame, Prepared, SubmitOptions, Tally
+from batchgen.errors import NotFound, ValidationFailed
+from batchgen.registry import Registry
 from batchgen.store import items, notifications, quotas, rounds, totals
 from batchgen.store.schema import Batch, Item, Result, Tenant, listed_batch
 from batchgen.store.sqlfiles import query
 
 OPEN_VALUES = values(OPEN)
-MAX_IDEMPOTENCY_KEY_CHARS = 200
 # What a batch id can look like (``batch_`` + hex); anything else is no batch.
 BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class SubmitOptions:
-    # None: the settings' default_completion_window_s.
-    completion_window: str | float | None = None
-    metadata: dict[str, Any] | None = None
-    idempotency_key: str | None = None
-    priority: Priority = Priority.INTERACTIVE
-    # The upload the lines come from (POST /v1/batches with input_file_id).
-    input_file_id: str | None = None
-    # The API the batch was submitted to: an endpoint of OpenAI's Batch API (every line's
-    # url; None: the one the lines name), or Anthropic's Message Batches (MESSAGES: the
-    # lines translated from its requests, chat lines).
-    endpoint: str | None = None
-    # May its bulk items go to the provider's own Batch API (batchgen.domain.offload)?
-    offload: OffloadMode | str = OffloadMode.AUTO
-    # Which routes its items may take: standard calls, flex calls, the provider's Batch
-    # API (batchgen.domain.routes; auto: by deadline and priority).
-    route: RouteMode | str = RouteMode.AUTO
-    # Told when it ends (batchgen.domain.notifications): a Celery task of the host's by
-    # name (sent to on_finished_queue, default Celery's "celery"), and a webhook.
-    on_finished: str | None = None
-    on_finished_queue: str | None = None
-    webhook_url: str | None = None
-    # The host app (Flask, Django: its BATCHGEN_APP_ID) it came through; None: the
-    # standalone API. Only that app's signal command fires its batch_finished.
-    origin: str | None = None
-    # The API key it is submitted with (usage by key); None: not through a key.
-    key_id: int | None = None
-
 
 # A finished batch's output file (its succeeded requests) and error file (the rest),
 # rendered from its results when read (app/store/files.py).
@@ -133,15 +67,6 @@ def output_file_ids(batch: Batch, counts: dict[str, int]) -> tuple[str | None, s
     )
 
 
-def submission_limits(settings: Settings) -> Limits:
-    """The bounds of one request file, upload or submit alike."""
-    return Limits(
-        max_lines=settings.submit.max_batch_lines,
-        max_bytes=settings.submit.max_body_bytes,
-        max_tokenize_bytes=settings.submit.max_tokenize_bytes,
-    )
-
-
 def new_batch_id() -> str:
     return "batch_" + uuid.uuid4().hex
 
@@ -152,108 +77,14 @@ def _find_idempotent(session: Session, tenant_id: int, key: str) -> Batch | None
     )
 
 
-def _routes(spec: ModelSpec) -> Routes:
-    """The model's routes beside standard calls, as the route rule sees them."""
-    offline = spec.offline_route
-    return Routes(
-        batch=None if offline is None else OfflineWindow(offline.turnaround_s, offline.fallback_s),
-        flex=None if spec.flex is None else FlexWindow.of(spec.flex),
-        flex_on_request=spec.provider.value in FLEX_KINDS,
+def _frame(batch: Batch) -> BatchFrame:
+    return BatchFrame(
+        batch.id, batch.route, batch.offload, batch.priority, batch.created_at, batch.deadline_at
     )
 
 
-def _cache_min_tokens(registry: Registry) -> Callable[[str], int | None]:
-    """A model's shortest cached prefix (None: the model keeps no prefix keys)."""
-
-    def of(model: str) -> int | None:
-        spec = registry[model]
-        return spec.prompt_cache_min_tokens if spec.prompt_cache else None
-
-    return of
-
-
-def _check_route(
-    line_no: int, mode: RouteMode, offload: OffloadMode, spec: ModelSpec, routes: Routes
-) -> None:
-    """A batch that names a route its model does not have is refused, naming the line."""
-    if offload is OffloadMode.ALWAYS and routes.batch is None:
-        named = "route 'batch'" if mode is RouteMode.BATCH else "offload 'always'"
-        raise ValidationFailed(
-            f"line {line_no}: {named} but model {spec.name!r} has no offline "
-            "route (offload = true in the registry)",
-            field="route" if mode is RouteMode.BATCH else "offload",
-        )
-    if mode is RouteMode.FLEX and routes.flex is None:
-        raise ValidationFailed(
-            f"line {line_no}: route 'flex' but model {spec.name!r} has no flex route "
-            f'([models."{spec.name}".flex] in the registry)',
-            field="route",
-        )
-
-
-def _item_rows(
-    drafts: Iterable[ItemDraft],
-    batch: Batch,
-    tenant_id: int,
-    tokens_by_model: dict[str, int],
-    admitted: dict[str, list[int]],
-    registry: Registry,
-    keys: dict[str, int],
-    prefixes: PrefixKeys,
-) -> Iterator[dict[str, Any]]:
-    """Rows to insert, each ``pending`` or ``offloaded`` with its route (by
-    :func:`batchgen.domain.routes.choose_route`) and its prompt prefix's key
-    (``prefixes``); adds up each model's estimated tokens of online work on the way
-    (offloaded items are not the online backlog), and each model's items and tokens in
-    all (``admitted``: ``[items, tokens]``). Each model's items are keyed in input order
-    from ``keys[model]`` (default 1), which the rows move on
-    (:func:`batchgen.store.rounds.next_keys`)."""
-    mode, priority = RouteMode(batch.route), Priority(batch.priority)
-    offload = OffloadMode(batch.offload)
-    for d in drafts:
-        deadline = batch.deadline_at
-        if d.timeout_s is not None:
-            deadline = min(deadline, batch.created_at + dt.timedelta(seconds=d.timeout_s))
-        spec = registry[d.model]
-        routes = _routes(spec)
-        _check_route(d.line_no, mode, offload, spec, routes)
-        route = choose_route(
-            mode=mode,
-            offload=offload,
-            priority=priority,
-            routes=routes,
-            deadline_left_s=(deadline - batch.created_at).total_seconds(),
-            asked_flex=asks_flex(d.body),
-        )
-        offline = route is ItemRoute.BATCH
-        tokens = d.prompt_tokens_est + d.max_tokens
-        tokens_by_model.setdefault(d.model, 0)
-        if not offline:
-            tokens_by_model[d.model] += tokens
-        counted = admitted.setdefault(d.model, [0, 0])
-        counted[0] += 1
-        counted[1] += tokens
-        key = keys.get(d.model, 1)
-        keys[d.model] = key + 1
-        yield {
-            "batch_id": batch.id,
-            "tenant_id": tenant_id,
-            "line_no": d.line_no,
-            "custom_id": d.custom_id,
-            "model": d.model,
-            "priority_rank": Priority(batch.priority).rank,
-            "body": d.body_json if d.body_json is not None else json.dumps(d.body),
-            "prompt_tokens_est": d.prompt_tokens_est,
-            "max_tokens": d.max_tokens,
-            "status": (ItemStatus.OFFLOADED if offline else ItemStatus.PENDING).value,
-            "deadline_at": deadline,
-            "dispatch_key": key,
-            "route": route.value,
-            "prefix_key": prefixes.key(d.model, d.body, d.endpoint),
-        }
-
-
-# The item columns a submit writes, in the order of _item_rows' values.
+# The item columns a submit writes, in the order of the rows' values
+# (batchgen.domain.submission.item_rows).
 COPY_COLUMNS = (
     "batch_id",
     "tenant_id",
@@ -288,128 +119,17 @@ def _copy_items(session: Session, rows: Iterable[dict[str, Any]]) -> int:
     return total
 
 
-def _check_options(options: SubmitOptions, default_window_s: int) -> float:
-    """Validate the submit's parameters; returns the completion window in seconds."""
-    key = options.idempotency_key
-    if key is not None:
-        if len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
-            raise ValidationFailed(
-                f"Idempotency-Key longer than {MAX_IDEMPOTENCY_KEY_CHARS} characters",
-                field="Idempotency-Key",
-            )
-        if not key.isprintable():
-            raise ValidationFailed(
-                "Idempotency-Key must be printable characters", field="Idempotency-Key"
-            )
-    if options.endpoint is not None and options.endpoint not in (*BATCH_ENDPOINTS, MESSAGES):
-        raise ValidationFailed(unknown_endpoint(options.endpoint), field="endpoint")
-    window_s = (
-        float(default_window_s)
-        if options.completion_window is None
-        else parse_duration_s(options.completion_window)
+def _replay(existing: Batch, prep: Prepared) -> Batch:
+    """The batch an Idempotency-Key named, once the request proves to be the same one
+    (:func:`batchgen.domain.submission.check_replay`)."""
+    submission.check_replay(
+        existing.request_sha256,
+        existing.idempotency_key,
+        existing.id,
+        prep.drafts,
+        prep.fingerprint,
     )
-    if options.metadata is not None:
-        if not isinstance(options.metadata, dict):
-            raise ValidationFailed("metadata must be an object", field="metadata")
-        bad = unstorable_path(options.metadata)
-        if bad is not None:
-            raise ValidationFailed(f"metadata: {bad or 'a key'} {UNSTORABLE}", field="metadata")
-    return window_s
-
-
-def _replay(existing: Batch, drafts: Iterable[ItemDraft], fingerprint: RequestFingerprint) -> Batch:
-    """The batch an Idempotency-Key named, once the request proves to be the same one.
-
-    The request is validated in full first (a bad request is a 400 whether or
-    not its key was used). Batches stored before fingerprints existed replay
-    as before.
-    """
-    for _ in drafts:
-        pass
-    if existing.request_sha256 not in (None, fingerprint.hexdigest()):
-        raise IdempotencyKeyReused(
-            f"Idempotency-Key {existing.idempotency_key!r} was used for a different request "
-            f"(batch {existing.id}); send a new key with a new request",
-            field="Idempotency-Key",
-        )
     return existing
-
-
-@dataclass
-class _Prepared:
-    """A submit's parameters checked and its lines under way (parsed as they are read)."""
-
-    window_s: float
-    endpoint: str | None
-    priority: Priority
-    route: RouteMode
-    offload: OffloadMode
-    on_finished: str | None
-    queue: str | None
-    webhook_url: str | None
-    key: str | None
-    fingerprint: RequestFingerprint
-    drafts: Iterator[ItemDraft]
-    first: ItemDraft
-
-
-def _prepare(
-    tenant: Tenant,
-    lines: Iterable[bytes],
-    options: SubmitOptions,
-    registry: Registry,
-    settings: Settings,
-) -> _Prepared:
-    """What :func:`store_batch` checks before it stores anything (no database)."""
-    window_s = _check_options(options, settings.submit.default_completion_window_s)
-    endpoint = options.endpoint
-    priority = Priority(options.priority)
-    route = parse_route(options.route)
-    offload = offload_of(route, parse_offload(options.offload))
-    on_finished = check_task_name(options.on_finished)
-    queue = check_task_name(options.on_finished_queue, "on_finished_queue")
-    check_callback(
-        on_finished,
-        queue,
-        settings.webhooks.callback_tasks,
-        settings.webhooks.callback_queues,
-        DEFAULT_CALLBACK_QUEUE,
-    )
-    webhook_url = check_webhook_url(options.webhook_url)
-    told = {"on_finished": on_finished, "on_finished_queue": queue, "webhook_url": webhook_url}
-    key = options.idempotency_key or None
-    fingerprint = RequestFingerprint(
-        {
-            "endpoint": endpoint or CHAT_COMPLETIONS,
-            "completion_window_s": window_s,
-            "metadata": options.metadata,
-            "priority": priority.value,
-            **({"offload": offload.value} if offload is not OffloadMode.AUTO else {}),
-            **({"route": route.value} if route is not RouteMode.AUTO else {}),
-            **{k: v for k, v in told.items() if v is not None},
-            **({"input_file_id": options.input_file_id} if options.input_file_id else {}),
-        }
-    )
-    limits = submission_limits(settings)
-    expected = line_endpoint(endpoint) if endpoint is not None else None
-    parsed = parse_lines(lines, registry, limits, expected)
-    drafts = fingerprint.track(fitting(parsed, registry, tenant.tokens_per_min))
-    first = next(drafts)  # the lines name the batch's endpoint when the caller did not
-    drafts = itertools.chain([first], drafts)
-    return _Prepared(
-        window_s,
-        endpoint,
-        priority,
-        route,
-        offload,
-        on_finished,
-        queue,
-        webhook_url,
-        key,
-        fingerprint,
-        drafts,
-        first,
-    )
 
 
 def store_batch(
@@ -420,7 +140,8 @@ def store_batch(
     registry: Registry,
     settings: Settings,
 ) -> tuple[Batch, bool]:
-    """Validate and store a batch in the caller's transaction.
+    """Store a batch in the caller's transaction, as
+    :mod:`batchgen.domain.submission` checks and routes it.
 
     Returns ``(batch, created)``; ``created`` is False when the idempotency key
     named an existing batch for the same request (another request under a used
@@ -429,38 +150,30 @@ def store_batch(
     into one COPY while the body is read, so a large file is neither held whole
     nor sent row by row.
     """
-    prep = _prepare(tenant, lines, options, registry, settings)
-    window_s, endpoint, priority, route, offload = (
-        prep.window_s,
-        prep.endpoint,
-        prep.priority,
-        prep.route,
-        prep.offload,
-    )
-    on_finished, queue, webhook_url = prep.on_finished, prep.queue, prep.webhook_url
-    key, fingerprint, drafts, first = prep.key, prep.fingerprint, prep.drafts, prep.first
+    prep = submission.prepare(tenant.tokens_per_min, lines, options, registry, settings)
+    key = prep.key
     if key is not None:
         existing = _find_idempotent(session, tenant.id, key)
         if existing is not None:
-            return _replay(existing, drafts, fingerprint), False
+            return _replay(existing, prep), False
     now = session.scalar(select(func.now()))
     assert now is not None
     batch = Batch(
         id=new_batch_id(),
         tenant_id=tenant.id,
         status=BatchStatus.IN_PROGRESS.value,
-        endpoint=endpoint or first.endpoint,
-        priority=priority.value,
-        completion_window_s=int(window_s),
-        deadline_at=now + dt.timedelta(seconds=window_s),
+        endpoint=prep.endpoint or prep.first.endpoint,
+        priority=prep.priority.value,
+        completion_window_s=int(prep.window_s),
+        deadline_at=now + dt.timedelta(seconds=prep.window_s),
         metadata_=options.metadata,
         idempotency_key=key,
         input_file_id=options.input_file_id,
-        offload=offload.value,
-        route=route.value,
-        on_finished=on_finished,
-        on_finished_queue=queue,
-        webhook_url=webhook_url,
+        offload=prep.offload.value,
+        route=prep.route.value,
+        on_finished=prep.on_finished,
+        on_finished_queue=prep.queue,
+        webhook_url=prep.webhook_url,
         origin=options.origin,
         key_id=options.key_id,
         total_items=0,
@@ -474,22 +187,24 @@ def store_batch(
         existing = _find_idempotent(session, tenant.id, key or "")
         if existing is None:
             raise
-        return _replay(existing, drafts, fingerprint), False
+        return _replay(existing, prep), False
 
-    tokens_by_model: dict[str, int] = {}
-    admitted: dict[str, list[int]] = {}
+    tally = Tally()
     keys = rounds.next_keys(session, tenant.id)
-    prefixes = PrefixKeys(_cache_min_tokens(registry), lambda m: registry[m].encoding)
-    rows = _item_rows(drafts, batch, tenant.id, tokens_by_model, admitted, registry, keys, prefixes)
+    prefixes = submission.prefix_keys(registry)
+    rows = submission.item_rows(
+        prep.drafts, _frame(batch), tenant.id, tally, registry, keys, prefixes
+    )
     total = _copy_items(session, rows)
     items.clear_prefix_keys(session, batch.id, prefixes.singles())
     batch.total_items = total
-    batch.request_sha256 = fingerprint.hexdigest()
+    batch.request_sha256 = prep.fingerprint.hexdigest()
     session.flush()
-    totals.admit(session, tenant.id, {m: totals.Count(*c) for m, c in admitted.items()})
-    if priority is not Priority.CALL:  # a call's bound is the fail-fast rule (store/calls.py)
-        quotas.check_models(session, tokens_by_model, registry, settings)
-    quotas.check_tenant(session, tenant, registry, sorted(tokens_by_model))
+    totals.admit(session, tenant.id, {m: totals.Count(*c) for m, c in tally.admitted.items()})
+    # A call's bound is the fail-fast rule (store/calls.py), not the backlog's.
+    models = submission.backlog_models(tally.online_tokens, prep.priority)
+    quotas.check_models(session, models, tally.online_tokens, registry, settings)
+    quotas.check_tenant(session, tenant, registry, sorted(tally.online_tokens))
     return batch, True
 
 
@@ -511,15 +226,15 @@ def call_rows(
 ) -> CallRows | None:
     """The columns :func:`store_batch` would store for a call of one line (validated
     the same way, raising the same errors); None when the call needs
-    :func:`store_batch` itself: an Idempotency-Key (a replay to find), a tenant with
-    quotas to check, or an item it would not release at once (offloaded)."""
-    if options.idempotency_key or options.priority != Priority.CALL:
+    :func:`store_batch` itself (:func:`batchgen.domain.submission.call_needs_full_store`),
+    or an item it would not release at once (offloaded)."""
+    if submission.call_needs_full_store(
+        options, tenant.max_pending_items, tenant.daily_token_quota
+    ):
         return None
-    if tenant.max_pending_items is not None or tenant.daily_token_quota is not None:
-        return None
-    prep = _prepare(tenant, iter([line]), options, registry, settings)
+    prep = submission.prepare(tenant.tokens_per_min, iter([line]), options, registry, settings)
     now = dt.datetime.now(dt.UTC)  # for the item's deadline and route; PostgreSQL's is stored
-    batch = Batch(
+    frame = BatchFrame(
         id=new_batch_id(),
         route=prep.route.value,
         offload=prep.offload.value,
@@ -527,15 +242,16 @@ def call_rows(
         created_at=now,
         deadline_at=now + dt.timedelta(seconds=prep.window_s),
     )
-    prefixes = PrefixKeys(_cache_min_tokens(registry), lambda m: registry[m].encoding)
-    admitted: dict[str, list[int]] = {}
-    rows = list(_item_rows(prep.drafts, batch, tenant.id, {}, admitted, registry, {}, prefixes))
+    prefixes = submission.prefix_keys(registry)
+    rows = list(
+        submission.item_rows(prep.drafts, frame, tenant.id, Tally(), registry, {}, prefixes)
+    )
     if len(rows) != 1 or rows[0]["status"] != ItemStatus.PENDING.value:
         return None
     item = {**rows[0], "prefix_key": None}  # the batch's only item shares its prefix with none
     return CallRows(
         batch={
-            "id": batch.id,
+            "id": frame.id,
             "tenant_id": tenant.id,
             "status": BatchStatus.IN_PROGRESS.value,
             "endpoint": prep.endpoint or prep.first.endpoint,

@@ -34,9 +34,9 @@ from sqlalchemy.orm import Session
 from batchgen.config import Settings
 from batchgen.domain.calls import key_replays
 from batchgen.domain.status import CALL_RANK, OPEN, TERMINAL, ItemStatus, Priority, values
+from batchgen.domain.submission import SubmitOptions
 from batchgen.registry import Registry
 from batchgen.store import batches, db, items
-from batchgen.store.batches import SubmitOptions
 from batchgen.store.schema import Batch, Item, Result, Tenant
 from batchgen.store.sqlfiles import driver_query
 

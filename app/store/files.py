@@ -32,7 +32,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain.admission import parse_lines
+from batchgen.domain import submission
 from batchgen.domain.status import ItemStatus
 from batchgen.errors import NotFound, PayloadTooLarge, ValidationFailed
 from batchgen.registry import Registry
@@ -43,7 +43,6 @@ from batchgen.store.batches import (
     OUTPUT,
     output_file_id,
     output_file_ids,
-    submission_limits,
 )
 from batchgen.store.schema import Batch, File, Tenant
 from batchgen.store.sqlfiles import query
@@ -96,7 +95,7 @@ def store_file(
                 field="expires_after",
             )
         retention_s = expires_after_s
-    line_count = sum(1 for _ in parse_lines(_lines(content), registry, submission_limits(settings)))
+    line_count = submission.count_lines(_lines(content), registry, settings)
     quotas.check_files(session, tenant, len(content), settings)
     now = session.scalar(select(func.now()))
     assert now is not None

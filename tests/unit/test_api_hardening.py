@@ -216,8 +216,8 @@ def test_a_streamed_body_of_its_cap_is_read_and_one_byte_more_is_413(path):
 
 def test_file_quota_decisions():
     """Issue 27 item 5, the pure part: count, bytes, a file alone too big, Retry-After."""
+    from batchgen.domain.submission import check_file_quota
     from batchgen.errors import FileQuotaExceeded
-    from batchgen.store.quotas import check_file_quota
 
     quota = (3, 1000)
     check_file_quota("t", 100, (2, 900), quota, 50.0)  # fits: the third file, 1000 bytes

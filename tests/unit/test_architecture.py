@@ -554,3 +554,147 @@ def test_the_sql_rule_lets_through_what_is_not_sql(tmp_path: Path):
         "MESSAGE = 'Select a batch to see its items'\n"
     )
     assert _sql_outside_the_store("m", path) == []
+
+
+# --- the store reads and writes; a submission's decisions are the domain's (issue #38) ----
+
+# Interface modules that reach the store only through batchgen.python_api (or the worker).
+STORE_FREE_INTERFACES = (
+    "batchgen.api",
+    "batchgen.admin_api",
+    "batchgen.dashboard",
+    "batchgen.request_auth",
+)
+
+
+@pytest.mark.parametrize("module", STORE_FREE_INTERFACES)
+def test_interfaces_reach_the_store_through_python_api(module: str):
+    direct = sorted(
+        t for t in GRAPH[module] if t == "batchgen.store" or t.startswith("batchgen.store.")
+    )
+    assert direct == [], f"{module} imports the store; go through batchgen.python_api"
+
+
+# Every top-level function of the store modules a submission goes through: each reads or
+# writes. A new one is either the same (add it here) or a decision: that goes to
+# batchgen.domain.submission (routes, cache keys, option checks, quota verdicts).
+STORE_FUNCTIONS = {
+    "batchgen.store.batches": {
+        "output_file_id",
+        "output_file_ids",
+        "new_batch_id",
+        "_find_idempotent",
+        "_frame",
+        "_copy_items",
+        "_replay",
+        "store_batch",
+        "call_rows",
+        "_get_batch",
+        "get_readable_batch",
+        "get_owned_batch",
+        "request_counts",
+        "_ts",
+        "describe",
+        "list_page",
+        "_rfc3339",
+        "describe_message_batch",
+        "list_batches",
+        "refresh_status",
+        "keyed_batches",
+        "cancel_requested_among",
+        "unfinished_batch_ids",
+        "close_if_done",
+        "finish_if_done",
+        "cancel",
+        "error_codes",
+        "iter_results",
+    },
+    "batchgen.store.quotas": {
+        "check_files",
+        "_open",
+        "check_models",
+        "_tokens_used_on",
+        "check_tenant",
+    },
+}
+
+
+def _top_level_functions(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    return {
+        node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+
+
+@pytest.mark.parametrize("module", sorted(STORE_FUNCTIONS))
+def test_the_store_modules_of_a_submission_hold_only_their_reads_and_writes(module: str):
+    assert _top_level_functions(MODULES[module]) == STORE_FUNCTIONS[module]
+
+
+# What decides a submission, imported by no store module: the store calls
+# batchgen.domain.submission, which uses these (route choice and parsing, the offload
+# rule, prompt prefix keys, line parsing, option checks) and raises these refusals.
+DECISION_NAMES = {
+    "choose_route",
+    "parse_route",
+    "offload_of",
+    "parse_offload",
+    "asks_flex",
+    "PrefixKeys",
+    "parse_lines",
+    "fitting",
+    "check_callback",
+    "check_task_name",
+    "parse_duration_s",
+    "unstorable_path",
+}
+REFUSALS = {"Overloaded", "OverQuota", "FileQuotaExceeded", "IdempotencyKeyReused"}
+
+
+def _imported_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("batchgen"):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def _raised_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            call = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(call, ast.Name):
+                names.add(call.id)
+            elif isinstance(call, ast.Attribute):
+                names.add(call.attr)
+    return names
+
+
+def test_no_store_module_decides_a_submission():
+    found = []
+    for name, path in MODULES.items():
+        if not name.startswith("batchgen.store"):
+            continue
+        for decision in sorted(_imported_names(path) & (DECISION_NAMES | REFUSALS)):
+            found.append(f"{name} imports {decision}")
+        for refusal in sorted(_raised_names(path) & REFUSALS):
+            found.append(f"{name} raises {refusal}")
+    assert found == []
+
+
+def test_the_decision_rule_finds_each_kind(tmp_path: Path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "from batchgen.domain.routes import choose_route\n"
+        "from batchgen import errors\n"
+        "def f():\n"
+        "    raise errors.OverQuota('x')\n"
+        "def _routes():\n"
+        "    pass\n"
+    )
+    assert _imported_names(path) & DECISION_NAMES == {"choose_route"}
+    assert _raised_names(path) & REFUSALS == {"OverQuota"}
+    assert "_routes" in _top_level_functions(path)
