@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from batchgen.worker.procs import WorkerProcess, start_worker, stop_all
+from tests.waiting import poll_until
 
 HERE = Path(__file__).resolve().parent
 CONTROL_QUEUE = "batchgen.control"
@@ -212,7 +213,6 @@ def api_servers(tmp_path: Path) -> Iterator[Callable[..., str]]:
     overrides per call); returns its base URL. Every one started is stopped at the end."""
     import subprocess
     import sys
-    import time
 
     import httpx
 
@@ -238,19 +238,19 @@ def api_servers(tmp_path: Path) -> Iterator[Callable[..., str]]:
             )
         started.append(process)
         base_url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        def healthy() -> bool:
             if process.poll() is not None:
                 log_text = (log_dir / f"api-{port}.log").read_text()
                 raise RuntimeError(f"API server exited: {log_text}")
             try:
-                if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
-                    return base_url
+                return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
             except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"API server not up after {timeout_s}s")
-            time.sleep(0.1)
+                return False
+
+        if not poll_until(healthy, timeout_s):
+            raise RuntimeError(f"API server not up after {timeout_s}s")
+        return base_url
 
     try:
         yield start

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 from sqlalchemy import func, select
@@ -27,6 +25,7 @@ from tests.helpers import (
     wait_batches,
 )
 from tests.invariants import assert_budget_settled
+from tests.waiting import hold, poll_until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -113,10 +112,8 @@ def test_sigkill_worker_mid_call_loses_nothing(clean_db, simulator, workers):
             get_registry().queues, concurrency=8, beat=False, env=fast_leases, name="victim"
         )
         workers(concurrency=8, beat=True, env=fast_leases, name="survivor")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and "succeeded prompt_tokens" not in victim.log_tail(200):
-            time.sleep(0.1)
-        time.sleep(0.3)  # the victim's threads are mid-call now
+        poll_until(lambda: "succeeded prompt_tokens" in victim.log_tail(200), 30)
+        hold(0.3, "the victim's threads are mid-call (700 ms each) now")
         victim.kill()
         wait_batches([batch["id"]], timeout_s=120)
     finally:
@@ -179,13 +176,15 @@ FAST_RECOVERY = {
 
 
 def _wait_until_running(batch_id: str, at_least: int = 5) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        counts = client.get_batch(batch_id, tenant=_tenant_of(batch_id))["request_counts"]
-        if counts["succeeded"] >= at_least:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the batch did not start")
+    wait_until(
+        lambda: (
+            client.get_batch(batch_id, tenant=_tenant_of(batch_id))["request_counts"]["succeeded"]
+            >= at_least
+        ),
+        30,
+        "the batch to start",
+        poll_s=0.05,
+    )
 
 
 def _tenant_of(batch_id: str) -> str:

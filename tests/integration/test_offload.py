@@ -9,7 +9,6 @@ beat runs the tick, while the provider holds the create's answer.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -38,6 +37,7 @@ from tests.helpers import (
     wait_batches,
 )
 from tests.native_setup import AWS_ENV, VERTEX_KEY_ENV, model_toml, service_account_file
+from tests.waiting import hold, wait_until
 
 MODELS = ["sim-small", "sim-claude", "sim-gemini", "anthropic.claude-sim", "sim-vertex"]
 VERTEX_BUCKET = "batchgen-vertex"
@@ -192,11 +192,14 @@ def offloading(
 def ticks_until(done: Callable[[], bool], timeout_s: float = 30.0) -> list[TickReport]:
     """Run offload ticks until ``done()``; returns their reports."""
     reports = []
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, "the offloaded work did not finish"
+
+    def ticked() -> bool:
+        if done():
+            return True
         reports.append(tick(get_registry(), get_settings()))
-        time.sleep(0.2)
+        return False
+
+    wait_until(ticked, timeout_s, "the offloaded work to finish", poll_s=0.2)
     return reports
 
 
@@ -520,7 +523,7 @@ def test_cancel_mid_job_cancels_it_at_the_provider_and_keeps_its_finished_rows(
     batch_id = submit(tenant, 5, model)
     report = tick(get_registry(), get_settings())
     assert report.created == 1
-    time.sleep(7)
+    hold(7, "a row of the job done at the provider, not all")
     client.cancel_batch(batch_id, tenant=tenant)
     ticks_until(lambda: finished(batch_id))
 
@@ -577,10 +580,12 @@ def test_a_dispatcher_killed_while_the_provider_creates_a_job_leaves_one_job(
     before = {j.id for j in provider_jobs_at_simulator(simulator, model)}
     batch_id = submit(tenant, 6, model)
     dispatcher = workers(queues=["batchgen.control"], env=env, beat=True, name="dispatcher-a")
-    deadline = time.monotonic() + 30
-    while not [j for j in provider_jobs_at_simulator(simulator, model) if j.id not in before]:
-        assert time.monotonic() < deadline, "the provider never got the job"
-        time.sleep(0.05)
+    wait_until(
+        lambda: [j for j in provider_jobs_at_simulator(simulator, model) if j.id not in before],
+        30,
+        "the provider to get the job",
+        poll_s=0.05,
+    )
     dispatcher.kill()  # the provider has the job; its answer is still on the way
     (recorded,) = jobs_of(batch_id)
     assert recorded.status == "creating" and recorded.provider_job_id is None

@@ -19,7 +19,6 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from tests.helpers import (
 )
 from tests.invariants import check_invariants, reset_simulator, wait_until
 from tests.tcp_proxy import TcpProxy
+from tests.waiting import hold
 
 pytestmark = pytest.mark.integration
 
@@ -323,7 +323,7 @@ def test_broker_connections_closed_then_unreachable_mid_run(rabbit, sim, workers
         wait_mid_run(sim.base_url, second)  # the reconnected worker runs it
         cut = proxy.cut()
         done_at_cut = succeeded_items(second)
-        time.sleep(4)  # the outage's length: the worker and dispatcher retry meanwhile
+        hold(4, "the outage's length: the worker and dispatcher retry meanwhile")
         accepted = proxy.accepted
         proxy.restore()
         wait_batches([first, second], timeout_s=180)
