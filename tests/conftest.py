@@ -79,8 +79,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     reaper.reap()
 
 
-# Rough seconds of a test, to order files by: slow (tests/integration/conftest.py),
-# other integration tests, unit tests.
+# Rough seconds of a test, to order files by: slow (``@pytest.mark.slow`` at the test
+# or in its module's pytestmark), other integration tests, unit tests.
 SECONDS_SLOW, SECONDS_INTEGRATION, SECONDS_UNIT = 10.0, 0.5, 0.05
 
 
@@ -90,7 +90,7 @@ def _expected_s(item: pytest.Item) -> float:
     return SECONDS_INTEGRATION if item.get_closest_marker("integration") else SECONDS_UNIT
 
 
-@pytest.hookimpl(trylast=True)  # after the integration folder's hook marks slow tests
+@pytest.hookimpl(trylast=True)  # after the integration folder's hook marks its tests
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files in order of their expected length (:func:`_expected_s`), each file's tests
     in their own order: xdist hands whole files out in this order."""

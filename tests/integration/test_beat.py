@@ -96,6 +96,7 @@ def control_queue_length(services: dict[str, str]) -> int:
     return int(redis.Redis.from_url(services["REDIS_URL"]).llen("batchgen.control"))
 
 
+@pytest.mark.slow
 def test_dispatcher_kill_9_takes_its_beat_along(dispatchers, services):
     client = redis.Redis.from_url(services["REDIS_URL"])
     d = dispatchers("d1")
@@ -116,6 +117,7 @@ def test_dispatcher_kill_9_takes_its_beat_along(dispatchers, services):
     assert control_queue_length(services) == queued
 
 
+@pytest.mark.slow
 def test_two_dispatchers_one_schedule(dispatchers):
     first = dispatchers("d1")
     second = dispatchers("d2")

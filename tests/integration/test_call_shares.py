@@ -116,6 +116,7 @@ def _call(client: httpx.Client, key: str, timeout_s: float | None = None) -> htt
     return client.post("/v1/chat/completions", json=body, headers=headers, timeout=60)
 
 
+@pytest.mark.slow
 def test_a_flood_of_calls_leaves_another_tenant_its_share(
     clean_db, simulator, api_server: Callable[..., str], workers
 ):

@@ -94,6 +94,7 @@ def test_two_attempts_finishing_record_one_result_and_mark_waste(clean_db):
     assert client.get_batch(client_batch["id"], tenant="race")["request_counts"]["succeeded"] == 1
 
 
+@pytest.mark.slow
 def test_sigkill_worker_mid_call_loses_nothing(clean_db, simulator, workers):
     fast_leases = {
         "BATCHGEN_CALL_TIMEOUT_S": "5",
@@ -194,6 +195,7 @@ def _tenant_of(batch_id: str) -> str:
         return s.scalar(select(Tenant.name).join(Batch).where(Batch.id == batch_id))
 
 
+@pytest.mark.slow
 def test_flushed_redis_loses_no_item(clean_db, simulator, workers):
     """Redis restarted empty mid-run: broker messages, budgets and slots are gone;
     PostgreSQL still knows every item and the sweep re-releases them."""

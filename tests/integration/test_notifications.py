@@ -172,6 +172,7 @@ def _stored_error(batch_id: str, channel: str = "webhook") -> str | None:
         )
 
 
+@pytest.mark.slow
 def test_a_webhook_follows_standard_webhooks_and_is_delivered_once_past_two_failures(
     notify_env, simulator, workers, receiver
 ):
@@ -300,6 +301,7 @@ def test_a_receiver_that_stays_down_loses_nothing(notify_env):
     assert _stored_error(batch["id"]) == "unreachable"
 
 
+@pytest.mark.slow
 def test_a_dripping_receiver_is_cut_at_the_deadline_and_stalls_nobody(
     notify_env, simulator, workers
 ):
@@ -388,6 +390,7 @@ CALLBACK_ENV = {
 }
 
 
+@pytest.mark.slow
 def test_a_host_celery_task_on_its_own_broker_is_called_once(
     notify_env, simulator, workers, tmp_path
 ):

@@ -377,6 +377,7 @@ def test_a_gemini_job_over_the_inline_bound_goes_as_a_file(offloading, simulator
     assert [r["response"]["body"]["object"] for r in results] == ["chat.completion"] * 3
 
 
+@pytest.mark.slow
 def test_near_deadlines_run_online_and_the_rest_offline(offloading, simulator, workers):
     env = offloading()
     tenant = "offload-mixed"
@@ -423,6 +424,7 @@ def test_always_needs_a_model_that_offloads(offloading):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_an_expired_job_falls_back_online_within_the_deadline(
     offloading, simulator, workers, model
@@ -443,6 +445,7 @@ def test_an_expired_job_falls_back_online_within_the_deadline(
     assert_ledger_is_results_plus_waste()
 
 
+@pytest.mark.slow
 def test_a_partly_failed_job_runs_its_errored_rows_online(offloading, simulator, workers):
     env = offloading()
     sim_config(simulator.base_url, batch_row_error_rate=0.4)
@@ -467,6 +470,7 @@ def test_a_partly_failed_job_runs_its_errored_rows_online(offloading, simulator,
     assert_daily_usage_matches_ledger()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["sim-small", "sim-gemini", BEDROCK, "sim-vertex"])
 def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(
     offloading, simulator, workers, model
@@ -568,6 +572,7 @@ def test_the_enqueued_token_limit_is_respected(offloading, simulator):
     assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_a_dispatcher_killed_while_the_provider_creates_a_job_leaves_one_job(
     offloading, simulator, workers, model

@@ -330,6 +330,7 @@ def _assert_clean_logs(workers: list[Any]) -> None:
             assert sign not in text, f"{worker.name}: {sign!r} in its log: {worker.log_tail()}"
 
 
+@pytest.mark.slow
 def test_worker_and_api_processes_keep_to_their_connection_budget(
     clean_db: dict[str, str],
     simulator: Any,
@@ -419,6 +420,7 @@ class PoolWatch:
         self._thread.join(10)
 
 
+@pytest.mark.slow
 def test_a_batch_runs_through_pgbouncer_in_transaction_mode(
     bouncer: Bouncer,
     through: Callable[..., None],

@@ -254,6 +254,7 @@ output_usd_per_1m = 4.0
 )
 
 
+@pytest.mark.slow
 def test_calls_fail_over_to_azure_within_the_deadline_using_no_attempt(
     clean_db, tmp_path, monkeypatch, workers
 ):

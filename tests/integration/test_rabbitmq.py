@@ -205,6 +205,7 @@ def test_publisher_confirms_raise_what_the_broker_refuses(rabbit):
     assert lengths(rabbit.url(), [CONTROL_QUEUE]) == {CONTROL_QUEUE: 1}
 
 
+@pytest.mark.slow
 def test_batch_runs_on_quorum_queues_with_countdown_retries(rabbit, sim, workers, tmp_path):
     """The whole pipeline on RabbitMQ: one batch for two model groups (two queues),
     one worker with the dispatcher, every item succeeded with one billed call.
@@ -259,6 +260,7 @@ def test_batch_runs_on_quorum_queues_with_countdown_retries(rabbit, sim, workers
     assert report.billed_calls == 24 and report.waste_rows == 0, report
 
 
+@pytest.mark.slow
 def test_sigkill_worker_mid_call_redelivers_and_loses_nothing(rabbit, sim, workers):
     """kill -9 of a worker with calls in flight: RabbitMQ puts its unacknowledged
     messages back at once (the consumer's connection closed; no visibility timeout to
@@ -296,6 +298,7 @@ def test_sigkill_worker_mid_call_redelivers_and_loses_nothing(rabbit, sim, worke
     assert report.retried_items >= report.cut_calls
 
 
+@pytest.mark.slow
 def test_broker_connections_closed_then_unreachable_mid_run(rabbit, sim, workers):
     """Two broker faults in one run, with calls in flight each time:
 

@@ -110,6 +110,7 @@ def mixed_requests(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_four_workers_stay_within_the_provider_limits(limited, workers):
     sim, env = limited
     make_tenant("bulk")
@@ -177,6 +178,7 @@ def test_a_shape_left_unset_learns_the_providers_window(limited, workers, tmp_pa
     assert limited_calls["budgeted"] <= limited_calls["declared"], limited_calls
 
 
+@pytest.mark.slow
 def test_budget_starvation_fails_nothing_and_work_resumes(limited, workers):
     """Budget at zero for a long while: many more budget waits than Celery's default
     max_retries (3), yet no item fails, and all finish once the budget returns."""
