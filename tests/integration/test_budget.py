@@ -20,37 +20,13 @@ from batchgen.limits.backend import get_redis
 from batchgen.limits.budget import Budget, charged_tokens, countdown_s
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import ChargePolicy, LimitShape, ModelSpec
+from tests.registries import model_spec as spec  # m-<key>: 1000 tokens, 20 requests/min
 from tests.waiting import hold, wait_until
 
 pytestmark = pytest.mark.integration
 
 WINDOW_S = 60.0
 GUARD_S = 1.0
-
-
-def spec(
-    tpm: int = 1000,
-    rpm: int = 20,
-    key: str = "acct",
-    shape: LimitShape | None = LimitShape.WINDOW,
-    slots: int = 2,
-) -> ModelSpec:
-    return ModelSpec(
-        name=f"m-{key}",
-        provider="openai",
-        base_url="http://x/v1",
-        api_key_env="K",
-        group="g",
-        budget_key=key,
-        context_window=10_000,
-        max_output_tokens=500,
-        tokens_per_min=tpm,
-        requests_per_min=rpm,
-        max_concurrency=slots,
-        input_usd_per_1m=1,
-        output_usd_per_1m=1,
-        limit_shape=shape,
-    )
 
 
 @pytest.fixture
