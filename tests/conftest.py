@@ -24,8 +24,14 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from tests import reaper
+
+# A loaded machine is slow, not wrong: no example fails for the time it took
+# (hypothesis's default deadline is 200 ms), as no wait of the tests does.
+hypothesis_settings.register_profile("batchgen", deadline=None)
+hypothesis_settings.load_profile("batchgen")
 
 TEST_REDIS_DB = 15
 # Most tests wait on servers, workers and the simulator rather than compute: more
