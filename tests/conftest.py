@@ -24,8 +24,14 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from tests import reaper
+
+# A loaded machine is slow, not wrong: no example fails for the time it took
+# (hypothesis's default deadline is 200 ms), as no wait of the tests does.
+hypothesis_settings.register_profile("batchgen", deadline=None)
+hypothesis_settings.load_profile("batchgen")
 
 TEST_REDIS_DB = 15
 # Most tests wait on servers, workers and the simulator rather than compute: more
@@ -79,8 +85,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     reaper.reap()
 
 
-# Rough seconds of a test, to order files by: slow (tests/integration/conftest.py),
-# other integration tests, unit tests.
+# Rough seconds of a test, to order files by: slow (``@pytest.mark.slow`` at the test
+# or in its module's pytestmark), other integration tests, unit tests.
 SECONDS_SLOW, SECONDS_INTEGRATION, SECONDS_UNIT = 10.0, 0.5, 0.05
 
 
@@ -90,7 +96,7 @@ def _expected_s(item: pytest.Item) -> float:
     return SECONDS_INTEGRATION if item.get_closest_marker("integration") else SECONDS_UNIT
 
 
-@pytest.hookimpl(trylast=True)  # after the integration folder's hook marks slow tests
+@pytest.hookimpl(trylast=True)  # after the integration folder's hook marks its tests
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files in order of their expected length (:func:`_expected_s`), each file's tests
     in their own order: xdist hands whole files out in this order."""

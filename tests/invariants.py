@@ -19,7 +19,6 @@ can also prove that its fault really hit (calls cut mid-flight, items retried).
 
 from __future__ import annotations
 
-import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -35,6 +34,7 @@ from batchgen.registry import get_registry
 from batchgen.store import db
 from batchgen.store.schema import Item, Result, Tenant, TenantDailyUsage, UsageLedger
 from tests.helpers import assert_ledger_is_results_plus_waste
+from tests.waiting import poll_until
 from tests.waiting import wait_until as wait_until  # re-exported: where tests import it
 
 SHOWN = 10  # offending items listed in a failure message
@@ -333,9 +333,8 @@ def _live_slots(client: redis.Redis) -> dict[str, list[str]]:
 
 
 def _check_slots(client: redis.Redis, grace_s: float, findings: Findings) -> None:
-    deadline = time.monotonic() + grace_s
-    while (held := _live_slots(client)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    poll_until(lambda: not _live_slots(client), grace_s)
+    held = _live_slots(client)
     findings.add("concurrency slots still held", [f"{m}: {h}" for m, h in held.items()])
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
 from pathlib import Path
 from types import TracebackType
+
+from tests.waiting import poll_until
 
 CHUNK_BYTES = 1 << 16
 
@@ -172,15 +173,17 @@ def _close(sock: socket.socket) -> None:
 
 def wait_port(host: str, port: int, timeout_s: float = 10.0) -> None:
     """Block until something accepts connections on ``host:port``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def accepts() -> bool:
         try:
             with socket.create_connection((host, port), timeout=0.5):
-                return
+                return True
         except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+            return False
+
+    if not poll_until(accepts, timeout_s, poll_s=0.05):
+        with socket.create_connection((host, port), timeout=0.5):  # its OSError says why
+            return
 
 
 def proxy_for_postgres(url: str, listen_host: str = "127.0.0.1") -> tuple[TcpProxy, str]:

@@ -1,11 +1,25 @@
-"""The one way the tests wait: on a condition, with a deadline that names what was
-awaited (never a fixed sleep: a loaded machine is slow, not wrong)."""
+"""The ways the tests wait: on a condition, with a deadline that names what was
+awaited (never a fixed sleep: a loaded machine is slow, not wrong), and, where a
+stretch of time is itself the scenario (an outage's length, a time in which nothing
+may happen), :func:`hold`, which names it."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from typing import Any
+
+
+def poll_until(condition: Callable[[], Any], timeout_s: float, poll_s: float = 0.1) -> Any:
+    """Poll ``condition`` until it returns something truthy, or until ``timeout_s``
+    have passed; returns its last value (falsy then): for a caller that goes on, and
+    says how things stood, when the time is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(poll_s)
 
 
 def wait_until(
@@ -16,12 +30,17 @@ def wait_until(
 ) -> Any:
     """Poll ``condition`` until it returns something truthy; fail with ``what`` (or what
     it returns then, for a message that says how things stood)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            said = what if isinstance(what, str) else what()
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {said}")
-        time.sleep(poll_s)
+    value = poll_until(condition, timeout_s, poll_s)
+    if not value:
+        said = what if isinstance(what, str) else what()
+        raise AssertionError(f"timed out after {timeout_s}s waiting for {said}")
+    return value
+
+
+def hold(seconds: float, why: str) -> None:
+    """Let ``seconds`` pass (none if not positive) where the length of time is what the
+    scenario is made of, not a wait for something: an outage, a lease's lapse, rows
+    that finish on a timeline, or a time in which nothing may happen. ``why`` names
+    it (and says so to a reader of a hung test's traceback)."""
+    if seconds > 0:
+        time.sleep(seconds)

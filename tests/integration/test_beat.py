@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import redis
 from batchgen.worker.beat import schedule_holder
 from batchgen.worker.procs import beat_pids
 from tests.invariants import wait_until
+from tests.waiting import hold
 
 pytestmark = pytest.mark.integration
 SENT = "Sending due task dispatch"
@@ -96,6 +96,7 @@ def control_queue_length(services: dict[str, str]) -> int:
     return int(redis.Redis.from_url(services["REDIS_URL"]).llen("batchgen.control"))
 
 
+@pytest.mark.slow
 def test_dispatcher_kill_9_takes_its_beat_along(dispatchers, services):
     client = redis.Redis.from_url(services["REDIS_URL"])
     d = dispatchers("d1")
@@ -112,10 +113,11 @@ def test_dispatcher_kill_9_takes_its_beat_along(dispatchers, services):
 
     # Nothing consumes the control queue now; an orphan beat would keep filling it.
     queued = control_queue_length(services)
-    time.sleep(3)  # three dispatch intervals: the absence of ticks has no event to await
+    hold(3, "three dispatch intervals: the absence of ticks has no event to await")
     assert control_queue_length(services) == queued
 
 
+@pytest.mark.slow
 def test_two_dispatchers_one_schedule(dispatchers):
     first = dispatchers("d1")
     second = dispatchers("d2")

@@ -12,7 +12,6 @@ import re
 import select
 import socket
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -85,7 +84,7 @@ class Peaks:
         while not self.stop.is_set():
             self.rss_bytes = max(self.rss_bytes, self.proc.memory_info().rss)
             self.spooled_bytes = max(self.spooled_bytes, self._spooled())
-            time.sleep(0.005)
+            self.stop.wait(0.005)  # sample until stopped
 
 
 def _chunk(data: bytes) -> bytes:

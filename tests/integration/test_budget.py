@@ -20,37 +20,13 @@ from batchgen.limits.backend import get_redis
 from batchgen.limits.budget import Budget, charged_tokens, countdown_s
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import ChargePolicy, LimitShape, ModelSpec
-from tests.waiting import wait_until
+from tests.registries import model_spec as spec  # m-<key>: 1000 tokens, 20 requests/min
+from tests.waiting import hold, wait_until
 
 pytestmark = pytest.mark.integration
 
 WINDOW_S = 60.0
 GUARD_S = 1.0
-
-
-def spec(
-    tpm: int = 1000,
-    rpm: int = 20,
-    key: str = "acct",
-    shape: LimitShape | None = LimitShape.WINDOW,
-    slots: int = 2,
-) -> ModelSpec:
-    return ModelSpec(
-        name=f"m-{key}",
-        provider="openai",
-        base_url="http://x/v1",
-        api_key_env="K",
-        group="g",
-        budget_key=key,
-        context_window=10_000,
-        max_output_tokens=500,
-        tokens_per_min=tpm,
-        requests_per_min=rpm,
-        max_concurrency=slots,
-        input_usd_per_1m=1,
-        output_usd_per_1m=1,
-        limit_shape=shape,
-    )
 
 
 @pytest.fixture
@@ -400,7 +376,7 @@ def test_metrics_read_the_window_and_slots_on_redis_clock(budget, monkeypatch):
     slots = Slots(get_redis())
     assert slots.acquire("m", "live", limit=2, lease_s=30)
     assert slots.acquire("m", "gone", limit=2, lease_s=0.01)
-    time.sleep(0.05)
+    wait_until(lambda: slots.held("m") == 1, 5, "the 10 ms lease to lapse", poll_s=0.01)
     real = time.time
     for skew_s in (-3600.0, 3600.0):  # this host's clock an hour behind, then ahead
         monkeypatch.setattr(time, "time", lambda skew_s=skew_s: real() + skew_s)
@@ -908,5 +884,5 @@ def test_a_synchronous_call_takes_the_next_free_slot_before_other_work(clean_db)
     assert isinstance(gate.enter(s, Ticket(8, urgent=True)), Wait)  # claims, then goes away
     gate.settle(s, held[0], 1, 10)  # type: ignore[arg-type]
     assert isinstance(gate.enter(s, Ticket(6)), Wait)
-    time.sleep(URGENT_CLAIM_S + 0.1)
+    hold(URGENT_CLAIM_S + 0.1, "the call's claim outlives its time")
     assert isinstance(gate.enter(s, Ticket(6)), Pass)  # the claim lapsed

@@ -138,6 +138,7 @@ def test_the_reserve_is_of_the_models_slots_across_its_deployments(clean_db):
     assert [redis.zcard(keys.slots(f"pool@{n}")) for n in "ab"] == [2, 2]
 
 
+@pytest.mark.slow
 def test_a_call_behind_a_full_backlog_passes_the_gate_at_its_first_try(
     clean_db, simulator, workers, monkeypatch
 ):

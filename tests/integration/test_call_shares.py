@@ -19,6 +19,7 @@ from batchgen.limits.backend import get_redis
 from batchgen.limits.call_shares import demand_entry
 from tests.helpers import chat_line, make_tenant, sim_config, sim_in_flight
 from tests.invariants import wait_until
+from tests.waiting import poll_until
 
 pytestmark = pytest.mark.integration
 
@@ -115,6 +116,7 @@ def _call(client: httpx.Client, key: str, timeout_s: float | None = None) -> htt
     return client.post("/v1/chat/completions", json=body, headers=headers, timeout=60)
 
 
+@pytest.mark.slow
 def test_a_flood_of_calls_leaves_another_tenant_its_share(
     clean_db, simulator, api_server: Callable[..., str], workers
 ):
@@ -186,12 +188,13 @@ def _open_calls(tenant: str) -> int:
 
 def _batch_end(python_api: Any, batch_id: str, timeout_s: float) -> dict[str, Any]:
     """The batch once it ended, or as it stands after ``timeout_s``."""
-    until = time.monotonic() + timeout_s
-    while True:
-        described: dict[str, Any] = python_api.get_batch(batch_id, tenant="calm")
-        if described["status"] != "in_progress" or time.monotonic() > until:
-            return described
-        time.sleep(0.2)
+    poll_until(
+        lambda: python_api.get_batch(batch_id, tenant="calm")["status"] != "in_progress",
+        timeout_s,
+        poll_s=0.2,
+    )
+    described: dict[str, Any] = python_api.get_batch(batch_id, tenant="calm")
+    return described
 
 
 def test_a_tenant_whose_own_calls_fill_its_share_is_refused_at_once(clean_db, monkeypatch):

@@ -29,7 +29,7 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 # On a fresh machine the first test also pays for apt-get installing Chromium (the
 # fixture's set-up counts toward the test's time-out), as the host-project test does
 # for its wheelhouse.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def _install_chromium() -> str | None:

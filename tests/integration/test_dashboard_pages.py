@@ -79,6 +79,7 @@ def test_the_admins_table_lists_every_tenants_batches(clean_db):
     assert "no batches yet" in own and acme["id"] not in own
 
 
+@pytest.mark.slow
 def test_batch_page_bars_and_charts(clean_db, simulator, workers):
     key = make_tenant("acme")
     other = make_tenant("globex")

@@ -128,6 +128,7 @@ def test_cancel_aborts_running_calls_and_sends_nothing_after(clean_db, simulator
     assert json.dumps(rows)  # serialisable as the results file
 
 
+@pytest.mark.slow
 def test_cancel_holds_across_a_worker_restart(clean_db, simulator, workers):
     make_tenant("restart")
     _set_latency(simulator, 1500)

@@ -16,7 +16,7 @@ from batchgen.store.schema import Item, Result
 from tests.helpers import chat_line, make_tenant, wait_batches
 from tests.images import png_data_url
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 WEATHER_TOOL = {
     "type": "function",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 from sqlalchemy import func, select
@@ -27,6 +25,7 @@ from tests.helpers import (
     wait_batches,
 )
 from tests.invariants import assert_budget_settled
+from tests.waiting import hold, poll_until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -95,6 +94,7 @@ def test_two_attempts_finishing_record_one_result_and_mark_waste(clean_db):
     assert client.get_batch(client_batch["id"], tenant="race")["request_counts"]["succeeded"] == 1
 
 
+@pytest.mark.slow
 def test_sigkill_worker_mid_call_loses_nothing(clean_db, simulator, workers):
     fast_leases = {
         "BATCHGEN_CALL_TIMEOUT_S": "5",
@@ -113,10 +113,8 @@ def test_sigkill_worker_mid_call_loses_nothing(clean_db, simulator, workers):
             get_registry().queues, concurrency=8, beat=False, env=fast_leases, name="victim"
         )
         workers(concurrency=8, beat=True, env=fast_leases, name="survivor")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and "succeeded prompt_tokens" not in victim.log_tail(200):
-            time.sleep(0.1)
-        time.sleep(0.3)  # the victim's threads are mid-call now
+        poll_until(lambda: "succeeded prompt_tokens" in victim.log_tail(200), 30)
+        hold(0.3, "the victim's threads are mid-call (700 ms each) now")
         victim.kill()
         wait_batches([batch["id"]], timeout_s=120)
     finally:
@@ -179,13 +177,15 @@ FAST_RECOVERY = {
 
 
 def _wait_until_running(batch_id: str, at_least: int = 5) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        counts = client.get_batch(batch_id, tenant=_tenant_of(batch_id))["request_counts"]
-        if counts["succeeded"] >= at_least:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the batch did not start")
+    wait_until(
+        lambda: (
+            client.get_batch(batch_id, tenant=_tenant_of(batch_id))["request_counts"]["succeeded"]
+            >= at_least
+        ),
+        30,
+        "the batch to start",
+        poll_s=0.05,
+    )
 
 
 def _tenant_of(batch_id: str) -> str:
@@ -195,6 +195,7 @@ def _tenant_of(batch_id: str) -> str:
         return s.scalar(select(Tenant.name).join(Batch).where(Batch.id == batch_id))
 
 
+@pytest.mark.slow
 def test_flushed_redis_loses_no_item(clean_db, simulator, workers):
     """Redis restarted empty mid-run: broker messages, budgets and slots are gone;
     PostgreSQL still knows every item and the sweep re-releases them."""

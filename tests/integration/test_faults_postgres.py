@@ -51,6 +51,7 @@ from tests.invariants import (
     simulator_log,
 )
 from tests.tcp_proxy import TcpProxy
+from tests.waiting import hold
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -213,7 +214,7 @@ def _cut_for(own_pg: PgSetup, outage_s: float, batch_id: str) -> _Cut:
     closed = own_pg.proxy.cut()
     try:
         done_at_cut = succeeded_items(batch_id)
-        time.sleep(max(0.0, outage_s - (time.time() - cut_at)))
+        hold(outage_s - (time.time() - cut_at), "the outage's length")
     finally:
         own_pg.proxy.restore()
     return _Cut(closed, done_at_cut, cut_at, time.time())
@@ -232,7 +233,7 @@ def test_postgres_restarted_mid_run(sim, workers, own_pg):
     connections = own_pg.proxy.open_connections
     stopped_at = time.time()
     own_pg.server.stop("immediate")
-    time.sleep(DOWN_S)
+    hold(DOWN_S, "PostgreSQL stays down")
     own_pg.server.start()
     started_at = time.time()
     wait_batches([batch_id], timeout_s=120)

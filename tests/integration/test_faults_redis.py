@@ -40,6 +40,7 @@ from tests.helpers import (
     wait_mid_run,
 )
 from tests.invariants import check_invariants, reset_simulator, wait_until
+from tests.waiting import hold
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -122,17 +123,19 @@ def _wait_supervised(
     deployment's ``restart: unless-stopped`` does: a Celery 5.7 worker can die with
     "Unrecoverable error" when its Redis broker is killed. Returns the restarts."""
     restarts = 0
-    deadline = time.monotonic() + 150
-    while True:
+
+    def finished() -> bool:
+        nonlocal restarts, worker
         with db.session_scope() as s:
             if s.scalar(select(Batch.finished_at).where(Batch.id == batch_id)) is not None:
-                return restarts
+                return True
         if worker.process.poll() is not None:
             restarts += 1
             worker = start(f"{worker.name}-restarted")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"batch not finished after 150 s: {status_summary()}")
-        time.sleep(0.2)
+        return False
+
+    wait_until(finished, 150, lambda: f"the batch to finish: {status_summary()}", poll_s=0.2)
+    return restarts
 
 
 def _broker_messages(r: redis.Redis) -> int:
@@ -200,7 +203,7 @@ def test_redis_paused_20s(sim, workers, own_redis):
         paused_at = time.monotonic()
         done_at_pause = succeeded_items(batch_id)
         answered = own_redis.answers()
-        time.sleep(max(0.0, PAUSE_S - (time.monotonic() - paused_at)))
+        hold(PAUSE_S - (time.monotonic() - paused_at), "Redis stays paused")
     finally:
         os.kill(own_redis.pid, signal.SIGCONT)
     _wait_supervised(batch_id, worker, lambda name: start(name=name))
@@ -263,7 +266,7 @@ def test_workers_survive_a_redis_kill_and_restart_unsupervised(sim, workers, own
         30,
         "a worker to lose its broker",
     )
-    time.sleep(DOWN_S)  # calls in flight end (and ack) while the broker is away
+    hold(DOWN_S, "calls in flight end (and ack) while the broker is away")
     own_redis.start()
     wait_batches([batch_id], timeout_s=90)
 

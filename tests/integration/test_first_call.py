@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 UNMIGRATED = "batchgen_unmigrated"
 
 
+@pytest.mark.slow
 def test_creating_the_app_loads_the_provider_sdks(clean_db):
     probe = (
         "import sys\n"
@@ -62,6 +63,7 @@ def _call(base_url: str, key: str, model: str = "sim-small") -> httpx.Response:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("redis_state", ["refused", "silent"])
 def test_a_sync_call_with_redis_down_is_a_503(
     clean_db, simulator, api_server, redis_state, request
@@ -78,6 +80,7 @@ def test_a_sync_call_with_redis_down_is_a_503(
     assert int(answer.headers["Retry-After"]) >= 1
 
 
+@pytest.mark.slow
 def test_an_unmigrated_database_says_batchgen_db_upgrade(clean_db, api_server, tmp_path: Path):
     server_url = clean_db["server_url"]
     embedded.drop_database(server_url, UNMIGRATED)

@@ -59,6 +59,7 @@ def flower(services, tmp_path):
         log.close()
 
 
+@pytest.mark.slow
 def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator, workers, flower):
     make_tenant("watched")
     workers(concurrency=4)
@@ -118,6 +119,7 @@ def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator,
     assert all("failed: permanent" in (t["exception"] or "") for t in failed), failed
 
 
+@pytest.mark.slow
 def test_batchgen_flower_puts_metrics_behind_its_basic_auth(services, tmp_path):
     """Issue 27 item 9: ``batchgen flower`` serves /metrics only with the credentials;
     /healthcheck stays open for probes and says nothing but OK."""

@@ -26,7 +26,7 @@ from tests.helpers import chat_line, make_tenant, sim_in_flight, wait_batches
 from tests.integration.test_faults_redis import OwnRedis
 from tests.invariants import check_invariants, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 WINDOW_S = 4.0
 TOKENS_PER_WINDOW = 1500

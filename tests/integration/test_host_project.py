@@ -45,7 +45,7 @@ from tests.waiting import wait_until
 
 # The first test pays for the wheel, the venv (and once per dependency list, the
 # wheelhouse); on a loaded 2-core machine that alone can near the suite's 300 s.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTS = ROOT / "tests" / "host_projects"

@@ -31,7 +31,7 @@ from batchgen.embedded import RedisServer, free_port
 from tests import reaper
 from tests.invariants import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 # How long a session's processes may take to stop once it has ended, and how long the

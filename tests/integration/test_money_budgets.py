@@ -37,6 +37,7 @@ from batchgen.store.schema import BudgetHold, Item
 from batchgen.worker import money, money_alerts, money_settle
 from batchgen.worker.dispatch import release_model
 from tests.helpers import chat_line, make_tenant
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -81,17 +82,18 @@ def release() -> list[int]:
 
 def released_when_free() -> list[int]:
     """Release once the tenant's hold (0.1 s) has passed."""
-    for _ in range(200):
+
+    def passed() -> bool:
         with db.session_scope() as session:
             held = session.scalar(
                 select(func.count())
                 .select_from(BudgetHold)
                 .where(BudgetHold.held_until > func.now())
             )
-        if not held:
-            return release()
-        time.sleep(0.02)  # the hold is a time: poll it
-    raise AssertionError("the hold never passed")
+        return not held
+
+    wait_until(passed, 4, "the tenant's hold to pass", poll_s=0.02)
+    return release()
 
 
 def item_facts(batch_id: str) -> list[tuple[int, str, int, int]]:
@@ -399,11 +401,12 @@ def test_alerts_go_to_the_tenants_and_the_operators_webhooks_signed(clock, monke
         finish_with_cost([f[0] for f in item_facts(batch)], Decimal("0.45"))
         level("acme")
         level("acme")  # once per threshold and period
-        deadline = time.monotonic() + 30
-        while (not tenant_hook.accepted() or not operator_hook.accepted()) and (
-            time.monotonic() < deadline
-        ):
-            time.sleep(0.05)
+        wait_until(
+            lambda: tenant_hook.accepted() and operator_hook.accepted(),
+            30,
+            "both webhooks accepted",
+            poll_s=0.05,
+        )
         for hook, secret in ((tenant_hook, tenant_secret), (operator_hook, operator_secret)):
             (headers, body, _), *more = hook.accepted()
             assert more == []
@@ -468,19 +471,18 @@ def test_real_workers_never_pass_a_budget_and_finish_once_it_is_raised(
         counts = statuses(batch)
         return counts.get("succeeded", 0) >= 5 and not {"queued", "running"} & set(counts)
 
-    deadline = time.monotonic() + 120
-    while not settled_down() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(settled_down, 120, lambda: f"the budget's items to settle: {statuses(batch)}")
     # The simulator bills less than the worst case: more than 5 may fit, never all.
     counts = statuses(batch)
     assert counts.get("failed", 0) == 0 and counts.get("pending", 0) > 0, counts
     assert spent_micros() <= limit
 
     admin.set_budget("acme", limit_usd="10", period="total")
-    deadline = time.monotonic() + 120
-    while statuses(batch) != {"succeeded": 12} and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert statuses(batch) == {"succeeded": 12}
+    wait_until(
+        lambda: statuses(batch) == {"succeeded": 12},
+        120,
+        lambda: f"every item to succeed: {statuses(batch)}",
+    )
     state = level("acme")
     assert (state["used_micros"], state["reserved_micros"]) == (spent_micros(), 0)
 

@@ -71,6 +71,7 @@ from tests.helpers import (
 )
 from tests.invariants import check_invariants, cut_calls, reset_simulator, wait_until
 from tests.tcp_proxy import TcpProxy, proxy_for_postgres
+from tests.waiting import hold
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -411,17 +412,21 @@ def _start_redis(host: str, folder: Path) -> tuple[subprocess.Popen[bytes], str]
     argv += ["--logfile", str(folder / "redis.log")]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     probe = redis.Redis(host=host, port=port, socket_connect_timeout=0.2)
-    deadline = time.monotonic() + 10
-    while True:
+
+    def answers() -> bool:
         try:
-            probe.ping()
-            break
-        except redis.RedisError as exc:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                process.wait()
-                raise RuntimeError(f"redis-server on {host}:{port} did not start: {exc}") from None
-            time.sleep(0.05)
+            return bool(probe.ping())
+        except redis.RedisError:
+            if process.poll() is not None:
+                raise RuntimeError(f"redis-server on {host}:{port} exited") from None
+            return False
+
+    try:
+        wait_until(answers, 10, f"redis-server on {host}:{port} to start", poll_s=0.05)
+    except (AssertionError, RuntimeError):
+        process.kill()
+        process.wait()
+        raise
     probe.close()
     return process, f"redis://{host}:{port}/0"
 
@@ -622,10 +627,10 @@ def test_throughput_grows_with_hosts_until_the_limit_which_holds_globally(run: C
     batch_id = submit("scale", n)
     wait_until(lambda: len(sim_calls(run)) >= 5, 30, "the first host to call")
     t1 = time.time() + 1.0  # past the start
-    time.sleep(max(0.0, t1 + STRETCH_S - time.time()))
+    hold(t1 + STRETCH_S - time.time(), "one host's stretch")
     run.consume([2, 3], True)
     t3 = time.time() + 1.0
-    time.sleep(max(0.0, t3 + STRETCH_S - time.time()))
+    hold(t3 + STRETCH_S - time.time(), "three hosts' stretch")
     assert_over_the_bridge(run, [1, 2, 3])
     wait_batches([batch_id], timeout_s=60)
 

@@ -95,6 +95,7 @@ def _wait_for(path: Path, timeout_s: float = RUN_S) -> str:
     return path.read_text()
 
 
+@pytest.mark.slow
 def test_beat_fires_twice_one_batch_500_descriptions_and_report(
     clean_db, simulator, workers, tmp_path, catalog_db, restore_env
 ):
@@ -361,6 +362,7 @@ def _cost(items: list[Item]) -> Decimal:
     return Decimal(total or 0)
 
 
+@pytest.mark.slow
 def test_incremental_runs_call_only_changed_and_failed_products(
     clean_db, simulator, workers, tmp_path, restore_env
 ):

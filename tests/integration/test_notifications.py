@@ -39,6 +39,7 @@ from batchgen.worker import webhooks
 from batchgen.worker.notify import deliver_due
 from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
 from tests.invariants import wait_until
+from tests.waiting import hold
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = '["127.0.0.0/8"]'  # the test receivers listen on 127.0.0.1
@@ -171,6 +172,7 @@ def _stored_error(batch_id: str, channel: str = "webhook") -> str | None:
         )
 
 
+@pytest.mark.slow
 def test_a_webhook_follows_standard_webhooks_and_is_delivered_once_past_two_failures(
     notify_env, simulator, workers, receiver
 ):
@@ -181,7 +183,7 @@ def test_a_webhook_follows_standard_webhooks_and_is_delivered_once_past_two_fail
     workers(env=notify_env)
     wait_batches([batch["id"]], timeout_s=60)
     wait_until(lambda: receiver.accepted(), 30, "a delivery accepted")
-    time.sleep(1.5)  # several more ticks: nothing is delivered again
+    hold(1.5, "several more ticks: nothing is delivered again")
 
     assert [code for _, _, code in receiver.requests] == [500, 500, 200]
     bodies = {body for _, body, _ in receiver.requests}
@@ -299,6 +301,7 @@ def test_a_receiver_that_stays_down_loses_nothing(notify_env):
     assert _stored_error(batch["id"]) == "unreachable"
 
 
+@pytest.mark.slow
 def test_a_dripping_receiver_is_cut_at_the_deadline_and_stalls_nobody(
     notify_env, simulator, workers
 ):
@@ -333,7 +336,11 @@ def test_a_dripping_receiver_is_cut_at_the_deadline_and_stalls_nobody(
             "AND l.relation = 'batch_notifications'::regclass"
         )
         finished_during_drip = False
-        while not drip.closed:
+
+        def checked_until_cut() -> bool:  # every 0.2 s while the answer drips
+            nonlocal finished_during_drip
+            if drip.closed:
+                return True
             with db.session_scope() as session:
                 assert session.scalar(idle_with_lock) == 0  # nothing held during the send
                 # and the row is not locked: another deliverer could take a lapsed lease
@@ -349,7 +356,10 @@ def test_a_dripping_receiver_is_cut_at_the_deadline_and_stalls_nobody(
             finished_during_drip = finished_during_drip or (
                 finished is not None and not drip.closed
             )
-            time.sleep(0.2)
+            return False
+
+        # The client's deadline cuts the drip (how soon: asserted below).
+        wait_until(checked_until_cut, deadline_s + 30, "the drip to be cut", poll_s=0.2)
         assert finished_during_drip  # another tenant's batch completed meanwhile
         # The client gave up at its deadline, not after 100 dripped bytes (100 s).
         assert drip.closed[0] - drip.opened[0] < deadline_s + 2
@@ -380,6 +390,7 @@ CALLBACK_ENV = {
 }
 
 
+@pytest.mark.slow
 def test_a_host_celery_task_on_its_own_broker_is_called_once(
     notify_env, simulator, workers, tmp_path
 ):
@@ -399,7 +410,7 @@ def test_a_host_celery_task_on_its_own_broker_is_called_once(
         workers(env=env)
         wait_batches([batch["id"]], timeout_s=60)
         wait_until(lambda: calls.exists() and calls.read_text().strip(), 60, "the host task called")
-        time.sleep(1.5)
+        hold(1.5, "several more ticks: the host task is not called again")
         lines = [json.loads(x) for x in calls.read_text().splitlines()]
         # Nothing went to (or waits on) batchgen's own broker.
         ours = redis.Redis.from_url(get_settings().broker_url)

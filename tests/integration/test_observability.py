@@ -50,6 +50,7 @@ def _started() -> bool:
         )
 
 
+@pytest.mark.slow
 def test_metrics_match_the_database_across_two_workers(clean_db, simulator, workers):
     api = create_app().test_client()
     keys = {t: make_tenant(t) for t in ("red", "blue")}

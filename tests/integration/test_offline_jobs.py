@@ -4,7 +4,6 @@ runs and once it ended, its rows normalised, and cancelled."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from batchgen.providers.offline import (
 )
 from batchgen.registry import get_registry
 from tests.helpers import chat_line, sim_config
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 MODELS = ["sim-small", "sim-claude"]
@@ -57,11 +57,11 @@ def _rows(n: int) -> list[OfflineRow]:
 
 
 def _ended(jobs: Any, spec: Any, job_id: str) -> Any:
-    deadline = time.monotonic() + 20
-    while (state := jobs.state(spec, job_id)).status is JobStatus.RUNNING:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    return state
+    return wait_until(
+        lambda: (state := jobs.state(spec, job_id)).status is not JobStatus.RUNNING and state,
+        20,
+        f"job {job_id} to end",
+    )
 
 
 def test_custom_ids_name_the_job_and_the_item():

@@ -9,7 +9,6 @@ beat runs the tick, while the provider holds the create's answer.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -38,6 +37,7 @@ from tests.helpers import (
     wait_batches,
 )
 from tests.native_setup import AWS_ENV, VERTEX_KEY_ENV, model_toml, service_account_file
+from tests.waiting import hold, wait_until
 
 MODELS = ["sim-small", "sim-claude", "sim-gemini", "anthropic.claude-sim", "sim-vertex"]
 VERTEX_BUCKET = "batchgen-vertex"
@@ -192,11 +192,14 @@ def offloading(
 def ticks_until(done: Callable[[], bool], timeout_s: float = 30.0) -> list[TickReport]:
     """Run offload ticks until ``done()``; returns their reports."""
     reports = []
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, "the offloaded work did not finish"
+
+    def ticked() -> bool:
+        if done():
+            return True
         reports.append(tick(get_registry(), get_settings()))
-        time.sleep(0.2)
+        return False
+
+    wait_until(ticked, timeout_s, "the offloaded work to finish", poll_s=0.2)
     return reports
 
 
@@ -374,6 +377,7 @@ def test_a_gemini_job_over_the_inline_bound_goes_as_a_file(offloading, simulator
     assert [r["response"]["body"]["object"] for r in results] == ["chat.completion"] * 3
 
 
+@pytest.mark.slow
 def test_near_deadlines_run_online_and_the_rest_offline(offloading, simulator, workers):
     env = offloading()
     tenant = "offload-mixed"
@@ -420,6 +424,7 @@ def test_always_needs_a_model_that_offloads(offloading):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_an_expired_job_falls_back_online_within_the_deadline(
     offloading, simulator, workers, model
@@ -440,6 +445,7 @@ def test_an_expired_job_falls_back_online_within_the_deadline(
     assert_ledger_is_results_plus_waste()
 
 
+@pytest.mark.slow
 def test_a_partly_failed_job_runs_its_errored_rows_online(offloading, simulator, workers):
     env = offloading()
     sim_config(simulator.base_url, batch_row_error_rate=0.4)
@@ -464,6 +470,7 @@ def test_a_partly_failed_job_runs_its_errored_rows_online(offloading, simulator,
     assert_daily_usage_matches_ledger()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["sim-small", "sim-gemini", BEDROCK, "sim-vertex"])
 def test_a_job_past_its_cutoff_is_cancelled_there_and_run_online(
     offloading, simulator, workers, model
@@ -523,7 +530,7 @@ def test_cancel_mid_job_cancels_it_at_the_provider_and_keeps_its_finished_rows(
     batch_id = submit(tenant, 5, model)
     report = tick(get_registry(), get_settings())
     assert report.created == 1
-    time.sleep(7)
+    hold(7, "a row of the job done at the provider, not all")
     client.cancel_batch(batch_id, tenant=tenant)
     ticks_until(lambda: finished(batch_id))
 
@@ -568,6 +575,7 @@ def test_the_enqueued_token_limit_is_respected(offloading, simulator):
     assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_a_dispatcher_killed_while_the_provider_creates_a_job_leaves_one_job(
     offloading, simulator, workers, model
@@ -580,10 +588,12 @@ def test_a_dispatcher_killed_while_the_provider_creates_a_job_leaves_one_job(
     before = {j.id for j in provider_jobs_at_simulator(simulator, model)}
     batch_id = submit(tenant, 6, model)
     dispatcher = workers(queues=["batchgen.control"], env=env, beat=True, name="dispatcher-a")
-    deadline = time.monotonic() + 30
-    while not [j for j in provider_jobs_at_simulator(simulator, model) if j.id not in before]:
-        assert time.monotonic() < deadline, "the provider never got the job"
-        time.sleep(0.05)
+    wait_until(
+        lambda: [j for j in provider_jobs_at_simulator(simulator, model) if j.id not in before],
+        30,
+        "the provider to get the job",
+        poll_s=0.05,
+    )
     dispatcher.kill()  # the provider has the job; its answer is still on the way
     (recorded,) = jobs_of(batch_id)
     assert recorded.status == "creating" and recorded.provider_job_id is None

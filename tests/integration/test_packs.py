@@ -132,6 +132,7 @@ def partly_run_packs() -> list[tuple[list[int], list[int]]]:
     return found
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_pack_loses_nothing(sim, workers):
     """SIGKILL a worker while it holds a pack part of which has run: the item in its
     call is swept back when its running lease runs out, the pack's untried items when
@@ -181,6 +182,7 @@ def test_a_worker_killed_mid_pack_loses_nothing(sim, workers):
     assert all(a == 1 for a in attempts.values()), attempts
 
 
+@pytest.mark.slow
 def test_a_pack_that_meets_the_budget_waits_with_its_rest(sim, workers, tmp_path):
     """A budget of a few calls a window: a pack's item that is denied goes back to the
     broker with the pack's untried items in one retry after the wait (with no sweep

@@ -17,7 +17,6 @@ import pwd
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from tests.helpers import (
     status_summary,
     wait_batches,
 )
+from tests.waiting import wait_until
 
 THREADS = 16  # per worker process
 BOUNCER_POOL = 4  # PgBouncer's server connections for the test database
@@ -172,18 +172,18 @@ max_client_conn = 1000
         )
     found = Bouncer(process, port, user, dbname, log_path)
     try:
-        deadline = time.monotonic() + 20
-        while True:
+
+        def answers() -> bool:
             if process.poll() is not None:
                 raise RuntimeError(f"pgbouncer exited: {found.log_tail()}")
             try:
                 with psycopg.connect(found.url, connect_timeout=2) as conn:
                     conn.execute("SELECT 1")
-                break
+                return True
             except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"pgbouncer not up: {found.log_tail()}") from None
-                time.sleep(0.1)
+                return False
+
+        wait_until(answers, 20, lambda: f"pgbouncer up: {found.log_tail()}")
         yield found
     finally:
         process.terminate()
@@ -330,6 +330,7 @@ def _assert_clean_logs(workers: list[Any]) -> None:
             assert sign not in text, f"{worker.name}: {sign!r} in its log: {worker.log_tail()}"
 
 
+@pytest.mark.slow
 def test_worker_and_api_processes_keep_to_their_connection_budget(
     clean_db: dict[str, str],
     simulator: Any,
@@ -419,6 +420,7 @@ class PoolWatch:
         self._thread.join(10)
 
 
+@pytest.mark.slow
 def test_a_batch_runs_through_pgbouncer_in_transaction_mode(
     bouncer: Bouncer,
     through: Callable[..., None],

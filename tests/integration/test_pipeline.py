@@ -16,6 +16,7 @@ from tests.helpers import TOKEN_KINDS, chat_line, jsonl, make_tenant, usage_tota
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 def test_three_tenants_two_models_200_items(clean_db, simulator, workers):
     api = create_app().test_client()
     keys = {name: make_tenant(name) for name in ("acme", "globex", "initech")}

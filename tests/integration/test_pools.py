@@ -20,7 +20,7 @@ from batchgen.domain.pools import breaker_cooldown_s
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.limits.budget import Budget, SettleOps
-from batchgen.registry import ModelSpec, load_registry, parse_registry
+from batchgen.registry import load_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.simulator.state import key_id
 from batchgen.store import db
@@ -32,33 +32,10 @@ from tests.helpers import (
     usage_by_deployment_from_ledger,
     wait_batches,
 )
+from tests.registries import pool_spec
 from tests.waiting import wait_until
 
 NOW = 1_000_000.0
-
-
-def pool_spec(*deployments: tuple[str, int, int, int], shape: str = "window") -> ModelSpec:
-    """A model ``pool`` with deployments ``(name, tokens/min, requests/min, slots)``."""
-    text = """
-[models."pool"]
-provider = "openai"
-base_url = "http://x/v1"
-api_key_env = "K"
-group = "pool"
-context_window = 10000
-max_output_tokens = 500
-input_usd_per_1m = 1
-output_usd_per_1m = 1
-"""
-    for name, tpm, rpm, slots in deployments:
-        text += f"""
-[models."pool".deployments.{name}]
-tokens_per_min = {tpm}
-requests_per_min = {rpm}
-max_concurrency = {slots}
-limit_shape = "{shape}"
-"""
-    return parse_registry(text)["pool"]
 
 
 def budget_of(**settings: float) -> Budget:
@@ -254,6 +231,7 @@ output_usd_per_1m = 4.0
 )
 
 
+@pytest.mark.slow
 def test_calls_fail_over_to_azure_within_the_deadline_using_no_attempt(
     clean_db, tmp_path, monkeypatch, workers
 ):

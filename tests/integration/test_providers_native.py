@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +32,7 @@ from batchgen.simulator import SimulatorConfig, SimulatorThread
 from tests.env_vars import environment
 from tests.images import png_data_url
 from tests.native_setup import AWS_ENV, VERTEX_KEY_ENV, service_account_file
+from tests.waiting import wait_until
 
 KINDS = ("gemini", "vertex", "bedrock")
 SECRET = "walrus-tangerine-secret"
@@ -173,14 +173,17 @@ def request(
 
 
 def sim_entry(base: str, item: int | None) -> dict[str, Any]:
-    deadline = time.monotonic() + 5
-    while True:
+    def finished() -> dict[str, Any] | None:
         entries = httpx.get(f"{base}/_sim/log", params={"item": str(item)}).json()
         if entries and entries[0]["end_ts"] is not None:
             entry: dict[str, Any] = entries[0]
             return entry
-        assert time.monotonic() < deadline, f"no finished log entry for item {item}"
-        time.sleep(0.02)
+        return None
+
+    entry: dict[str, Any] = wait_until(
+        finished, 5, f"a finished log entry for item {item}", poll_s=0.02
+    )
+    return entry
 
 
 def merged(chunks: list[dict[str, Any]]) -> dict[str, Any]:

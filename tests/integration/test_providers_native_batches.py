@@ -35,6 +35,7 @@ from tests.native_setup import (
     model_toml,
     service_account_file,
 )
+from tests.waiting import wait_until
 
 NATIVE = ("gemini-sim", "vertex-sim", "bedrock-sim")
 SIM = "${BATCHGEN_SIMULATOR_URL}"
@@ -127,13 +128,11 @@ def _direct(model: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _poll(client: openai.OpenAI, batch_id: str, timeout_s: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def ended() -> Any:
         batch = client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "expired", "cancelled"):
-            return batch
-        assert time.monotonic() < deadline, f"batch still {batch.status}"
-        time.sleep(0.2)
+        return batch if batch.status in ("completed", "failed", "expired", "cancelled") else None
+
+    return wait_until(ended, timeout_s, lambda: f"batch {batch_id} to end", poll_s=0.2)
 
 
 def _sim_entry(simulator, item_id: int) -> dict[str, Any]:

@@ -19,7 +19,6 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from tests.helpers import (
 )
 from tests.invariants import check_invariants, reset_simulator, wait_until
 from tests.tcp_proxy import TcpProxy
+from tests.waiting import hold
 
 pytestmark = pytest.mark.integration
 
@@ -205,6 +205,7 @@ def test_publisher_confirms_raise_what_the_broker_refuses(rabbit):
     assert lengths(rabbit.url(), [CONTROL_QUEUE]) == {CONTROL_QUEUE: 1}
 
 
+@pytest.mark.slow
 def test_batch_runs_on_quorum_queues_with_countdown_retries(rabbit, sim, workers, tmp_path):
     """The whole pipeline on RabbitMQ: one batch for two model groups (two queues),
     one worker with the dispatcher, every item succeeded with one billed call.
@@ -259,6 +260,7 @@ def test_batch_runs_on_quorum_queues_with_countdown_retries(rabbit, sim, workers
     assert report.billed_calls == 24 and report.waste_rows == 0, report
 
 
+@pytest.mark.slow
 def test_sigkill_worker_mid_call_redelivers_and_loses_nothing(rabbit, sim, workers):
     """kill -9 of a worker with calls in flight: RabbitMQ puts its unacknowledged
     messages back at once (the consumer's connection closed; no visibility timeout to
@@ -296,6 +298,7 @@ def test_sigkill_worker_mid_call_redelivers_and_loses_nothing(rabbit, sim, worke
     assert report.retried_items >= report.cut_calls
 
 
+@pytest.mark.slow
 def test_broker_connections_closed_then_unreachable_mid_run(rabbit, sim, workers):
     """Two broker faults in one run, with calls in flight each time:
 
@@ -323,7 +326,7 @@ def test_broker_connections_closed_then_unreachable_mid_run(rabbit, sim, workers
         wait_mid_run(sim.base_url, second)  # the reconnected worker runs it
         cut = proxy.cut()
         done_at_cut = succeeded_items(second)
-        time.sleep(4)  # the outage's length: the worker and dispatcher retry meanwhile
+        hold(4, "the outage's length: the worker and dispatcher retry meanwhile")
         accepted = proxy.accepted
         proxy.restore()
         wait_batches([first, second], timeout_s=180)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 
 import httpx
 import pytest
@@ -21,7 +20,7 @@ from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.store import db
 from batchgen.store.schema import Item, Tenant
 from tests.helpers import chat_line, make_tenant, wait_batches
-from tests.waiting import wait_until
+from tests.waiting import poll_until, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -111,6 +110,7 @@ def mixed_requests(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_four_workers_stay_within_the_provider_limits(limited, workers):
     sim, env = limited
     make_tenant("bulk")
@@ -178,6 +178,7 @@ def test_a_shape_left_unset_learns_the_providers_window(limited, workers, tmp_pa
     assert limited_calls["budgeted"] <= limited_calls["declared"], limited_calls
 
 
+@pytest.mark.slow
 def test_budget_starvation_fails_nothing_and_work_resumes(limited, workers):
     """Budget at zero for a long while: many more budget waits than Celery's default
     max_retries (3), yet no item fails, and all finish once the budget returns."""
@@ -190,7 +191,7 @@ def test_budget_starvation_fails_nothing_and_work_resumes(limited, workers):
     def hold_at_zero() -> None:  # the provider keeps answering "come back in 1 s"
         while not stop.is_set():
             budget.cool_down(spec, 1.0)
-            time.sleep(0.3)
+            stop.wait(0.3)
 
     holder = threading.Thread(target=hold_at_zero, daemon=True)
     holder.start()
@@ -295,15 +296,11 @@ def test_tenant_token_limit_does_not_starve_other_tenants(clean_db, tmp_path, mo
         )
         workers(["llm.shared", "batchgen.control"], concurrency=4, env=env)
         # The limited tenant's first item ran; the rest now wait on its budget.
-        deadline = time.monotonic() + 30
-        while succeeded(slow["id"]) < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: succeeded(slow["id"]) >= 1, 30, "the limited tenant's first item")
         fast = client.submit_batch(
             [chat_line(f"f{i}", model="shared") for i in range(12)], tenant="free"
         )
-        deadline = time.monotonic() + 60
-        while succeeded(fast["id"]) < 12 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        poll_until(lambda: succeeded(fast["id"]) >= 12, 60)
         done_fast, done_slow = succeeded(fast["id"]), succeeded(slow["id"])
     get_settings.cache_clear()
     assert done_fast == 12
@@ -502,16 +499,18 @@ def test_a_tenant_held_by_its_own_budget_leaves_the_slots_to_others(
             [chat_line(f"b{i}", model="shared") for i in range(40)], tenant="free"
         )
         workers(["llm.shared", "batchgen.control"], concurrency=8, env=env)
-        deadline = time.monotonic() + 60
-        while not _while_held("held")[0] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll_until(lambda: _while_held("held")[0], 60, poll_s=0.05)
         held, first_turned_away, _ = _while_held("held")
         assert held, "tenant A's budget never held it back"
         most_running, turned_away = 0, first_turned_away
-        while held and succeeded(fast["id"]) < 40:
+
+        def sampled_to_the_end() -> bool:  # while A is held and B runs
+            nonlocal held, turned_away, most_running
             held, turned_away, running = _while_held("held")
             most_running = max(most_running, running)
-            time.sleep(0.05)
+            return not held or succeeded(fast["id"]) >= 40
+
+        wait_until(sampled_to_the_end, 240, "A's hold to end or B to finish", poll_s=0.05)
     get_settings.cache_clear()
     # The items already released when the hold began may still be turned away (the
     # window holds 4); no item of A is released after that while it is held.

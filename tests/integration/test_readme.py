@@ -179,6 +179,7 @@ def runner(services, tmp_path: Path) -> Iterator[Runner]:
         run.stop()
 
 
+@pytest.mark.slow
 def test_the_two_commands(services, runner: Runner, restore_env) -> None:
     """The test command is exactly what .ci/run runs (not run again here: this is it);
     the demo's set-up is the test command's with the `embedded` extra, and the demo
@@ -205,6 +206,7 @@ def test_the_two_commands(services, runner: Runner, restore_env) -> None:
     assert "per-tenant usage" in done.stdout
 
 
+@pytest.mark.slow
 def test_quick_start(runner: Runner) -> None:
     """The quick start's processes, on embedded servers of their own as on a laptop
     (no DATABASE_URL or REDIS_URL: the first process starts them, the others reuse
@@ -303,6 +305,7 @@ def poll_a_cancelled_batch(runner: Runner, key: str, api: str) -> None:
     assert done.stdout.split() == ["cancelled"]
 
 
+@pytest.mark.slow
 def test_production_processes(clean_db, simulator, runner: Runner) -> None:
     """Each process of the production block starts and comes up; with all of them
     running, the checks that follow (`batchgen doctor`, `batchgen status`) pass."""

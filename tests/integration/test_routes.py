@@ -141,6 +141,7 @@ def _succeeded_without_failure_or_cooldown(items: list, model: str) -> None:
     assert seen.get(counters.COOLDOWNS, 0) == 0 and seen.get(counters.RATE_LIMITED, 0) == 0
 
 
+@pytest.mark.slow
 def test_flex_calls_cost_half_and_a_busy_tier_falls_back_to_standard_in_time(clean_db, stack):
     make_tenant("shop")
     # A busy flex tier: two flex calls at a time, eight workers' threads asking.

@@ -169,6 +169,7 @@ def oai_run(clean_db, stack: str) -> Iterator[openai.OpenAI]:
         yield client
 
 
+@pytest.mark.slow
 def test_openai_files_and_batches_flow(oai_run: openai.OpenAI):
     """files.create → batches.create → poll retrieve → files.content of the output and
     error files → batches.list with auto-pagination, every object the SDK's type."""
@@ -231,6 +232,7 @@ def test_openai_files_and_batches_flow(oai_run: openai.OpenAI):
     assert listed == [again.id, batch.id]
 
 
+@pytest.mark.slow
 def test_openai_batch_cancel_and_file_errors(oai_run: openai.OpenAI):
     """batches.cancel stops a batch (its unrun requests go to the error file as
     batch_cancelled); a bad upload, another tenant's file and a deleted file are the
@@ -297,6 +299,7 @@ def _request(custom_id: str, text: str = "Describe a chair.", **params: Any) -> 
     return request
 
 
+@pytest.mark.slow
 def test_anthropic_message_batches_flow(claude_run: anthropic.Anthropic):
     """messages.batches.create → retrieve until ended → results → list → cancel, every
     object the SDK's type, through the same dispatcher, budget and ledger."""
@@ -337,6 +340,7 @@ def test_anthropic_message_batches_flow(claude_run: anthropic.Anthropic):
     assert listed == [many.id, created.id]
 
 
+@pytest.mark.slow
 def test_anthropic_message_batch_errors(claude_run: anthropic.Anthropic):
     """A malformed request is a BadRequestError naming it, nothing is stored; another
     tenant's batch is a NotFoundError."""
@@ -375,6 +379,7 @@ def _call_rows(tenant: str) -> list[tuple[str, int, int]]:
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
 
+@pytest.mark.slow
 def test_chat_completions_through_the_scheduler(oai_run: openai.OpenAI):
     """chat.completions.create, plain and streamed: the answer is the SDK's type, and each
     call is an item with its result and its one ledger row; calls stay out of the list
@@ -401,6 +406,7 @@ def test_chat_completions_through_the_scheduler(oai_run: openai.OpenAI):
         oai_run.chat.completions.create(model="no-such-model", messages=asked)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_messages_create_through_the_scheduler(claude_run: anthropic.Anthropic):
     message = claude_run.messages.create(
         model="sim-claude",
@@ -420,6 +426,7 @@ def test_messages_create_through_the_scheduler(claude_run: anthropic.Anthropic):
     assert sorted(_call_rows("sdk-claude")) == [("succeeded", 1, 1), ("succeeded", 1, 1)]
 
 
+@pytest.mark.slow
 def test_a_call_that_cannot_start_in_time_is_refused_at_once(oai_run: openai.OpenAI, simulator):
     """The fail-fast rule: with calls ahead of it that need longer than its deadline,
     a call is a 503 with Retry-After at once, and nothing of it is stored."""
@@ -477,6 +484,7 @@ def _open_calls() -> int:
         )
 
 
+@pytest.mark.slow
 def test_a_caller_that_goes_away_cancels_its_call(oai_run: openai.OpenAI, simulator):
     """The caller closes its connection while the provider is still answering: the call
     is cancelled (the item ends cancelled, the provider call is cut). The caller hangs up
@@ -515,6 +523,7 @@ def test_a_caller_that_goes_away_cancels_its_call(oai_run: openai.OpenAI, simula
         sim_config(simulator.base_url, latency_base_ms=50, latency_per_token_ms=0.5)
 
 
+@pytest.mark.slow
 def test_a_call_past_its_deadline_is_a_504(oai_run: openai.OpenAI, simulator):
     """The deadline covers the whole call: a provider slower than it ends the call
     expired, answered 504 deadline_exceeded at the deadline."""
@@ -535,6 +544,7 @@ def test_a_call_past_its_deadline_is_a_504(oai_run: openai.OpenAI, simulator):
         sim_config(simulator.base_url, latency_base_ms=50)
 
 
+@pytest.mark.slow
 def test_a_tenant_over_its_quota_is_the_sdks_rate_limit_error(oai_run: openai.OpenAI):
     """The tenant's own bounds apply to calls and to batches from files alike: a 429
     with Retry-After, which the SDK raises as RateLimitError with our JSON error."""
@@ -552,6 +562,7 @@ def test_a_tenant_over_its_quota_is_the_sdks_rate_limit_error(oai_run: openai.Op
         )
 
 
+@pytest.mark.slow
 def test_a_call_is_answered_when_the_listening_connection_is_lost(oai_run: openai.OpenAI):
     """The API process hears a call's end through LISTEN; with that connection killed,
     the call is still answered (its waiter reads the item), and the listener comes back."""

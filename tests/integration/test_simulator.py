@@ -20,7 +20,7 @@ from batchgen.domain.tokens import count_messages, count_text
 from batchgen.simulator import SimulatorConfig, SimulatorThread, completion_text, request_digest
 from batchgen.simulator.text import anthropic_prompt_messages
 from tests.helpers import settled_entry
-from tests.waiting import wait_until
+from tests.waiting import hold, wait_until
 
 MODEL = "sim-gpt"
 CLAUDE = "sim-claude"
@@ -507,7 +507,7 @@ def test_bucket_own_count_headers_and_refill() -> None:
             if again.status_code == 200:
                 break
             assert time.monotonic() - started < 30, statuses
-            time.sleep(int(again.headers["retry-after-ms"]) / 1000)
+            hold(int(again.headers["retry-after-ms"]) / 1000, "the server's retry-after")
         assert statuses[0] == 429  # not before its time
         assert len(statuses) <= 3
         assert int(again.headers["x-ratelimit-remaining-tokens"]) < need
@@ -551,7 +551,7 @@ def test_bucket_requests_limit_switched_on_at_run_time() -> None:
                 break
             assert int(again.headers["retry-after-ms"]) <= 200
             assert time.monotonic() - started < 10
-            time.sleep(int(again.headers["retry-after-ms"]) / 1000)
+            hold(int(again.headers["retry-after-ms"]) / 1000, "the server's retry-after")
         assert again.headers["x-ratelimit-limit-requests"] == "300"
 
 

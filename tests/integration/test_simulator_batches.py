@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.helpers import anthropic_batch_ended, chat_line, openai_batch_in, sim_config
+from tests.waiting import hold
 
 pytestmark = pytest.mark.integration
 DEFAULTS = {
@@ -158,7 +159,7 @@ def test_a_job_cancelled_midway_keeps_the_rows_it_finished(sim):
     sim_config(sim.base_url, batch_turnaround_s=4.0)
     client = _oai(sim)
     job = _job(client, 4)
-    time.sleep(2.3)
+    hold(2.3, "two of the four rows finish: one a second")
     client.batches.cancel(job.id)
     ended = _ended(client, job.id)
     assert ended.status == "cancelled"
@@ -179,7 +180,7 @@ def test_a_job_cancelled_midway_keeps_the_rows_it_finished(sim):
     created = claude.messages.batches.create(
         requests=[{"custom_id": f"m-{i}", **request} for i in range(4)]  # type: ignore[misc]
     )
-    time.sleep(2.3)
+    hold(2.3, "two of the four rows finish: one a second")
     cancelled = claude.messages.batches.cancel(created.id)
     assert cancelled.processing_status == "ended"
     assert (cancelled.request_counts.succeeded, cancelled.request_counts.canceled) == (2, 2)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from sqlalchemy import text
 
 from batchgen import python_api as client
@@ -110,6 +111,7 @@ def test_admission_counts_what_is_open_not_what_ever_was(clean_db, monkeypatch):
 PLAN_TEST_ITEMS = int(os.environ.get("BATCHGEN_PLAN_TEST_ITEMS", "100000"))
 
 
+@pytest.mark.slow
 def test_the_scans_use_their_indexes_on_a_large_history(clean_db):
     url = get_settings().sqlalchemy_url
     libpq = url.replace("postgresql+psycopg://", "postgresql://")

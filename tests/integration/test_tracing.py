@@ -31,6 +31,9 @@ from batchgen.telemetry import genai, tracing
 from tests.helpers import chat_line, make_tenant
 from tests.invariants import wait_until
 
+# A worker exporting OTLP to a receiver in the test; a synchronous call's trace.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
 PROMPT = "Zorblax hover-kettle launch plan"
 ITEMS = 3
 WORKER_SPANS = {"batchgen.generate", "batchgen.budget", "chat sim-small", "batchgen.ledger"}

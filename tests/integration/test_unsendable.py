@@ -5,6 +5,7 @@ queued for ever (real worker and dispatcher, the simulator over HTTP)."""
 from __future__ import annotations
 
 import httpx
+import pytest
 from sqlalchemy import func, select
 
 from batchgen import python_api
@@ -60,6 +61,7 @@ max_concurrency = 8
 )
 
 
+@pytest.mark.slow
 def test_items_whose_requests_cannot_leave_end_failed_with_the_reason(
     clean_db, tmp_path, monkeypatch, workers
 ):

@@ -310,6 +310,7 @@ def _sim_calls(sim_url: str, item_id: int) -> list[dict[str, Any]]:
     return list(httpx.get(f"{sim_url}/_sim/log", params={"item": str(item_id)}).json())
 
 
+@pytest.mark.slow
 def test_paid_answer_survives_database_outage(clean_db, simulator, workers):
     """PostgreSQL becomes unreachable while the provider answers: the worker keeps the
     answer and records it once the database is back (one call, one ledger row)."""
@@ -604,6 +605,7 @@ def test_one_statement_record_leaves_a_lost_lease_to_the_general_path(clean_db, 
     assert_daily_usage_matches_ledger()
 
 
+@pytest.mark.slow
 def test_killed_worker_sent_calls_are_ledgered(clean_db, simulator, workers):
     """kill -9 of a worker mid-call: every call the simulator admitted (the provider may
     bill it) has a ledger row, matched per item with the simulator's own request log."""

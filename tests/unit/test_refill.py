@@ -6,13 +6,11 @@ import threading
 import time
 
 from batchgen.worker.refill import Refiller
+from tests.waiting import hold, wait_until
 
 
 def _wait_for(condition, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.005)
+    wait_until(condition, timeout_s, "the refiller's release", poll_s=0.005)
 
 
 def test_notes_from_many_threads_are_released_together():
@@ -24,7 +22,7 @@ def test_notes_from_many_threads_are_released_together():
     for t in threads:
         t.join()
     _wait_for(lambda: calls)
-    time.sleep(0.3)  # no second release follows without a new note
+    hold(0.3, "no second release follows without a new note")
     assert calls == [frozenset({"m0", "m1", "m2"})]
 
 
@@ -67,15 +65,15 @@ def test_a_model_with_enough_places_freed_is_released_at_once():
     refiller.note("a")
     refiller.note("b")
     refiller.note("a")
-    time.sleep(0.2)
-    assert calls == []  # two of three: the wait goes on
+    hold(0.2, "two of three: no release, the wait goes on")
+    assert calls == []
     noted_at = time.monotonic()
     refiller.note("a")
     _wait_for(lambda: calls)
     assert calls[0][1] == frozenset({"a", "b"})  # every noted model goes in the release
     assert calls[0][0] - noted_at < 5.0  # not the 30 s wait
     refiller.note("a")  # the count starts again after a release
-    time.sleep(0.2)
+    hold(0.2, "one of three after the release: no release")
     assert len(calls) == 1
 
 

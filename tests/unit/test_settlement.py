@@ -29,6 +29,7 @@ from batchgen.errors import (
     TransientProviderError,
 )
 from batchgen.registry import ChargePolicy, ModelSpec
+from tests.registries import model_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 RESERVE, ACTUAL = ChargePolicy.RESERVE, ChargePolicy.ACTUAL
@@ -36,22 +37,7 @@ C = SettleCounter
 
 
 def spec(policy: ChargePolicy) -> ModelSpec:
-    return ModelSpec(
-        name="m",
-        provider="openai",
-        base_url="http://x/v1",
-        api_key_env="K",
-        group="g",
-        budget_key="acct",
-        context_window=10_000,
-        max_output_tokens=500,
-        tokens_per_min=1000,
-        requests_per_min=20,
-        max_concurrency=2,
-        input_usd_per_1m=1,
-        output_usd_per_1m=1,
-        charge_policy=policy,
-    )
+    return model_spec(name="m", shape=None, charge_policy=policy)
 
 
 def failed(error: ProviderError | None, policy: ChargePolicy = RESERVE) -> Settlement:
