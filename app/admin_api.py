@@ -18,7 +18,7 @@ from typing import Any
 
 from flask import Blueprint, Response, g, jsonify, request
 
-from batchgen import admin, python_api
+from batchgen import python_api, tenant_admin
 from batchgen.bodies import close_if_unread, json_body
 from batchgen.config import get_settings
 from batchgen.dashboard_auth import OPERATOR_ENVIRON_KEY
@@ -129,7 +129,7 @@ def _list(data: list[dict[str, Any]]) -> Response:
 
 @admin_blueprint.get("/admin/v1/tenants")
 def admin_list_tenants() -> Response:
-    return _list(admin.list_tenants())
+    return _list(tenant_admin.list_tenants())
 
 
 @admin_blueprint.post("/admin/v1/tenants")
@@ -145,28 +145,28 @@ def admin_create_tenant() -> tuple[Response, int]:
     if not isinstance(body.get("webhook_url") or "", str):
         raise ValidationFailed("webhook_url must be a string", field="webhook_url")
     weight = body.pop("weight", 1)
-    made = admin.create_tenant(name, actor=_operator(), **body, weight=weight)
+    made = tenant_admin.create_tenant(name, actor=_operator(), **body, weight=weight)
     return jsonify(made), 201
 
 
 @admin_blueprint.get("/admin/v1/tenants/<name>")
 def admin_get_tenant(name: str) -> Response:
-    return jsonify(admin.get_tenant(name))
+    return jsonify(tenant_admin.get_tenant(name))
 
 
 @admin_blueprint.patch("/admin/v1/tenants/<name>")
 def admin_update_tenant(name: str) -> Response:
-    return jsonify(admin.update_tenant(name, _body(), actor=_operator()))
+    return jsonify(tenant_admin.update_tenant(name, _body(), actor=_operator()))
 
 
 @admin_blueprint.post("/admin/v1/tenants/<name>/suspend")
 def admin_suspend_tenant(name: str) -> Response:
-    return jsonify(admin.suspend_tenant(name, actor=_operator()))
+    return jsonify(tenant_admin.suspend_tenant(name, actor=_operator()))
 
 
 @admin_blueprint.post("/admin/v1/tenants/<name>/resume")
 def admin_resume_tenant(name: str) -> Response:
-    return jsonify(admin.resume_tenant(name, actor=_operator()))
+    return jsonify(tenant_admin.resume_tenant(name, actor=_operator()))
 
 
 # -- keys ----------------------------------------------------------------------
@@ -174,29 +174,31 @@ def admin_resume_tenant(name: str) -> Response:
 
 @admin_blueprint.get("/admin/v1/tenants/<name>/keys")
 def admin_list_keys(name: str) -> Response:
-    return _list(admin.list_keys(name))
+    return _list(tenant_admin.list_keys(name))
 
 
 @admin_blueprint.post("/admin/v1/tenants/<name>/keys")
 def admin_create_key(name: str) -> tuple[Response, int]:
-    return jsonify(admin.create_key(name, actor=_operator(), **_key_fields(_body()))), 201
+    return jsonify(tenant_admin.create_key(name, actor=_operator(), **_key_fields(_body()))), 201
 
 
 @admin_blueprint.patch("/admin/v1/tenants/<name>/keys/<key_id>")
 def admin_update_key(name: str, key_id: str) -> Response:
-    return jsonify(admin.update_key(name, key_id, _body(), actor=_operator()))
+    return jsonify(tenant_admin.update_key(name, key_id, _body(), actor=_operator()))
 
 
 @admin_blueprint.post("/admin/v1/tenants/<name>/keys/<key_id>/rotate")
 def admin_rotate_key(name: str, key_id: str) -> tuple[Response, int]:
     overlap_s = _overlap_s(_body())
-    return jsonify(admin.rotate_key(name, key_id, overlap_s=overlap_s, actor=_operator())), 201
+    return jsonify(
+        tenant_admin.rotate_key(name, key_id, overlap_s=overlap_s, actor=_operator())
+    ), 201
 
 
 @admin_blueprint.post("/admin/v1/tenants/<name>/keys/<key_id>/revoke")
 @admin_blueprint.delete("/admin/v1/tenants/<name>/keys/<key_id>")
 def admin_revoke_key(name: str, key_id: str) -> Response:
-    return jsonify(admin.revoke_key(name, key_id, actor=_operator()))
+    return jsonify(tenant_admin.revoke_key(name, key_id, actor=_operator()))
 
 
 # -- dollar budgets (docs/money.md) ---------------------------------------------
@@ -206,7 +208,7 @@ BUDGET_FIELDS = {"limit_usd", "period", "time_zone", "thresholds", "key_id"}
 
 @admin_blueprint.get("/admin/v1/tenants/<name>/budgets")
 def admin_list_budgets(name: str) -> Response:
-    return _list(admin.get_budgets(name))
+    return _list(tenant_admin.get_budgets(name))
 
 
 @admin_blueprint.put("/admin/v1/tenants/<name>/budget")
@@ -221,7 +223,7 @@ def admin_set_budget(name: str) -> Response:
     if thresholds is not None and not isinstance(thresholds, list):
         raise ValidationFailed("thresholds must be a list of per cents", field="thresholds")
     return jsonify(
-        admin.set_budget(
+        tenant_admin.set_budget(
             name,
             limit_usd=body["limit_usd"],
             period=body.get("period", "month"),
@@ -235,7 +237,9 @@ def admin_set_budget(name: str) -> Response:
 
 @admin_blueprint.delete("/admin/v1/tenants/<name>/budget")
 def admin_delete_budget(name: str) -> Response:
-    return jsonify(admin.delete_budget(name, key_id=request.args.get("key_id"), actor=_operator()))
+    return jsonify(
+        tenant_admin.delete_budget(name, key_id=request.args.get("key_id"), actor=_operator())
+    )
 
 
 # -- audit log -----------------------------------------------------------------
@@ -243,7 +247,7 @@ def admin_delete_budget(name: str) -> Response:
 
 @admin_blueprint.get("/admin/v1/audit")
 def admin_audit_log() -> Response:
-    entries = admin.audit_log(
+    entries = tenant_admin.audit_log(
         tenant=request.args.get("tenant"),
         limit=_int_arg("limit", 100) or 100,
         before_id=_int_arg("before", None),
@@ -263,23 +267,23 @@ def _own() -> tuple[Any, str]:
 @admin_blueprint.get("/v1/keys")
 def list_own_keys() -> Response:
     tenant, _ = _own()
-    return _list(admin.list_keys(tenant))
+    return _list(tenant_admin.list_keys(tenant))
 
 
 @admin_blueprint.post("/v1/keys")
 def create_own_key() -> tuple[Response, int]:
     tenant, actor = _own()
-    return jsonify(admin.create_key(tenant, actor=actor, **_key_fields(_body()))), 201
+    return jsonify(tenant_admin.create_key(tenant, actor=actor, **_key_fields(_body()))), 201
 
 
 @admin_blueprint.post("/v1/keys/<key_id>/rotate")
 def rotate_own_key(key_id: str) -> tuple[Response, int]:
     tenant, actor = _own()
     overlap_s = _overlap_s(_body())
-    return jsonify(admin.rotate_key(tenant, key_id, overlap_s=overlap_s, actor=actor)), 201
+    return jsonify(tenant_admin.rotate_key(tenant, key_id, overlap_s=overlap_s, actor=actor)), 201
 
 
 @admin_blueprint.delete("/v1/keys/<key_id>")
 def revoke_own_key(key_id: str) -> Response:
     tenant, actor = _own()
-    return jsonify(admin.revoke_key(tenant, key_id, actor=actor))
+    return jsonify(tenant_admin.revoke_key(tenant, key_id, actor=actor))

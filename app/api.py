@@ -44,13 +44,12 @@ from batchgen.bodies import (
     too_large,
 )
 from batchgen.config import get_settings
-from batchgen.domain import call_streams, message_batches
-from batchgen.domain import calls as call_rules
-from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES, unknown_path
-from batchgen.domain.message_batches import MESSAGES
-from batchgen.domain.offload import OffloadMode, parse_offload
-from batchgen.domain.routes import RouteMode, parse_route
-from batchgen.domain.status import Priority, parse_priority
+from batchgen.domain.formats import call_rules, call_streams, message_batches
+from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES, unknown_path
+from batchgen.domain.formats.message_batches import MESSAGES
+from batchgen.domain.lifecycle.status import Priority, parse_priority
+from batchgen.domain.scheduling.offload import OffloadMode, parse_offload
+from batchgen.domain.scheduling.routes import RouteMode, parse_route
 from batchgen.domain.submission import SubmitOptions
 from batchgen.errors import (
     BatchgenError,
@@ -817,7 +816,7 @@ def check_schema() -> None:
 def load_encodings() -> None:
     """Load the registry's tokenizers now (tiktoken takes about 0.1 s for each), not
     inside the first submit. A broken registry is reported by the requests that need it."""
-    from batchgen.domain.tokens import get_encoding
+    from batchgen.domain.formats.tokens import get_encoding
     from batchgen.registry import get_registry
 
     with contextlib.suppress(Exception):

@@ -146,7 +146,7 @@ beat_schedule = {
         "schedule": _settings.worker.sweep_interval_s,
         "options": {"expires": 5 * _settings.worker.sweep_interval_s},
     },
-    # Provider jobs of the Batch APIs (app/worker/offload.py); a no-op while no model
+    # Provider jobs of the Batch APIs (app/worker/offload_jobs.py); a no-op while no model
     # of the registry offloads.
     "offload": {
         "task": OFFLOAD_TASK,

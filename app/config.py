@@ -204,7 +204,7 @@ class SubmitSettings(_Concern):
     # Backlog bound per model, in minutes of its tokens_per_min (see app/store/quotas.py).
     max_backlog_min: float = 60.0
     # Text a submit may hand the tokenizer in all (bytes of prompt text, all lines);
-    # more → 413. Bounds the CPU one request can cost (see app/domain/admission.py).
+    # more → 413. Bounds the CPU one request can cost (see app/domain/formats/admission.py).
     max_tokenize_bytes: int = 64 * 1024 * 1024
     # Test mode for a host project's tests (a Django TestCase): a submit validates and
     # describes the batch as usual, then keeps nothing: nothing runs, nothing is billed.
@@ -244,7 +244,7 @@ class CallSettings(_Concern):
     caller_lease_s: float = Field(
         default=10.0, gt=0, validation_alias=_env("BATCHGEN_CALLER_LEASE_S")
     )
-    # The calls' reserve (app/domain/call_reserve.py): while a synchronous call entered
+    # The calls' reserve (app/domain/scheduling/call_reserve.py): while a synchronous call entered
     # a model's gate within reserve_recent_s, other work leaves this many of the
     # model's slots (less those calls hold; at most max_concurrency - 1) free for the
     # next call, so that it starts at once behind a backlog. Without recent calls the
@@ -260,7 +260,7 @@ class WorkerSettings(_Concern):
     dispatch_interval_s: float = 1.0
     sweep_interval_s: float = 5.0
     # How often a process using the gate checks its state marker in Redis (a Redis that
-    # lost the gate's state is rebuilt from the database: app/worker/gate_state.py);
+    # lost the gate's state is rebuilt from the database: app/worker/gate_recovery.py);
     # the sweep checks it on every tick too.
     gate_state_check_s: float = 1.0
     # One Celery beat sends the ticks: it holds a Redis lock with this lease (app/worker/beat.py).
@@ -316,7 +316,7 @@ class PackSettings(_Concern):
 
 
 class ProviderSettings(_Concern):
-    """Provider calls, and deployment pools (app/domain/pools.py)."""
+    """Provider calls, and deployment pools (app/domain/scheduling/pools.py)."""
 
     # Streaming lets a cancel stop a call mid-answer.
     stream_calls: bool = True
@@ -364,7 +364,7 @@ class BudgetSettings(_Concern):
     held_claims: int = 32
     claim_ttl_s: float = 150.0
     # The learned ratio per model between the provider's count of a prompt and ours
-    # (app/domain/rate_limits.py): each sample moves it by ratio_weight of the
+    # (app/domain/scheduling/rate_limits.py): each sample moves it by ratio_weight of the
     # difference (0: never learn, reservations use our own count), within
     # [ratio_min, ratio_max]. A sample from the headers of a bucket needs
     # ratio_min_calls calls granted between two headers.
@@ -384,13 +384,13 @@ class BudgetSettings(_Concern):
     # header leaves them out as if not yet counted (0: only calls granted after it).
     send_spread_s: float = Field(default=0.05, ge=0.0)
     # A model whose registry entry sets no limit_shape starts as a bucket and learns
-    # its provider's shape from the reset headers (app/domain/rate_limits.py
+    # its provider's shape from the reset headers (app/domain/scheduling/rate_limits.py
     # shape_evidence): this many headers in a row that show the other shape switch it.
     shape_samples: int = Field(default=3, ge=1)
 
 
 class MoneySettings(_Concern):
-    """Dollar budgets (batchgen.worker.money, docs/money.md)."""
+    """Dollar budgets (batchgen.worker.money_holds, docs/money.md)."""
 
     model_config = SettingsConfigDict(env_prefix="BATCHGEN_MONEY_")
 
@@ -412,7 +412,7 @@ class MoneySettings(_Concern):
 
 
 class OffloadSettings(_Concern):
-    """Offload to the providers' Batch APIs (app/worker/offload.py): the tick's
+    """Offload to the providers' Batch APIs (app/worker/offload_jobs.py): the tick's
     interval, a job's first poll after its creation and the most between polls
     (doubling), and how many waiting items one tick plans per model."""
 
@@ -472,7 +472,7 @@ class WebhookSettings(_Concern):
 
 
 class RetentionSettings(_Concern):
-    """Retention (app/worker/retention.py)."""
+    """Retention (app/worker/retention_tick.py)."""
 
     model_config = SettingsConfigDict(env_prefix="BATCHGEN_RETENTION_")
 

@@ -41,8 +41,8 @@ from batchgen.bodies import (
 )
 from batchgen.config import get_settings
 from batchgen.domain import keys as key_rules
-from batchgen.domain.dashboard import format_usd
 from batchgen.errors import BatchgenError, PayloadTooLarge, Unauthorized
+from batchgen.monitoring.dashboard_display import format_usd
 from batchgen.python_api import Tenant
 
 # Namespaced (blueprint and templates): a host app's own ``dashboard`` blueprint or

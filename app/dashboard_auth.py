@@ -30,7 +30,7 @@ from werkzeug.wrappers import Response as BaseResponse
 from batchgen.config import get_settings
 from batchgen.limits import sessions
 from batchgen.limits.backend import get_redis
-from batchgen.store import keys, tenants
+from batchgen.store import api_keys, tenants
 from batchgen.store.db import session_scope
 from batchgen.store.schema import Tenant
 
@@ -122,7 +122,7 @@ def current_tenant() -> Tenant | None:
     tenant_id, key_id = found
     with session_scope() as session:
         tenant = tenants.get_active(session, tenant_id)
-        if tenant is None or (key_id is not None and not keys.works(session, key_id)):
+        if tenant is None or (key_id is not None and not api_keys.works(session, key_id)):
             return None  # its tenant suspended, or the key it signed in with stopped
         session.expunge(tenant)
         return tenant

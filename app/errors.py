@@ -188,7 +188,7 @@ class Unavailable(BatchgenError, RetryAdvice):
 class CallFailed(BatchgenError):
     """A synchronous call (``POST /v1/chat/completions``, ``/v1/messages``) ended without
     an answer: its item failed, expired or was cancelled. ``status_code`` and ``code``
-    are :func:`batchgen.domain.calls.call_error`'s."""
+    are :func:`batchgen.domain.formats.call_rules.call_error`'s."""
 
     def __init__(self, status_code: int, code: str, message: str):
         super().__init__(message)
@@ -225,7 +225,7 @@ class TransientProviderError(ProviderError):
 
 class RateLimited(TransientProviderError):
     """A 429. ``rate_limits`` is what the answer's rate-limit headers said (a
-    :class:`batchgen.domain.rate_limits.RateLimitState`, typed loosely because this
+    :class:`batchgen.domain.scheduling.rate_limits.RateLimitState`, typed loosely because this
     module sits below the domain layer), None when there were none to read."""
 
     kind = "rate_limited"
@@ -248,7 +248,7 @@ class FlexUnavailable(TransientProviderError):
 
     Not a rate limit: the account's limits are not full, so it starts no cooldown, and
     not a failure: it uses none of the item's attempts. Never billed. What follows is
-    :func:`batchgen.domain.routes.after_flex_refusal`'s decision (flex again after a
+    :func:`batchgen.domain.scheduling.routes.after_flex_refusal`'s decision (flex again after a
     wait, or a standard call in time)."""
 
     kind = "flex_unavailable"

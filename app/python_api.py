@@ -9,7 +9,7 @@ tenant it found. All raise the project's typed exceptions (:mod:`batchgen.errors
     batch = submit_batch(requests, tenant="acme", completion_window="2h")
     get_batch(batch["id"], tenant="acme")["request_counts"]
 
-Tenants and keys are managed with the functions of :mod:`batchgen.admin`, also
+Tenants and keys are managed with the functions of :mod:`batchgen.tenant_admin`, also
 importable from here (``create_tenant``, ``create_key``, ``rotate_key``, ...): each
 change is written to the audit log with its ``actor``.
 """
@@ -28,15 +28,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from batchgen import admin
+from batchgen import tenant_admin
 from batchgen.config import get_settings
-from batchgen.domain import message_batches
-from batchgen.domain.deadlines import parse_duration_s
-from batchgen.domain.endpoints import BATCH_ENDPOINTS, unknown_endpoint
+from batchgen.domain.formats import message_batches
+from batchgen.domain.formats.endpoints import BATCH_ENDPOINTS, unknown_endpoint
+from batchgen.domain.lifecycle.deadlines import parse_duration_s
+from batchgen.domain.lifecycle.status import Priority, parse_priority, sdk_priority
 from batchgen.domain.notifications import retry_delay_s
-from batchgen.domain.offload import OffloadMode, parse_offload
-from batchgen.domain.routes import RouteMode, parse_route
-from batchgen.domain.status import Priority, parse_priority, sdk_priority
+from batchgen.domain.scheduling.offload import OffloadMode, parse_offload
+from batchgen.domain.scheduling.routes import RouteMode, parse_route
 from batchgen.domain.submission import SubmitOptions
 from batchgen.errors import (
     ClientError,
@@ -47,33 +47,34 @@ from batchgen.errors import (
 from batchgen.limits import counters
 from batchgen.limits.backend import get_redis
 from batchgen.registry import ModelSpec, ProviderKind, get_registry
-from batchgen.store import batches, db, files, keys, notifications, tenants
+from batchgen.store import api_keys, batches, db, files, tenants
+from batchgen.store import batch_notifications as notifications
+from batchgen.store.api_keys import Caller as Caller
 from batchgen.store.db import session_scope
-from batchgen.store.keys import Caller as Caller
 from batchgen.store.schema import Tenant as Tenant
 from batchgen.telemetry import tracing
 from batchgen.worker import cancellation, publish, webhooks
 from batchgen.worker.call_answers import StreamPart as StreamPart
 from batchgen.worker.call_answers import stream_call as stream_call
 from batchgen.worker.call_answers import wait_call as wait_call
-from batchgen.worker.calls import PendingCall as PendingCall
-from batchgen.worker.calls import start_call as start_call
+from batchgen.worker.call_runner import PendingCall as PendingCall
+from batchgen.worker.call_runner import start_call as start_call
 
 log = logging.getLogger(__name__)
 
-# Tenant and key management (batchgen.admin), from here too.
-audit_log = admin.audit_log
-create_key = admin.create_key
-create_tenant = admin.create_tenant
-get_tenant = admin.get_tenant
-list_keys = admin.list_keys
-list_tenants = admin.list_tenants
-resume_tenant = admin.resume_tenant
-revoke_key = admin.revoke_key
-rotate_key = admin.rotate_key
-suspend_tenant = admin.suspend_tenant
-update_key = admin.update_key
-update_tenant = admin.update_tenant
+# Tenant and key management (batchgen.tenant_admin), from here too.
+audit_log = tenant_admin.audit_log
+create_key = tenant_admin.create_key
+create_tenant = tenant_admin.create_tenant
+get_tenant = tenant_admin.get_tenant
+list_keys = tenant_admin.list_keys
+list_tenants = tenant_admin.list_tenants
+resume_tenant = tenant_admin.resume_tenant
+revoke_key = tenant_admin.revoke_key
+rotate_key = tenant_admin.rotate_key
+suspend_tenant = tenant_admin.suspend_tenant
+update_key = tenant_admin.update_key
+update_tenant = tenant_admin.update_tenant
 
 RequestLines = Iterable[bytes] | Iterable[Mapping[str, Any]] | str | Path
 
@@ -601,7 +602,7 @@ def iter_message_batch_results(batch_id: str, *, tenant: str | Tenant) -> Iterat
 
 
 # --- synchronous calls (POST /v1/chat/completions, /v1/messages) --------------------
-# Run in this process (batchgen.worker.calls) and waited for, whole or as a stream
+# Run in this process (batchgen.worker.call_runner) and waited for, whole or as a stream
 # (batchgen.worker.call_answers): start_call, wait_call, stream_call.
 
 
@@ -713,9 +714,9 @@ def session_factory() -> Callable[[], AbstractContextManager[Session]]:
 
 def authenticate(secret: str | None) -> Caller:
     """The API key ``secret`` is and its tenant (detached), or :class:`Unauthorized`;
-    one statement, autocommit (:func:`batchgen.store.keys.authenticate`)."""
+    one statement, autocommit (:func:`batchgen.store.api_keys.authenticate`)."""
     with db.autocommit() as connection:  # one statement: no transaction around it
-        return keys.authenticate(connection, secret)
+        return api_keys.authenticate(connection, secret)
 
 
 # What an operator may change on a tenant beside its weight, webhook and admin flag.

@@ -95,7 +95,7 @@ class LimitShape(StrEnum):
     """How the provider's limiter counts tokens and requests over time (see
     :mod:`batchgen.limits.budget`). A registry entry that sets none starts as a
     bucket and learns the shape from the provider's reset headers
-    (:func:`batchgen.domain.rate_limits.shape_evidence`)."""
+    (:func:`batchgen.domain.scheduling.rate_limits.shape_evidence`)."""
 
     # A sliding window: a call counts against the limit for one window (plus a
     # guard), then not at all. Never exceeds any provider's per-minute limit.
@@ -171,7 +171,7 @@ class OfflineRoute(BaseModel):
     """A model's offline route: the provider's own Batch API (``[models."<name>".offline]``).
 
     Used only when the model says ``offload = true``; the rules that send an item
-    there are in :mod:`batchgen.domain.offload`.
+    there are in :mod:`batchgen.domain.scheduling.offload`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -212,7 +212,7 @@ class FlexRoute(BaseModel):
     refused when the provider is busy (OpenAI: a 429 "resource unavailable"; Gemini: a
     503 ``UNAVAILABLE``). The table turns it on (an empty
     one takes the defaults); the rules that send an item there, and back to standard
-    calls in time, are in :mod:`batchgen.domain.routes`.
+    calls in time, are in :mod:`batchgen.domain.scheduling.routes`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

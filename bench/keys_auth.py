@@ -5,7 +5,7 @@ the API (Flask) in this process through its test client: no network, so the figu
 are the server's own work. Rounds alternate five ways, ``--requests`` each:
 
   select 1    a transaction of ``SELECT 1`` (the floor of any lookup)
-  lookup      ``store.keys.authenticate``: the key and its tenant by the hash's
+  lookup      ``store.api_keys.authenticate``: the key and its tenant by the hash's
               unique index, in one transaction (its last use written at most once
               a minute)
   no key      GET /healthz (routing, JSON, the app's hooks; no key)
@@ -58,14 +58,14 @@ def _counters() -> dict[str, int]:
 def run(requests: int, rounds: int) -> dict[str, dict[str, float]]:
     from sqlalchemy import text
 
-    from batchgen import admin
+    from batchgen import tenant_admin
     from batchgen.api import create_app
-    from batchgen.store import keys
+    from batchgen.store import api_keys
     from batchgen.store.db import session_scope
 
-    made = admin.create_tenant("bench", actor="bench")
+    made = tenant_admin.create_tenant("bench", actor="bench")
     plain = made["api_key"]["secret"]
-    limited = admin.create_key("bench", name="limited", requests_per_min=10**8)["secret"]
+    limited = tenant_admin.create_key("bench", name="limited", requests_per_min=10**8)["secret"]
     client = create_app().test_client()
 
     def ask(path: str, headers: dict[str, str]) -> Callable[[], object]:
@@ -77,7 +77,7 @@ def run(requests: int, rounds: int) -> dict[str, dict[str, float]]:
 
     def lookup() -> None:
         with session_scope() as session:
-            keys.authenticate(session, plain)
+            api_keys.authenticate(session, plain)
 
     one = "/v1/models/sim-small"
     asks: dict[str, Callable[[], object]] = {

@@ -280,7 +280,7 @@ async def cookbook_client(
     """The cookbook's main loop (process_api_requests_from_file), reading a list."""
     import aiohttp
 
-    from batchgen.domain.tokens import get_encoding
+    from batchgen.domain.formats.tokens import get_encoding
 
     seconds_to_pause_after_rate_limit_error = 15
     seconds_to_sleep_each_loop = 0.001

@@ -326,7 +326,7 @@ def _print(
     runs: dict[str, Night],
     load: tuple[float, float, float],
 ) -> None:
-    from batchgen.domain.tokens import count_text
+    from batchgen.domain.formats.tokens import count_text
 
     standard = runs["online standard"]
     calls = max(1, standard.calls)
@@ -354,7 +354,7 @@ def _print(
 
 
 def _window_s(window: str) -> float:
-    from batchgen.domain.deadlines import parse_duration_s
+    from batchgen.domain.lifecycle.deadlines import parse_duration_s
 
     return parse_duration_s(window)
 

@@ -102,7 +102,7 @@ def old_round(conn: Any, model: str) -> tuple[float, list[int]]:
 
 
 def jain_of(served: Counter[int], weights: dict[int, int]) -> float:
-    from batchgen.domain.round_robin import jain_index
+    from batchgen.domain.scheduling.round_robin import jain_index
 
     return jain_index(served.get(t, 0) / w for t, w in weights.items())
 

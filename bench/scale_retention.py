@@ -86,7 +86,7 @@ def run(hot_items: int, alone_s: float) -> Retention:
     path beside it; the hot path alone for ``alone_s`` before and after the pass (the
     machine's load changes: the two are averaged)."""
     from batchgen.config import get_settings
-    from batchgen.worker.retention import purge
+    from batchgen.worker.retention_tick import purge
 
     _hot_batch(hot_items)
     hot_path(time.monotonic() + 2)  # warm
@@ -128,7 +128,7 @@ def ticks(libpq: str, calls: int, finished: int) -> Ticks:
     (chunks and budget), over a history of ``calls`` synchronous calls (a batch each)
     and ``finished`` items in batches of 10 000, all of it expired."""
     from batchgen.config import get_settings
-    from batchgen.worker.retention import purge
+    from batchgen.worker.retention_tick import purge
 
     history.load(libpq, history.History(pending=0, finished=finished, calls=calls))
     os.environ["BATCHGEN_RETENTION_DAYS"] = "0.5"

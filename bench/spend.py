@@ -144,10 +144,10 @@ def main() -> None:
     parser.add_argument("--per-token-ms", type=float, default=0.5)
     args = parser.parse_args()
 
-    from batchgen import admin, python_api
-    from batchgen.domain import money as rules
+    from batchgen import python_api, tenant_admin
+    from batchgen.domain.billing import budget_maths as rules
     from batchgen.store import db, tenants
-    from batchgen.worker import money
+    from batchgen.worker import money_holds
 
     budget = Decimal(args.budget_usd)
     load = os.getloadavg()
@@ -156,7 +156,7 @@ def main() -> None:
         env = live_model_env(workdir, MODEL, sim, CONCURRENCY, BATCHGEN_MONEY_HOLD_S="0.5")
         with db.session_scope() as s:
             _, key = tenants.create_tenant(s, TENANT)
-        admin.set_budget(TENANT, limit_usd=str(budget), period="total")
+        tenant_admin.set_budget(TENANT, limit_usd=str(budget), period="total")
         workers = [
             start_celery_worker(
                 "batchgen.tasks",
@@ -193,11 +193,11 @@ def main() -> None:
                 # row up), which may free room for a last item or two: until none runs.
                 for _ in range(10):
                     before = _ledger_usd()
-                    money.sync_all()
+                    money_holds.sync_all()
                     _settled(timeout_s=120)
                     if _ledger_usd() == before:
                         break
-                (state,) = admin.get_budgets(TENANT)
+                (state,) = tenant_admin.get_budgets(TENANT)
         finally:
             for w in workers:
                 w.stop()

@@ -1,4 +1,4 @@
-"""The offload tick: provider jobs of the providers' Batch APIs (app/worker/offload.py)."""
+"""The offload tick: provider jobs of the providers' Batch APIs (app/worker/offload_jobs.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from batchgen.registry import get_registry
 from batchgen.tasks.celery_app import celery_app
 from batchgen.worker.dispatch import dispatch
 from batchgen.worker.names import OFFLOAD_TASK
-from batchgen.worker.offload import tick
+from batchgen.worker.offload_jobs import tick
 
 
 # No task events, like the other ticks.

@@ -10,7 +10,7 @@ from batchgen.store import totals
 from batchgen.store.db import session_scope
 from batchgen.tasks.celery_app import celery_app
 from batchgen.worker.dispatch import dispatch
-from batchgen.worker.gate_state import ensure_quietly
+from batchgen.worker.gate_recovery import ensure_quietly
 from batchgen.worker.names import SWEEP_TASK
 from batchgen.worker.sweep import sweep as sweep_once
 

@@ -201,7 +201,7 @@ def postmaster_pid(postgres: Any) -> int:
 
 
 def _close_call_waiters() -> None:
-    from batchgen.worker.calls import close_call_waiters
+    from batchgen.worker.call_runner import close_call_waiters
 
     close_call_waiters()
 
@@ -250,7 +250,7 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
     clear_redis(client)
     # Both stores are empty, as at a first start: the gate's state is known good. (A
     # process that outlives the test would otherwise find the marker gone and take its
-    # own calls since as evidence of lost state: app/worker/gate_state.py.)
+    # own calls since as evidence of lost state: app/worker/gate_recovery.py.)
     client.set(keys.gate_state(), "clean_db")
     return services
 

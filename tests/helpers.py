@@ -211,7 +211,7 @@ FAULT_ENV = {
     "BATCHGEN_QUEUED_LEASE_S": "6",
     "BATCHGEN_SWEEP_INTERVAL_S": "0.5",
     # A Redis that lost the gate's state restarts its budgets as spent for one window
-    # (app/worker/gate_state.py): a short window keeps that wait short.
+    # (app/worker/gate_recovery.py): a short window keeps that wait short.
     "BATCHGEN_BUDGET_WINDOW_S": "5",
 }
 

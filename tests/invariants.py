@@ -28,7 +28,7 @@ import httpx
 import redis
 from sqlalchemy import Date, cast, func, select
 
-from batchgen.domain.status import TERMINAL
+from batchgen.domain.lifecycle.status import TERMINAL
 from batchgen.limits import redis_keys as keys
 from batchgen.registry import get_registry
 from batchgen.store import db
@@ -155,7 +155,7 @@ def _direct_counts() -> dict[tuple[str, int, str], tuple[int, int]]:
 
 def _direct_batches_and_latencies() -> tuple[dict[str, dict[str, int]], dict[Any, list[Any]]]:
     """Finished items per batch and status, and the latency buckets, counted directly."""
-    from batchgen.domain.status import TERMINAL as ENDED
+    from batchgen.domain.lifecycle.status import TERMINAL as ENDED
     from batchgen.store import totals
 
     with db.session_scope() as s:
@@ -435,11 +435,11 @@ def assert_budget_settled(tenant: str, timeout_s: float = 60.0) -> None:
     """The tenant's dollar budget, once settled (a read of it rebuilds it from the
     ledger), holds no reservation and its ``used`` is the ledger's spend: nothing was
     reserved twice or left held by the fault."""
-    from batchgen import admin
-    from batchgen.domain.money import to_micros
+    from batchgen import tenant_admin
+    from batchgen.domain.billing.budget_maths import to_micros
 
     def budget() -> dict[str, Any]:
-        (found,) = admin.get_budgets(tenant)
+        (found,) = tenant_admin.get_budgets(tenant)
         return found
 
     wait_until(lambda: budget()["reserved_micros"] == 0, timeout_s, lambda: str(budget()))

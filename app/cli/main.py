@@ -10,8 +10,7 @@ import sys
 import typer
 from rich.table import Table
 
-from batchgen.cli.admin import register as register_admin_commands
-from batchgen.cli.batches import register as register_batch_commands
+from batchgen.cli.batch_commands import register as register_batch_commands
 from batchgen.cli.common import (
     JsonErrorsGroup,
     console,
@@ -23,6 +22,7 @@ from batchgen.cli.common import (
 )
 from batchgen.cli.common import services as _services
 from batchgen.cli.ops import register as register_ops_commands
+from batchgen.cli.tenant_commands import register as register_admin_commands
 from batchgen.config import get_settings
 from batchgen.errors import BatchgenError
 from batchgen.registry import ChargePolicy
@@ -110,11 +110,11 @@ def tenants_create(
 ) -> None:
     """Create a tenant and print its first API key, ``default``, with every scope (shown
     this once; only a hash is kept). More keys: ``batchgen keys create``."""
-    from batchgen import admin
-    from batchgen.cli.admin import actor
+    from batchgen import tenant_admin
+    from batchgen.cli.tenant_commands import actor
 
     with _services(), handled(as_json):
-        made = admin.create_tenant(
+        made = tenant_admin.create_tenant(
             name,
             actor=actor(),
             weight=weight,
@@ -164,10 +164,10 @@ def tenants_webhook(
 @tenants_cli.command("list")
 def tenants_list(as_json: bool = JSON) -> None:
     """List tenants (their keys: ``batchgen keys list NAME``)."""
-    from batchgen import admin
+    from batchgen import tenant_admin
 
     with _services(), handled(as_json):
-        rows = [{**t, "revoked": t["suspended"]} for t in admin.list_tenants()]
+        rows = [{**t, "revoked": t["suspended"]} for t in tenant_admin.list_tenants()]
     if as_json:
         print_json(rows)
         return
@@ -184,11 +184,11 @@ def tenants_list(as_json: bool = JSON) -> None:
 def tenants_revoke(name: str, as_json: bool = JSON) -> None:
     """Suspend a tenant: none of its keys works (401); its batches stay. The same as
     ``tenants suspend``; to stop one key, ``batchgen keys revoke``."""
-    from batchgen import admin
-    from batchgen.cli.admin import actor
+    from batchgen import tenant_admin
+    from batchgen.cli.tenant_commands import actor
 
     with _services(), handled(as_json):
-        admin.suspend_tenant(name, actor=actor())
+        tenant_admin.suspend_tenant(name, actor=actor())
     if as_json:
         print_json({"name": name, "revoked": True})
     else:

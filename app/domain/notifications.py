@@ -1,7 +1,7 @@
 """Batch-finished notifications: the pure parts (what is sent, how it is signed, when
 a failed delivery is tried again).
 
-A finished batch gets one notification per channel (``batchgen.store.notifications``):
+A finished batch gets one notification per channel (``batchgen.store.batch_notifications``):
 a Celery task the submitter named (``on_finished``), a webhook (the batch's
 ``webhook_url``, else its tenant's), and a host-process signal (Django, Flask).
 Each is delivered at least once; a webhook's receiver tells a retry from the first

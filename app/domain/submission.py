@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchgen.config import Settings
-from batchgen.domain.admission import (
+from batchgen.domain.formats.admission import (
     UNSTORABLE,
     ItemDraft,
     Limits,
@@ -27,23 +27,24 @@ from batchgen.domain.admission import (
     parse_lines,
     unstorable_path,
 )
-from batchgen.domain.deadlines import parse_duration_s
-from batchgen.domain.endpoints import (
+from batchgen.domain.formats.endpoints import (
     BATCH_ENDPOINTS,
     CHAT_COMPLETIONS,
     MESSAGES,
     line_endpoint,
     unknown_endpoint,
 )
+from batchgen.domain.formats.prompt_cache import PrefixKeys
+from batchgen.domain.lifecycle.deadlines import parse_duration_s
+from batchgen.domain.lifecycle.status import ItemStatus, Priority
 from batchgen.domain.notifications import (
     DEFAULT_CALLBACK_QUEUE,
     check_callback,
     check_task_name,
     check_webhook_url,
 )
-from batchgen.domain.offload import OfflineWindow, OffloadMode, parse_offload
-from batchgen.domain.prompt_cache import PrefixKeys
-from batchgen.domain.routes import (
+from batchgen.domain.scheduling.offload import OfflineWindow, OffloadMode, parse_offload
+from batchgen.domain.scheduling.routes import (
     FlexWindow,
     ItemRoute,
     RouteMode,
@@ -53,7 +54,6 @@ from batchgen.domain.routes import (
     offload_of,
     parse_route,
 )
-from batchgen.domain.status import ItemStatus, Priority
 from batchgen.errors import (
     FileQuotaExceeded,
     IdempotencyKeyReused,
@@ -81,10 +81,10 @@ class SubmitOptions:
     # url; None: the one the lines name), or Anthropic's Message Batches (MESSAGES: the
     # lines translated from its requests, chat lines).
     endpoint: str | None = None
-    # May its bulk items go to the provider's own Batch API (batchgen.domain.offload)?
+    # May its bulk items go to the provider's own Batch API (batchgen.domain.scheduling.offload)?
     offload: OffloadMode | str = OffloadMode.AUTO
     # Which routes its items may take: standard calls, flex calls, the provider's Batch
-    # API (batchgen.domain.routes; auto: by deadline and priority).
+    # API (batchgen.domain.scheduling.routes; auto: by deadline and priority).
     route: RouteMode | str = RouteMode.AUTO
     # Told when it ends (batchgen.domain.notifications): a Celery task of the host's by
     # name (sent to on_finished_queue, default Celery's "celery"), and a webhook.
@@ -338,7 +338,7 @@ def item_rows(
     prefixes: PrefixKeys,
 ) -> Iterator[dict[str, Any]]:
     """Rows to insert, each ``pending`` or ``offloaded`` with its route (by
-    :func:`batchgen.domain.routes.choose_route`) and its prompt prefix's key
+    :func:`batchgen.domain.scheduling.routes.choose_route`) and its prompt prefix's key
     (``prefixes``), added up in ``tally`` on the way. Each model's items are keyed in
     input order from ``keys[model]`` (default 1), which the rows move on."""
     mode, priority = RouteMode(batch.route), Priority(batch.priority)

@@ -23,7 +23,7 @@ counted it its own way at admission); release refunds everything.
 
 Both live on Redis's clock, atomic and global across workers
 (``lua/budget_reserve.lua``, ``lua/budget_settle.lua``); the arithmetic and
-its pure twins are in :mod:`batchgen.domain.rate_limits`.
+its pure twins are in :mod:`batchgen.domain.scheduling.rate_limits`.
 
 The provider's headers (``x-ratelimit-remaining-*``,
 ``anthropic-ratelimit-*-remaining``, on answers and on 429s) calibrate the
@@ -36,7 +36,7 @@ refill since the call the header belongs to, minus what we granted since.
 Learned ratio: the prompt part of a reservation is ``ceil(ratio *
 prompt_tokens_est)`` with one ratio per model kept in Redis, an exponentially
 weighted mean of the provider's count over ours (formula and samples:
-:mod:`batchgen.domain.rate_limits`), so reservations converge on the
+:mod:`batchgen.domain.scheduling.rate_limits`), so reservations converge on the
 provider's own count (OpenAI's limiter counts about four bytes a token,
 ~26 % more than tiktoken for English prose). Before a model's first sample the
 ratio is ``budget_ratio_start`` (1.3); the first sample replaces it.
@@ -63,14 +63,14 @@ from typing import Any
 import redis
 
 from batchgen.config import Settings
-from batchgen.domain.call_reserve import reserve_of
-from batchgen.domain.rate_limits import (
+from batchgen.domain.scheduling.call_reserve import reserve_of
+from batchgen.domain.scheduling.rate_limits import (
     BUCKET,
     RateLimitState,
     scaled_prompt_tokens,
     shape_evidence,
 )
-from batchgen.domain.settlement import charged_tokens as charged_tokens  # re-exported
+from batchgen.domain.scheduling.settlement import charged_tokens as charged_tokens  # re-exported
 from batchgen.limits import counters
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import script, scripts_pipelined
@@ -155,7 +155,7 @@ class SettleOps:
     counters: tuple[str, ...] = ()
     release_slot: bool = False
     # The deployment's circuit breaker: "ok" (an answer), "fail" (a failure that points
-    # at the deployment, app/domain/pools.py) or "" (leave it).
+    # at the deployment, app/domain/scheduling/pools.py) or "" (leave it).
     breaker: str = ""
 
 
@@ -277,20 +277,20 @@ class Budget:
         One script: a slot (``slot_limit`` > 0: the model's, of all its deployments)
         and ``prompt_tokens`` (scaled by the learned ratio) + ``rest_tokens`` and one
         request, on one of the model's deployments (and against the tenant), all or
-        nothing. The deployment is the one :func:`batchgen.domain.pools.pick` prefers
+        nothing. The deployment is the one :func:`batchgen.domain.scheduling.pools.pick` prefers
         among those with room (``avoid``: the one the item's last call failed on, last);
         :attr:`Grant.deployment` names it. ``waiter_id`` names the caller across its
         retries (the item, not the attempt): when denied, it keeps its place in a
         budget's line. ``count``: add denials and waits (and, with
         ``count_slot_denial``, a slot denial) to the model's counters. ``urgent`` (a
         synchronous call): denied a slot, it claims the next one for ``urgent_claim_s``
-        (renewed by each try). ``share`` (:mod:`batchgen.limits.call_shares`): the
+        (renewed by each try). ``share`` (:mod:`batchgen.limits.call_demand`): the
         caller's tenant key, its tenant's share of the slots (0: no cap; a sync call's
         tenant holds no more, denied with reason ``share``), and its demand entry with
         its ttl (added when denied a slot, so sync calls' shares count this tenant).
         While an urgent caller entered within ``call_reserve_recent_s``, other work
         leaves the calls' reserve of the slots (``call_reserved_slots``;
-        :mod:`batchgen.domain.call_reserve`) free for the next call."""
+        :mod:`batchgen.domain.scheduling.call_reserve`) free for the next call."""
         tenant_key, share_slots, demand_entry, demand_ttl_s = share or ("", 0, "", 0.0)
         pool = spec.deployments
         tid = tenant_id if tenant_id is not None else 0

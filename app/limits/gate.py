@@ -25,15 +25,15 @@ from typing import Any, Protocol
 import redis
 
 from batchgen.config import Settings
-from batchgen.domain.admission import never_fits
-from batchgen.domain.call_shares import share_of
-from batchgen.domain.pools import breaker_signal
-from batchgen.domain.rate_limits import RateLimitState
-from batchgen.domain.settlement import SettleAction, SettleCounter, decide_settlement
+from batchgen.domain.formats.admission import never_fits
+from batchgen.domain.scheduling.call_shares import share_of
+from batchgen.domain.scheduling.pools import breaker_signal
+from batchgen.domain.scheduling.rate_limits import RateLimitState
+from batchgen.domain.scheduling.settlement import SettleAction, SettleCounter, decide_settlement
 from batchgen.errors import ProviderError, RateLimited
 from batchgen.limits import counters
 from batchgen.limits.budget import Budget, Grant, SettleOps, countdown_s, reservation_tokens
-from batchgen.limits.call_shares import DEMAND_TTL_S, CallDemand, demand_entry, tenant_key
+from batchgen.limits.call_demand import DEMAND_TTL_S, CallDemand, demand_entry, tenant_key
 from batchgen.limits.concurrency import Slots
 from batchgen.limits.gate_state import is_known_good
 from batchgen.registry import ModelSpec
@@ -195,7 +195,7 @@ class Gate:
         self.enabled = settings.budget.enabled
         # Called when the gate's state marker is missing (Redis lost it), checked on
         # the first entry and then at most every gate_state_check_s: it rebuilds the
-        # state before the entry goes on (app/worker/gate_state.py).
+        # state before the entry goes on (app/worker/gate_recovery.py).
         self.on_lost_state = on_lost_state
         self._next_state_check = 0.0
         self._state_lock = threading.Lock()
@@ -239,7 +239,7 @@ class Gate:
         A synchronous call (``urgent``) first renews its tenant's demand and reads
         everyone's (:class:`CallDemand`, one more script per try): its tenant's sync
         calls may hold only the tenant's weighted share of the model's slots
-        (:func:`batchgen.domain.call_shares.share_of`), so a tenant flooding calls
+        (:func:`batchgen.domain.scheduling.call_shares.share_of`), so a tenant flooding calls
         leaves the slots that free to the others' calls and batches. Other work adds
         its tenant to that demand (in the same one script) when it is denied a slot.
         """
@@ -385,9 +385,9 @@ class Gate:
     ) -> None:
         """Reconcile the reservation with the outcome, listen to the provider, free the
         slot: one script. ``cut_by_deadline``: the call's time-out was its item's time
-        left (:func:`batchgen.domain.pools.breaker_signal`).
+        left (:func:`batchgen.domain.scheduling.pools.breaker_signal`).
 
-        What to do is :func:`batchgen.domain.settlement.decide_settlement`'s decision;
+        What to do is :func:`batchgen.domain.scheduling.settlement.decide_settlement`'s decision;
         :func:`settle_ops` translates it for the script."""
         if not self.enabled:
             return

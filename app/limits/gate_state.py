@@ -3,8 +3,8 @@
 The marker (:func:`batchgen.limits.redis_keys.gate_state`) says the gate's budgets
 and slots in Redis are known good. A process that finds it missing takes the
 rebuild lock (``SET NX``, in the gate's slot), reads the database's evidence and
-rebuilds (app/worker/gate_state.py); the others wait for the marker a moment.
-What to rebuild is decided in :mod:`batchgen.domain.gate_rebuild`.
+rebuilds (app/worker/gate_recovery.py); the others wait for the marker a moment.
+What to rebuild is decided in :mod:`batchgen.domain.scheduling.gate_rebuild`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import secrets
 
 import redis
 
-from batchgen.domain.gate_rebuild import RebuildPlan
+from batchgen.domain.scheduling.gate_rebuild import RebuildPlan
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import script
 

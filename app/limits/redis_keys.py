@@ -52,7 +52,7 @@ def budget_shape(budget_key: str) -> str:
     """Hash of a budget whose registry entry sets no ``limit_shape``: the shape learned
     from the provider's reset headers (``shape``: ``window`` or ``bucket``; absent: a
     bucket) and ``n``, the headers in a row that said otherwise
-    (:func:`batchgen.domain.rate_limits.next_shape`)."""
+    (:func:`batchgen.domain.scheduling.rate_limits.next_shape`)."""
     return f"{GATE}budget:{budget_key}:shape"
 
 
@@ -116,7 +116,7 @@ def call_demand(model: str) -> str:
 def calls_seen(model: str) -> str:
     """String with a TTL: a synchronous call entered the model's gate within
     ``call_reserve_recent_s``; while it lives, other work leaves the calls' reserve of
-    slots free (``app/domain/call_reserve.py``)."""
+    slots free (``app/domain/scheduling/call_reserve.py``)."""
     return f"{GATE}slots:{model}:calls_seen"
 
 
@@ -151,7 +151,7 @@ def stream_usage(item_id: int, attempt: int) -> str:
 
 def call_run_by_caller(item_id: int) -> str:
     """String: the attempt of a synchronous call that the process its caller waits in
-    runs itself (app/worker/calls.py): if its caller is gone, so is its runner."""
+    runs itself (app/worker/call_runner.py): if its caller is gone, so is its runner."""
     return f"{PREFIX}callrun:{item_id}"
 
 
@@ -195,14 +195,14 @@ def key_rate(key_id: int) -> str:
 
 
 def money(tenant_id: int, budget_id: int, period_key: str) -> str:
-    """A dollar budget's period (batchgen.limits.money): one hash, in the tenant's slot
+    """A dollar budget's period (batchgen.limits.money_budgets): one hash, in the tenant's slot
     so that a call reserves in its tenant's and its key's budgets in one script."""
     return f"{PREFIX}money:{{m{tenant_id}}}:{budget_id}:{period_key}"
 
 
 def money_reservation(tenant_id: int, reservation_id: str) -> str:
     """The budgets' hashes a reservation is held in (space-separated): what settling it
-    releases, once (batchgen.limits.money)."""
+    releases, once (batchgen.limits.money_budgets)."""
     return f"{PREFIX}money:{{m{tenant_id}}}:rsv:{reservation_id}"
 
 

@@ -25,16 +25,17 @@ from prometheus_client.core import (
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain import money as money_rules
-from batchgen.domain.status import ItemStatus
+from batchgen.domain.billing import budget_maths as money_rules
+from batchgen.domain.lifecycle.status import ItemStatus
 from batchgen.limits import counters
 from batchgen.limits.budget import Budget
 from batchgen.limits.concurrency import Slots
-from batchgen.limits.money import MoneyBudgets
+from batchgen.limits.money_budgets import MoneyBudgets
 from batchgen.limits.redis_keys import money as money_key
 from batchgen.monitoring import runnable
 from batchgen.registry import QUEUE_PREFIX, Registry
-from batchgen.store import money, overview, provider_jobs, totals
+from batchgen.store import budget_rows as money
+from batchgen.store import overview, provider_jobs, totals
 
 TERMINAL_COUNTS = ("succeeded", "failed", "expired", "cancelled")
 METRIC_OF = {
@@ -109,7 +110,7 @@ class StateCollector:
     def _runnable(self, session: Session) -> Iterator[Metric]:
         """The autoscaling signal per model group (worker queue ``llm.<group>``):
         items that could start now, and the worker slots the group can use
-        (batchgen.domain.autoscale; docs/operations.md "Kubernetes")."""
+        (batchgen.domain.scheduling.autoscale; docs/operations.md "Kubernetes")."""
         items = GaugeMetricFamily(
             runnable.RUNNABLE_ITEMS,
             "Items that could start now within budget and slots, per model group",

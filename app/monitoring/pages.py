@@ -13,8 +13,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from batchgen.domain import dashboard as ui
-from batchgen.domain.status import ItemStatus
+from batchgen.domain.lifecycle.status import ItemStatus
+from batchgen.monitoring import dashboard_display as ui
 from batchgen.registry import Registry
 from batchgen.store import activity, batches
 from batchgen.store.schema import Tenant

@@ -1,6 +1,6 @@
 """Reads the autoscaling signal's inputs (ready items from PostgreSQL; slots held and
 the budget's free tokens from Redis; the observed call time from the latency totals)
-and asks batchgen.domain.autoscale for each model group's demand."""
+and asks batchgen.domain.scheduling.autoscale for each model group's demand."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import redis
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain.autoscale import Demand, ModelLoad, group_demand
+from batchgen.domain.scheduling.autoscale import Demand, ModelLoad, group_demand
 from batchgen.limits.budget import Budget
 from batchgen.limits.concurrency import Slots
 from batchgen.registry import ModelSpec, Registry
-from batchgen.store import runnable, totals
+from batchgen.store import ready_items as runnable
+from batchgen.store import totals
 
 # The gauges (per model group) an autoscaler reads: deploy/helm scales on SLOTS_WANTED.
 RUNNABLE_ITEMS = "batchgen_runnable_items"
@@ -36,7 +37,7 @@ def loads(
     session: Session, client: redis.Redis, registry: Registry, settings: Settings
 ) -> dict[str, list[ModelLoad]]:
     """Every model's load, by group."""
-    # More ready items than max_concurrency change neither gauge (domain.autoscale).
+    # More ready items than max_concurrency change neither gauge (domain.scheduling.autoscale).
     ready = runnable.ready(session, {spec.name: spec.max_concurrency for spec in registry})
     call_s = call_times_s(session)
     budget, slots = Budget(client, settings), Slots(client)

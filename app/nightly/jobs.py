@@ -11,8 +11,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from batchgen.config import get_settings
-from batchgen.domain.offload import OffloadMode
-from batchgen.domain.routes import RouteMode
+from batchgen.domain.scheduling.offload import OffloadMode
+from batchgen.domain.scheduling.routes import RouteMode
 from batchgen.errors import ConfigError, NotFound
 
 
@@ -55,10 +55,10 @@ class Job(BaseModel):
     max_tokens: PositiveInt = 300
     completion_window: str | None = None  # None: default_completion_window_s
     # auto: to the provider's Batch API at the batch price when the model offloads and
-    # the window allows (batchgen.domain.offload); never; always.
+    # the window allows (batchgen.domain.scheduling.offload); never; always.
     offload: OffloadMode = OffloadMode.AUTO
     # auto: standard, flex or the provider's Batch API by the window and the model's
-    # routes (batchgen.domain.routes); standard; flex; batch.
+    # routes (batchgen.domain.scheduling.routes); standard; flex; batch.
     route: RouteMode = RouteMode.AUTO
     # A product whose request has not changed since its last description is served
     # that text, not called again (batchgen.nightly.runs); false: every run calls all.

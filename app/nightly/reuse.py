@@ -14,10 +14,10 @@ import datetime as dt
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from batchgen.domain.reruns import changed_since, request_sha256
 from batchgen.errors import Conflict, IdempotencyKeyReused, ValidationFailed
 from batchgen.nightly.catalog import PromptRenderer, Reject, chunks, requests
 from batchgen.nightly.jobs import Job
+from batchgen.nightly.reruns import changed_since, request_sha256
 from batchgen.store import nightly
 from batchgen.store.db import session_scope
 

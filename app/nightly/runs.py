@@ -12,7 +12,7 @@ from typing import Any
 
 from batchgen import python_api
 from batchgen.config import Settings, get_settings
-from batchgen.domain.status import Priority
+from batchgen.domain.lifecycle.status import Priority
 from batchgen.errors import NotFound, ValidationFailed
 from batchgen.nightly import reuse
 from batchgen.nightly.catalog import PromptRenderer, Reject, parts, requests

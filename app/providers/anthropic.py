@@ -6,7 +6,7 @@ one format whatever the provider. A line made from a Messages request (Anthropic
 API or Message Batches: its ``body.anthropic_params``) is sent as the caller wrote
 it, every parameter unchanged but the model (the registry's name), and its answer
 is the ``Message`` JSON as the provider returned it (a stream's events merged into
-it: :class:`batchgen.domain.answers.AnthropicMerge`).
+it: :class:`batchgen.domain.formats.answers.AnthropicMerge`).
 
 The SDK raises raw ``json.JSONDecodeError`` for an unreadable body and raw
 ``httpx2`` errors (``RemoteProtocolError``, ``ReadTimeout``) when a stream is
@@ -24,10 +24,10 @@ import anthropic
 import httpx2
 import pydantic
 
-from batchgen.domain.answers import AnthropicMerge
-from batchgen.domain.endpoints import CHAT_COMPLETIONS
-from batchgen.domain.message_batches import NATIVE_PARAMS
-from batchgen.domain.prompt_cache import with_cache_breakpoint
+from batchgen.domain.formats.answers import AnthropicMerge
+from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS
+from batchgen.domain.formats.message_batches import NATIVE_PARAMS
+from batchgen.domain.formats.prompt_cache import with_cache_breakpoint
 from batchgen.errors import MalformedResponse, PermanentProviderError, ProviderError
 from batchgen.providers.base import (
     ProviderRequest,
@@ -186,7 +186,7 @@ def finish_reason(stop_reason: str | None) -> str | None:
 def cache_usage(usage: Any) -> dict[str, Any]:
     """Anthropic's prompt-cache counts of ``usage`` as usage keys of the OpenAI form
     (``prompt_tokens_details.cached_tokens``) beside Anthropic's own, which the ledger
-    prices (:func:`batchgen.domain.cost.usage_of`); empty when the cache was not used."""
+    prices (:func:`batchgen.domain.billing.cost.usage_of`); empty when the cache was not used."""
     read = getattr(usage, "cache_read_input_tokens", None) or 0
     written = getattr(usage, "cache_creation_input_tokens", None) or 0
     if not (read or written):

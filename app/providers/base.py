@@ -24,10 +24,10 @@ import httpcore2
 import httpx2
 import urllib3.exceptions
 
-from batchgen.domain.endpoints import CHAT_COMPLETIONS
-from batchgen.domain.rate_limits import RateLimitState
-from batchgen.domain.retry import parse_retry_after_s
-from batchgen.domain.tokens import count_text
+from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS
+from batchgen.domain.formats.tokens import count_text
+from batchgen.domain.lifecycle.retry import parse_retry_after_s
+from batchgen.domain.scheduling.rate_limits import RateLimitState
 from batchgen.errors import (
     CallCancelled,
     ContextLengthExceeded,
@@ -89,7 +89,7 @@ class ProviderRequest:
     ``cancel`` is checked before the call and between stream chunks.
     ``extra_headers`` are sent as they are (e.g. ``x-sim-fault`` in tests).
     ``cache_prefix``: the prompt's prefix is shared with other requests (Anthropic:
-    :func:`batchgen.domain.prompt_cache.with_cache_breakpoint`).
+    :func:`batchgen.domain.formats.prompt_cache.with_cache_breakpoint`).
     ``on_chunk``, for a stream, is handed each chunk as soon as it is read, in the
     form of the answer of record: OpenAI ``chat.completion.chunk`` objects, or the
     Anthropic events of a Messages request's own ``Message``.
@@ -104,7 +104,7 @@ class ProviderRequest:
     extra_headers: Mapping[str, str] | None = None
     endpoint: str = CHAT_COMPLETIONS
     on_chunk: Callable[[dict[str, Any]], None] | None = None
-    # The prompt's prefix is shared with other items (batchgen.domain.prompt_cache): an
+    # The prompt's prefix is shared with other items (batchgen.domain.formats.prompt_cache): an
     # Anthropic call marks it for the provider's cache unless the request marks its own.
     cache_prefix: bool = False
     # A streamed OpenAI-compatible call goes on urllib3 where it can

@@ -4,7 +4,7 @@ role; or a Bedrock API key in ``AWS_BEARER_TOKEN_BEDROCK``), the deployment's
 ``region``, and ``base_url`` as the endpoint URL.
 
 Clients keep speaking OpenAI chat: the body is translated to Converse
-(:mod:`batchgen.domain.formats.bedrock`) and the answer, plain or streamed, back to a
+(:mod:`batchgen.domain.formats.bedrock_converse`) and the answer, plain or streamed, back to a
 ``chat.completion`` and its chunks. botocore's retries are off (one attempt).
 
 Errors: ``ThrottlingException`` and ``ServiceQuotaExceededException`` are
@@ -27,11 +27,11 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from batchgen.domain.endpoints import CHAT_COMPLETIONS
 from batchgen.domain.formats import Untranslatable
-from batchgen.domain.formats import bedrock as bedrock_format
-from batchgen.domain.rate_limits import RateLimitState
-from batchgen.domain.retry import parse_retry_after_s
+from batchgen.domain.formats import bedrock_converse as bedrock_format
+from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS
+from batchgen.domain.lifecycle.retry import parse_retry_after_s
+from batchgen.domain.scheduling.rate_limits import RateLimitState
 from batchgen.errors import (
     ContextLengthExceeded,
     MalformedResponse,

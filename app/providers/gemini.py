@@ -3,9 +3,9 @@ an API key) and Vertex AI (``provider = "vertex"``: a Google Cloud ``project``, 
 ``region`` as the location, and service-account credentials).
 
 Clients keep speaking OpenAI chat: the body is translated to ``generateContent``
-(:mod:`batchgen.domain.formats.gemini`) and the answer, plain or streamed, back to a
+(:mod:`batchgen.domain.formats.gemini_chat`) and the answer, plain or streamed, back to a
 ``chat.completion`` and its chunks. The SDK's own retries are off (no
-``retry_options``): retry timing belongs to :mod:`batchgen.domain.retry`.
+``retry_options``): retry timing belongs to :mod:`batchgen.domain.lifecycle.retry`.
 
 Vertex AI's credentials: ``api_key_env`` names the variable holding the path of a
 service-account key file (``GOOGLE_APPLICATION_CREDENTIALS`` is the usual one); when
@@ -14,7 +14,7 @@ it is unset, Application Default Credentials. The SDK refreshes the access token
 Errors: a 429 ``RESOURCE_EXHAUSTED`` is :class:`RateLimited` with its ``RetryInfo``
 delay; 5xx (``UNAVAILABLE``, ``INTERNAL``) transient, but a flex call's 503
 ``UNAVAILABLE`` (Google sheds flex traffic when busy) is :class:`FlexUnavailable` (no
-cooldown, no attempt used: :func:`batchgen.domain.routes.after_flex_refusal`
+cooldown, no attempt used: :func:`batchgen.domain.scheduling.routes.after_flex_refusal`
 decides); a 400 whose wording says the input is over the model's tokens
 :class:`ContextLengthExceeded`; other 4xx permanent.
 Messages carry the status and Google's status name only, never the provider's text.
@@ -38,10 +38,10 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.oauth2 import service_account
 
-from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS
 from batchgen.domain.formats import Untranslatable, gemini_embeddings
-from batchgen.domain.formats import gemini as gemini_format
-from batchgen.domain.rate_limits import RateLimitState
+from batchgen.domain.formats import gemini_chat as gemini_format
+from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS, EMBEDDINGS
+from batchgen.domain.scheduling.rate_limits import RateLimitState
 from batchgen.errors import (
     ContextLengthExceeded,
     FlexUnavailable,

@@ -7,8 +7,8 @@ import re
 import time
 from collections.abc import Mapping
 
-from batchgen.domain.deadlines import host_now
-from batchgen.domain.rate_limits import RateLimitState
+from batchgen.domain.lifecycle.deadlines import host_now
+from batchgen.domain.scheduling.rate_limits import RateLimitState
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

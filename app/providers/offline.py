@@ -36,10 +36,10 @@ from typing import Any, Protocol
 import anthropic
 import openai
 
-from batchgen.domain.admission import per_choice_max_tokens
-from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES
-from batchgen.domain.message_batches import NATIVE_PARAMS
-from batchgen.domain.prompt_cache import with_cache_breakpoint
+from batchgen.domain.formats.admission import per_choice_max_tokens
+from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES
+from batchgen.domain.formats.message_batches import NATIVE_PARAMS
+from batchgen.domain.formats.prompt_cache import with_cache_breakpoint
 from batchgen.providers import anthropic as anthropic_adapter
 from batchgen.providers import openai as openai_adapter
 from batchgen.providers.base import ProviderResponse, safe_code
@@ -457,7 +457,7 @@ class AnthropicJobs:
 # Each request carries ``metadata.key`` = its custom id and the job its tag as its
 # display name, so :meth:`GeminiJobs.find` lists the jobs (the list shows a job as soon
 # as it exists) to adopt one whose creation answer was lost. An ended job's inline
-# responses come back as ``chat.completion`` answers (batchgen.domain.formats.gemini),
+# responses come back as ``chat.completion`` answers (batchgen.domain.formats.gemini_chat),
 # its errors as row kinds; an expired job answers none (its rows are then missing, and
 # go online).
 
@@ -473,7 +473,7 @@ GEMINI_FAILED_REASONS = {429: "token_limit_exceeded"}
 
 def _gemini() -> tuple[Any, Any]:
     """The Gemini adapter and format (imported on first use: the SDK's import is heavy)."""
-    from batchgen.domain.formats import gemini as gemini_format
+    from batchgen.domain.formats import gemini_chat as gemini_format
     from batchgen.providers import gemini as gemini_adapter
 
     return gemini_adapter, gemini_format

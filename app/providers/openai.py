@@ -1,6 +1,6 @@
 """OpenAI-compatible adapter on the official ``openai`` SDK (any ``base_url``).
 
-SDK retries are off: retry timing belongs to :mod:`batchgen.domain.retry` and the
+SDK retries are off: retry timing belongs to :mod:`batchgen.domain.lifecycle.retry` and the
 dispatcher, which also honour the item's deadline.
 
 A model (or deployment) of provider ``"azure"`` is called through the SDK's
@@ -24,10 +24,10 @@ import openai
 import pydantic
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from batchgen.domain.answers import OpenAIMerge
-from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, provider_path
-from batchgen.domain.rate_limits import RateLimitState
-from batchgen.domain.tokens import count_messages, count_text
+from batchgen.domain.formats.answers import OpenAIMerge
+from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, provider_path
+from batchgen.domain.formats.tokens import count_messages, count_text
+from batchgen.domain.scheduling.rate_limits import RateLimitState
 from batchgen.errors import MalformedResponse, ProviderError
 from batchgen.providers import lean_http
 from batchgen.providers.base import (
@@ -357,7 +357,7 @@ class OpenAIProvider:
     @staticmethod
     def _read_events(raw: Any, watch: StreamWatch) -> OpenAIMerge:
         """Read the server-sent events to the end of the body, merged into one answer
-        (every choice, tool call and logprob: :mod:`batchgen.domain.answers`); the first
+        (every choice, tool call and logprob: :mod:`batchgen.domain.formats.answers`); the first
         choice's text goes to ``watch`` as it comes."""
         merge = OpenAIMerge()
         relay = watch.request.on_chunk

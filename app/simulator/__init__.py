@@ -10,9 +10,9 @@ expiry, job failure and an enqueued-token limit. It is the default provider of
 the demo and the peer of the integration tests.
 """
 
-from batchgen.simulator.config import SimulatorConfig
 from batchgen.simulator.runner import SimulatorThread, run_simulator
 from batchgen.simulator.server import create_app
+from batchgen.simulator.sim_config import SimulatorConfig
 from batchgen.simulator.text import completion_text, request_digest
 
 __all__ = [

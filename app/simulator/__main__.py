@@ -6,9 +6,9 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from batchgen.simulator.config import DEFAULT_FAULT_KINDS, LIMITERS, SimulatorConfig
 from batchgen.simulator.lanes import LaneConfig
 from batchgen.simulator.runner import run_simulator
+from batchgen.simulator.sim_config import DEFAULT_FAULT_KINDS, LIMITERS, SimulatorConfig
 
 
 def build_parser() -> argparse.ArgumentParser:

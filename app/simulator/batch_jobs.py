@@ -37,10 +37,10 @@ from typing import Any
 
 from aiohttp import web
 
-from batchgen.domain.tokens import count_messages
-from batchgen.simulator import endpoints as other
+from batchgen.domain.formats.tokens import count_messages
 from batchgen.simulator import formats as fmt
 from batchgen.simulator import rich
+from batchgen.simulator import sim_endpoints as other
 from batchgen.simulator.formats import BadRequest, ChatRequest
 from batchgen.simulator.state import STATE, SimState, key_id
 from batchgen.simulator.text import completion_text

@@ -1,6 +1,6 @@
 """The simulator's count of a request's prompt tokens, the providers' way.
 
-Independent of batchgen's estimate (:mod:`batchgen.domain.tokens` is used only for
+Independent of batchgen's estimate (:mod:`batchgen.domain.formats.tokens` is used only for
 tiktoken itself: its message count and text count): tool definitions are rendered
 into the prompt as OpenAI renders them (a TypeScript-like ``namespace functions``
 in the system message), a json_schema response format likewise, and images cost
@@ -18,7 +18,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from batchgen.domain.tokens import count_messages, count_text
+from batchgen.domain.formats.tokens import count_messages, count_text
 
 # OpenAI, "Images and vision": low detail 85; high: fit 2048 x 2048, shortest side to
 # 768, then 85 + 170 per 512 px tile. Anthropic, "Vision": (w x h) / 750 after scaling

@@ -17,8 +17,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from batchgen.simulator.config import FAULT_KINDS, is_fault_kind, parse_status_fault
 from batchgen.simulator.formats import context_length_message, error_body
+from batchgen.simulator.sim_config import FAULT_KINDS, is_fault_kind, parse_status_fault
 
 STATUS_FAULT_RETRY_AFTER_S = 2
 # Error codes (OpenAI) a status fault carries when the header names none.

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchgen.simulator.bucket import TokenBucketLimiter
-from batchgen.simulator.config import LIMITERS, is_fault_kind
 from batchgen.simulator.faults import FaultInjector
 from batchgen.simulator.limits import SlidingWindowLimiter
+from batchgen.simulator.sim_config import LIMITERS, is_fault_kind
 
 Limiter = SlidingWindowLimiter | TokenBucketLimiter
 LANE_FIELDS = frozenset(

@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from batchgen.domain.tokens import count_messages, count_text
+from batchgen.domain.formats.tokens import count_messages, count_text
 from batchgen.simulator.caching import PromptCache, Scope
 from batchgen.simulator.text import request_digest, split_chunks
 

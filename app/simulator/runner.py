@@ -11,8 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
-from batchgen.simulator.config import SimulatorConfig
 from batchgen.simulator.server import STATE, create_app
+from batchgen.simulator.sim_config import SimulatorConfig
 from batchgen.simulator.state import SimState
 
 BACKLOG = 2048

@@ -1,10 +1,10 @@
 """The simulator's aiohttp application: OpenAI and Anthropic chat endpoints, OpenAI's
-Responses API and embeddings (:mod:`batchgen.simulator.endpoints`), their batch APIs
+Responses API and embeddings (:mod:`batchgen.simulator.sim_endpoints`), their batch APIs
 (:mod:`batchgen.simulator.batch_jobs`), plus /_sim.
 
 Limits are enforced per (API key, model), by a sliding window (charge: tiktoken
 prompt tokens + max_tokens) or a token bucket (charge: ceil(body bytes / 4) +
-max_tokens), see :mod:`batchgen.simulator.config`; under ``/d/<name>/`` every chat
+max_tokens), see :mod:`batchgen.simulator.sim_config`; under ``/d/<name>/`` every chat
 route is a simulated deployment with limits and faults of its own
 (:mod:`batchgen.simulator.lanes`). Every answer of the chat endpoints
 carries the request id header and, once the model is known, the rate-limit
@@ -25,19 +25,19 @@ from typing import Any
 
 from aiohttp import web
 
-from batchgen.domain.tokens import count_text, get_encoding
+from batchgen.domain.formats.tokens import count_text, get_encoding
 from batchgen.simulator import bedrock_batches, counting, gemini_batches, native, rich
-from batchgen.simulator import endpoints as other
 from batchgen.simulator import flex as flex_tier
 from batchgen.simulator import formats as fmt
 from batchgen.simulator import native_errors as errors
-from batchgen.simulator.admin import add_admin_routes
+from batchgen.simulator import sim_endpoints as other
 from batchgen.simulator.batch_jobs import add_batch_routes
-from batchgen.simulator.config import SimulatorConfig
 from batchgen.simulator.faults import status_fault_answer
 from batchgen.simulator.formats import BadRequest, ChatRequest
 from batchgen.simulator.lanes import Lane
 from batchgen.simulator.limits import Admission
+from batchgen.simulator.sim_admin import add_admin_routes
+from batchgen.simulator.sim_config import SimulatorConfig
 from batchgen.simulator.state import STATE, LimitKey, SimState, key_id
 from batchgen.simulator.text import completion_text, split_chunks
 

@@ -16,11 +16,11 @@ from aiohttp import web
 
 from batchgen.simulator.bucket import TokenBucketLimiter, own_count_charge
 from batchgen.simulator.caching import PromptCache
-from batchgen.simulator.config import SimulatorConfig
 from batchgen.simulator.faults import FaultInjector
 from batchgen.simulator.flex import FlexTier
 from batchgen.simulator.lanes import Lane, LaneConfig, Limiter, limiters
 from batchgen.simulator.limits import Admission, SlidingWindowLimiter
+from batchgen.simulator.sim_config import SimulatorConfig
 
 LimitKey = tuple[str, str]  # (api key id, model)
 

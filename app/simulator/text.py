@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from batchgen.domain.tokens import count_text, get_encoding
+from batchgen.domain.formats.tokens import count_text, get_encoding
 
 NATURAL_MIN_TOKENS = 20
 NATURAL_MAX_TOKENS = 120
@@ -144,7 +144,8 @@ def completion_text(
 ) -> tuple[str, int, str]:
     """The simulated answer to ``messages``: ``(text, completion_tokens, finish_reason)``.
 
-    ``completion_tokens == batchgen.domain.tokens.count_text(text, encoding) <= max_tokens``;
+    ``completion_tokens == batchgen.domain.formats.tokens.count_text(text, encoding) <=
+    max_tokens``;
     ``finish_reason`` is ``"length"`` when ``max_tokens`` cut the natural
     length short, else ``"stop"``.
     """

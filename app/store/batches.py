@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
 from batchgen.domain import submission
-from batchgen.domain.deadlines import format_duration
-from batchgen.domain.status import (
+from batchgen.domain.lifecycle.deadlines import format_duration
+from batchgen.domain.lifecycle.status import (
     OPEN,
     TERMINAL,
     BatchStatus,
@@ -35,7 +35,7 @@ from batchgen.domain.status import (
 from batchgen.domain.submission import BatchFrame, Prepared, SubmitOptions, Tally
 from batchgen.errors import NotFound, ValidationFailed
 from batchgen.registry import Registry
-from batchgen.store import items, notifications, quotas, rounds, totals
+from batchgen.store import batch_notifications, items, quotas, rounds, totals
 from batchgen.store.schema import Batch, Item, Result, Tenant, listed_batch
 from batchgen.store.sqlfiles import query
 
@@ -201,7 +201,7 @@ def store_batch(
     batch.request_sha256 = prep.fingerprint.hexdigest()
     session.flush()
     totals.admit(session, tenant.id, {m: totals.Count(*c) for m, c in tally.admitted.items()})
-    # A call's bound is the fail-fast rule (store/calls.py), not the backlog's.
+    # A call's bound is the fail-fast rule (store/call_rows.py), not the backlog's.
     models = submission.backlog_models(tally.online_tokens, prep.priority)
     quotas.check_models(session, models, tally.online_tokens, registry, settings)
     quotas.check_tenant(session, tenant, registry, sorted(tally.online_tokens))
@@ -212,7 +212,7 @@ def store_batch(
 class CallRows:
     """A synchronous call's batch of one and its item, checked as :func:`store_batch`
     checks a batch, for the one statement that stores and releases them
-    (:func:`batchgen.store.calls.store_plain_call`)."""
+    (:func:`batchgen.store.call_rows.store_plain_call`)."""
 
     batch: dict[str, Any]
     item: dict[str, Any]
@@ -464,7 +464,7 @@ def refresh_status(session: Session, batch_id: str) -> str:
         if batch.priority != Priority.CALL.value:  # a call's caller is waiting on it
             announced = {s.value: counts.get(s, 0) for s in ItemStatus}
             announced["total"] = sum(counts.values())
-            notifications.announce(session, batch, announced)
+            batch_notifications.announce(session, batch, announced)
     return batch.status
 
 

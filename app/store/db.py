@@ -6,7 +6,7 @@ The connection budget of a process (docs/operations.md, "Connections"): its pool
 count; besides, straight to PostgreSQL (``BATCHGEN_DATABASE_DIRECT_URL``, else
 ``DATABASE_URL``), a process running the offload tick holds up to
 :data:`DIRECT_POOL_BOUND` for its session advisory lock, and a process answering
-synchronous calls one ``LISTEN`` connection (:mod:`batchgen.store.calls`).
+synchronous calls one ``LISTEN`` connection (:mod:`batchgen.store.call_rows`).
 
 Everything that goes through ``DATABASE_URL`` works behind a transaction pooler
 (PgBouncer, ``pool_mode = transaction``): no server-side prepared statements
@@ -35,7 +35,7 @@ from batchgen.config import Settings, current_scope, get_settings
 MIGRATIONS_DIR = str(resources.files("batchgen.migrations"))
 # First key of the advisory locks this project takes (ASCII "BGDP"): + 0 a model's
 # dispatch (store.items.lock_model), + 1 a model's admission, + 2 a tenant's
-# (store.quotas), + 3 the offload tick (worker.offload, a session lock: session_lock).
+# (store.quotas), + 3 the offload tick (worker.offload_jobs, a session lock: session_lock).
 ADVISORY_NAMESPACE = 0x42474450
 # A connect that gets no answer (a host gone, a partition) fails after this long.
 CONNECT_TIMEOUT_S = 10

@@ -2,7 +2,7 @@
 finished batch's output and error files, read from its results.
 
 An upload (``purpose="batch"``) is validated line by line at upload, exactly as a
-submit is (:func:`batchgen.domain.admission.parse_lines`), all or nothing, held
+submit is (:func:`batchgen.domain.formats.admission.parse_lines`), all or nothing, held
 against the tenant's file quota (:func:`batchgen.store.quotas.check_files`), and
 stored whole in ``files.content``, so that a second API host sees it. It expires
 ``file_retention_s`` after its upload (or sooner, by its ``expires_after``); an
@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
 from batchgen.domain import submission
-from batchgen.domain.status import ItemStatus
+from batchgen.domain.lifecycle.status import ItemStatus
 from batchgen.errors import NotFound, PayloadTooLarge, ValidationFailed
 from batchgen.registry import Registry
 from batchgen.store import batches, quotas, totals

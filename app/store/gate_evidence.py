@@ -1,12 +1,12 @@
 """The database's evidence of recent use of the gate (``sql/gate_evidence.sql``), for
-rebuilding what Redis lost (:mod:`batchgen.domain.gate_rebuild`)."""
+rebuilding what Redis lost (:mod:`batchgen.domain.scheduling.gate_rebuild`)."""
 
 from __future__ import annotations
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from batchgen.domain.gate_rebuild import Evidence, RunningItem
+from batchgen.domain.scheduling.gate_rebuild import Evidence, RunningItem
 from batchgen.store.sqlfiles import query
 
 

@@ -2,7 +2,7 @@
 
 Each move is declared once (:data:`MOVES`) with the states it starts from and
 the state it ends in; the declaration is checked against
-:data:`batchgen.domain.status.TRANSITIONS` when this module is imported, and
+:data:`batchgen.domain.lifecycle.status.TRANSITIONS` when this module is imported, and
 the WHERE clause of the move is built from its declared sources, so a
 duplicate delivery, a cancelled or a finished item simply matches nothing.
 The SQL files this module loads (``sql/sweep_*.sql``, ``sql/item_*.sql``) are loaded
@@ -22,8 +22,15 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import Connection, func, or_, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
-from batchgen.domain.deadlines import carried_forward
-from batchgen.domain.status import CALL_RANK, IN_FLIGHT, OPEN, ItemStatus, can_move, values
+from batchgen.domain.lifecycle.deadlines import carried_forward
+from batchgen.domain.lifecycle.status import (
+    CALL_RANK,
+    IN_FLIGHT,
+    OPEN,
+    ItemStatus,
+    can_move,
+    values,
+)
 from batchgen.store import db
 from batchgen.store.db import ADVISORY_NAMESPACE
 from batchgen.store.schema import Item, Tenant
@@ -70,7 +77,7 @@ def _declare(name: str, sources: set[ItemStatus], targets: set[ItemStatus]) -> M
 RELEASE = _declare("release", {S.PENDING}, {S.QUEUED})
 CLAIM = _declare("claim", {S.QUEUED}, {S.RUNNING})
 # A released item whose dollar budget cannot cover its call goes back, unsent, before
-# the dispatcher's transaction commits (batchgen.worker.money).
+# the dispatcher's transaction commits (batchgen.worker.money_holds).
 UNRELEASE = _declare("unrelease", {S.QUEUED}, {S.PENDING})
 EXPIRE_UNSTARTED = _declare("expire_unstarted", {S.PENDING, S.QUEUED}, {S.EXPIRED})
 REQUEUE = _declare("requeue", {S.RUNNING}, {S.QUEUED})
@@ -221,7 +228,7 @@ class Claimed:
     read_mono_s: float
     # Attempts that failed over to another deployment (none of them a failure attempt).
     failovers: int = 0
-    # The route of this call (batchgen.domain.routes.ItemRoute: standard or flex), the
+    # The route of this call (batchgen.domain.scheduling.routes.ItemRoute: standard or flex), the
     # flex calls refused so far, and the key of the prompt prefix it shares (if any).
     route: str = "standard"
     flex_refusals: int = 0
@@ -612,7 +619,7 @@ def clear_prefix_keys(session: Session, batch_id: str, keys: Sequence[int]) -> i
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
-# --- offloaded items (batchgen.worker.offload) ----------------------------------
+# --- offloaded items (batchgen.worker.offload_jobs) ----------------------------------
 
 
 @dataclass(frozen=True)
@@ -731,7 +738,7 @@ def return_online(
     batch. Returns ``(item id, batch id, new status)`` of each. Their route stays
     ``batch``: called online, such an item calls flex where its model offers it and
     the deadline leaves room, else standard
-    (:func:`batchgen.domain.routes.call_route`)."""
+    (:func:`batchgen.domain.scheduling.routes.call_route`)."""
     if job_id is None and item_ids is None:
         raise ValueError("return_online needs a job or items")
     params = {
@@ -763,7 +770,7 @@ def in_flight(session: Session, model: str) -> int:
     """The model's items queued or running (its dispatch window in use). Synchronous
     calls are left out: they skip the window, and a tenant's flood of them must not
     close it to the other tenants' batches (the gate shares the slots between both,
-    :mod:`batchgen.domain.call_shares`)."""
+    :mod:`batchgen.domain.scheduling.call_shares`)."""
     return (
         session.scalar(
             select(func.count())
@@ -788,7 +795,7 @@ class Pick:
     prefix_key: int | None = None
 
     def cache_group(self) -> tuple[int, int] | None:
-        """The picks to release together (batchgen.domain.round_robin.order_picks): those
+        """The picks to release together (batchgen.domain.scheduling.round_robin.order_picks): those
         of one priority sharing a cached prompt prefix."""
         return None if self.prefix_key is None else (self.order[0], self.prefix_key)
 

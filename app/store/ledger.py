@@ -18,10 +18,10 @@ from sqlalchemy import Connection, TextClause, bindparam, event
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
-from batchgen.domain.cost import TokenUsage, cost_usd, price_usage, tier_of, usage_of
-from batchgen.domain.offload import Route
-from batchgen.domain.status import TERMINAL, ItemStatus
-from batchgen.domain.stream_usage import ReportedUsage, UsageSource
+from batchgen.domain.billing.cost import TokenUsage, cost_usd, price_usage, tier_of, usage_of
+from batchgen.domain.formats.stream_usage import ReportedUsage, UsageSource
+from batchgen.domain.lifecycle.status import TERMINAL, ItemStatus
+from batchgen.domain.scheduling.offload import Route
 from batchgen.registry import ModelSpec, Registry, Tier
 from batchgen.store import items
 from batchgen.store.items import Answered, Claimed, LockedItem
@@ -97,7 +97,7 @@ class Priced:
 def price(outcome: CallOutcome, spec: ModelSpec, route: Route = Route.ONLINE) -> Priced:
     """The price of ``outcome``'s usage by ``route``, at the tier it was served at (an
     offline row at batch; an online one at the tier its answer says, else the one its
-    call asked for: :func:`batchgen.domain.cost.tier_of`; ``online_cost`` of an offline
+    call asked for: :func:`batchgen.domain.billing.cost.tier_of`; ``online_cost`` of an offline
     row at the standard tier)."""
     usage = outcome.usage
     tier = tier_of(route is Route.OFFLINE, outcome.response, outcome.tier)

@@ -4,7 +4,7 @@ offloaded items (``provider_jobs``, ``provider_job_items``).
 A job is recorded with its items in one transaction *before* the call that creates
 it at the provider (``creating``); the provider's id is recorded after. A job found
 ``creating`` by the next tick had its create answer lost: the tick looks for it at
-the provider by its ``tag`` (:mod:`batchgen.worker.offload`). The items' own moves
+the provider by its ``tag`` (:mod:`batchgen.worker.offload_jobs`). The items' own moves
 go through :mod:`batchgen.store.items`.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
-from batchgen.domain.offload import Row
-from batchgen.domain.status import OPEN_JOBS, JobStatus, values
+from batchgen.domain.lifecycle.status import OPEN_JOBS, JobStatus, values
+from batchgen.domain.scheduling.offload import Row
 from batchgen.store import items
 from batchgen.store.schema import Batch, ProviderJob, ProviderJobItem
 

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
 from batchgen.domain import submission as verdicts
-from batchgen.domain.status import OPEN, ItemStatus, values
+from batchgen.domain.lifecycle.status import OPEN, ItemStatus, values
 from batchgen.registry import Registry
 from batchgen.store import totals
 from batchgen.store.db import ADVISORY_NAMESPACE

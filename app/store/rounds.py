@@ -2,7 +2,7 @@
 it stands between rounds, and each tenant's dispatch clock.
 
 Who gets how many of the model's free places is decided by deficit round robin
-(:mod:`batchgen.domain.round_robin`); this module gives it the tenants it can reach
+(:mod:`batchgen.domain.scheduling.round_robin`); this module gives it the tenants it can reach
 from the ring's position (:file:`sql/dispatch_ring.sql`, a skip scan: a probe of the
 ready-items index per tenant found) and releases each served tenant's items in its
 own order (:func:`batchgen.store.items.release_picks`). The set of tenants with ready
@@ -32,7 +32,7 @@ from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from batchgen.domain.round_robin import Member, Turn, ring_order, run_round
+from batchgen.domain.scheduling.round_robin import Member, Turn, ring_order, run_round
 from batchgen.store import items
 from batchgen.store.schema import BudgetHold, DispatchClock, DispatchRing
 from batchgen.store.sqlfiles import query
@@ -53,7 +53,7 @@ def release(
     """``pending → queued`` for up to the model's free places in its window of
     ``window`` items, by deficit round robin across the tenants with ready work; returns
     the tickets (what each message carries) in release order. ``admit`` (the dollar
-    budgets: :func:`batchgen.worker.money.admit_picks`) sees each take's picks in this
+    budgets: :func:`batchgen.worker.money_holds.admit_picks`) sees each take's picks in this
     transaction and names those it refuses: they go back to pending unsent, and their
     tenant, found dry, is passed over for the rest of the round."""
     if not items.lock_model(session, model):

@@ -30,10 +30,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from batchgen.domain.money import Period
-from batchgen.domain.routes import ItemRoute
-from batchgen.domain.status import BatchStatus, ItemStatus, JobStatus, Priority
-from batchgen.domain.stream_usage import UsageSource
+from batchgen.domain.billing.budget_maths import Period
+from batchgen.domain.formats.stream_usage import UsageSource
+from batchgen.domain.lifecycle.status import BatchStatus, ItemStatus, JobStatus, Priority
+from batchgen.domain.scheduling.routes import ItemRoute
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -158,10 +158,10 @@ class Batch(Base):
     # The uploaded file the batch was created from (POST /v1/batches with input_file_id).
     input_file_id: Mapped[str | None] = mapped_column(String(40))
     # auto | never | always: may its items go to the provider's Batch API
-    # (batchgen.domain.offload.OffloadMode)?
+    # (batchgen.domain.scheduling.offload.OffloadMode)?
     offload: Mapped[str] = mapped_column(String(10), server_default="auto")
     # auto | standard | flex | batch: the routes its items may take
-    # (batchgen.domain.routes.RouteMode; migration 0016).
+    # (batchgen.domain.scheduling.routes.RouteMode; migration 0016).
     route: Mapped[str] = mapped_column(String(10), server_default="auto")
     # Told when the batch ends: a Celery task of the host's (sent by name to its
     # queue), and a webhook (else the tenant's).
@@ -171,7 +171,8 @@ class Batch(Base):
     # The host app (Flask, Django: its BATCHGEN_APP_ID) it was submitted through; None
     # from the standalone API. Its batch_finished signal fires there only (migration 0010).
     origin: Mapped[str | None] = mapped_column(String(200))
-    # SHA-256 of the request that used the key (batchgen.domain.admission.RequestFingerprint):
+    # SHA-256 of the request that used the key
+    # (batchgen.domain.formats.admission.RequestFingerprint):
     # the key replays this request only.
     request_sha256: Mapped[str | None] = mapped_column(String(64))
     # The API key it (a batch, or a call: a batch of one) was made with; None from the
@@ -353,7 +354,7 @@ class Item(Base):
 
 class ProviderJob(Base):
     """A job of the provider's own Batch API holding some offloaded items of one batch
-    (batchgen.worker.offload). Recorded with its items *before* the call that creates
+    (batchgen.worker.offload_jobs). Recorded with its items *before* the call that creates
     it; ``tag`` names it at the provider (its requests' ``custom_id`` prefix, and
     OpenAI's metadata), so a job whose creation answer was lost is found again."""
 
@@ -604,7 +605,7 @@ class LatencyTotals(Base):
 
 
 class DispatchRing(Base):
-    """Where a model's dispatch ring stands between rounds (batchgen.domain.round_robin):
+    """Where a model's dispatch ring stands between rounds (batchgen.domain.scheduling.round_robin):
     the next round starts at the first tenant with ready work whose id is
     ``start_tenant_id`` or more; if that is this very tenant, ``left_items`` of its
     turn remain (its deficit)."""
@@ -641,7 +642,7 @@ class BudgetHold(Base):
 
 class MoneyBudget(Base):
     """A dollar budget of a tenant (``key_id`` NULL) or of one of its keys: a hard limit
-    in micro-dollars per period and its soft thresholds (batchgen.domain.money;
+    in micro-dollars per period and its soft thresholds (batchgen.domain.billing.budget_maths;
     migration 0020)."""
 
     __tablename__ = "money_budgets"
@@ -650,7 +651,7 @@ class MoneyBudget(Base):
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id"))
     key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
     limit_micros: Mapped[int] = mapped_column(BigInteger)
-    # day | month | total (batchgen.domain.money.Period)
+    # day | month | total (batchgen.domain.billing.budget_maths.Period)
     period: Mapped[str] = mapped_column(String(10))
     # The IANA zone its days and months start in.
     time_zone: Mapped[str] = mapped_column(String(64), server_default="UTC")

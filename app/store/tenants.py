@@ -1,4 +1,4 @@
-"""Tenants: made (with a first API key, :mod:`batchgen.store.keys`), changed,
+"""Tenants: made (with a first API key, :mod:`batchgen.store.api_keys`), changed,
 suspended and resumed."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from batchgen.domain.keys import ALL_SCOPES
 from batchgen.domain.notifications import check_webhook_url
 from batchgen.errors import Conflict, NotFound, ValidationFailed
-from batchgen.store import keys
+from batchgen.store import api_keys
 from batchgen.store.schema import Tenant
 
 # What an operator may change on a tenant, and the bounds of each (None: no limit).
@@ -93,7 +93,7 @@ def create_tenant(
             session.flush()
     except IntegrityError as exc:
         raise Conflict(f"a tenant named {name!r} already exists", field="name") from exc
-    _, secret = keys.create(session, tenant, "default", scopes=list(ALL_SCOPES))
+    _, secret = api_keys.create(session, tenant, "default", scopes=list(ALL_SCOPES))
     return tenant, secret
 
 
@@ -157,7 +157,7 @@ def revoke(session: Session, name: str) -> None:
     """Suspend a tenant: none of its keys works (401); its batches stay."""
     tenant = find(session, name)
     if tenant.revoked_at is None:
-        tenant.revoked_at = keys.now(session)
+        tenant.revoked_at = api_keys.now(session)
 
 
 def resume(session: Session, name: str) -> None:

@@ -363,7 +363,7 @@ def _timing(relay: Callable[[dict[str, Any]], None], first: _FirstChunk) -> Any:
 
 
 def _response_attributes(info: CallInfo, response: Any) -> genai.Attributes:
-    from batchgen.domain import cost
+    from batchgen.domain.billing import cost
 
     usage = cost.usage_of(response.prompt_tokens, response.completion_tokens, response.body)
     tier = cost.tier_of(False, response.body, info.tier)

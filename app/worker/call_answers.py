@@ -1,7 +1,7 @@
 """A synchronous call's caller, waiting: for its whole answer, or for its stream's
 chunks as they arrive.
 
-The call runs in this process (:mod:`batchgen.worker.calls`), or, after this
+The call runs in this process (:mod:`batchgen.worker.call_runner`), or, after this
 process lost it (its run stopped on an error, a dispatcher took a retry), on a
 worker. The item's end is heard from PostgreSQL (``LISTEN``) and read back; while
 it waits, the caller's presence is renewed in Redis, and a caller gone, a deadline
@@ -21,15 +21,15 @@ from collections.abc import Callable, Generator
 from typing import Any, NamedTuple, NoReturn
 
 from batchgen.config import get_settings
-from batchgen.domain import calls as call_rules
-from batchgen.domain.status import ItemStatus
+from batchgen.domain.formats import call_rules
+from batchgen.domain.lifecycle.status import ItemStatus
 from batchgen.errors import CallFailed
 from batchgen.limits import liveness
 from batchgen.limits.backend import get_redis
-from batchgen.store import calls
-from batchgen.store.calls import CallWaiter
+from batchgen.store import call_rows
+from batchgen.store.call_rows import CallWaiter
 from batchgen.store.db import session_scope
-from batchgen.worker.calls import (
+from batchgen.worker.call_runner import (
     PendingCall,
     call_waiter,
     caller_waits,
@@ -46,7 +46,7 @@ def _connected() -> bool:
     return True
 
 
-def wait_call(pending: PendingCall, still_there: Presence = _connected) -> calls.CallOutcome:
+def wait_call(pending: PendingCall, still_there: Presence = _connected) -> call_rows.CallOutcome:
     """Wait for a call's end; its answer, or :class:`CallFailed` (the deadline passed,
     the item failed, or the caller went away: then the call is cancelled)."""
     settings = get_settings()
@@ -68,18 +68,18 @@ def wait_call(pending: PendingCall, still_there: Presence = _connected) -> calls
         _forget(pending)
 
 
-def _ended(pending: PendingCall, still_there: Presence) -> calls.CallOutcome | None:
+def _ended(pending: PendingCall, still_there: Presence) -> call_rows.CallOutcome | None:
     """The call's answer once it ended; None while it runs. Raises the error it ended
     with, or that stops the wait: the caller gone (the call is cancelled), Redis lost.
     While this process runs it, its end comes from the run (the answer in hand, or the
     run's end, after which the item is read)."""
     if pending.answer:
-        return calls.CallOutcome(ItemStatus.SUCCEEDED, pending.answer[0], None, None)
+        return call_rows.CallOutcome(ItemStatus.SUCCEEDED, pending.answer[0], None, None)
     if pending.running_here():
         ended = None
     else:
         with session_scope() as session:
-            ended = calls.outcome(session, pending.stored.item_id)
+            ended = call_rows.outcome(session, pending.stored.item_id)
     if ended is not None:
         if ended.status is ItemStatus.SUCCEEDED and ended.response is not None:
             return ended
@@ -103,7 +103,7 @@ def _forget(pending: PendingCall) -> None:
     if pending.stored.replayed:
         return  # the presence is the first caller's, who may still be waiting
     if pending.answer:
-        return  # the run that answered dropped it (batchgen.worker.calls._call_ended)
+        return  # the run that answered dropped it (batchgen.worker.call_runner._call_ended)
     with contextlib.suppress(Exception):  # the key expires by itself
         liveness.drop_caller(get_redis(), pending.stored.item_id)
 

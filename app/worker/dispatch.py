@@ -1,9 +1,9 @@
 """The dispatcher: releases pending items from PostgreSQL a little ahead of capacity.
 
 Per model, it keeps at most ``ceil(max_concurrency * dispatch_ahead_factor)``
-items queued or running (:func:`batchgen.domain.decisions.window_size`), so the
+items queued or running (:func:`batchgen.domain.lifecycle.decisions.window_size`), so the
 broker queue stays short, fairness is deficit round robin across the tenants with
-ready work (:mod:`batchgen.domain.round_robin`, :mod:`batchgen.store.rounds`), and
+ready work (:mod:`batchgen.domain.scheduling.round_robin`, :mod:`batchgen.store.rounds`), and
 cancelling is an UPDATE.
 The release commits before publishing: if a publish is lost, the item's queued
 lease runs out and the sweep hands it back. A refill from a worker process may put
@@ -21,11 +21,11 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain.decisions import split_into_packs, window_size
+from batchgen.domain.lifecycle.decisions import split_into_packs, window_size
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store import items, rounds
 from batchgen.store.db import session_scope
-from batchgen.worker import money, publish
+from batchgen.worker import money_holds, publish
 from batchgen.worker.packs import PackItem, message_of, pack_wait_s
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def release_model(
     lease_s = settings.worker.queued_lease_s
     if pack_items > 1:  # an item may wait in its pack until it is run or handed back
         lease_s += pack_wait_s(spec, settings)
-    released = rounds.release(session, spec.name, window, lease_s, admit=money.admit_picks)
+    released = rounds.release(session, spec.name, window, lease_s, admit=money_holds.admit_picks)
     return [Release(ticket, spec.name, spec.queue) for ticket in released]
 
 

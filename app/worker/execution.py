@@ -4,7 +4,7 @@ Celery-free, so it can be driven by the task in :mod:`batchgen.tasks.generate` a
 tests alike. The path goes down the layers once: gate on the message's ticket
 (concurrency slot, token budget: one script) → claim and mark sent (queued →
 running, one statement) → provider call → record the result (one statement in the
-common case), or ask :mod:`batchgen.domain.decisions` what a failure means and
+common case), or ask :mod:`batchgen.domain.lifecycle.decisions` what a failure means and
 apply it → settle the gate (``finally``, one script) → close the batch if this was
 its last item. On the gate's wait the item is claimed and handed back for later.
 Every item state move is a call into :mod:`batchgen.store.items`.
@@ -30,11 +30,13 @@ import redis
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain import retry
-from batchgen.domain.deadlines import call_timeout_s, time_left_s
-from batchgen.domain.endpoints import line_endpoint
-from batchgen.domain.pools import failover_reason, fails_over
-from batchgen.domain.routes import (
+from batchgen.domain.formats.endpoints import line_endpoint
+from batchgen.domain.formats.stream_usage import ReportedUsage, StreamUsage
+from batchgen.domain.lifecycle import retry
+from batchgen.domain.lifecycle.deadlines import call_timeout_s, time_left_s
+from batchgen.domain.lifecycle.status import ItemStatus
+from batchgen.domain.scheduling.pools import failover_reason, fails_over
+from batchgen.domain.scheduling.routes import (
     FlexWindow,
     ItemRoute,
     call_route,
@@ -42,8 +44,6 @@ from batchgen.domain.routes import (
     flex_window,
     with_service_tier,
 )
-from batchgen.domain.status import ItemStatus
-from batchgen.domain.stream_usage import ReportedUsage, StreamUsage
 from batchgen.errors import (
     CallCancelled,
     FlexUnavailable,

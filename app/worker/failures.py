@@ -1,6 +1,6 @@
 """What a failed provider call becomes: a retry, a wait, or the item's end.
 
-Each decision is :mod:`batchgen.domain.decisions`' (pure); this module applies it
+Each decision is :mod:`batchgen.domain.lifecycle.decisions`' (pure); this module applies it
 in one transaction with the ledger row of a call that may have been billed.
 """
 
@@ -12,18 +12,23 @@ from dataclasses import replace
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain import retry
-from batchgen.domain.deadlines import time_left_s
-from batchgen.domain.decisions import (
+from batchgen.domain.lifecycle import retry
+from batchgen.domain.lifecycle.deadlines import time_left_s
+from batchgen.domain.lifecycle.decisions import (
     AfterFailure,
     AfterRateLimit,
     after_failure,
     after_rate_limit,
     attempt_cap,
 )
-from batchgen.domain.pools import failover_reason
-from batchgen.domain.routes import AfterRefusal, FlexWindow, ItemRoute, after_flex_refusal
-from batchgen.domain.status import ItemStatus
+from batchgen.domain.lifecycle.status import ItemStatus
+from batchgen.domain.scheduling.pools import failover_reason
+from batchgen.domain.scheduling.routes import (
+    AfterRefusal,
+    FlexWindow,
+    ItemRoute,
+    after_flex_refusal,
+)
 from batchgen.errors import (
     CallCancelled,
     FlexUnavailable,
@@ -113,7 +118,7 @@ def flex_refused(
 ) -> Verdict:
     """The provider refused a flex call as busy: no rate limit (no cooldown) and no
     failure (the attempt is handed back, nothing was billed). Flex again after a wait,
-    or a standard call now, as :func:`batchgen.domain.routes.after_flex_refusal`
+    or a standard call now, as :func:`batchgen.domain.scheduling.routes.after_flex_refusal`
     decides; a short wait stays queued, a long one goes back to PostgreSQL."""
     left_s = time_left_s(item.deadline_at, item.db_now())
     refusals = item.flex_refusals + 1
@@ -184,7 +189,7 @@ def failover(
     it: :meth:`ModelSpec.at`): ledger it if it may be billed, against that deployment,
     and hand the item on to another at once, with its next attempt number and that
     deployment to avoid, in one transaction; none of its failure attempts is used
-    (:func:`batchgen.domain.pools.fails_over` decided it may)."""
+    (:func:`batchgen.domain.scheduling.pools.fails_over` decided it may)."""
     reason = failover_reason(exc) or exc.kind
     deployment = spec.served_by
     message = f"{reason} on deployment {deployment}: {exc.message}"
@@ -239,7 +244,7 @@ def failed(
     tier: Tier = Tier.STANDARD,
 ) -> str:
     """Ledger a billed failure as waste, then retry, fail or expire the item as
-    :func:`batchgen.domain.decisions.after_failure` decides."""
+    :func:`batchgen.domain.lifecycle.decisions.after_failure` decides."""
     decision = after_failure(
         kind=exc.kind,
         message=exc.message,

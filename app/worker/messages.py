@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchgen.config import Settings, get_settings
-from batchgen.domain.decisions import (
+from batchgen.domain.lifecycle.decisions import (
     calls_overlap,
     pack_size,
     refill_at_once_after,
@@ -37,7 +37,7 @@ from batchgen.worker import publish
 from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.dispatch import dispatch
 from batchgen.worker.execution import run_item
-from batchgen.worker.gate_state import checked_gate
+from batchgen.worker.gate_recovery import checked_gate
 from batchgen.worker.pack_calls import run_together
 from batchgen.worker.packs import (
     CallPace,

@@ -1,7 +1,7 @@
 """Budget alerts as Standard Webhooks events, to the tenant's webhook and the
 operator's (``money_webhook_url``), signed like the batches' (docs/money.md).
 
-:mod:`batchgen.worker.money` claims each soft threshold once per budget and period
+:mod:`batchgen.worker.money_holds` claims each soft threshold once per budget and period
 (Redis ``SET NX``) and calls the hooks registered here (:func:`on_alert`: the Flask
 and Django signals register theirs); :func:`send_webhooks`, always registered, posts
 the event from a background thread (the call or dispatch that crossed the threshold
@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchgen.config import get_settings
-from batchgen.domain import money as rules
+from batchgen.domain.billing import budget_maths as rules
 from batchgen.domain.notifications import body_bytes, signed_headers
-from batchgen.store import money
+from batchgen.store import budget_rows
+from batchgen.store.budget_rows import StoredBudget
 from batchgen.store.db import session_scope
-from batchgen.store.money import StoredBudget
 from batchgen.worker import webhooks
 
 log = logging.getLogger(__name__)
@@ -96,13 +96,13 @@ def event(alert: Alert, tenant_name: str) -> dict[str, Any]:
 
 def tenant_name(alert: Alert) -> str:
     with session_scope() as session:
-        return money.tenant_webhook(session, alert.budget.tenant_id)[0]
+        return budget_rows.tenant_webhook(session, alert.budget.tenant_id)[0]
 
 
 def _targets(alert: Alert) -> tuple[str, list[tuple[str, str]]]:
     settings = get_settings()
     with session_scope() as session:
-        name, url, secret = money.tenant_webhook(session, alert.budget.tenant_id)
+        name, url, secret = budget_rows.tenant_webhook(session, alert.budget.tenant_id)
     targets = []
     if url and secret:
         targets.append((url, secret))

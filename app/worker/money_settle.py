@@ -4,7 +4,7 @@ Right after a transaction that wrote ledger rows commits (a batch item's answer,
 synchronous call's or a stream's, a pack's group commit, waste, a lost call, an
 offloaded job's rows), each row's reservation ``<item>:<attempt>`` is released and
 the row's price added to its budgets' ``used``
-(:meth:`batchgen.limits.money.MoneyBudgets.release`): once, whoever asks again, and a
+(:meth:`batchgen.limits.money_budgets.MoneyBudgets.release`): once, whoever asks again, and a
 no-op where a rebuild released it first. Rows written in a session's transaction
 are noted by :mod:`batchgen.store.ledger` and settled by a listener on the session's
 commit (:func:`install`); the hot path's one-statement writes call :func:`settle`.
@@ -23,10 +23,10 @@ import threading
 import time
 from collections.abc import Sequence
 
-from batchgen.domain.money import to_micros
+from batchgen.domain.billing.budget_maths import to_micros
 from batchgen.limits.backend import get_redis
-from batchgen.limits.money import MoneyBudgets, Settle
-from batchgen.store import money as store
+from batchgen.limits.money_budgets import MoneyBudgets, Settle
+from batchgen.store import budget_rows as store
 from batchgen.store.db import session_scope
 from batchgen.store.ledger import Ledgered, on_commit
 

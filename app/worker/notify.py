@@ -29,9 +29,9 @@ from batchgen.domain.notifications import (
     retry_delay_s,
     signed_headers,
 )
-from batchgen.store import notifications
+from batchgen.store import batch_notifications
+from batchgen.store.batch_notifications import Due
 from batchgen.store.db import session_scope
-from batchgen.store.notifications import Due
 from batchgen.worker import webhooks
 from batchgen.worker.publish import celery_app
 
@@ -119,13 +119,15 @@ def deliver_due(
         if report.delivered + report.failed_attempts and time.monotonic() > stop_at:
             break
         with session_scope() as session:
-            due = notifications.claim_send(session, [Channel.CELERY, Channel.WEBHOOK], lease_s)
+            due = batch_notifications.claim_send(
+                session, [Channel.CELERY, Channel.WEBHOOK], lease_s
+            )
         if due is None:
             break
         error = _send(due, settings)  # no transaction open, no row locked
         delay_s = retry_delay_s(due.attempts + 1, settings.webhooks.notify_retry_first_s)
         with session_scope() as session:
-            status = notifications.record(session, due, error, delay_s)
+            status = batch_notifications.record(session, due, error, delay_s)
         if error is None:
             report.delivered += 1
             continue

@@ -55,7 +55,7 @@ from threading import Event
 import redis
 
 from batchgen.config import Settings
-from batchgen.domain.decisions import rounds_stop
+from batchgen.domain.lifecycle.decisions import rounds_stop
 from batchgen.errors import ProviderError
 from batchgen.limits.gate import (
     SLOT_POLL_S,
@@ -165,7 +165,7 @@ def run_together(
     Calls one after another go in rounds of ``round_items`` (None: all at once), each
     entered, claimed, recorded and settled together; once the pack has run
     ``settings.packs.max_s`` and its calls turned slow
-    (:func:`batchgen.domain.decisions.rounds_stop`), the rounds not begun are handed
+    (:func:`batchgen.domain.lifecycle.decisions.rounds_stop`), the rounds not begun are handed
     back, as :func:`batchgen.worker.packs.run_pack` hands back its untried items."""
     run = _Run(spec, settings, gate, watcher, overlap, note)
     todo = list(zip(pack, tickets, strict=True))

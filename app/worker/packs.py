@@ -11,7 +11,7 @@ Celery spends about as much CPU on a message (reading it, its three task events,
 its ack) as batchgen spends on an item's own work. When a model's calls are short
 that cost would decide the throughput, so a refill puts as many items in one
 message as this process's recent calls of the model take ``pack_target_s``
-together (:func:`batchgen.domain.decisions.pack_size`), at most
+together (:func:`batchgen.domain.lifecycle.decisions.pack_size`), at most
 ``pack_max_items``; with calls of a second or more a message carries one item,
 as before.
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain.status import ItemStatus
+from batchgen.domain.lifecycle.status import ItemStatus
 from batchgen.store import batches, db, items
 from batchgen.store.batches import Progress
 from batchgen.store.db import session_scope

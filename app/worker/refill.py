@@ -7,7 +7,7 @@ thread of the process releases for every noted model at most every
 ``coalesce_s`` (a fifth of a second by default, while the window
 holds ``dispatch_ahead_factor`` times the model's concurrency), or at once when
 a model has had ``enough(model)`` places freed meanwhile
-(:func:`batchgen.domain.decisions.refill_at_once_after`): with calls shorter
+(:func:`batchgen.domain.lifecycle.decisions.refill_at_once_after`): with calls shorter
 than the wait, the window's reserve would run out first, and the wait alone
 would hold the model to about one window per wait. A refill that is lost (the
 process dies) only waits for the beat's dispatch tick.

@@ -61,7 +61,7 @@ class ChunkRelay:
 
 
 class Wake(threading.Event):
-    """The event a call's end sets (:class:`batchgen.store.calls.CallWaiter`), which
+    """The event a call's end sets (:class:`batchgen.store.call_rows.CallWaiter`), which
     also wakes the relay's reader."""
 
     def __init__(self, relay: ChunkRelay) -> None:

@@ -23,15 +23,15 @@ import redis
 from sqlalchemy.orm import Session
 
 from batchgen.config import Settings
-from batchgen.domain.decisions import attempt_cap
-from batchgen.domain.status import ItemStatus
-from batchgen.domain.stream_usage import ReportedUsage
+from batchgen.domain.formats.stream_usage import ReportedUsage
+from batchgen.domain.lifecycle.decisions import attempt_cap
+from batchgen.domain.lifecycle.status import ItemStatus
 from batchgen.limits import liveness
 from batchgen.limits.backend import get_redis
 from batchgen.limits.concurrency import Slots
 from batchgen.limits.gate import free_slot, slot_holder
 from batchgen.registry import Registry, get_registry
-from batchgen.store import batches, files, items, notifications
+from batchgen.store import batch_notifications, batches, files, items
 from batchgen.store.ledger import record_lost_call
 from batchgen.worker import money_settle
 
@@ -169,7 +169,7 @@ def sweep(session: Session, settings: Settings, registry: Registry | None = None
         if gone.get(attempt.item_id) == attempt.attempts and attempt.lease == "running":
             _free_slot(registry, attempt)
     files_deleted = files.delete_expired(session)
-    notifications.delete_old(session, settings.webhooks.notification_retention_s)
+    batch_notifications.delete_old(session, settings.webhooks.notification_retention_s)
     finished = 0
     for batch_id in batches.unfinished_batch_ids(session):
         batches.refresh_status(session, batch_id)

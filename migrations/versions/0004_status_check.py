@@ -1,4 +1,4 @@
-"""items.status and batches.status: only the values of batchgen.domain.status
+"""items.status and batches.status: only the values of batchgen.domain.lifecycle.status
 
 Existing rows are checked first: a row holding a value the enum does not know
 stops the upgrade with the value and how many rows hold it, so nothing is
@@ -18,7 +18,7 @@ down_revision: str | Sequence[str] | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# Frozen here, as of this revision (batchgen.domain.status.ItemStatus / BatchStatus).
+# Frozen here, as of this revision (batchgen.domain.lifecycle.status.ItemStatus / BatchStatus).
 ITEM_STATUSES = ("cancelled", "expired", "failed", "pending", "queued", "running", "succeeded")
 BATCH_STATUSES = ("cancelled", "cancelling", "completed", "expired", "in_progress")
 

@@ -8,7 +8,7 @@
   /v1/batches`` with ``input_file_id``); it stays when the file is deleted, as
   OpenAI's does.
 - A trigger tells the API a synchronous call ended: when an item of priority rank
-  -1 (a call, batchgen.domain.status.CALL_RANK) reaches a terminal status, its id
+  -1 (a call, batchgen.domain.lifecycle.status.CALL_RANK) reaches a terminal status, its id
   is sent on the channel ``batchgen_call_done`` (NOTIFY, delivered at commit, when
   the result is visible). Every other item's update only evaluates the WHEN.
 

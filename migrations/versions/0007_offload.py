@@ -24,7 +24,7 @@ down_revision: str | Sequence[str] | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# Frozen here, as of this revision (batchgen.domain.status).
+# Frozen here, as of this revision (batchgen.domain.lifecycle.status).
 ITEM_STATUSES_0004 = ("cancelled", "expired", "failed", "pending", "queued", "running", "succeeded")
 ITEM_STATUSES = tuple(sorted((*ITEM_STATUSES_0004, "offloaded")))
 JOB_STATUSES = ("abandoned", "creating", "ended", "failed", "running", "unconfirmed")

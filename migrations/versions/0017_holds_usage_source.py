@@ -2,7 +2,7 @@
 
 - budget_holds: until when a tenant's own budget (its tokens_per_min) turns its items
   away, as the budget said when it last deferred one; the dispatcher passes the tenant
-  over until then (batchgen.domain.round_robin).
+  over until then (batchgen.domain.scheduling.round_robin).
 - usage_ledger.usage_source: ``provider`` (the tokens the provider reported) or
   ``estimate`` (a lost call whose usage never came back: what it reserved); the lost
   calls' rows before this revision are ``estimate`` (they held the prompt estimate),

@@ -8,7 +8,7 @@ Decisions covered, as :func:`batchgen.worker.execution._run_ticket` meets them:
   taking more; every slot held is a short ``SLOT`` wait with its jitter.
 - budget wait: a model over its tokens in the window is a firm ``TOKENS`` wait that
   says when capacity frees (with at most 10 % + 50 ms, ≤ 1 s, of jitter); the
-  worker's plan for it (:func:`batchgen.domain.retry.plan_wait`) is a countdown retry
+  worker's plan for it (:func:`batchgen.domain.lifecycle.retry.plan_wait`) is a countdown retry
   when it fits the deadline and an expiry when it cannot; a tenant over its own
   ``tokens_per_min`` is a ``TENANT`` wait, deferred to give its dispatch place back;
   a request larger than the model's window is ``Never``.
@@ -33,8 +33,8 @@ import pytest
 import redis
 
 from batchgen.config import Settings
-from batchgen.domain import retry
-from batchgen.domain.rate_limits import RateLimitState
+from batchgen.domain.lifecycle import retry
+from batchgen.domain.scheduling.rate_limits import RateLimitState
 from batchgen.errors import CallCancelled, RateLimited, TransientProviderError
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.budget import jittered_s

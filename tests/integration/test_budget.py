@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from batchgen.config import Settings
-from batchgen.domain.rate_limits import RateLimitState
+from batchgen.domain.scheduling.rate_limits import RateLimitState
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.limits.budget import Budget, charged_tokens, countdown_s
@@ -528,8 +528,8 @@ bucket_ops = st.lists(
 def test_the_bucket_never_grants_more_than_capacity_plus_refill(budget, sequence):
     """Reservations, refunds and releases on a simulated clock: over any interval the
     tokens granted less those given back stay within capacity + rate × its length, and
-    the level is the pure model's (batchgen.domain.rate_limits)."""
-    from batchgen.domain.rate_limits import bucket_grants, bucket_level, bucket_margin
+    the level is the pure model's (batchgen.domain.scheduling.rate_limits)."""
+    from batchgen.domain.scheduling.rate_limits import bucket_grants, bucket_level, bucket_margin
 
     get_redis().flushdb()
     s = spec(tpm=1000, rpm=1_000_000, key="prop", shape=BUCKET)
@@ -574,7 +574,7 @@ def test_the_bucket_never_grants_more_than_capacity_plus_refill(budget, sequence
 
 
 def test_headers_raise_and_lower_the_bucket(budget):
-    from batchgen.domain.rate_limits import calibrated_level
+    from batchgen.domain.scheduling.rate_limits import calibrated_level
 
     s = spec(tpm=6000, rpm=600, key="cal", shape=BUCKET)
     rate = 6000 / WINDOW_S
@@ -660,7 +660,7 @@ def test_the_window_takes_back_its_own_observations_when_the_provider_has_more(b
 def test_the_learned_ratio_is_applied_to_the_prompt(budget):
     """Window shape: the answers' usage says the provider counts prompts 30 % above our
     estimate; the ratio moves there and the prompt part of reservations with it."""
-    from batchgen.domain.rate_limits import ratio_update
+    from batchgen.domain.scheduling.rate_limits import ratio_update
     from batchgen.limits.budget import SettleOps
 
     s = spec(tpm=100_000, rpm=1000, key="ratio-w")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from batchgen.config import Settings
-from batchgen.domain.call_reserve import batch_may_take
+from batchgen.domain.scheduling.call_reserve import batch_may_take
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.limits.budget import Budget, Grant
@@ -50,7 +50,7 @@ def _slot_states() -> list[tuple[int, int, int, int, int, bool]]:
 def test_the_script_withholds_what_the_rule_says(clean_db):
     """Every small state of a model's slots (batch work and calls holding, calls
     waiting, the recent-calls mark, the reserve): the gate's script lets batch work
-    take a slot exactly when app/domain/call_reserve.py says it may."""
+    take a slot exactly when app/domain/scheduling/call_reserve.py says it may."""
     redis = get_redis()
     lease_end = time.time() + 60
     wrong = []
@@ -147,9 +147,9 @@ def test_a_call_behind_a_full_backlog_passes_the_gate_at_its_first_try(
     and the next call's first try at the gate is a pass (before the reserve, every slot
     was the backlog's and the call was denied until one of its calls ended)."""
     from batchgen import python_api
-    from batchgen.domain.admission import CHAT_COMPLETIONS
+    from batchgen.domain.formats.admission import CHAT_COMPLETIONS
     from batchgen.worker.call_answers import wait_call
-    from batchgen.worker.calls import call_runtime
+    from batchgen.worker.call_runner import call_runtime
 
     model, slots = "sim-large", 8
     redis = get_redis()

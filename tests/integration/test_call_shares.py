@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from batchgen.limits.backend import get_redis
-from batchgen.limits.call_shares import demand_entry
+from batchgen.limits.call_demand import demand_entry
 from tests.helpers import chat_line, make_tenant, sim_config, sim_in_flight
 from tests.invariants import wait_until
 from tests.waiting import poll_until
@@ -168,7 +168,7 @@ def test_a_flood_of_calls_leaves_another_tenant_its_share(
 def _open_calls(tenant: str) -> int:
     from sqlalchemy import func, select
 
-    from batchgen.domain.status import CALL_RANK
+    from batchgen.domain.lifecycle.status import CALL_RANK
     from batchgen.store import db
     from batchgen.store.schema import Item, Tenant
 
@@ -206,12 +206,12 @@ def test_a_tenant_whose_own_calls_fill_its_share_is_refused_at_once(clean_db, mo
 
     from batchgen import python_api
     from batchgen.config import get_settings
-    from batchgen.domain.admission import CHAT_COMPLETIONS
+    from batchgen.domain.formats.admission import CHAT_COMPLETIONS
     from batchgen.errors import OverShare
     from batchgen.registry import get_registry
-    from batchgen.store import calls, db
+    from batchgen.store import call_rows, db
     from batchgen.store.schema import Tenant
-    from batchgen.worker import calls as call_runner
+    from batchgen.worker import call_runner
     from batchgen.worker.packs import CallPace
 
     make_tenant("busy")
@@ -220,7 +220,7 @@ def test_a_tenant_whose_own_calls_fill_its_share_is_refused_at_once(clean_db, mo
     with db.session_scope() as session:
         busy = session.scalars(select(Tenant).where(Tenant.name == "busy")).one()
         for _ in range(10):
-            calls.store_call(
+            call_rows.store_call(
                 session,
                 busy,
                 line,
@@ -245,9 +245,9 @@ def test_the_fail_fast_rule_reads_demand_and_cooldowns_in_one_go(clean_db):
     """What the fail-fast rule reads of Redis (every tenant's demand and each
     deployment's cooldown) comes in one pipeline, also after Redis forgot its scripts
     (a flush): the demand is then read again on its own."""
-    from batchgen.domain.call_shares import Demand
+    from batchgen.domain.scheduling.call_shares import Demand
     from batchgen.limits import redis_keys as keys
-    from batchgen.limits.call_shares import CallDemand
+    from batchgen.limits.call_demand import CallDemand
 
     client = get_redis()
     demand = CallDemand(client)

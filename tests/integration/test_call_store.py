@@ -1,5 +1,5 @@
 """A synchronous call stored in one statement (``sql/call_store.sql``) is stored as
-:func:`batchgen.store.calls.store_call` stores it through ``store_batch``: the same
+:func:`batchgen.store.call_rows.store_call` stores it through ``store_batch``: the same
 batch, the same item (queued, its lease, its dispatch key), the same admitted totals;
 and a call that needs more (a tenant with quotas) is left to ``store_call``."""
 
@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import select
 
 from batchgen.config import get_settings
-from batchgen.domain.endpoints import CHAT_COMPLETIONS
+from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS
 from batchgen.errors import ValidationFailed
 from batchgen.registry import get_registry
-from batchgen.store import calls, db, tenants
+from batchgen.store import call_rows, db, tenants
 from batchgen.store.schema import AdmittedTotals, Batch, Item
 from tests.helpers import make_tenant
 
@@ -32,9 +32,9 @@ LINE = {
 OWN = {"id", "batch_id", "created_at", "queued_at", "lease_expires_at", "deadline_at"}
 
 
-def _plain(tenant: Any, line: dict[str, Any] = LINE) -> calls.StoredCall | None:
+def _plain(tenant: Any, line: dict[str, Any] = LINE) -> call_rows.StoredCall | None:
     with db.autocommit() as connection:
-        return calls.store_plain_call(
+        return call_rows.store_plain_call(
             connection,
             tenant,
             line,
@@ -45,9 +45,9 @@ def _plain(tenant: Any, line: dict[str, Any] = LINE) -> calls.StoredCall | None:
         )
 
 
-def _general(name: str) -> calls.StoredCall:
+def _general(name: str) -> call_rows.StoredCall:
     with db.session_scope() as s:
-        return calls.store_call(
+        return call_rows.store_call(
             s,
             tenants.find(s, name),
             LINE,
@@ -58,7 +58,7 @@ def _general(name: str) -> calls.StoredCall:
         )
 
 
-def _rows(stored: calls.StoredCall) -> tuple[dict[str, Any], dict[str, Any], float, float]:
+def _rows(stored: call_rows.StoredCall) -> tuple[dict[str, Any], dict[str, Any], float, float]:
     """The call's batch and item columns (its own ids and times left out), and its
     item's seconds to deadline and queued lease."""
     with db.session_scope() as s:

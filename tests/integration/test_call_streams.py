@@ -270,12 +270,12 @@ def test_a_stream_run_elsewhere_is_answered_whole_at_its_end(paced):
     one, in another thread and with no relay."""
     from batchgen import python_api
     from batchgen.config import get_settings
-    from batchgen.domain.admission import CHAT_COMPLETIONS
+    from batchgen.domain.formats.admission import CHAT_COMPLETIONS
     from batchgen.limits.gate import Gate
     from batchgen.registry import get_registry
-    from batchgen.store import calls
+    from batchgen.store import call_rows
     from batchgen.store.tenants import find
-    from batchgen.worker import calls as call_runner
+    from batchgen.worker import call_runner
     from batchgen.worker.cancellation import CancelWatcher
     from batchgen.worker.execution import run_item
     from batchgen.worker.relay import ChunkRelay, Wake
@@ -289,7 +289,7 @@ def test_a_stream_run_elsewhere_is_answered_whole_at_its_end(paced):
     }
     settings = get_settings()
     with db.session_scope() as s:
-        stored = calls.store_call(
+        stored = call_rows.store_call(
             s,
             find(s, "elsewhere"),
             line,

@@ -197,7 +197,7 @@ def test_keys_tenants_and_the_audit_log_from_the_cli(services, run, monkeypatch)
     import getpass
 
     from batchgen.api import create_app
-    from batchgen.store.keys import authenticate
+    from batchgen.store.api_keys import authenticate
 
     name = "keys-" + uuid.uuid4().hex[:6]
     created = json.loads(run("tenants", "create", name, "--json").stdout)

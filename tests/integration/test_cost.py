@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from batchgen import python_api as client
 from batchgen.config import get_settings
-from batchgen.domain.offload import Route
+from batchgen.domain.scheduling.offload import Route
 from batchgen.registry import ModelSpec, Registry, Tier, TierPrices, parse_registry
 from batchgen.store import db, items
 from batchgen.store.ledger import CallOutcome, record_answer, record_success

@@ -78,24 +78,24 @@ def test_a_revoked_key_ends_its_sessions(web):
 
 
 def test_revoking_the_key_a_session_signed_in_with_ends_that_session_only(web):
-    from batchgen import admin
+    from batchgen import tenant_admin
 
     make_tenant("acme")
-    doomed = admin.create_key("acme", name="laptop", scopes=["batches", "read"])
-    kept = admin.create_key("acme", name="desk", scopes=["batches", "read"])
+    doomed = tenant_admin.create_key("acme", name="laptop", scopes=["batches", "read"])
+    kept = tenant_admin.create_key("acme", name="desk", scopes=["batches", "read"])
     other = create_app().test_client()
     assert _sign_in(web, doomed["secret"]).status_code == 302
     assert _sign_in(other, kept["secret"]).status_code == 302
-    admin.revoke_key("acme", doomed["id"])
+    tenant_admin.revoke_key("acme", doomed["id"])
     assert web.get("/dashboard/fragment").status_code == 401
     assert other.get("/dashboard/fragment").status_code == 200
 
 
 def test_signing_in_needs_a_key_with_the_batches_and_read_scopes(web):
-    from batchgen import admin
+    from batchgen import tenant_admin
 
     make_tenant("acme")
-    reader = admin.create_key("acme", name="reader", scopes=["read"])
+    reader = tenant_admin.create_key("acme", name="reader", scopes=["read"])
     refused = _sign_in(web, reader["secret"])
     assert refused.status_code == 403 and "lacks batches" in refused.text
     assert "batchgen_session" not in _cookies(refused)

@@ -552,7 +552,7 @@ def test_staff_users_use_the_admin_api_behind_djangos_csrf_check(
     """A signed-in staff user reaches /admin/v1 below the mount (as ``django:<user>`` in
     the audit log); a change needs Django's CSRF token, as a cookie authenticates it; a
     user who is not staff, or anonymous, gets 401; a tenant key is judged alone (403)."""
-    from batchgen import admin
+    from batchgen import tenant_admin
 
     key = make_tenant("acme")
     assert client.get("/batchgen/admin/v1/tenants").status_code == 401
@@ -569,7 +569,7 @@ def test_staff_users_use_the_admin_api_behind_djangos_csrf_check(
         "/batchgen/admin/v1/tenants", data={"name": "evil"}, content_type="application/json"
     )
     assert forged.status_code == 403  # Django's CSRF refusal: nothing made
-    assert [t["name"] for t in admin.list_tenants()] == ["acme"]
+    assert [t["name"] for t in tenant_admin.list_tenants()] == ["acme"]
     token = "k" * 32
     guarded.cookies["csrftoken"] = token
     made = guarded.post(
@@ -580,7 +580,7 @@ def test_staff_users_use_the_admin_api_behind_djangos_csrf_check(
     )
     assert made.status_code == 201, made.content
     assert made.json()["weight"] == 3 and made.json()["api_key"]["secret"].startswith("bg_")
-    assert admin.audit_log(tenant="globex")[-1]["actor"] == "django:ops"
+    assert tenant_admin.audit_log(tenant="globex")[-1]["actor"] == "django:ops"
     # A request that carries a key is the key's, whoever is signed in.
     as_key = guarded.get("/batchgen/admin/v1/tenants", headers={"Authorization": f"Bearer {key}"})
     assert as_key.status_code == 403 and as_key.json()["error"]["code"] == "operator_key_required"
@@ -594,9 +594,9 @@ django.setup()
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
-from batchgen import admin
+from batchgen import tenant_admin
 from batchgen.store import db
-from batchgen.store.keys import authenticate
+from batchgen.store.api_keys import authenticate
 
 call_command("migrate", verbosity=0)
 made = admin.create_tenant("shop-a", actor="python")

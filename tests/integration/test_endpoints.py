@@ -29,7 +29,7 @@ from batchgen.config import DEFAULT_MODELS_FILE, get_settings
 from batchgen.registry import get_registry, load_registry
 from batchgen.store import db
 from batchgen.store.schema import Batch, File, UsageLedger
-from batchgen.worker.offload import tick
+from batchgen.worker.offload_jobs import tick
 from batchgen.worker.procs import start_worker, stop_all
 from tests.helpers import make_tenant, openai_batch_in, sim_config
 from tests.integration.conftest import CONTROL_QUEUE, NOTIFY_QUEUE

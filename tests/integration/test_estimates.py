@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from batchgen import python_api as client
-from batchgen.domain.tokens import count_messages
+from batchgen.domain.formats.tokens import count_messages
 from batchgen.store import db
 from batchgen.store.schema import Item, Result
 from tests.helpers import chat_line, make_tenant, wait_batches

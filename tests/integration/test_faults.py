@@ -6,8 +6,8 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from batchgen import admin
 from batchgen import python_api as client
+from batchgen import tenant_admin
 from batchgen.config import get_settings
 from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate
@@ -107,7 +107,7 @@ def test_sigkill_worker_mid_call_loses_nothing(clean_db, simulator, workers):
     ).raise_for_status()
     try:
         make_tenant("kill")
-        admin.set_budget("kill", limit_usd="100", period="total")  # ample: never refuses
+        tenant_admin.set_budget("kill", limit_usd="100", period="total")  # ample: never refuses
         batch = client.submit_batch([chat_line(f"k{i}") for i in range(60)], tenant="kill")
         victim = workers(
             get_registry().queues, concurrency=8, beat=False, env=fast_leases, name="victim"
@@ -171,7 +171,7 @@ FAST_RECOVERY = {
     "BATCHGEN_QUEUED_LEASE_S": "3",
     "BATCHGEN_SWEEP_INTERVAL_S": "0.5",
     # A Redis that lost the gate's state restarts its budgets as spent for one window
-    # (app/worker/gate_state.py): a short window keeps that wait short.
+    # (app/worker/gate_recovery.py): a short window keeps that wait short.
     "BATCHGEN_BUDGET_WINDOW_S": "5",
 }
 

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from sqlalchemy import select, text
 
-from batchgen.domain.status import CALL_RANK
+from batchgen.domain.lifecycle.status import CALL_RANK
 from batchgen.limits.backend import get_redis
 from batchgen.store import db
 from batchgen.store.schema import Item, UsageLedger

@@ -28,7 +28,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from batchgen import admin, embedded
+from batchgen import embedded, tenant_admin
 from batchgen.config import get_settings
 from batchgen.limits.backend import get_redis
 from batchgen.store import db
@@ -258,7 +258,7 @@ def test_postgres_unreachable_30s_during_calls(sim, workers, own_pg):
     time-out + 5 s = 35 s) outlasts the outage, as a lease must."""
     sim_config(sim.base_url, latency_base_ms=500)
     batch_id = submit_items("pgcut", 100)
-    admin.set_budget("pgcut", limit_usd="100", period="total")  # ample: never refuses
+    tenant_admin.set_budget("pgcut", limit_usd="100", period="total")  # ample: never refuses
     env = own_pg.worker_env(
         BATCHGEN_CALL_TIMEOUT_S="15",
         BATCHGEN_RUNNING_LEASE_MARGIN_S="5",

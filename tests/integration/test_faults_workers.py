@@ -417,7 +417,7 @@ def test_api_process_killed_mid_call_a_worker_finishes_the_call(sim, workers, ap
 
     import httpx
 
-    from batchgen.domain.status import CALL_RANK
+    from batchgen.domain.lifecycle.status import CALL_RANK
 
     sim_config(sim.base_url, latency_base_ms=1500)
     worker = workers(env=FAULT_ENV, name="worker")

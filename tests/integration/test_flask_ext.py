@@ -321,9 +321,9 @@ def test_the_admin_api_is_mounted_under_the_hosts_prefix(clean_db):
     made = web.post("/llm/admin/v1/tenants", json={"name": "globex"}, headers=_auth(operator))
     assert made.status_code == 201, made.json
     with host.app_context():
-        from batchgen import admin
+        from batchgen import tenant_admin
 
-        assert admin.audit_log(tenant="globex")[-1]["actor"] == "operator:host-ops"
+        assert tenant_admin.audit_log(tenant="globex")[-1]["actor"] == "operator:host-ops"
     refused = web.get("/llm/admin/v1/tenants", headers=_auth(key))
     assert refused.status_code == 403 and refused.json["error"]["code"] == "operator_key_required"
     assert web.get("/admin/v1/tenants", headers=_auth(operator)).status_code == 404  # prefix only

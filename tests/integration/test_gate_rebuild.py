@@ -1,6 +1,6 @@
 """Redis loses the gate's state mid-run (FLUSHALL of the Redis holding budgets and
 slots; the broker is the session's and keeps its messages): the state is rebuilt
-conservatively from PostgreSQL (app/worker/gate_state.py): the budget restarts as
+conservatively from PostgreSQL (app/worker/gate_recovery.py): the budget restarts as
 spent for one window and the running items take their slots again, so no window at
 the provider goes over its limit."""
 
@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from batchgen import python_api as client
 from batchgen.config import get_settings
-from batchgen.domain.status import ItemStatus
+from batchgen.domain.lifecycle.status import ItemStatus
 from batchgen.limits import redis_keys as keys
 from batchgen.registry import load_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from batchgen import admin, python_api
+from batchgen import python_api, tenant_admin
 from tests.helpers import chat_line, jsonl, make_tenant, wait_batches
 
 pytestmark = pytest.mark.integration
@@ -31,8 +31,8 @@ def stack(simulator, module_api_server, module_workers) -> str:
 def test_usage_groups_by_the_key_of_each_batch_and_call(clean_db, stack: str):
     owner = make_tenant("acme")
     make_tenant("globex")
-    nightly = admin.create_key("acme", name="nightly", scopes=["batches"])
-    shop = admin.create_key("acme", name="shop", scopes=["calls"])
+    nightly = tenant_admin.create_key("acme", name="nightly", scopes=["batches"])
+    shop = tenant_admin.create_key("acme", name="shop", scopes=["calls"])
     with httpx.Client(base_url=stack, timeout=120) as api:
         batch = api.post(
             "/v1/batches",

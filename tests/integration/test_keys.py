@@ -11,7 +11,7 @@ import json
 import pytest
 from sqlalchemy import func, select, text, update
 
-from batchgen import admin
+from batchgen import tenant_admin
 from batchgen.api import create_app
 from batchgen.store import db
 from batchgen.store.schema import ApiKey, AuditEntry, Batch, Item
@@ -41,14 +41,14 @@ def _stored() -> tuple[int, int]:
 
 
 def _key(tenant: str, *scopes: str, **kw) -> dict:
-    return admin.create_key(tenant, name="k-" + "-".join(scopes), scopes=list(scopes), **kw)
+    return tenant_admin.create_key(tenant, name="k-" + "-".join(scopes), scopes=list(scopes), **kw)
 
 
 def test_the_first_key_of_a_tenant_holds_every_scope(api):
     owner = make_tenant("acme")
     assert api.get("/v1/batches", headers=_auth(owner)).status_code == 200
     assert api.get("/v1/keys", headers=_auth(owner)).status_code == 200
-    [listed] = admin.list_keys("acme")
+    [listed] = tenant_admin.list_keys("acme")
     assert listed["scopes"] == ["batches", "calls", "read", "admin"]
     assert listed["name"] == "default" and owner.startswith(listed["prefix"])
     assert "secret" not in listed and "key_hash" not in listed
@@ -129,28 +129,28 @@ def test_an_expired_key_is_401_and_an_expiry_in_the_past_is_refused(api):
     from batchgen.errors import ValidationFailed
 
     with pytest.raises(ValidationFailed, match="in the past"):
-        admin.create_key("acme", name="old", expires_at="2020-01-01T00:00:00Z")
+        tenant_admin.create_key("acme", name="old", expires_at="2020-01-01T00:00:00Z")
     with pytest.raises(ValidationFailed, match="time zone"):
-        admin.create_key("acme", name="naive", expires_at="2999-01-01T00:00:00")
+        tenant_admin.create_key("acme", name="naive", expires_at="2999-01-01T00:00:00")
 
 
 def test_revoking_one_key_leaves_the_others(api):
     owner = make_tenant("acme")
     doomed = _key("acme", "read")
     other = _key("acme", "read")["secret"]
-    admin.revoke_key("acme", doomed["id"])
+    tenant_admin.revoke_key("acme", doomed["id"])
     refused = api.get("/v1/batches", headers=_auth(doomed["secret"]))
     assert refused.status_code == 401 and "revoked" in refused.json["error"]["message"]
     assert api.get("/v1/batches", headers=_auth(other)).status_code == 200
     assert api.get("/v1/batches", headers=_auth(owner)).status_code == 200
-    states = {k["id"]: k["state"] for k in admin.list_keys("acme")}
+    states = {k["id"]: k["state"] for k in tenant_admin.list_keys("acme")}
     assert states[doomed["id"]] == "revoked" and list(states.values()).count("active") == 2
 
 
 def test_rotation_keeps_both_keys_working_until_the_overlap_ends(api):
     make_tenant("acme")
     old = _key("acme", "batches", "read", requests_per_min=100)
-    rotated = admin.rotate_key("acme", old["id"], overlap_s=3600)
+    rotated = tenant_admin.rotate_key("acme", old["id"], overlap_s=3600)
     new = rotated["new"]
     assert new["secret"] != old["secret"] and new["rotated_from"] == old["id"]
     assert new["scopes"] == ["batches", "read"] and new["requests_per_min"] == 100
@@ -160,14 +160,14 @@ def test_rotation_keeps_both_keys_working_until_the_overlap_ends(api):
     for secret in (old["secret"], new["secret"]):  # the overlap: both work
         assert api.get("/v1/batches", headers=_auth(secret)).status_code == 200
     # A later rotation of the new key, with no overlap: the new key stops at once.
-    again = admin.rotate_key("acme", new["id"], overlap_s=0)
+    again = tenant_admin.rotate_key("acme", new["id"], overlap_s=0)
     assert api.get("/v1/batches", headers=_auth(new["secret"])).status_code == 401
     assert api.get("/v1/batches", headers=_auth(again["new"]["secret"])).status_code == 200
     assert api.get("/v1/batches", headers=_auth(old["secret"])).status_code == 200
     from batchgen.errors import Conflict
 
     with pytest.raises(Conflict, match="expired"):  # a stopped key is not rotated again
-        admin.rotate_key("acme", new["id"])
+        tenant_admin.rotate_key("acme", new["id"])
 
 
 def test_the_last_use_is_written_at_most_once_a_minute(api):
@@ -198,7 +198,7 @@ def test_the_last_use_is_written_at_most_once_a_minute(api):
     api.get("/v1/batches", headers=_auth(made["secret"]))
     later, _ = row()
     assert later is not None and later >= first  # written again, at this use
-    assert [k["last_used_at"] for k in admin.list_keys("acme") if k["id"] == made["id"]] == [
+    assert [k["last_used_at"] for k in tenant_admin.list_keys("acme") if k["id"] == made["id"]] == [
         later.isoformat()
     ]
 
@@ -256,7 +256,7 @@ def test_the_key_rate_is_a_steady_bucket_on_redis(clean_db):
 def test_a_tenant_manages_its_own_keys_with_an_admin_key(api):
     owner = make_tenant("acme")
     make_tenant("globex")
-    other_tenant_key = admin.list_keys("globex")[0]["id"]
+    other_tenant_key = tenant_admin.list_keys("globex")[0]["id"]
     made = api.post(
         "/v1/keys",
         json={"name": "ci", "scopes": ["batches"], "requests_per_min": 50},
@@ -283,7 +283,7 @@ def test_a_tenant_manages_its_own_keys_with_an_admin_key(api):
         actions = s.execute(
             select(AuditEntry.action, AuditEntry.actor).order_by(AuditEntry.id)
         ).all()
-    owner_id = admin.list_keys("acme")[0]["id"]
+    owner_id = tenant_admin.list_keys("acme")[0]["id"]
     mine = [a for a, who in actions if who == f"tenant:acme/key:{owner_id}"]
     assert mine == ["key.create", "key.rotate", "key.revoke"]
 
@@ -291,9 +291,9 @@ def test_a_tenant_manages_its_own_keys_with_an_admin_key(api):
 def test_a_suspended_tenant_is_401_for_every_key_until_resumed(api):
     owner = make_tenant("acme")
     second = _key("acme", "read")["secret"]
-    admin.suspend_tenant("acme")
+    tenant_admin.suspend_tenant("acme")
     for secret in (owner, second):
         refused = api.get("/v1/batches", headers=_auth(secret))
         assert refused.status_code == 401 and "suspended" in refused.json["error"]["message"]
-    admin.resume_tenant("acme")
+    tenant_admin.resume_tenant("acme")
     assert api.get("/v1/batches", headers=_auth(second)).status_code == 200

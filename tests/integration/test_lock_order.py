@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy import select, text
 
-from batchgen.domain.status import ItemStatus
+from batchgen.domain.lifecycle.status import ItemStatus
 from batchgen.registry import get_registry
 from batchgen.store import db, items
 from batchgen.store.ledger import CallOutcome, record_lost_call, record_waste

@@ -62,7 +62,7 @@ def test_status_check_allows_exactly_the_enum(empty_database):
     from sqlalchemy.exc import IntegrityError
 
     from batchgen.config import Settings
-    from batchgen.domain.status import BatchStatus, ItemStatus
+    from batchgen.domain.lifecycle.status import BatchStatus, ItemStatus
 
     url = Settings(DATABASE_URL=empty_database).sqlalchemy_url
     command.upgrade(db.alembic_config(url), "head")
@@ -193,7 +193,7 @@ def test_0019_moves_each_tenants_key_so_it_keeps_working_and_back(empty_database
 
     from batchgen.config import Settings
     from batchgen.errors import Unauthorized
-    from batchgen.store import keys
+    from batchgen.store import api_keys
 
     url = Settings(DATABASE_URL=empty_database).sqlalchemy_url
     cfg = db.alembic_config(url)
@@ -216,11 +216,11 @@ def test_0019_moves_each_tenants_key_so_it_keeps_working_and_back(empty_database
                 )
         command.upgrade(cfg, "head")
         with Session(engine) as session, session.begin():
-            caller = keys.authenticate(session, secret)
+            caller = api_keys.authenticate(session, secret)
             assert caller.tenant.name == "old" and caller.key_name == "default"
             assert caller.scopes == ("batches", "calls", "read", "admin")
             with pytest.raises(Unauthorized, match="revoked"):
-                keys.authenticate(session, gone)
+                api_keys.authenticate(session, gone)
         command.downgrade(cfg, "0018")
         with engine.connect() as conn:
             kept = conn.execute(

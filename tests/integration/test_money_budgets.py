@@ -6,7 +6,7 @@ rebuild from the ledger settles what ended; a synchronous call over budget gets 
 
 The dispatcher runs in the test's process (``release_model``, as in test_fair_order):
 where workers would finish items, the test ledgers and finishes them itself. The
-clock of the budgets' periods is injected (``batchgen.worker.money._now``).
+clock of the budgets' periods is injected (``batchgen.worker.money_holds._now``).
 """
 
 from __future__ import annotations
@@ -22,19 +22,20 @@ import httpx
 import pytest
 from sqlalchemy import func, select, text, update
 
-from batchgen import admin
 from batchgen import python_api as client
+from batchgen import tenant_admin
 from batchgen.config import get_settings
-from batchgen.domain import money as rules
+from batchgen.domain.billing import budget_maths as rules
 from batchgen.limits.backend import get_redis
-from batchgen.limits.money import MoneyBudgets
+from batchgen.limits.money_budgets import MoneyBudgets
 from batchgen.limits.redis_keys import money as money_key
 from batchgen.registry import Tier, get_registry
+from batchgen.store import budget_rows as money_store
 from batchgen.store import db, items, tenants
-from batchgen.store import money as money_store
 from batchgen.store.ledger import CallOutcome, Ledgered, price, record_waste
 from batchgen.store.schema import BudgetHold, Item
-from batchgen.worker import money, money_alerts, money_settle
+from batchgen.worker import money_alerts, money_settle
+from batchgen.worker import money_holds as money
 from batchgen.worker.dispatch import release_model
 from tests.helpers import chat_line, make_tenant
 from tests.waiting import wait_until
@@ -129,7 +130,7 @@ def finish_with_cost(item_ids: list[int], cost_usd: Decimal, at: dt.datetime | N
 
 
 def level(tenant: str) -> dict:
-    (found,) = [b for b in admin.get_budgets(tenant) if b["key_id"] is None]
+    (found,) = [b for b in tenant_admin.get_budgets(tenant) if b["key_id"] is None]
     return found
 
 
@@ -148,7 +149,7 @@ def test_items_reserve_their_worst_case_at_their_routes_tier(clock):
     with db.session_scope() as session:
         for (item_id, *_), route in zip(facts, routes, strict=True):
             session.execute(update(Item).where(Item.id == item_id).values(route=route))
-    admin.set_budget("acme", limit_usd="10", period="day")
+    tenant_admin.set_budget("acme", limit_usd="10", period="day")
     released = release()
     assert sorted(released) == [f[0] for f in facts]
     tier = {"standard": Tier.STANDARD, "flex": Tier.FLEX, "batch": Tier.BATCH}
@@ -181,7 +182,7 @@ def raw_level(tenant: str) -> tuple[int, int]:
 def test_each_ledger_write_settles_its_reservation_once(clock):
     make_tenant("acme")
     batch = submit("acme", 2)
-    admin.set_budget("acme", limit_usd="10", period="day")
+    tenant_admin.set_budget("acme", limit_usd="10", period="day")
     assert len(release()) == 2
     (first, _, est, max_tokens), _ = item_facts(batch)
     assert raw_level("acme") == (0, 2 * worst(max_tokens, est))
@@ -203,7 +204,7 @@ def tenant_of(item_id: int) -> int:
 
 def test_a_sync_call_settles_its_reservation_when_ledgered(clean_db, simulator):
     make_tenant("acme")
-    admin.set_budget("acme", limit_usd="10", period="total")
+    tenant_admin.set_budget("acme", limit_usd="10", period="total")
     line = chat_line("call", model=MODEL, max_tokens=20)
     start = {"tenant": "acme", "endpoint": "/v1/chat/completions", "deadline_s": 60}
     assert client.wait_call(client.start_call(line, **start)).response is not None
@@ -220,7 +221,7 @@ def test_a_tenant_over_budget_is_held_not_failed_and_resumes_when_the_period_rol
     other = submit("globex", 4)
     facts = item_facts(batch)
     one = worst(facts[0][3], facts[0][2])
-    admin.set_budget("acme", limit_usd=rules.to_usd(3 * one), period="day")
+    tenant_admin.set_budget("acme", limit_usd=rules.to_usd(3 * one), period="day")
 
     released = release()
     assert statuses(batch) == {"queued": 3, "pending": 7}
@@ -245,7 +246,7 @@ def test_items_still_held_at_their_deadline_end_failed_budget_exhausted(clock):
     make_tenant("acme")
     batch = submit("acme", 4)
     (_, _, est, max_tokens), *_ = item_facts(batch)
-    admin.set_budget("acme", limit_usd=rules.to_usd(worst(max_tokens, est)), period="day")
+    tenant_admin.set_budget("acme", limit_usd=rules.to_usd(worst(max_tokens, est)), period="day")
     assert len(release()) == 1
     with db.session_scope() as session:
         session.execute(update(Item).where(Item.batch_id == batch).values(deadline_at=func.now()))
@@ -265,17 +266,17 @@ def test_raising_the_limit_releases_held_items(clock):
     batch = submit("acme", 5)
     facts = item_facts(batch)
     one = worst(facts[0][3], facts[0][2])
-    admin.set_budget("acme", limit_usd=rules.to_usd(2 * one), period="month")
+    tenant_admin.set_budget("acme", limit_usd=rules.to_usd(2 * one), period="month")
     assert len(release()) == 2
     assert released_when_free() == []
-    admin.set_budget("acme", limit_usd=rules.to_usd(4 * one), period="month")
+    tenant_admin.set_budget("acme", limit_usd=rules.to_usd(4 * one), period="month")
     assert len(released_when_free()) == 2
     assert statuses(batch) == {"queued": 4, "pending": 1}
 
 
 def test_a_key_budget_holds_that_keys_batches_only(clock):
     make_tenant("acme")
-    nightly = admin.create_key("acme", name="nightly", scopes=["batches"])
+    nightly = tenant_admin.create_key("acme", name="nightly", scopes=["batches"])
     capped = submit("acme", 4)
     free = submit("acme", 4)
     with db.session_scope() as session:
@@ -284,7 +285,7 @@ def test_a_key_budget_holds_that_keys_batches_only(clock):
         )
     facts = item_facts(capped)
     one = worst(facts[0][3], facts[0][2])
-    admin.set_budget("acme", key_id=nightly["id"], limit_usd=rules.to_usd(one), period="day")
+    tenant_admin.set_budget("acme", key_id=nightly["id"], limit_usd=rules.to_usd(one), period="day")
     release()
     assert statuses(capped) == {"queued": 1, "pending": 3}
     assert statuses(free) == {"queued": 4}
@@ -295,7 +296,7 @@ def test_redis_losing_its_data_is_rebuilt_from_the_ledger_and_what_is_in_flight(
     batch = submit("acme", 6)
     facts = item_facts(batch)
     one = worst(facts[0][3], facts[0][2])
-    admin.set_budget("acme", limit_usd=rules.to_usd(4 * one), period="day")
+    tenant_admin.set_budget("acme", limit_usd=rules.to_usd(4 * one), period="day")
     assert len(release()) == 4
     finish_with_cost([facts[0][0]], rules.to_usd(one))  # one billed, three in flight
     get_redis().flushdb()
@@ -309,7 +310,7 @@ def test_each_threshold_alerts_once_per_period(clock):
     make_tenant("acme")
     batch = submit("acme", 10)
     ids = [f[0] for f in item_facts(batch)]
-    admin.set_budget("acme", limit_usd="1", period="day", thresholds=[50, 80, 100])
+    tenant_admin.set_budget("acme", limit_usd="1", period="day", thresholds=[50, 80, 100])
     alerts: list[tuple[str, int]] = []
     hook = money_alerts.on_alert(lambda a: alerts.append((a.period_key, a.threshold_pct)))
     try:
@@ -332,7 +333,7 @@ def test_each_threshold_alerts_once_per_period(clock):
 
 def test_a_sync_call_over_budget_gets_429_with_the_reset(clean_db, module_api_server):
     key = make_tenant("acme")
-    admin.set_budget("acme", limit_usd="0.000001", period="day", time_zone="Europe/Paris")
+    tenant_admin.set_budget("acme", limit_usd="0.000001", period="day", time_zone="Europe/Paris")
     base_url = module_api_server()
     answer = httpx.post(
         f"{base_url}/v1/chat/completions",
@@ -376,7 +377,7 @@ def test_budgets_are_set_over_the_admin_api_and_audited(clean_db, module_api_ser
             "/admin/v1/tenants/acme/budget", json={"limit_usd": 1, "period": "week"}, headers=auth
         )
         assert (bad.status_code, bad.json()["error"]["param"]) == (400, "period")
-    actions = [e["action"] for e in admin.audit_log(tenant="acme")]
+    actions = [e["action"] for e in tenant_admin.audit_log(tenant="acme")]
     assert "budget.set" in actions
 
 
@@ -397,7 +398,7 @@ def test_alerts_go_to_the_tenants_and_the_operators_webhooks_signed(clock, monke
         with db.session_scope() as session:
             _, tenant_secret = tenants.set_webhook(session, "acme", tenant_hook.url)
         batch = submit("acme", 2)
-        admin.set_budget("acme", limit_usd="1", period="day", thresholds=[80])
+        tenant_admin.set_budget("acme", limit_usd="1", period="day", thresholds=[80])
         finish_with_cost([f[0] for f in item_facts(batch)], Decimal("0.45"))
         level("acme")
         level("acme")  # once per threshold and period
@@ -433,7 +434,7 @@ def test_the_budget_gauges_show_used_reserved_and_limit(clean_db):
     make_tenant("acme")
     batch = submit("acme", 3)
     facts = item_facts(batch)
-    admin.set_budget("acme", limit_usd="2", period="total")
+    tenant_admin.set_budget("acme", limit_usd="2", period="total")
     release()  # three reserved
     finish_with_cost([facts[0][0]], Decimal("0.25"))  # one settled
     state = level("acme")
@@ -459,7 +460,7 @@ def test_real_workers_never_pass_a_budget_and_finish_once_it_is_raised(
     facts = item_facts(batch)
     one = worst(facts[0][3], facts[0][2])
     limit = 5 * one
-    admin.set_budget("acme", limit_usd=rules.to_usd(limit), period="total")
+    tenant_admin.set_budget("acme", limit_usd=rules.to_usd(limit), period="total")
     workers(concurrency=4, env={"BATCHGEN_MONEY_HOLD_S": "0.2"})
 
     def spent_micros() -> int:
@@ -477,7 +478,7 @@ def test_real_workers_never_pass_a_budget_and_finish_once_it_is_raised(
     assert counts.get("failed", 0) == 0 and counts.get("pending", 0) > 0, counts
     assert spent_micros() <= limit
 
-    admin.set_budget("acme", limit_usd="10", period="total")
+    tenant_admin.set_budget("acme", limit_usd="10", period="total")
     wait_until(
         lambda: statuses(batch) == {"succeeded": 12},
         120,
@@ -489,10 +490,10 @@ def test_real_workers_never_pass_a_budget_and_finish_once_it_is_raised(
 
 def test_the_key_lookup_says_whether_a_budget_applies(clean_db):
     """Read in the key's own lookup: a call with no budget reads nothing more."""
-    from batchgen.store.keys import authenticate
+    from batchgen.store.api_keys import authenticate
 
     secret = make_tenant("acme")
-    other = admin.create_key("acme", name="other", scopes=["calls"])
+    other = tenant_admin.create_key("acme", name="other", scopes=["calls"])
 
     def applies() -> tuple[bool, bool]:
         with db.session_scope() as session:
@@ -502,7 +503,7 @@ def test_the_key_lookup_says_whether_a_budget_applies(clean_db):
             )
 
     assert applies() == (False, False)
-    admin.set_budget("acme", key_id=other["id"], limit_usd="1", period="day")
+    tenant_admin.set_budget("acme", key_id=other["id"], limit_usd="1", period="day")
     assert applies() == (False, True)  # a key's budget is that key's only
-    admin.set_budget("acme", limit_usd="1", period="day")
+    tenant_admin.set_budget("acme", limit_usd="1", period="day")
     assert applies() == (True, True)

@@ -21,7 +21,7 @@ says the provider allows ``TOKENS_PER_WINDOW`` and ``REQUESTS_PER_WINDOW``.
 Clocks (read from the code, see the skew test): budgets and slot leases live on
 Redis's clock (``TIME`` in ``app/limits/lua/lib/clock.lua``), item leases and
 deadlines on PostgreSQL's (``now()`` at the claim, carried forward by the worker's
-monotonic clock: ``app/domain/deadlines.py``). The one wall clock left is Celery's:
+monotonic clock: ``app/domain/lifecycle/deadlines.py``). The one wall clock left is Celery's:
 a budget wait is ``self.retry(countdown=...)`` (``tasks/generate.py``), which Celery
 turns into an absolute ETA on the *sender's* clock, and beat ticks carry an absolute
 ``expires``. The skew test shows what that costs (a delay, bounded by the queued

@@ -1,5 +1,5 @@
 """Batch-finished notifications (app/worker/notify.py, app/worker/webhooks.py,
-app/store/notifications.py) on real PostgreSQL, Redis, workers and the simulator: a
+app/store/batch_notifications.py) on real PostgreSQL, Redis, workers and the simulator: a
 Standard Webhooks delivery verified by the ``standardwebhooks`` package, a receiver
 that drips its answer, internal targets refused, a host project's Celery task on its
 own broker, the callback allow-lists, and a Flask app's own signals."""
@@ -549,39 +549,39 @@ def test_flask_signals_reach_only_their_app_once(notify_env, monkeypatch):
 def test_old_announcements_are_swept(notify_env, monkeypatch):
     from sqlalchemy import func
 
-    from batchgen.store import notifications
+    from batchgen.store import batch_notifications
 
     monkeypatch.setattr(client, "_origin_sources", [])  # no host app: no signal row
     make_tenant("swept", webhook_url="http://127.0.0.1:9/x")
     batch = client.submit_batch([chat_line("x")], tenant="swept")
     client.cancel_batch(batch["id"], tenant="swept")
     with db.session_scope() as session:
-        assert notifications.delete_old(session, retention_s=3600) == 0
-        assert notifications.delete_old(session, retention_s=0) == 1  # the webhook's
+        assert batch_notifications.delete_old(session, retention_s=3600) == 0
+        assert batch_notifications.delete_old(session, retention_s=0) == 1  # the webhook's
         left = session.scalar(sql_select(func.count()).select_from(BatchNotification))
     assert left == 0
 
 
 def test_a_lapsed_lease_makes_a_send_due_again_and_the_late_sender_records_nothing(notify_env):
     from batchgen.domain.notifications import Channel
-    from batchgen.store import notifications
+    from batchgen.store import batch_notifications
 
     make_tenant("leased", webhook_url="http://127.0.0.1:9/x")
     batch = client.submit_batch([chat_line("x")], tenant="leased")
     client.cancel_batch(batch["id"], tenant="leased")
     with db.session_scope() as session:
-        first = notifications.claim_send(session, [Channel.WEBHOOK], lease_s=0.3)
+        first = batch_notifications.claim_send(session, [Channel.WEBHOOK], lease_s=0.3)
     with db.session_scope() as session:  # leased: nobody else takes it
-        assert notifications.claim_send(session, [Channel.WEBHOOK], lease_s=0.3) is None
+        assert batch_notifications.claim_send(session, [Channel.WEBHOOK], lease_s=0.3) is None
 
     def claim_again() -> object:  # the first deliverer died mid-send: its lease runs out
         with db.session_scope() as session:
-            return notifications.claim_send(session, [Channel.WEBHOOK], lease_s=30)
+            return batch_notifications.claim_send(session, [Channel.WEBHOOK], lease_s=30)
 
     second = wait_until(claim_again, 10, "the lapsed lease's send due again")
     assert first is not None and second is not None and second.id == first.id
     assert second.attempts == first.attempts + 1
     with db.session_scope() as session:
-        assert notifications.record(session, first, None, 1.0) is None  # no longer its claim
-        assert notifications.record(session, second, None, 1.0) == "delivered"
+        assert batch_notifications.record(session, first, None, 1.0) is None  # no longer its claim
+        assert batch_notifications.record(session, second, None, 1.0) == "delivered"
     assert _hook(batch["id"], "leased")["status"] == "delivered"

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from batchgen.domain.message_batches import to_chat_line
+from batchgen.domain.formats.message_batches import to_chat_line
 from batchgen.providers.offline import (
     JobStatus,
     OfflineRow,

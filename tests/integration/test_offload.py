@@ -1,4 +1,4 @@
-"""Offloading bulk work to the providers' own Batch APIs (app/worker/offload.py), on
+"""Offloading bulk work to the providers' own Batch APIs (app/worker/offload_jobs.py), on
 real PostgreSQL and the simulator's OpenAI and Anthropic batch APIs over HTTP.
 
 Ticks run in the test's process (one after another, as the beat would send them),
@@ -27,7 +27,7 @@ from batchgen.config import DEFAULT_MODELS_FILE, get_settings
 from batchgen.registry import get_registry, load_registry
 from batchgen.store import db
 from batchgen.store.schema import Item, ProviderJob, Result, UsageLedger
-from batchgen.worker.offload import TickReport, tick
+from batchgen.worker.offload_jobs import TickReport, tick
 from tests.helpers import (
     assert_daily_usage_matches_ledger,
     assert_ledger_is_results_plus_waste,
@@ -768,7 +768,7 @@ def test_an_anthropic_job_reads_the_prompt_cache_at_the_batch_price(offloading, 
     """Rows sharing a long system prompt go to Anthropic's Batch API with a breakpoint;
     the provider's cache reads and writes reach the ledger, priced at the batch tier (the
     two discounts stack), for less than the same rows without the cache."""
-    from batchgen.domain.cost import TokenUsage, price_usage
+    from batchgen.domain.billing.cost import TokenUsage, price_usage
     from batchgen.registry import Tier
 
     offloading()
@@ -856,18 +856,18 @@ def test_items_back_from_an_expired_job_run_flex_where_the_model_offers_it(
 
 
 def test_a_job_reserves_its_rows_and_one_that_would_overspend_is_not_created(offloading, simulator):
-    from batchgen import admin
-    from batchgen.domain import money as rules
+    from batchgen import tenant_admin
+    from batchgen.domain.billing import budget_maths as rules
     from batchgen.limits.backend import get_redis
-    from batchgen.limits.money import MoneyBudgets
+    from batchgen.limits.money_budgets import MoneyBudgets
     from batchgen.limits.redis_keys import money as money_key
-    from batchgen.store import money as money_store
+    from batchgen.store import budget_rows as money_store
     from batchgen.store import tenants
 
     offloading()
     for name, limit in (("money-rich", "10"), ("money-poor", "0.000001")):
         make_tenant(name)
-        admin.set_budget(name, limit_usd=limit, period="total")
+        tenant_admin.set_budget(name, limit_usd=limit, period="total")
     rich, poor = submit("money-rich", 3, "sim-small"), submit("money-poor", 3, "sim-small")
     ticks_until(lambda: finished(rich) and "offloaded" not in statuses(poor))
     assert statuses(rich) == {"succeeded": 3}

@@ -36,10 +36,10 @@ from batchgen.embedded import free_port
 from batchgen.registry import load_registry
 from batchgen.serving import pool_size_for
 from batchgen.store import db
-from batchgen.store.calls import CHANNEL, listener_name
+from batchgen.store.call_rows import CHANNEL, listener_name
 from batchgen.store.schema import Item, Result, UsageLedger
-from batchgen.worker.calls import call_waiter
-from batchgen.worker.offload import TICK_LOCK, single_flight
+from batchgen.worker.call_runner import call_waiter
+from batchgen.worker.offload_jobs import TICK_LOCK, single_flight
 from tests.helpers import (
     assert_ledger_is_results_plus_waste,
     chat_line,

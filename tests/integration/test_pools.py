@@ -16,7 +16,7 @@ from sqlalchemy import func, select, update
 
 from batchgen import python_api
 from batchgen.config import Settings, get_settings
-from batchgen.domain.pools import breaker_cooldown_s
+from batchgen.domain.scheduling.pools import breaker_cooldown_s
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.limits.budget import Budget, SettleOps

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from batchgen.domain.tokens import count_messages, count_text
+from batchgen.domain.formats.tokens import count_messages, count_text
 from batchgen.errors import (
     CallCancelled,
     ContextLengthExceeded,

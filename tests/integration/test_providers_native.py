@@ -458,7 +458,7 @@ def test_a_gemini_flex_call_asks_the_tier_and_a_shed_one_is_flex_unavailable(bas
 def test_gemini_embeddings_come_back_as_an_openai_list_counted_by_count_tokens(
     base: str,
 ) -> None:
-    from batchgen.domain.endpoints import EMBEDDINGS
+    from batchgen.domain.formats.endpoints import EMBEDDINGS
 
     spec = make_spec("gemini", base).model_copy(
         update={"endpoints": (EMBEDDINGS,), "dimensions": 768, "max_output_tokens": None}

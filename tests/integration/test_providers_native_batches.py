@@ -19,8 +19,8 @@ import openai
 import pytest
 from sqlalchemy import select
 
-from batchgen.domain.admission import canonical_text
-from batchgen.domain.cost import cost_usd
+from batchgen.domain.billing.cost import cost_usd
+from batchgen.domain.formats.admission import canonical_text
 from batchgen.providers import get_provider
 from batchgen.providers.base import ProviderRequest
 from batchgen.registry import get_registry

@@ -1,4 +1,4 @@
-"""Retention (app/worker/retention.py): finished batches past BATCHGEN_RETENTION_DAYS
+"""Retention (app/worker/retention_tick.py): finished batches past BATCHGEN_RETENTION_DAYS
 go with their items, results and ledger rows, a few rows per transaction; the daily
 usage totals stay, and nothing newer is touched."""
 
@@ -12,7 +12,7 @@ from batchgen.config import get_settings
 from batchgen.errors import NotFound
 from batchgen.store import db, retention
 from batchgen.store.schema import BatchNotification, Item, Result, TenantDailyUsage, UsageLedger
-from batchgen.worker.retention import purge
+from batchgen.worker.retention_tick import purge
 from bench import history
 from tests.helpers import chat_line, make_tenant, wait_batches
 

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import func, select
 
 from batchgen import python_api
-from batchgen.domain.cost import TokenUsage, price_usage
+from batchgen.domain.billing.cost import TokenUsage, price_usage
 from batchgen.limits import counters
 from batchgen.limits.backend import get_redis
 from batchgen.registry import Tier, get_registry

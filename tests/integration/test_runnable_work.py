@@ -9,13 +9,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batchgen.api import create_app
 from batchgen.config import get_settings
-from batchgen.domain.autoscale import Demand
+from batchgen.domain.scheduling.autoscale import Demand
 from batchgen.limits.backend import get_redis
 from batchgen.limits.concurrency import Slots
 from batchgen.monitoring import runnable
 from batchgen.registry import Registry, get_registry
 from batchgen.store import db
-from batchgen.store import runnable as ready_store
+from batchgen.store import ready_items as ready_store
 from tests.helpers import chat_line, jsonl, make_tenant
 
 pytestmark = pytest.mark.integration

@@ -24,7 +24,7 @@ from openai.types import FileObject, Model
 from openai.types.chat import ChatCompletion
 from sqlalchemy import func, select
 
-from batchgen.domain.status import CALL_RANK
+from batchgen.domain.lifecycle.status import CALL_RANK
 from batchgen.registry import get_registry
 from batchgen.store import db
 from batchgen.store.schema import Item, Result, Tenant, UsageLedger
@@ -430,7 +430,7 @@ def test_messages_create_through_the_scheduler(claude_run: anthropic.Anthropic):
 def test_a_call_that_cannot_start_in_time_is_refused_at_once(oai_run: openai.OpenAI, simulator):
     """The fail-fast rule: with calls ahead of it that need longer than its deadline,
     a call is a 503 with Retry-After at once, and nothing of it is stored."""
-    from batchgen.store.calls import calls_ahead_tokens
+    from batchgen.store.call_rows import calls_ahead_tokens
 
     sim_config(simulator.base_url, latency_base_ms=3000)
     try:
@@ -568,7 +568,7 @@ def test_a_call_is_answered_when_the_listening_connection_is_lost(oai_run: opena
     the call is still answered (its waiter reads the item), and the listener comes back."""
     from sqlalchemy import text
 
-    from batchgen.store.calls import listener_name
+    from batchgen.store.call_rows import listener_name
 
     asked = [{"role": "user", "content": "x"}]
     oai_run.chat.completions.create(model="sim-small", messages=asked, max_tokens=5)  # type: ignore[arg-type]

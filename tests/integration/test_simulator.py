@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from batchgen.domain.tokens import count_messages, count_text
+from batchgen.domain.formats.tokens import count_messages, count_text
 from batchgen.simulator import SimulatorConfig, SimulatorThread, completion_text, request_digest
 from batchgen.simulator.text import anthropic_prompt_messages
 from tests.helpers import settled_entry
@@ -620,9 +620,9 @@ def test_simulated_deployments_have_their_own_limits_and_faults(base: str) -> No
 @pytest.mark.parametrize("limiter", ["window", "bucket"])
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_the_reset_headers_are_true_to_the_limiter(limiter: str, api: str) -> None:
-    """What the budget learns its shape from (app/domain/rate_limits.py shape_evidence):
+    """What the budget learns its shape from (app/domain/scheduling/rate_limits.py shape_evidence):
     the window's reset is its newest charge's age-out, the bucket's the time to full."""
-    from batchgen.domain.rate_limits import shape_evidence
+    from batchgen.domain.scheduling.rate_limits import shape_evidence
     from batchgen.providers.headers import rate_limits_of
 
     window_s = 30.0

@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import func, select, update
 
 from batchgen.config import get_settings
-from batchgen.domain.endpoints import CHAT_COMPLETIONS
+from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS
 from batchgen.registry import get_registry
-from batchgen.store import calls, db, items
+from batchgen.store import call_rows, db, items
 from batchgen.store.schema import Item
 from batchgen.store.tenants import find
 from tests.helpers import make_tenant
@@ -29,7 +29,7 @@ def _running_call(attempts: int) -> int:
         "body": {"model": "sim-small", "messages": [{"role": "user", "content": "hi"}]},
     }
     with db.session_scope() as s:
-        stored = calls.store_call(
+        stored = call_rows.store_call(
             s,
             find(s, "gone"),
             line,

@@ -14,7 +14,7 @@ from batchgen import python_api as client
 from batchgen.config import get_settings
 from batchgen.registry import get_registry
 from batchgen.store import db, rounds, totals
-from batchgen.worker.retention import purge
+from batchgen.worker.retention_tick import purge
 from batchgen.worker.sweep import sweep
 from bench import history
 from tests.helpers import chat_line, make_tenant, wait_batches

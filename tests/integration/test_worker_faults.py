@@ -362,7 +362,7 @@ def test_paid_answer_survives_database_outage(clean_db, simulator, workers):
 def test_deadlines_not_on_the_worker_clock(clean_db, simulator, monkeypatch, offset_s):
     """The worker host's clock is off by ``offset_s``. Ahead, calls still get the time
     left (not 0); behind, a call is cut at the deadline, not 60 s later."""
-    from batchgen.domain import deadlines
+    from batchgen.domain.lifecycle import deadlines
 
     real = deadlines.host_now
     monkeypatch.setattr(deadlines, "host_now", lambda: real() + dt.timedelta(seconds=offset_s))

@@ -6,8 +6,13 @@ import json
 
 import pytest
 
-from batchgen.domain import tokens
-from batchgen.domain.admission import Limits, binding_tokens_per_min, never_fits, parse_lines
+from batchgen.domain.formats import tokens
+from batchgen.domain.formats.admission import (
+    Limits,
+    binding_tokens_per_min,
+    never_fits,
+    parse_lines,
+)
 from batchgen.errors import PayloadTooLarge, ValidationFailed
 from batchgen.registry import get_registry, parse_registry
 from tests.unit import test_pools as pools
@@ -125,7 +130,7 @@ def test_bad_n_is_refused(n):
 
 
 def test_offline_rows_ask_one_choice_its_own_bound():
-    from batchgen.domain.admission import per_choice_max_tokens
+    from batchgen.domain.formats.admission import per_choice_max_tokens
 
     (draft,) = parse(line("a", max_tokens=100, n=3))
     assert per_choice_max_tokens(draft.body, draft.max_tokens) == 100

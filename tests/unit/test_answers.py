@@ -1,4 +1,4 @@
-"""Streams merged into whole answers and answers replayed as streams (domain.answers)."""
+"""Streams merged into whole answers and answers replayed as streams (domain.formats.answers)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import copy
 import json
 from typing import Any
 
-from batchgen.domain.answers import (
+from batchgen.domain.formats.answers import (
     AnthropicMerge,
     anthropic_events,
     merge_openai_chunks,
     openai_chunks,
 )
-from batchgen.domain.calls import anthropic_stream, openai_stream
+from batchgen.domain.formats.call_rules import anthropic_stream, openai_stream
 
 HEAD = {"id": "chatcmpl-1", "created": 7, "model": "gpt", "system_fingerprint": "fp_1"}
 LOGPROB = {"token": "Hi", "logprob": -0.1, "bytes": [72, 105], "top_logprobs": []}

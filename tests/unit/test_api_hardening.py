@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from batchgen.domain import tokens
-from batchgen.domain.admission import Limits, RequestFingerprint, parse_lines, validate_line
-from batchgen.domain.status import BatchStatus, ItemStatus, batch_status
+from batchgen.domain.formats import tokens
+from batchgen.domain.formats.admission import Limits, RequestFingerprint, parse_lines, validate_line
+from batchgen.domain.lifecycle.status import BatchStatus, ItemStatus, batch_status
 from batchgen.errors import PayloadTooLarge, ValidationFailed
 from batchgen.registry import get_registry
 

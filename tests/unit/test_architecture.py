@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "interfaces",
         (
             "batchgen.api",
-            "batchgen.admin",
+            "batchgen.tenant_admin",
             "batchgen.admin_api",
             "batchgen.request_auth",
             "batchgen.serving",
@@ -58,7 +58,7 @@ PEERS = [
 ]
 # The simulator is a test peer, self-contained: the product's token counter only.
 SIMULATOR = "batchgen.simulator"
-SIMULATOR_MAY_IMPORT = ("batchgen.simulator", "batchgen.domain.tokens")
+SIMULATOR_MAY_IMPORT = ("batchgen.simulator", "batchgen.domain.formats.tokens")
 
 
 def _module_files() -> dict[str, Path]:
@@ -219,11 +219,11 @@ def test_tasks_do_not_import_each_other():
 
 def test_items_are_run_by_the_worker_layer_only():
     """Running an item (gate, claim, provider call, recording) is the worker layer's: an
-    interface starts a synchronous call through ``batchgen.worker.calls`` and waits on
+    interface starts a synchronous call through ``batchgen.worker.call_runner`` and waits on
     ``batchgen.worker.call_answers``; it runs no item, and no retry loop, itself."""
     runner = "batchgen.worker.execution"
     users = sorted(name for name, targets in GRAPH.items() if runner in targets)
-    assert "batchgen.worker.calls" in users
+    assert "batchgen.worker.call_runner" in users
     assert [name for name in users if _group(name)[0] not in ("worker", "tasks")] == []
 
 
@@ -688,7 +688,7 @@ def test_no_store_module_decides_a_submission():
 def test_the_decision_rule_finds_each_kind(tmp_path: Path):
     path = tmp_path / "m.py"
     path.write_text(
-        "from batchgen.domain.routes import choose_route\n"
+        "from batchgen.domain.scheduling.routes import choose_route\n"
         "from batchgen import errors\n"
         "def f():\n"
         "    raise errors.OverQuota('x')\n"

@@ -1,11 +1,17 @@
-"""The autoscaling signal's maths (batchgen.domain.autoscale): an idle model asks for
+"""The autoscaling signal's maths (batchgen.domain.scheduling.autoscale): an idle model asks for
 nothing, a budget-bound one for no more slots than its budget keeps busy."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from batchgen.domain.autoscale import Demand, ModelLoad, budget_slots, demand, group_demand
+from batchgen.domain.scheduling.autoscale import (
+    Demand,
+    ModelLoad,
+    budget_slots,
+    demand,
+    group_demand,
+)
 
 # 1 000 tokens a call, 60 000 tokens/min: 60 calls a minute; at 10 s a call, 10 slots.
 BOUND = ModelLoad(

@@ -52,13 +52,13 @@ def test_cooldown_is_capped():
 
 
 def plan(wait_s: float, left_s: float, firm: bool = True, tenant: bool = False):
-    from batchgen.domain.retry import plan_wait
+    from batchgen.domain.lifecycle.retry import plan_wait
 
     return plan_wait(wait_s, left_s, firm=firm, releases_dispatch=tenant, max_countdown_s=60.0)
 
 
 def test_cooldown_wait_never_expires_an_item_before_its_deadline():
-    from batchgen.domain.retry import WaitAction
+    from batchgen.domain.lifecycle.retry import WaitAction
 
     # A firm budget wait that passes the deadline: no call can happen in time.
     assert plan(100.0, 30.0).action is WaitAction.EXPIRE
@@ -70,7 +70,7 @@ def test_cooldown_wait_never_expires_an_item_before_its_deadline():
 
 
 def test_tenant_wait_releases_the_dispatch_window():
-    from batchgen.domain.retry import WaitAction
+    from batchgen.domain.lifecycle.retry import WaitAction
 
     assert plan(5.0, 3600.0, tenant=True) == (WaitAction.DEFER, 5.0)
     assert plan(5.0, 3600.0) == (WaitAction.REQUEUE, 5.0)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchgen.domain.rate_limits import (
+from batchgen.domain.scheduling.rate_limits import (
     RATIO_START,
     RateLimitState,
     bucket_grants,

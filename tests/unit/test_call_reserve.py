@@ -1,4 +1,4 @@
-"""The calls' reserve of a model's slots (app/domain/call_reserve.py): its rule, and a
+"""The calls' reserve of a model's slots (app/domain/scheduling/call_reserve.py): its rule, and a
 model's slots driven through it by random calls and batch work."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchgen.domain.call_reserve import batch_may_take, reserve_of, slots_withheld
+from batchgen.domain.scheduling.call_reserve import batch_may_take, reserve_of, slots_withheld
 
 
 def test_the_reserve_never_takes_every_slot_from_batch_work():

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchgen.domain.call_shares import Demand, fair_shares, refuse_call, share_of
-from batchgen.limits.call_shares import demand_entry, parse, tenant_key
+from batchgen.domain.scheduling.call_shares import Demand, fair_shares, refuse_call, share_of
+from batchgen.limits.call_demand import demand_entry, parse, tenant_key
 
 demands = st.dictionaries(
     st.integers(1, 50),

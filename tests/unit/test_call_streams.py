@@ -1,4 +1,4 @@
-"""A streamed call relayed to its caller (domain.call_streams, the Anthropic adapter's
+"""A streamed call relayed to its caller (domain.formats.call_streams, the Anthropic adapter's
 chat chunks, and the relay between the call's two threads)."""
 
 from __future__ import annotations
@@ -9,20 +9,20 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from batchgen.domain.answers import (
+from batchgen.domain.formats.answers import (
     AnthropicMerge,
     anthropic_events,
     merge_openai_chunks,
     openai_chunks,
 )
-from batchgen.domain.call_streams import (
+from batchgen.domain.formats.call_streams import (
     MessageEvents,
     NativeEvents,
     anthropic_sse,
     openai_chunk,
     openai_sse,
 )
-from batchgen.domain.message_batches import to_message
+from batchgen.domain.formats.message_batches import to_message
 from batchgen.providers.anthropic import ChatChunks, chat_completion
 from batchgen.worker.relay import WOKEN, ChunkRelay, End, Wake
 

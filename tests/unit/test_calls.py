@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from batchgen.domain.calls import (
+from batchgen.domain.formats.call_rules import (
     anthropic_stream,
     as_line,
     call_deadline_s,
@@ -120,7 +120,7 @@ def test_a_calls_end_wakes_every_request_waiting_on_it():
     wakes both, and the replay forgetting it leaves the caller's wait in place."""
     import threading
 
-    from batchgen.store.calls import CallWaiter
+    from batchgen.store.call_rows import CallWaiter
 
     waiter = CallWaiter("postgresql://127.0.0.1:1/none")  # nothing listens: no database
     try:
@@ -156,7 +156,7 @@ def test_a_calls_end_wakes_every_request_waiting_on_it():
     ],
 )
 def test_a_key_replays_only_an_open_call_or_one_the_request_ended(status, code, replays):
-    from batchgen.domain.calls import key_replays
-    from batchgen.domain.status import ItemStatus
+    from batchgen.domain.formats.call_rules import key_replays
+    from batchgen.domain.lifecycle.status import ItemStatus
 
     assert key_replays(ItemStatus(status), code) is replays

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from batchgen.config import Settings
-from batchgen.domain import tokens
+from batchgen.domain.formats import tokens
 from batchgen.errors import ConfigError
 from batchgen.registry import parse_registry
 

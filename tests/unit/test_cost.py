@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from batchgen.domain.cost import TokenUsage, price_usage, prices, tier_of, usage_of
+from batchgen.domain.billing.cost import TokenUsage, price_usage, prices, tier_of, usage_of
 from batchgen.registry import ModelSpec, OfflineRoute, Tier, TierPrices
 
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from batchgen.domain.dashboard import (
+from batchgen.monitoring.dashboard_display import (
     Box,
     bar_chart,
     bar_segments,

@@ -9,8 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchgen.domain.decisions import AfterFailure, after_failure, attempt_cap, window_size
-from batchgen.domain.status import OPEN, TERMINAL, TRANSITIONS, ItemStatus, can_move
+from batchgen.domain.lifecycle.decisions import (
+    AfterFailure,
+    after_failure,
+    attempt_cap,
+    window_size,
+)
+from batchgen.domain.lifecycle.status import OPEN, TERMINAL, TRANSITIONS, ItemStatus, can_move
 from batchgen.store import items
 
 
@@ -118,7 +123,7 @@ def test_finish_refuses_a_target_outside_its_move():
 
 
 def _rate_limit(**overrides):
-    from batchgen.domain.decisions import after_rate_limit
+    from batchgen.domain.lifecycle.decisions import after_rate_limit
 
     args = {
         "retry_after_s": 2.0,
@@ -132,7 +137,7 @@ def _rate_limit(**overrides):
 
 
 def test_a_429_waits_its_retry_after_and_uses_no_attempt():
-    from batchgen.domain.decisions import AfterRateLimit
+    from batchgen.domain.lifecycle.decisions import AfterRateLimit
 
     decision = _rate_limit(retry_after_s=2.0)
     assert decision.action is AfterRateLimit.REQUEUE
@@ -140,13 +145,13 @@ def test_a_429_waits_its_retry_after_and_uses_no_attempt():
 
 
 def test_a_long_429_wait_goes_back_to_postgres():
-    from batchgen.domain.decisions import AfterRateLimit
+    from batchgen.domain.lifecycle.decisions import AfterRateLimit
 
     assert _rate_limit(retry_after_s=90.0).action is AfterRateLimit.DEFER
 
 
 def test_the_429_cap_ends_the_item():
-    from batchgen.domain.decisions import AfterRateLimit
+    from batchgen.domain.lifecycle.decisions import AfterRateLimit
 
     decision = _rate_limit(rate_limited=30, max_rate_limited=30)
     assert decision.action is AfterRateLimit.FAIL
@@ -155,7 +160,7 @@ def test_the_429_cap_ends_the_item():
 
 
 def test_a_429_never_expires_an_item_with_time_left():
-    from batchgen.domain.decisions import AfterRateLimit
+    from batchgen.domain.lifecycle.decisions import AfterRateLimit
 
     decision = _rate_limit(retry_after_s=50.0, time_left_s=5.0)
     assert decision.action is AfterRateLimit.REQUEUE
@@ -164,7 +169,7 @@ def test_a_429_never_expires_an_item_with_time_left():
 
 
 def test_a_group_of_slow_calls_overlaps_in_packs_of_a_quarter_of_the_slots():
-    from batchgen.domain.decisions import together_pack_size
+    from batchgen.domain.lifecycle.decisions import together_pack_size
 
     # 200 ms calls, 64 slots: 8 items a message however slow, each call its own slot.
     assert together_pack_size(0.2, 0.05, 8, 64) == (8, True)
@@ -177,7 +182,7 @@ def test_a_group_of_slow_calls_overlaps_in_packs_of_a_quarter_of_the_slots():
 
 
 def test_a_group_of_short_calls_runs_them_in_turn_when_as_many_fit():
-    from batchgen.domain.decisions import together_pack_size
+    from batchgen.domain.lifecycle.decisions import together_pack_size
 
     assert together_pack_size(0.001, 0.05, 8, 64) == (8, False)  # 8 ms in all
     assert together_pack_size(0.01, 0.05, 8, 64) == (5, False)  # 5 fit in 50 ms
@@ -190,7 +195,7 @@ def test_a_group_of_short_calls_runs_them_in_turn_when_as_many_fit():
     cap=st.integers(min_value=1, max_value=1000),
 )
 def test_a_group_never_holds_more_slots_than_a_quarter_of_the_models(call_s, max_items, cap):
-    from batchgen.domain.decisions import calls_overlap, together_pack_size
+    from batchgen.domain.lifecycle.decisions import calls_overlap, together_pack_size
 
     items, overlap = together_pack_size(call_s, 0.05, max_items, cap)
     assert 1 <= items <= max_items
@@ -201,7 +206,7 @@ def test_a_group_never_holds_more_slots_than_a_quarter_of_the_models(call_s, max
 
 
 def test_a_group_of_short_calls_is_sized_by_count():
-    from batchgen.domain.decisions import calls_overlap, round_size, together_pack_size
+    from batchgen.domain.lifecycle.decisions import calls_overlap, round_size, together_pack_size
 
     # Zero-latency calls: as many as the count allows, run one after another.
     assert together_pack_size(0.001, 0.05, 8, 32, short_items=64, max_s=1.0) == (64, False)
@@ -227,7 +232,7 @@ def test_a_group_of_short_calls_is_sized_by_count():
     cap=st.integers(min_value=1, max_value=1000),
 )
 def test_a_pack_of_short_calls_fits_its_time(call_s, max_items, short_items, cap):
-    from batchgen.domain.decisions import calls_overlap, together_pack_size
+    from batchgen.domain.lifecycle.decisions import calls_overlap, together_pack_size
 
     items, overlap = together_pack_size(
         call_s, 0.05, max_items, cap, short_items=short_items, max_s=1.0
@@ -239,7 +244,7 @@ def test_a_pack_of_short_calls_fits_its_time(call_s, max_items, short_items, cap
 
 
 def test_a_pack_of_short_calls_stops_its_rounds_only_when_its_calls_turn_slow():
-    from batchgen.domain.decisions import rounds_stop
+    from batchgen.domain.lifecycle.decisions import rounds_stop
 
     # A busy process: the pack ran past max_s, but its calls are still short.
     assert not rounds_stop(0.002, 5.0, 0.05, 1.0, 120.0)

@@ -15,13 +15,13 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import ResponseStreamEvent
 
 from batchgen.config import DEFAULT_MODELS_FILE
-from batchgen.domain import tokens
-from batchgen.domain.admission import Limits, parse_lines
-from batchgen.domain.calls import as_line
-from batchgen.domain.response_stream import response_events
+from batchgen.domain.formats import tokens
+from batchgen.domain.formats.admission import Limits, parse_lines
+from batchgen.domain.formats.call_rules import as_line
+from batchgen.domain.formats.response_stream import response_events
 from batchgen.errors import ConfigError, ValidationFailed
 from batchgen.registry import Endpoint, get_registry, parse_registry
-from batchgen.simulator import endpoints as sim
+from batchgen.simulator import sim_endpoints as sim
 from tests.images import png_data_url
 
 LIMITS = Limits(max_lines=100, max_bytes=1 << 20)

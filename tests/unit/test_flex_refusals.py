@@ -11,9 +11,9 @@ import openai
 import pytest
 
 from batchgen.config import Settings
-from batchgen.domain.cost import TokenUsage, price_usage, tier_of
-from batchgen.domain.pools import breaker_signal, failover_reason
-from batchgen.domain.settlement import SettleAction, decide_settlement
+from batchgen.domain.billing.cost import TokenUsage, price_usage, tier_of
+from batchgen.domain.scheduling.pools import breaker_signal, failover_reason
+from batchgen.domain.scheduling.settlement import SettleAction, decide_settlement
 from batchgen.errors import FlexUnavailable, RateLimited
 from batchgen.limits.gate import running_lease_s
 from batchgen.providers.base import classify_status

@@ -1,9 +1,9 @@
 """What is rebuilt of the gate's Redis state after Redis lost it (pure):
-app/domain/gate_rebuild.py."""
+app/domain/scheduling/gate_rebuild.py."""
 
 from __future__ import annotations
 
-from batchgen.domain.gate_rebuild import (
+from batchgen.domain.scheduling.gate_rebuild import (
     Evidence,
     HeldSlot,
     RunningItem,

@@ -1,5 +1,5 @@
 """The limiter's shape learned from the provider's reset headers (pure):
-app/domain/rate_limits.py reset_evidence, shape_evidence, next_shape, and the headers'
+app/domain/scheduling/rate_limits.py reset_evidence, shape_evidence, next_shape, and the headers'
 limits they read."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import datetime as dt
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchgen.domain.rate_limits import (
+from batchgen.domain.scheduling.rate_limits import (
     BUCKET,
     SHAPE_RESET_SLACK_S,
     WINDOW,

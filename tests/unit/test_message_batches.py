@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchgen.domain.admission import CHAT_COMPLETIONS
-from batchgen.domain.message_batches import (
+from batchgen.domain.formats.admission import CHAT_COMPLETIONS
+from batchgen.domain.formats.message_batches import (
     parse_requests,
     sniff_format,
     to_chat_line,

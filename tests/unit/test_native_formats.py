@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from batchgen.domain.formats import bedrock, gemini, refusal
+from batchgen.domain.formats import bedrock_converse, gemini_chat, refusal
 from batchgen.domain.formats.chat import parse_chat
 from tests.images import png_data_url
 
@@ -56,7 +56,7 @@ def body(**extra: Any) -> dict[str, Any]:
 
 def test_gemini_request_carries_every_part() -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object"}}}
-    sent = gemini.request(
+    sent = gemini_chat.request(
         body(tools=TOOLS, tool_choice="required", response_format=fmt, max_tokens=9, seed=4),
         "gemini",
         100,
@@ -86,7 +86,7 @@ def test_gemini_request_carries_every_part() -> None:
 def test_bedrock_request_carries_every_part() -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object"}}}
     chosen = {"type": "function", "function": {"name": "find"}}
-    sent = bedrock.request(
+    sent = bedrock_converse.request(
         body(tools=TOOLS, tool_choice=chosen, response_format=fmt, stop="END"), 77
     )
     assert sent["system"] == [{"text": "Be terse."}]
@@ -175,7 +175,7 @@ def test_a_gemini_answer_as_a_chat_completion() -> None:
             "total_token_count": 150,
         },
     }
-    out = gemini.chat_completion(answer, "gemini-2.5-flash", 5)
+    out = gemini_chat.chat_completion(answer, "gemini-2.5-flash", 5)
     choice = out["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["content"] == "Hello"
@@ -184,7 +184,9 @@ def test_a_gemini_answer_as_a_chat_completion() -> None:
     assert (
         call["id"].startswith("call_")
         and call["id"]
-        == gemini.chat_completion(answer, "x", 5)["choices"][0]["message"]["tool_calls"][0]["id"]
+        == gemini_chat.chat_completion(answer, "x", 5)["choices"][0]["message"]["tool_calls"][0][
+            "id"
+        ]
     )
     assert out["usage"]["prompt_tokens"] == 100 and out["usage"]["completion_tokens"] == 50
     assert out["usage"]["completion_tokens_details"] == {"reasoning_tokens": 30}
@@ -195,15 +197,15 @@ def test_a_gemini_answer_as_a_chat_completion() -> None:
         **rest,
         "candidates": [{"content": {"parts": [{"text": "x"}]}, "finishReason": "MAX_TOKENS"}],
     }
-    assert gemini.chat_completion(camel, "m", 1)["choices"][0]["finish_reason"] == "length"
-    blocked = gemini.chat_completion({"usage_metadata": {"prompt_token_count": 3}}, "m", 1)
+    assert gemini_chat.chat_completion(camel, "m", 1)["choices"][0]["finish_reason"] == "length"
+    blocked = gemini_chat.chat_completion({"usage_metadata": {"prompt_token_count": 3}}, "m", 1)
     assert blocked["choices"][0]["finish_reason"] == "content_filter"
     with pytest.raises(KeyError):
-        gemini.chat_completion({"candidates": []}, "m", 1)
+        gemini_chat.chat_completion({"candidates": []}, "m", 1)
 
 
 def test_a_gemini_stream_merges_to_its_answer() -> None:
-    merge = gemini.StreamMerge("m", 7)
+    merge = gemini_chat.StreamMerge("m", 7)
     parts = [{"text": "Hel"}, {"text": "lo"}]
     chunks = []
     for part in parts:
@@ -244,14 +246,14 @@ def test_a_bedrock_answer_and_stream() -> None:
             "cacheWriteInputTokens": 20,
         },
     }
-    out = bedrock.chat_completion(answer, "rid", "model", 3)
+    out = bedrock_converse.chat_completion(answer, "rid", "model", 3)
     choice = out["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Hi"
     assert choice["message"]["tool_calls"][0]["id"] == "t1"
     usage = out["usage"]
     assert usage["prompt_tokens"] == 130 and usage["prompt_tokens_details"]["cached_tokens"] == 100
     assert usage["cache_creation_input_tokens"] == 20
-    merge = bedrock.StreamMerge("rid", "model", 3)
+    merge = bedrock_converse.StreamMerge("rid", "model", 3)
     events = [
         {"messageStart": {"role": "assistant"}},
         {"contentBlockDelta": {"contentBlockIndex": 0, "delta": {"text": "Hi"}}},
@@ -274,7 +276,7 @@ def test_a_bedrock_answer_and_stream() -> None:
 
 
 def test_retry_delay_of_a_google_error() -> None:
-    info = {"@type": gemini.RETRY_INFO, "retryDelay": "7.5s"}
-    assert gemini.retry_delay_s({"error": {"code": 429, "details": [info]}}) == 7.5
-    assert gemini.retry_delay_s({"error": {"code": 429}}) is None
-    assert gemini.retry_delay_s({"code": 429, "details": [info]}) == 7.5
+    info = {"@type": gemini_chat.RETRY_INFO, "retryDelay": "7.5s"}
+    assert gemini_chat.retry_delay_s({"error": {"code": 429, "details": [info]}}) == 7.5
+    assert gemini_chat.retry_delay_s({"error": {"code": 429}}) is None
+    assert gemini_chat.retry_delay_s({"code": 429, "details": [info]}) == 7.5

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from batchgen.domain.admission import canonical_text
-from batchgen.domain.reruns import changed_since, request_sha256
+from batchgen.domain.formats.admission import canonical_text
 from batchgen.errors import Conflict, ValidationFailed
 from batchgen.nightly import Job, PromptRenderer, RunReport, load_jobs
 from batchgen.nightly.catalog import requests
+from batchgen.nightly.reruns import changed_since, request_sha256
 from batchgen.nightly.reuse import plan, to_describe
 
 LINE = {

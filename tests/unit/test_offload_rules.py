@@ -1,4 +1,5 @@
-"""The pure rules of offloading (app/domain/offload.py) and the registry's offline route."""
+"""The pure rules of offloading (app/domain/scheduling/offload.py) and the registry's offline
+route."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from decimal import Decimal
 
 import pytest
 
-from batchgen.domain.offload import (
+from batchgen.domain.lifecycle.status import TRANSITIONS, ItemStatus, Priority
+from batchgen.domain.scheduling.offload import (
     JobBounds,
     OfflineWindow,
     OffloadMode,
@@ -21,7 +23,6 @@ from batchgen.domain.offload import (
     saved_usd,
     wants_offline,
 )
-from batchgen.domain.status import TRANSITIONS, ItemStatus, Priority
 from batchgen.errors import ConfigError, ValidationFailed
 from batchgen.registry import parse_registry
 
@@ -144,7 +145,7 @@ def test_a_bad_offline_route_names_its_field():
 
 
 def test_a_remainder_under_the_providers_minimum_runs_online_or_waits():
-    from batchgen.domain.offload import JobBounds, Row, plan_jobs, too_few
+    from batchgen.domain.scheduling.offload import JobBounds, Row, plan_jobs, too_few
 
     rows = [Row(i, 10, 100) for i in range(7)]
     jobs = plan_jobs(rows, JobBounds(3, 10_000, None))

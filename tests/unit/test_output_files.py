@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchgen.domain.deadlines import format_duration, parse_duration_s
+from batchgen.domain.lifecycle.deadlines import format_duration, parse_duration_s
 
 
 @pytest.mark.parametrize(

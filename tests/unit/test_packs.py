@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchgen.config import Settings
-from batchgen.domain.decisions import (
+from batchgen.domain.lifecycle.decisions import (
     pack_size,
     refill_at_once_after,
     split_into_packs,

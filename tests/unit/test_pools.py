@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchgen.domain.pools import (
+from batchgen.domain.scheduling.pools import (
     Room,
     breaker_cooldown_s,
     breaker_signal,

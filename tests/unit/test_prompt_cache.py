@@ -1,14 +1,14 @@
-"""Prompt caching (batchgen.domain.prompt_cache, batchgen.simulator.caching): the shared
+"""Prompt caching (batchgen.domain.formats.prompt_cache, batchgen.simulator.caching): the shared
 prefix and its key, Anthropic's breakpoint, and the simulated caches' lifetimes."""
 
 from __future__ import annotations
 
 import pytest
 
-from batchgen.domain import prompt_cache
-from batchgen.domain.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES
-from batchgen.domain.message_batches import NATIVE_PARAMS
-from batchgen.domain.prompt_cache import (
+from batchgen.domain.formats import prompt_cache
+from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES
+from batchgen.domain.formats.message_batches import NATIVE_PARAMS
+from batchgen.domain.formats.prompt_cache import (
     PrefixKeys,
     has_cache_control,
     key_of,
@@ -174,7 +174,7 @@ def test_the_simulated_flex_tier_is_busy_at_its_capacity_per_deployment():
 
 
 def test_a_tenants_picks_of_one_group_go_where_the_first_of_them_was():
-    from batchgen.domain.round_robin import interleave, order_picks
+    from batchgen.domain.scheduling.round_robin import interleave, order_picks
 
     # (name, group): the store's order, batches a and b sharing prefixes, c none.
     picks = [("a0", "A"), ("b0", "B"), ("c0", None), ("a1", "A"), ("b1", "B"), ("c1", None)]

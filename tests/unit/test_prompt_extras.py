@@ -9,9 +9,9 @@ import struct
 
 import pytest
 
-from batchgen.domain import tokens
-from batchgen.domain.admission import validate_line
-from batchgen.domain.image_size import data_url_size, image_size
+from batchgen.domain.formats import tokens
+from batchgen.domain.formats.admission import validate_line
+from batchgen.domain.formats.image_size import data_url_size, image_size
 from batchgen.registry import get_registry
 from batchgen.simulator import counting
 from tests.images import png, png_data_url

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchgen.domain import retry
-from batchgen.domain.cost import cost_usd
-from batchgen.domain.deadlines import call_timeout_s, parse_duration_s
-from batchgen.domain.status import BatchStatus, ItemStatus, batch_status
+from batchgen.domain.billing.cost import cost_usd
+from batchgen.domain.lifecycle import retry
+from batchgen.domain.lifecycle.deadlines import call_timeout_s, parse_duration_s
+from batchgen.domain.lifecycle.status import BatchStatus, ItemStatus, batch_status
 from batchgen.errors import ValidationFailed
 from batchgen.providers.headers import (
     anthropic_rate_limits,

@@ -12,17 +12,17 @@ import pytest
 from redis.crc import key_slot
 
 from batchgen.config import Settings, get_settings
-from batchgen.domain.gate_rebuild import HeldSlot, RebuildPlan, SpentBudget
+from batchgen.domain.scheduling.gate_rebuild import HeldSlot, RebuildPlan, SpentBudget
 from batchgen.errors import ConfigError
 from batchgen.limits import backend
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import parse_nodes_url
 from batchgen.limits.budget import Budget, SettleOps
-from batchgen.limits.call_shares import CallDemand
+from batchgen.limits.call_demand import CallDemand
 from batchgen.limits.concurrency import Slots
 from batchgen.limits.gate_state import rebuild
 from batchgen.limits.key_rate import take
-from batchgen.limits.money import Ask, MoneyBudgets, Settle
+from batchgen.limits.money_budgets import Ask, MoneyBudgets, Settle
 from batchgen.registry import parse_registry
 from batchgen.worker.beat import ScheduleLock
 from tests.unit.test_pools import MODEL, POOL

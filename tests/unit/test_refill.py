@@ -78,7 +78,7 @@ def test_a_model_with_enough_places_freed_is_released_at_once():
 
 
 def test_refill_at_once_after_half_the_reserve():
-    from batchgen.domain.decisions import refill_at_once_after
+    from batchgen.domain.lifecycle.decisions import refill_at_once_after
 
     assert refill_at_once_after(32, 2.0) == 16  # window 64: 32 queued ahead, half of it
     assert refill_at_once_after(8, 2.0) == 4

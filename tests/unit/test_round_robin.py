@@ -1,4 +1,4 @@
-"""Deficit round robin (app/domain/round_robin.py): properties of the dispatcher's fair
+"""Deficit round robin (app/domain/scheduling/round_robin.py): properties of the dispatcher's fair
 order across tenants, with the store's reads played by dictionaries."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchgen.domain.round_robin import (
+from batchgen.domain.scheduling.round_robin import (
     Member,
     Plan,
     Turn,

@@ -1,4 +1,4 @@
-"""Three routes by deadline (batchgen.domain.routes), at the edges of each deadline."""
+"""Three routes by deadline (batchgen.domain.scheduling.routes), at the edges of each deadline."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchgen.domain.offload import OfflineWindow, OffloadMode
-from batchgen.domain.routes import (
+from batchgen.domain.lifecycle.status import Priority
+from batchgen.domain.scheduling.offload import OfflineWindow, OffloadMode
+from batchgen.domain.scheduling.routes import (
     DEFAULT_FLEX,
     AfterRefusal,
     FlexWindow,
@@ -26,7 +27,6 @@ from batchgen.domain.routes import (
     parse_route,
     with_service_tier,
 )
-from batchgen.domain.status import Priority
 from batchgen.errors import ConfigError, ValidationFailed
 from batchgen.registry import Tier, parse_registry
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchgen.domain.rate_limits import RateLimitState
-from batchgen.domain.settlement import (
+from batchgen.domain.scheduling.rate_limits import RateLimitState
+from batchgen.domain.scheduling.settlement import (
     DEFAULT_COOLDOWN_S,
     SettleAction,
     SettleCounter,
@@ -232,7 +232,7 @@ def test_the_decision_is_consistent(policy, max_tokens, answered, prompt, comple
 
 
 def test_the_settlement_module_imports_only_domain_config_errors_registry():
-    tree = ast.parse((ROOT / "app" / "domain" / "settlement.py").read_text())
+    tree = ast.parse((ROOT / "app" / "domain" / "scheduling" / "settlement.py").read_text())
     modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     allowed = ("batchgen.config", "batchgen.errors", "batchgen.registry", "batchgen.domain")

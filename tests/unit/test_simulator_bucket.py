@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from batchgen.simulator.__main__ import build_parser, config_from_args
 from batchgen.simulator.bucket import TokenBucketLimiter, max_burst, own_count_charge
-from batchgen.simulator.config import SimulatorConfig
 from batchgen.simulator.limits import SlidingWindowLimiter
+from batchgen.simulator.sim_config import SimulatorConfig
 from batchgen.simulator.state import SimState
 
 

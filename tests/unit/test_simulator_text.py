@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgen.domain.tokens import count_text, get_encoding
+from batchgen.domain.formats.tokens import count_text, get_encoding
 from batchgen.simulator import formats
 from batchgen.simulator import text as text_module
-from batchgen.simulator.config import SimulatorConfig
 from batchgen.simulator.faults import FaultInjector
 from batchgen.simulator.formats import BadRequest, go_duration, parse_anthropic, parse_openai
+from batchgen.simulator.sim_config import SimulatorConfig
 from batchgen.simulator.text import (
     VOCABULARY,
     completion_text,

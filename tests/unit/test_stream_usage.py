@@ -1,10 +1,10 @@
 """The provider's usage read from a streamed call's chunks as they come
-(app/domain/stream_usage.py), in the forms the relay passes on."""
+(app/domain/formats/stream_usage.py), in the forms the relay passes on."""
 
 from __future__ import annotations
 
-from batchgen.domain.cost import usage_of
-from batchgen.domain.stream_usage import ReportedUsage, StreamUsage
+from batchgen.domain.billing.cost import usage_of
+from batchgen.domain.formats.stream_usage import ReportedUsage, StreamUsage
 from batchgen.providers.anthropic import ChatChunks
 
 

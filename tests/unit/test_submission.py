@@ -11,9 +11,9 @@ import pytest
 from batchgen import errors
 from batchgen.config import Settings
 from batchgen.domain import submission
-from batchgen.domain.offload import OffloadMode
-from batchgen.domain.routes import ItemRoute, RouteMode
-from batchgen.domain.status import ItemStatus, Priority
+from batchgen.domain.lifecycle.status import ItemStatus, Priority
+from batchgen.domain.scheduling.offload import OffloadMode
+from batchgen.domain.scheduling.routes import ItemRoute, RouteMode
 from batchgen.domain.submission import BatchFrame, SubmitOptions, Tally
 from batchgen.registry import parse_registry
 from tests.unit.test_routes import model as routes_model

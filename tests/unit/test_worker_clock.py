@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from batchgen.config import Settings
-from batchgen.domain.deadlines import call_timeout_s, carried_forward
+from batchgen.domain.lifecycle.deadlines import call_timeout_s, carried_forward
 from batchgen.registry import parse_registry
 from batchgen.worker.sweep import attempt_caps
 

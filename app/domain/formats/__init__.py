@@ -4,9 +4,9 @@
 :mod:`.chat` reads an OpenAI chat body into the parts every format shares (system
 text, turns of text, images, tool calls and tool results; tools, tool choice, a
 JSON schema, sampling) and refuses, naming the field, what a provider kind cannot
-take; :mod:`.gemini` writes them as a Gemini ``generateContent`` request (the Gemini
+take; :mod:`.gemini_chat` writes them as a Gemini ``generateContent`` request (the Gemini
 API and Vertex AI alike) and reads its answer back as a ``chat.completion`` (and its
-stream as ``chat.completion.chunk`` objects); :mod:`.bedrock` does the same for
+stream as ``chat.completion.chunk`` objects); :mod:`.bedrock_converse` does the same for
 Bedrock's Converse / ConverseStream.
 
 No SDK is imported here: the adapters (:mod:`batchgen.providers.gemini`,

@@ -2,7 +2,7 @@
 filters by status, tenant and model, links from a batch to its items and results,
 and a cancel action (through batchgen, as ``services.cancel_batch``).
 
-Tenants and keys change through :mod:`batchgen.admin` only, so each change is in the
+Tenants and keys change through :mod:`batchgen.tenant_admin` only, so each change is in the
 audit log as ``django:<user>``: a tenant's weight and quotas in its change form,
 suspend / resume and "new key" actions on tenants, rotate and revoke actions on keys
 (a new key's secret is shown once, on the page the action answers with, never in a
@@ -23,7 +23,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from batchgen import admin as batchgen_admin
+from batchgen import tenant_admin as batchgen_admin
 from batchgen.errors import BatchgenError
 from batchgen.integrations.django import models
 from batchgen.integrations.django.services import cancel_batch
@@ -143,7 +143,7 @@ def secrets_page(title: str, made: list[dict[str, Any]]) -> HttpResponse:
     return response
 
 
-# What a tenant's change form may change (through batchgen.admin.update_tenant).
+# What a tenant's change form may change (through batchgen.tenant_admin.update_tenant).
 TENANT_SETTABLE = (
     "weight",
     "max_pending_items",

@@ -8,7 +8,7 @@
 --
 -- Deployments (app/registry.py Deployment): each has its own budget (keys by its
 -- budget_key), limits, limit shape and slots. The script looks at every one and
--- takes the call on the one app/domain/pools.py pick() prefers among those with
+-- takes the call on the one app/domain/scheduling/pools.py pick() prefers among those with
 -- room now: one the item did not just fail on ('avoided') first, then the most
 -- headroom (the smallest share of its token, request and slot limits left after
 -- the call), then the first listed. Nothing is reserved anywhere else, so no
@@ -18,7 +18,7 @@
 -- that one set of slots, and everything happens as on a single budget.
 --
 -- The reservation is prompt_est scaled by the deployment's learned ratio (ratio_of;
--- app/domain/rate_limits.py) plus `rest` (max_tokens), at most the limit.
+-- app/domain/scheduling/rate_limits.py) plus `rest` (max_tokens), at most the limit.
 --
 -- Two shapes of a deployment's budget (the registry's limit_shape; one that sets
 -- none is kept in the shape learned from the provider's headers, budget_settle.lua):
@@ -71,7 +71,7 @@
 --       ('1': a synchronous call, someone waits on it), 20 its claim's ttl_s, 21 the
 --       ratio before a deployment's first sample, 22 the caller's tenant as
 --       'tenant:weight' ('' = none), 23 a sync call's tenant's share of the slots
---       (app/domain/call_shares.py; 0 = no cap), 24 its demand entry in KEYS[6]
+--       (app/domain/scheduling/call_shares.py; 0 = no cap), 24 its demand entry in KEYS[6]
 --       (added when denied a slot, dropped with the slot), 25 that entry's ttl_s,
 --       26 the number of deployments,
 --       then five for each deployment: tokens_limit, requests_limit, shape
@@ -184,7 +184,7 @@ local function slot_denied()
     if count >= 2 then redis.call('HINCRBY', counters, ARGV[16], 1) end
     return {2, 0, 'slot', 0, 0, ''}
 end
--- The calls' reserve (app/domain/call_reserve.py slots_withheld): what other work
+-- The calls' reserve (app/domain/scheduling/call_reserve.py slots_withheld): what other work
 -- leaves the sync calls. A slot for each call waiting (its claim) and, while a call
 -- entered in the last recent_s (the mark), the reserve less the slots calls hold: the
 -- next call starts at once behind a backlog. Without recent calls, nothing more.
@@ -287,7 +287,7 @@ local tenant_used = tonumber(redis.call('HGET', tenant_amounts, '_tokens')) or 0
 
 -- One deployment as this call would find it: its state ('cooldown', 'never', 'wait',
 -- 'slot' or 'fits'), the wait and its reason, the tokens it would reserve, and what
--- it would have left (app/domain/pools.py headroom).
+-- it would have left (app/domain/scheduling/pools.py headroom).
 local function look(d)
     local cooldown_ms = redis.call('PTTL', d.cooldown)
     if cooldown_ms > 0 then
@@ -374,7 +374,7 @@ local function look(d)
     end
 end
 
--- app/domain/pools.py headroom(): the smallest share of its limits left after the call.
+-- app/domain/scheduling/pools.py headroom(): the smallest share of its limits left after the call.
 local function headroom(d)
     local h = math.min(d.free_tokens / math.max(1, d.tokens_limit),
         d.free_requests / math.max(1, d.requests_limit))
@@ -385,7 +385,7 @@ local function headroom(d)
     return h
 end
 
--- app/domain/pools.py pick(): not avoided first, then the most headroom, then the first.
+-- app/domain/scheduling/pools.py pick(): not avoided first, then the most headroom, then the first.
 local best, best_avoided, best_room = nil, true, 0
 local nearest, any_slot, all_never = nil, false, true
 for _, d in ipairs(pool) do

@@ -26,7 +26,7 @@
 --     which may have reached the provider after that call): lowered or raised. The same for
 --     requests. Two token headers far enough apart give a ratio sample: what
 --     the provider consumed between them over what we estimated for the calls
---     we granted in between (app/domain/rate_limits.py, interval_ratio_sample).
+--     we granted in between (app/domain/scheduling/rate_limits.py, interval_ratio_sample).
 -- Ratio from the usage (window shape, or a bucket without token headers):
 -- usage_prompt / prompt_est.
 --
@@ -50,10 +50,10 @@
 --       26 send spread s (bucket: calls granted this long before the header's call
 --          may reach the provider after it, so they count as not yet seen),
 --       27 breaker ('' nothing, 'ok' an answer, 'fail' a failure that points at the
---          deployment: app/domain/pools.py), 28 failures that trip it, 29 its window s,
+--          deployment: app/domain/scheduling/pools.py), 28 failures that trip it, 29 its window s,
 --       30 its first cooldown ms, 31 its longest cooldown ms,
 --       32 what the headers say of the provider's shape ('window', 'bucket' or '';
---          app/domain/rate_limits.py shape_evidence), 33 the headers in a row against
+--          app/domain/scheduling/rate_limits.py shape_evidence), 33 the headers in a row against
 --          the learned shape that switch it (budget_shape_samples)
 -- Returns {token change of the reservation (negative: a refund), tokens the
 -- headers added to our count (negative: taken back / the level raised),
@@ -103,7 +103,7 @@ if ARGV[24] == '1' then
 end
 local cooldown_left = 0
 if cooldown_ms > 0 then cooldown_left = extend_cooldown(cooldown_key, cooldown_ms) end
--- The circuit breaker (app/domain/pools.py breaker_trips, breaker_cooldown_s): an
+-- The circuit breaker (app/domain/scheduling/pools.py breaker_trips, breaker_cooldown_s): an
 -- answer closes it; breaker_failures failures within its window open it, and so does
 -- one failure after a cooldown that no answer has followed yet. A failure while the
 -- deployment cools down, or of a call granted before the last trip (sent before it,

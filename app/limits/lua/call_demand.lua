@@ -2,7 +2,7 @@
 -- What the tenants ask of one model's slots now, for the shares of sync calls: the
 -- calls waiting (each renews its entry on every try: one that went away lapses after
 -- ttl_s) and the calls holding a slot (their holders' tenants; a holder whose lease
--- ended is dropped). app/domain/call_shares.py turns this into each tenant's share.
+-- ended is dropped). app/domain/scheduling/call_shares.py turns this into each tenant's share.
 --
 -- KEYS[1] sync calls asking for a slot (zset 'tenant:weight:item', score: lapse)
 -- KEYS[2] the tenant of each slot holder (hash: holder -> 'tenant:weight[:call]')

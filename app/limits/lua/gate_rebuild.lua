@@ -1,6 +1,6 @@
 --! include clock
 --! include window
--- Rebuilding the gate's state after Redis lost it (app/domain/gate_rebuild.py), in
+-- Rebuilding the gate's state after Redis lost it (app/domain/scheduling/gate_rebuild.py), in
 -- one atomic step, then setting the marker that says the gate's state is known
 -- good. Nothing is done if the marker is already set (another process rebuilt it),
 -- or if the rebuild lock is no longer held with this caller's token.

@@ -1,5 +1,5 @@
 -- Settle one reservation after its call's ledger row is written, or move a
--- synchronous call's reservation to its item's id (batchgen.limits.money).
+-- synchronous call's reservation to its item's id (batchgen.limits.money_budgets).
 --
 -- KEYS[1]: the reservation's index (money_reserve.lua): the hashes it is held in.
 -- ARGV[1] = 'settle': ARGV[2] id, ARGV[3] actual_micros. In each hash that still holds

@@ -1,6 +1,6 @@
 --! include clock
 -- Reserve a call's worst-case price in every dollar budget it counts against (the
--- tenant's, its key's), all or nothing (batchgen.limits.money).
+-- tenant's, its key's), all or nothing (batchgen.limits.money_budgets).
 --
 -- Each budget's period is one hash: 'used' (micro-dollars settled, at least the
 -- ledger's spend of the period), 'reserved' (the sum of the reservations held) and

@@ -1,5 +1,5 @@
 --! include clock
--- Settle reservations of one dollar budget's period (batchgen.limits.money).
+-- Settle reservations of one dollar budget's period (batchgen.limits.money_budgets).
 --
 -- KEYS[1]: the budget's hash of this period (see money_reserve.lua).
 -- ARGV[1] = 'settle': ARGV[2] id, ARGV[3] actual_micros. The reservation is released

@@ -1,7 +1,7 @@
--- The calls open on a model (store.calls.call_load, the fail-fast rule): the tokens
+-- The calls open on a model (store.call_rows.call_load, the fail-fast rule): the tokens
 -- they are estimated at (the calls ahead of a new one), and how many are the tenant's;
 -- and whether the tenant has a dollar budget at all (none: its call reserves nothing,
--- worker.money.reserve_call is skipped), asked only when :read_budget (a request's key
+-- worker.money_holds.reserve_call is skipped), asked only when :read_budget (a request's key
 -- already said whether a budget applies).
 SELECT COALESCE(SUM(prompt_tokens_est + max_tokens), 0) AS ahead_tokens,
        COUNT(*) FILTER (WHERE tenant_id = :tenant_id) AS own_open,

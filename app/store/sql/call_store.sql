@@ -1,5 +1,5 @@
 -- A synchronous call stored and released in one statement and one round trip
--- (store.calls.store_plain_call), as store.batches.store_batch and
+-- (store.call_rows.store_plain_call), as store.batches.store_batch and
 -- store.items.release_call would in several: its batch of one, its item queued at
 -- once with its queued lease (keyed from the tenant's dispatch clock on the model, as
 -- rounds.next_keys keys a batch's items), the tenant's admitted totals; returns the

@@ -1,5 +1,5 @@
 -- The database's evidence of recent use of the gate, read when Redis lost the
--- gate's state (batchgen.domain.gate_rebuild): the items running now (their
+-- gate's state (batchgen.domain.scheduling.gate_rebuild): the items running now (their
 -- current attempt and the seconds left of their lease), then the (model,
 -- deployment) of calls billed online within the last :window_s seconds. The
 -- ledger is read tenant by tenant on its (tenant_id, created_at) index.

@@ -1,5 +1,5 @@
 -- A request's API key and its tenant, by the key's hash, in one statement
--- (store.keys.authenticate): the key's own columns under key_ names, the tenant's
+-- (store.api_keys.authenticate): the key's own columns under key_ names, the tenant's
 -- row whole (every column of tenants, read as a detached Tenant), and the
 -- database's now() that expiry and revocation are judged at, and whether a dollar
 -- budget applies to the key (its tenant's or its own: none, its calls reserve nothing).

@@ -1,4 +1,4 @@
--- Ready items per model, the autoscaling signal's count (store.runnable.ready): pending
+-- Ready items per model, the autoscaling signal's count (store.ready_items.ready): pending
 -- and due (not deferred) or queued for a worker, with their mean estimated tokens
 -- (prompt + max output). Each model's count stops at its :caps entry (its
 -- max_concurrency: more ready items change neither gauge), so a scrape reads at most that

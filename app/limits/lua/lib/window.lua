@@ -1,6 +1,6 @@
 -- lib/window.lua: the budget's bookkeeping shared by the gate's scripts: the
 -- sliding window log, the token bucket, the learned ratio, cooldowns and slots.
--- (The pure Python twins of the arithmetic are in app/domain/rate_limits.py.)
+-- (The pure Python twins of the arithmetic are in app/domain/scheduling/rate_limits.py.)
 --
 -- A window is a log (zset: member -> the time it was granted) and an amounts
 -- hash (member -> tokens, plus the running totals '_tokens' and '_requests').
@@ -112,7 +112,7 @@ local function is_bucket_shape(shape, key)
 end
 
 -- shape_learn(key, evidence, switch_after): one header's evidence ('window', 'bucket'
--- or '') applied (app/domain/rate_limits.py next_shape): one for the kept shape resets
+-- or '') applied (app/domain/scheduling/rate_limits.py next_shape): one for the kept shape resets
 -- the count, switch_after in a row against it switch it. Returns whether it is a bucket.
 local function shape_learn(key, evidence, switch_after)
     local s = redis.call('HMGET', key, 'shape', 'n')
