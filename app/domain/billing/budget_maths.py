@@ -1,4 +1,6 @@
-"""Dollar budgets: the maths (pure).
+"""Reference copy of limits/lua/money_reserve.lua's maths: dollar budgets (pure).
+
+Dollar budgets: the maths.
 
 A budget caps what a tenant, or one of its API keys, may cost in a period: a ``day``
 or a ``month`` in UTC or a named IANA time zone, or ``total`` (never resets). Amounts

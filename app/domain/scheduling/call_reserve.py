@@ -1,4 +1,6 @@
-"""A reserve of a model's concurrency slots for synchronous calls (pure).
+"""Reference copy of limits/lua/budget_reserve.lua's reserve of slots for sync calls.
+
+A reserve of a model's concurrency slots for synchronous calls (pure).
 
 Behind a bulk backlog every slot of a model is held by batch work, so a
 synchronous call (someone waits on it) would wait for one of those calls to end

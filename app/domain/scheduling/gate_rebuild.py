@@ -1,4 +1,6 @@
-"""What to rebuild of the gate's Redis state after Redis lost it (pure).
+"""Reference copy of limits/lua/gate_rebuild.lua: what to rebuild of the gate's lost state.
+
+What to rebuild of the gate's Redis state after Redis lost it (pure).
 
 Redis holds the gate's budgets and slots; PostgreSQL holds what was running and
 what was billed. When the gate's marker is missing (a new Redis, a failover that

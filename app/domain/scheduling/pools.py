@@ -1,4 +1,6 @@
-"""Deployment pools, decided from plain values: which deployment takes a call, when a
+"""Reference copy of limits/lua/budget_reserve.lua's pick and budget_settle.lua's breaker.
+
+Deployment pools, decided from plain values: which deployment takes a call, when a
 failed call fails over, how long a failing deployment cools down.
 
 A model may have several deployments (keys, orgs, regions, Azure deployments), each

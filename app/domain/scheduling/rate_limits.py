@@ -1,4 +1,6 @@
-"""What a provider said about its rate limits on one answer (pure data), and the
+"""Reference copy of limits/lua/budget_reserve.lua's and budget_settle.lua's budget maths.
+
+What a provider said about its rate limits on one answer (pure data), and the
 pure maths of a budget that matches the provider's limiter.
 
 Filled in by the provider adapters (:mod:`batchgen.providers.headers` parses
