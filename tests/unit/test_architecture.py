@@ -292,6 +292,40 @@ def test_simulator_imports_nothing_of_the_product_but_the_token_counter():
     assert offenders == []
 
 
+# --- rooms and names ----------------------------------------------------------------
+#
+# The domain keeps a handful of modules at its top; the rest live in subject rooms
+# (``domain/formats``, ``domain/scheduling``, ``domain/lifecycle``, ``domain/billing``).
+# No two modules share a file name, so a name (in a traceback, a grep, an editor's tab)
+# says which module it is.
+DOMAIN_TOP_LEVEL_MAX = 6
+SHARED_NAMES_ALLOWED = {"__init__.py", "__main__.py"}
+
+
+def test_the_domain_keeps_few_modules_at_its_top():
+    top = sorted(p.name for p in (FOLDERS["batchgen"] / "domain").glob("*.py"))
+    modules = [name for name in top if name != "__init__.py"]
+    assert modules, "the domain's top-level modules must be found"
+    assert len(modules) <= DOMAIN_TOP_LEVEL_MAX, (
+        f"{len(modules)} modules at app/domain/'s top ({', '.join(modules)}): "
+        "move some into a room (a sub-package by subject)"
+    )
+
+
+def test_no_two_modules_share_a_file_name():
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(FOLDERS["batchgen"].rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        by_name.setdefault(path.name, []).append(relative)
+    assert len(by_name) > 100, "the package's modules must be found"
+    shared = {
+        name: paths
+        for name, paths in by_name.items()
+        if len(paths) > 1 and name not in SHARED_NAMES_ALLOWED
+    }
+    assert shared == {}
+
+
 # --- one owner of item state ----------------------------------------------------
 
 ITEM_WRITES = re.compile(r"update\(\s*Item\b|UPDATE\s+items\b", re.IGNORECASE)
