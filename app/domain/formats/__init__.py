@@ -1,5 +1,13 @@
-"""OpenAI chat requests and answers in and out of the other providers' native formats
-(pure).
+"""Requests and answers (pure): endpoints, validation, tokens, streams, and the other
+providers' native formats.
+
+Requests: :mod:`.endpoints`, :mod:`.admission` (a batch's input lines),
+:mod:`.responses_api`, :mod:`.embeddings_api`, :mod:`.message_batches`,
+:mod:`.call_rules` (a synchronous call's deadline and fail-fast rule), :mod:`.tokens`,
+:mod:`.image_size`, :mod:`.prompt_cache`. Answers: :mod:`.answers`,
+:mod:`.response_stream`, :mod:`.call_streams`, :mod:`.stream_usage`.
+
+OpenAI chat requests and answers in and out of the other providers' native formats:
 
 :mod:`.chat` reads an OpenAI chat body into the parts every format shares (system
 text, turns of text, images, tool calls and tool results; tools, tool choice, a
