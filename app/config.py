@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODELS_FILE = Path(__file__).with_name("models.toml")
@@ -637,6 +646,27 @@ def _route(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return routed
 
 
+def _concern(concern: str, values: dict[str, Any]) -> _Concern:
+    """``concern``'s settings from ``values`` over the environment. A bad value raises a
+    ValidationError that names its environment variable (``BATCHGEN_RETENTION_DAYS``),
+    not the field of the concern it lands in."""
+    cls = CONCERNS[concern]
+    try:
+        return cls(**values)
+    except ValidationError as error:
+        names = cls.env_names()
+        details: list[InitErrorDetails] = []
+        for line in error.errors():
+            field = str(line["loc"][0]) if line["loc"] else ""
+            detail = InitErrorDetails(
+                type=PydanticCustomError(line["type"], line["msg"]),
+                loc=(names.get(field, (field,))[0], *line["loc"][1:]),
+                input=line.get("input"),
+            )
+            details.append(detail)
+        raise ValidationError.from_exception_data("Settings", details) from None
+
+
 class Settings(BaseModel):
     """Typed settings from the environment, by concern (``settings.budget.window_s``
     reads ``BATCHGEN_BUDGET_WINDOW_S``). ``Settings(budget_window_s=5)`` takes the flat
@@ -675,7 +705,7 @@ class Settings(BaseModel):
                 built[concern] = given
             else:
                 base = given.model_dump() if isinstance(given, _Concern) else {}
-                built[concern] = CONCERNS[concern](**{**base, **values})
+                built[concern] = _concern(concern, {**base, **values})
         super().__init__(**built)
 
     @model_validator(mode="before")
@@ -685,7 +715,7 @@ class Settings(BaseModel):
         if isinstance(data, Mapping) and not all(
             isinstance(data.get(concern), _Concern) for concern in CONCERNS
         ):
-            return {c: CONCERNS[c](**values) for c, values in _route(data).items()}
+            return {c: _concern(c, values) for c, values in _route(data).items()}
         return data
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:

@@ -594,7 +594,7 @@ django.setup()
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
-from batchgen import tenant_admin
+from batchgen import tenant_admin as admin
 from batchgen.store import db
 from batchgen.store.api_keys import authenticate
 

@@ -112,7 +112,7 @@ def test_a_bad_retention_setting_is_refused(monkeypatch):
     from batchgen.config import Settings
 
     monkeypatch.setenv("BATCHGEN_RETENTION_DAYS", "0")
-    with pytest.raises(ValidationError, match="retention_days"):
+    with pytest.raises(ValidationError, match="BATCHGEN_RETENTION_DAYS"):
         Settings()
 
 

@@ -233,7 +233,7 @@ def test_a_host_apps_settings_come_from_its_config_over_the_environment(monkeypa
     assert settings.database.url == "postgresql://app/db" and settings.api.trusted_proxy is True
     assert dict(os.environ) == before
     assert settings_from_config({}).database.url == "postgresql://env/db"
-    with pytest.raises(ValidationError, match="max_batch_lines"):
+    with pytest.raises(ValidationError, match="BATCHGEN_MAX_BATCH_LINES"):
         settings_from_config({"BATCHGEN_MAX_BATCH_LINES": "many"})
 
 
