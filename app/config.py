@@ -27,7 +27,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODELS_FILE = Path(__file__).with_name("models.toml")
@@ -655,15 +654,17 @@ def _concern(concern: str, values: dict[str, Any]) -> _Concern:
         return cls(**values)
     except ValidationError as error:
         names = cls.env_names()
-        details: list[InitErrorDetails] = []
+        details: list[Any] = []  # pydantic's InitErrorDetails: the same errors, renamed
         for line in error.errors():
             field = str(line["loc"][0]) if line["loc"] else ""
-            detail = InitErrorDetails(
-                type=PydanticCustomError(line["type"], line["msg"]),
-                loc=(names.get(field, (field,))[0], *line["loc"][1:]),
-                input=line.get("input"),
+            details.append(
+                {
+                    "type": line["type"],
+                    "loc": (names.get(field, (field,))[0], *line["loc"][1:]),
+                    "input": line.get("input"),
+                    "ctx": line.get("ctx", {}),
+                }
             )
-            details.append(detail)
         raise ValidationError.from_exception_data("Settings", details) from None
 
 

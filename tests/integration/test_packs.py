@@ -99,10 +99,16 @@ def test_short_calls_travel_in_packs_and_each_item_runs_once(sim, workers, max_i
     worker = workers(concurrency=4, env=env)
     wait_batches([batch_id], timeout_s=120)
 
-    sizes = pack_sizes(worker.log_tail(1_000_000))
     report = check_invariants(sim.base_url, get_redis())
     assert report.statuses == {"succeeded": n}
     assert report.billed_calls == n and report.retried_items == 0
+    # A message's log line follows its items' commit: the last may still be on its way.
+    wait_until(
+        lambda: sum(pack_sizes(worker.log_tail(1_000_000))) >= n,
+        30,
+        lambda: f"the messages' results to account for {n} items",
+    )
+    sizes = pack_sizes(worker.log_tail(1_000_000))
     assert sum(sizes) == n, "a message's result does not account for its items"
     if max_items == 1:
         assert max(sizes) == 1
