@@ -696,9 +696,15 @@ class Settings(BaseModel):
     nightly: NightlySettings = Field(default_factory=NightlySettings)
     flower: FlowerSettings = Field(default_factory=FlowerSettings)
 
-    def __init__(self, **data: Any) -> None:
-        # Each concern reads the environment under what the keywords leave unset; a
-        # bad value raises its concern's ValidationError, naming the variable.
+    @model_validator(mode="before")
+    @classmethod
+    def _by_concern(cls, data: Any) -> Any:
+        """``Settings(...)`` and ``Settings.model_validate({...})`` alike: flat names
+        sorted by concern, each concern read from the environment under what they leave
+        unset (a concern given whole is kept as it is); a bad value raises a
+        ValidationError naming its variable."""
+        if not isinstance(data, Mapping):
+            return data
         built: dict[str, Any] = {}
         for concern, values in _route(data).items():
             given = data.get(concern)
@@ -707,17 +713,7 @@ class Settings(BaseModel):
             else:
                 base = given.model_dump() if isinstance(given, _Concern) else {}
                 built[concern] = _concern(concern, {**base, **values})
-        super().__init__(**built)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _flat(cls, data: Any) -> Any:
-        """``Settings.model_validate({...})`` takes the flat names too."""
-        if isinstance(data, Mapping) and not all(
-            isinstance(data.get(concern), _Concern) for concern in CONCERNS
-        ):
-            return {c: _concern(c, values) for c, values in _route(data).items()}
-        return data
+        return built
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with ``update``'s settings replaced; it takes the flat names too
