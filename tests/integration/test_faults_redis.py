@@ -156,7 +156,7 @@ def test_redis_sigkill_and_restart_empty(sim, workers, own_redis):
     own_redis.kill()
     done_at_kill = succeeded_items(batch_id)
     wait_until(
-        lambda: "Connection to broker lost" in worker.log_tail(100_000),
+        lambda: "Connection to broker lost" in worker.log_tail(1_000_000),
         30,
         "the worker to lose its broker",
     )
@@ -262,7 +262,7 @@ def test_workers_survive_a_redis_kill_and_restart_unsupervised(sim, workers, own
     own_redis.kill()
     done_at_kill = succeeded_items(batch_id)
     wait_until(
-        lambda: any("Connection to broker lost" in w.log_tail(100_000) for w in pair),
+        lambda: any("Connection to broker lost" in w.log_tail(1_000_000) for w in pair),
         30,
         "a worker to lose its broker",
     )
