@@ -19,8 +19,9 @@ import redis
 from sqlalchemy.exc import SQLAlchemyError
 
 from batchgen.config import Settings
-from batchgen.domain.scheduling.gate_rebuild import rebuild_plan
+from batchgen.domain.scheduling.gate_rebuild import RebuildPlan, ended_slots, rebuild_plan
 from batchgen.limits import gate_state
+from batchgen.limits import redis_keys as keys
 from batchgen.limits.gate import Gate
 from batchgen.registry import Registry, get_registry
 from batchgen.store import gate_evidence
@@ -54,6 +55,7 @@ def ensure_gate_state(client: redis.Redis, registry: Registry, settings: Setting
         return "waited"
     if plan.empty:
         return "first"
+    _release_ended(client, plan, settings)
     log.warning(
         "the gate's state in Redis was lost: rebuilt %d budget(s) as spent for one window "
         "and %d slot(s) of running items",
@@ -61,6 +63,25 @@ def ensure_gate_state(client: redis.Redis, registry: Registry, settings: Setting
         len(plan.slots),
     )
     return "rebuilt"
+
+
+def _release_ended(client: redis.Redis, plan: RebuildPlan, settings: Settings) -> None:
+    """Free the rebuilt slots of items that ended meanwhile. An item records its end
+    before it frees its slot; one that did both between the evidence's read and the
+    rebuild freed nothing (its slot was not there yet) and would leave the slot held
+    until its lease ran out. Read again after the rebuild, such an item is seen ended;
+    one that ends later frees its own slot."""
+    if not plan.slots:
+        return
+    with session_scope() as session:
+        again = gate_evidence.read(session, settings.budget.window_s + settings.budget.guard_s)
+    ended = ended_slots(plan, again)
+    if not ended:
+        return
+    pipe = client.pipeline(transaction=False)
+    for slot in ended:
+        pipe.zrem(keys.slots(slot.slot_key), slot.holder)
+    pipe.execute()
 
 
 def ensure_quietly(client: redis.Redis, registry: Registry, settings: Settings) -> None:

@@ -8,6 +8,7 @@ from batchgen.domain.scheduling.gate_rebuild import (
     HeldSlot,
     RunningItem,
     SpentBudget,
+    ended_slots,
     rebuild_plan,
 )
 from batchgen.registry import parse_registry
@@ -60,3 +61,13 @@ def test_single_deployment_model_and_unknown_models() -> None:
     plan = rebuild_plan(evidence, SINGLE)
     assert plan.budgets == (SpentBudget("acct", 100, 1),)
     assert plan.slots == (HeldSlot("m", "1:1", 5.0),)
+
+
+def test_slots_of_items_that_ended_during_the_rebuild_are_freed() -> None:
+    """Read again after the rebuild: an item that ended (or runs a later attempt)
+    frees the slot the rebuild gave it; one still running keeps it."""
+    running = [RunningItem(7, 2, "m", "a", 30.0), RunningItem(8, 1, "m", "a", 30.0)]
+    plan = rebuild_plan(Evidence(running=running), POOLED)
+    again = Evidence(running=[RunningItem(8, 2, "m", "a", 30.0)])  # 7 ended, 8 retried
+    assert {s.holder for s in ended_slots(plan, again)} == {"7:2", "8:1"}
+    assert ended_slots(plan, Evidence(running=running)) == ()

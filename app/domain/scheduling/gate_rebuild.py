@@ -125,3 +125,10 @@ def rebuild_plan(evidence: Evidence, registry: Registry) -> RebuildPlan:
         tuple(sorted(budgets.values(), key=lambda b: b.budget_key)),
         tuple(sorted(slots.values(), key=lambda s: (s.slot_key, s.holder))),
     )
+
+
+def ended_slots(plan: RebuildPlan, again: Evidence) -> tuple[HeldSlot, ...]:
+    """The plan's slots whose holder (``item:attempt``) no longer runs in ``again``,
+    the evidence read after the rebuild: to free."""
+    running = {f"{r.item_id}:{r.attempt}" for r in again.running}
+    return tuple(s for s in plan.slots if s.holder not in running)
