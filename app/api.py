@@ -789,10 +789,12 @@ def create_app() -> Flask:
 
 def warm_providers() -> None:
     """Import the provider SDKs and build their clients now (seconds, once per
-    process), not inside the first synchronous call."""
+    process), not inside the first synchronous call (``BATCHGEN_WARM_UP``)."""
     from batchgen.providers import get_provider
     from batchgen.registry import get_registry
 
+    if not get_settings().providers.warm_up:
+        return
     with contextlib.suppress(Exception):  # a broken registry: the requests report it
         for spec in get_registry():
             with contextlib.suppress(Exception):  # a missing key: its calls report it

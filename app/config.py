@@ -331,6 +331,10 @@ class ProviderSettings(_Concern):
     # Streamed OpenAI-compatible calls on urllib3 rather than through the SDK's httpx
     # stack (providers/lean_http.py): the same request and errors, under half the CPU.
     lean_http: bool = True
+    # Import the provider SDKs and build the clients at start (a worker: of the models
+    # its queues serve; the API: of every model), so that no first call waits for
+    # them; false: at each model's first call in the process (a faster, lighter start).
+    warm_up: bool = True
     call_timeout_s: float = 120.0
     retry_base_s: float = 0.5
     retry_max_s: float = 30.0

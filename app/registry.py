@@ -595,6 +595,12 @@ class Registry:
         return [QUEUE_PREFIX + g for g in self.groups]
 
 
+def served_models(registry: Registry, queues: Iterable[str]) -> list[ModelSpec]:
+    """The models whose tasks go to one of ``queues`` (a worker's)."""
+    wanted = set(queues)
+    return [spec for spec in registry if spec.queue in wanted]
+
+
 def _expand_env(value: str) -> str:
     def sub(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)

@@ -12,7 +12,7 @@ from celery import signals
 from batchgen.config import get_settings
 from batchgen.logs import configure_logging
 from batchgen.providers import get_provider
-from batchgen.registry import get_registry
+from batchgen.registry import get_registry, served_models
 from batchgen.telemetry import tracing
 from batchgen.worker import broker_guard
 from batchgen.worker.beat import die_with_parent
@@ -106,13 +106,16 @@ def _stop_promptly(sender: Any = None, **_: Any) -> None:
 
 
 @signals.worker_ready.connect
-def _warm_up(**_: Any) -> None:
-    # Import the provider SDKs and build their clients now rather than inside the
-    # first call (about 120 ms once per process): a call admitted by the budget must
-    # reach the provider promptly. A model whose key is missing fails at its call.
-    for spec in get_registry():
-        with contextlib.suppress(Exception):
-            get_provider(spec).warm(spec)
+def _warm_up(sender: Any = None, **_: Any) -> None:
+    # Import the provider SDKs of the models this worker's queues serve and build their
+    # clients now rather than inside the first call (about 120 ms once per process): a
+    # call admitted by the budget must reach the provider promptly. A model whose key is
+    # missing fails at its call. BATCHGEN_WARM_UP=false: at each model's first call.
+    if get_settings().providers.warm_up:
+        queues = consumed_queues(sender, sorted(celery_app.amqp.queues.consume_from or {}))
+        for spec in served_models(get_registry(), queues()):
+            with contextlib.suppress(Exception):
+                get_provider(spec).warm(spec)
     redis_offset_s()  # this host's offset from Redis's clock, measured in the background
     # Tells a supervisor (batchgen.worker.procs, tests, benchmarks) that we consume now.
     ready_file = os.environ.get("BATCHGEN_READY_FILE")

@@ -26,24 +26,27 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
-from typing import Any, Protocol
-
-import anthropic
-import openai
+from typing import TYPE_CHECKING, Any, Protocol
 
 from batchgen.domain.formats.admission import per_choice_max_tokens
 from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, RESPONSES
 from batchgen.domain.formats.message_batches import NATIVE_PARAMS
 from batchgen.domain.formats.prompt_cache import with_cache_breakpoint
-from batchgen.providers import anthropic as anthropic_adapter
-from batchgen.providers import openai as openai_adapter
 from batchgen.providers.base import ProviderResponse, safe_code
 from batchgen.registry import ModelSpec, ProviderKind
+
+if TYPE_CHECKING:
+    import anthropic
+    import openai
+
+# The SDKs are imported by the adapters that call them (a worker that never offloads
+# loads none of them for this module); an error can only come from one that is loaded.
 
 TAG_KEY = "batchgen_job"
 # How many of the provider's most recent jobs :meth:`OfflineJobs.find` looks through.
@@ -152,39 +155,40 @@ def jobs_for(spec: ModelSpec) -> OfflineJobs:
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status of a batch API's error answer, whichever SDK raised it (None: no
     answer, or not an error of a provider's SDK)."""
-    if isinstance(exc, openai.APIStatusError | anthropic.APIStatusError):
-        return exc.status_code
-    from google.genai import errors as genai_errors
-
-    if isinstance(exc, genai_errors.APIError):
-        return int(exc.code) if exc.code else None
-    import botocore.exceptions
-
-    if isinstance(exc, botocore.exceptions.ClientError):
-        status = (exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    if isinstance(exc, _loaded(("openai", "APIStatusError"), ("anthropic", "APIStatusError"))):
+        return int(exc.status_code)  # type: ignore[attr-defined]
+    if isinstance(exc, _loaded(("google.genai.errors", "APIError"))):
+        code = exc.code  # type: ignore[attr-defined]
+        return int(code) if code else None
+    if isinstance(exc, _loaded(("botocore.exceptions", "ClientError"))):
+        status = (exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")  # type: ignore[attr-defined]
         return int(status) if status else None
     return None
+
+
+def _loaded(*names: tuple[str, str]) -> tuple[type[BaseException], ...]:
+    """The exception classes ``(module, class)`` of the modules already imported: an
+    exception of a module not imported cannot have been raised."""
+    return tuple(
+        getattr(sys.modules[module], name) for module, name in names if module in sys.modules
+    )
 
 
 def is_provider_error(exc: BaseException) -> bool:
     """Whether ``exc`` is a provider's (an SDK's error, its transport's or a row it could
     not read), which a tick logs and retries later, rather than a bug of ours."""
-    if isinstance(exc, openai.OpenAIError | anthropic.AnthropicError):
-        return True
-    import botocore.exceptions
-    import google.auth.exceptions
-    import httpx
-    import httpx2
-    from google.genai import errors as genai_errors
-
     return isinstance(
         exc,
-        genai_errors.APIError
-        | google.auth.exceptions.GoogleAuthError
-        | httpx.HTTPError
-        | httpx2.HTTPError
-        | botocore.exceptions.BotoCoreError
-        | botocore.exceptions.ClientError,
+        _loaded(
+            ("openai", "OpenAIError"),
+            ("anthropic", "AnthropicError"),
+            ("google.genai.errors", "APIError"),
+            ("google.auth.exceptions", "GoogleAuthError"),
+            ("httpx", "HTTPError"),
+            ("httpx2", "HTTPError"),
+            ("botocore.exceptions", "BotoCoreError"),
+            ("botocore.exceptions", "ClientError"),
+        ),
     )
 
 
@@ -242,6 +246,8 @@ class OpenAIJobs:
     lists_running = True
 
     def _client(self, spec: ModelSpec) -> openai.OpenAI:
+        from batchgen.providers import openai as openai_adapter
+
         return openai_adapter.sdk_client(spec.base_url, spec.api_key())
 
     def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
@@ -317,6 +323,8 @@ def _openai_answer(body: dict[str, Any], request_id: str | None) -> ProviderResp
     endpoint = _ENDPOINT_OF_OBJECT.get(str(body.get("object")))
     if endpoint is None:
         return _response(body, request_id)
+    from batchgen.providers import openai as openai_adapter
+
     return openai_adapter.endpoint_answer(endpoint, body, request_id)
 
 
@@ -351,9 +359,13 @@ class AnthropicJobs:
     lists_running = False
 
     def _client(self, spec: ModelSpec) -> anthropic.Anthropic:
+        from batchgen.providers import anthropic as anthropic_adapter
+
         return anthropic_adapter.sdk_client(spec.base_url, spec.api_key())
 
     def create(self, spec: ModelSpec, rows: Sequence[OfflineRow], tag: str) -> str:
+        from batchgen.providers import anthropic as anthropic_adapter
+
         requests = []
         for row in rows:
             native = row.body.get(NATIVE_PARAMS)
@@ -402,6 +414,8 @@ class AnthropicJobs:
         return JobState(status, total, c.succeeded, c.errored + c.canceled + c.expired)
 
     def results(self, spec: ModelSpec, job_id: str, tag: str) -> Iterator[RowResult]:
+        from batchgen.providers import anthropic as anthropic_adapter
+
         for entry in self._client(spec).messages.batches.results(job_id):
             item_id = item_of(entry.custom_id, tag)
             if item_id is None:

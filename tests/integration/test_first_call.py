@@ -5,6 +5,7 @@ upgrade` (and a log line at start), a wrong model name lists the available ones.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -23,7 +24,12 @@ UNMIGRATED = "batchgen_unmigrated"
 
 
 @pytest.mark.slow
-def test_creating_the_app_loads_the_provider_sdks(clean_db):
+@pytest.mark.parametrize(("warm_up", "loaded"), [(None, ["1", "1"]), ("false", ["0", "0"])])
+def test_creating_the_app_loads_the_provider_sdks(clean_db, warm_up, loaded):
+    """By default (``BATCHGEN_WARM_UP`` unset); with it false, nothing is built."""
+    env = {k: v for k, v in os.environ.items() if k != "BATCHGEN_WARM_UP"}
+    if warm_up is not None:
+        env["BATCHGEN_WARM_UP"] = warm_up
     probe = (
         "import sys\n"
         "from batchgen.api import create_app\n"
@@ -34,11 +40,16 @@ def test_creating_the_app_loads_the_provider_sdks(clean_db):
         " anthropic.sdk_client.cache_info().currsize)\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=env,
     )
     # Not imported by loading the module, but by creating the app: clients built for
     # the registry's OpenAI models (one base URL) and its Anthropic one.
-    assert out.stdout.split() == ["[]", "1", "1"], out.stderr
+    assert out.stdout.split() == ["[]", *loaded], out.stderr
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from batchgen.config import Settings
 from batchgen.domain.formats import tokens
 from batchgen.errors import ConfigError
-from batchgen.registry import parse_registry
+from batchgen.registry import parse_registry, served_models
 
 
 def test_settings_read_conventional_urls(monkeypatch):
@@ -70,6 +70,14 @@ def test_registry_expands_env_and_names_bad_fields(monkeypatch):
         parse_registry(MODEL.replace('"openai"', '"cohere"'))
     with pytest.raises(ConfigError, match="invalid TOML"):
         parse_registry("[models")
+
+
+def test_a_worker_warms_the_models_its_queues_serve():
+    other = MODEL.replace('[models."m"]', '[models."n"]').replace('"g"', '"h"')
+    two = parse_registry(MODEL + other)
+    assert [s.name for s in served_models(two, ["llm.h", "batchgen.control"])] == ["n"]
+    assert served_models(two, ["batchgen.control", "batchgen.notify"]) == []
+    assert [s.name for s in served_models(two, two.queues)] == ["m", "n"]
 
 
 POOL = (

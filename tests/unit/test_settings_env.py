@@ -117,6 +117,7 @@ VARIABLES: list[tuple[str, str, str, Any]] = [
     ("BATCHGEN_PACK_SHORT_ITEMS", "packs.short_items", "7", 7),
     ("BATCHGEN_STREAM_CALLS", "providers.stream_calls", "false", False),
     ("BATCHGEN_LEAN_HTTP", "providers.lean_http", "false", False),
+    ("BATCHGEN_WARM_UP", "providers.warm_up", "false", False),
     ("BATCHGEN_CALL_TIMEOUT_S", "providers.call_timeout_s", "0.75", 0.75),
     ("BATCHGEN_RETRY_BASE_S", "providers.retry_base_s", "0.75", 0.75),
     ("BATCHGEN_RETRY_MAX_S", "providers.retry_max_s", "0.75", 0.75),
@@ -201,7 +202,7 @@ def _unset_field(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
 
 def test_no_variable_is_lost_or_added() -> None:
     assert set(env_variables()) == {name for name, *_ in VARIABLES}
-    assert len(VARIABLES) == 112
+    assert len(VARIABLES) == 113
 
 
 @pytest.mark.parametrize(
