@@ -389,6 +389,18 @@ def requeue(
     return session.execute(query("item_requeue"), params).first() is not None
 
 
+def requeue_lost_claim(
+    session: Session, item: Attempt, claimed_s_ago: float, lease_s: float
+) -> bool:
+    """``running → queued``: a claim whose reply was lost and that may have committed,
+    made at least ``claimed_s_ago`` seconds ago (when its error was seen); a later claim
+    of the same attempt number (another worker's, after the sweep took the item back)
+    is not this one and stays."""
+    params = {**_owner(item), **REQUEUE.params(), "lease_s": lease_s}
+    params["claimed_s_ago"] = max(0.0, claimed_s_ago)
+    return session.execute(query("item_requeue_lost_claim"), params).first() is not None
+
+
 def failover(
     session: Session,
     item: Attempt,

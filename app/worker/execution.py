@@ -69,6 +69,7 @@ from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.failures import cancelled, failed, failover, flex_refused, rate_limited_call
 from batchgen.worker.heartbeat import heartbeat
 from batchgen.worker.recording import (
+    LostClaim,
     after_commit,
     close_batch,
     closing,
@@ -182,18 +183,6 @@ def _claim(item_id: int, lease_s: float, attempt: int | None = None) -> Claimed 
     raise AssertionError("unreachable")
 
 
-@dataclass(frozen=True)
-class _MaybeClaimed:
-    """A claim whose reply was lost: the item may be ours, for at most its lease."""
-
-    item_id: int
-    attempt: int
-    until_mono_s: float
-
-    def lease_left_s(self) -> float:
-        return self.until_mono_s - time.monotonic()
-
-
 def _claim_sent(
     ticket: Ticket, lease_s: float, settings: Settings, deployment: str | None = None
 ) -> Claimed | None:
@@ -208,7 +197,9 @@ def _claim_sent(
         except Exception as exc:
             if not db.is_transient(exc):
                 raise
-            maybe = _MaybeClaimed(ticket.item_id, ticket.attempt, read_mono_s + lease_s)
+            maybe = LostClaim(
+                ticket.item_id, ticket.attempt, read_mono_s + lease_s, time.monotonic()
+            )
             _mark_unsent(maybe, lease_s)
             give_back(maybe, settings)
             if last_try:
@@ -226,7 +217,7 @@ def _claim_sent(
 UNSENT_MARK_S = 24 * 3600.0
 
 
-def _mark_unsent(maybe: _MaybeClaimed, lease_s: float) -> None:
+def _mark_unsent(maybe: LostClaim, lease_s: float) -> None:
     """The claim that marks the item sent may have committed with its reply lost; this
     worker sends nothing for it. Told in Redis, the sweep then ledgers no waste for an
     attempt whose request never left (PostgreSQL itself may be away now)."""

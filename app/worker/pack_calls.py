@@ -84,7 +84,6 @@ from batchgen.worker.execution import (
     _Call,
     _claim,
     _mark_unsent,
-    _MaybeClaimed,
     _not_claimed,
     _record,
     _settle,
@@ -97,7 +96,7 @@ from batchgen.worker.execution import (
 )
 from batchgen.worker.heartbeat import heartbeat
 from batchgen.worker.packs import PackItem, PackOutcome
-from batchgen.worker.recording import close_batch, give_back, with_db_retries
+from batchgen.worker.recording import LostClaim, close_batch, give_back, with_db_retries
 from batchgen.worker.verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -355,9 +354,10 @@ class _Run:
             except Exception as exc:
                 if not db.is_transient(exc):
                     raise
+                error_mono_s = time.monotonic()
                 for ticket, _ in claims:
-                    maybe = _MaybeClaimed(
-                        ticket.item_id, ticket.attempt, read_mono_s + self.lease_s
+                    maybe = LostClaim(
+                        ticket.item_id, ticket.attempt, read_mono_s + self.lease_s, error_mono_s
                     )
                     _mark_unsent(maybe, self.lease_s)
                     give_back(maybe, self.settings)

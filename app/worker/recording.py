@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.orm import Session
@@ -35,6 +36,21 @@ class Owned(Attempt, Protocol):
     def lease_left_s(self) -> float: ...
 
 
+@dataclass(frozen=True)
+class LostClaim:
+    """A claim whose reply was lost: the item may be ours (if the claim committed) for
+    at most its lease. ``error_mono_s``: when the error was seen (``time.monotonic()``);
+    the claim, if it committed, was made before."""
+
+    item_id: int
+    attempt: int
+    until_mono_s: float
+    error_mono_s: float
+
+    def lease_left_s(self) -> float:
+        return self.until_mono_s - time.monotonic()
+
+
 def give_back(item: Owned, settings: Settings) -> None:
     """Nothing was sent: back to the queue, the attempt not counted.
 
@@ -46,14 +62,20 @@ def give_back(item: Owned, settings: Settings) -> None:
     """
     try:
         with_db_retries(
-            item,
-            "handing the item back",
-            lambda session: items.requeue(session, item, 0.0, settings.worker.queued_lease_s),
+            item, "handing the item back", lambda session: _hand_back(session, item, settings)
         )
     except Exception as exc:
         if not db.is_transient(exc):
             raise
         log.warning("item %d: database error handing the item back; the sweep will", item.item_id)
+
+
+def _hand_back(session: Session, item: Owned, settings: Settings) -> bool:
+    lease_s = settings.worker.queued_lease_s
+    if isinstance(item, LostClaim):  # only the claim made before its error was seen
+        claimed_s_ago = time.monotonic() - item.error_mono_s
+        return items.requeue_lost_claim(session, item, claimed_s_ago, lease_s)
+    return items.requeue(session, item, 0.0, lease_s)
 
 
 # Retrying a transaction while the database is away: first wait, doubling up to the cap.

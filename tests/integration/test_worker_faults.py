@@ -41,7 +41,7 @@ from tests.helpers import (
     wait_batches,
 )
 from tests.tcp_proxy import proxy_for_postgres
-from tests.waiting import wait_until
+from tests.waiting import hold, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -664,6 +664,35 @@ def test_a_lost_claim_reply_marks_its_attempt_unsent(sent_at_fails, simulator):
     marked = get_redis().get(keys.unsent_attempt(item_id))
     assert marked is not None
     assert liveness.unsent(get_redis(), [(item_id, int(marked))]) == {item_id}
+
+
+@pytest.mark.parametrize("later", [True, False], ids=["another-workers-claim", "the-lost-claim"])
+def test_a_lost_claims_hand_back_leaves_a_later_claim_of_the_same_attempt(clean_db, later):
+    """A claim failed with a database error (its reply may be lost with it committed):
+    it is handed back, but only if the claim found running was made before the error.
+    Meanwhile the sweep may have taken the item back and another worker claimed the same
+    attempt number: that claim stays running (else it would be claimed and paid twice)."""
+    from batchgen.worker.recording import LostClaim, give_back
+
+    registry = _registry()
+    item_id = _queue_one(registry, "sim-small", f"lost-claim-{later}")
+    error_mono_s = time.monotonic()
+    if later:
+        hold(0.5, "the claim to come after the error")
+    with db.session_scope() as s:  # the claim found running: attempt 1, sent
+        s.execute(
+            update(Item)
+            .where(Item.id == item_id)
+            .values(status="running", attempts=1, started_at=func.now(), sent_at=func.now())
+        )
+    if not later:
+        error_mono_s = time.monotonic()  # the error was seen after this claim committed
+    give_back(LostClaim(item_id, 1, time.monotonic() + 30, error_mono_s), get_settings())
+    with db.session_scope() as s:
+        item = s.get(Item, item_id)
+        assert item is not None
+        got = (item.status, item.attempts, item.sent_at is None)
+    assert got == (("running", 1, False) if later else ("queued", 0, True))
 
 
 @pytest.mark.parametrize("marked", [True, False], ids=["never-left", "maybe-sent"])
