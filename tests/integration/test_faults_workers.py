@@ -420,8 +420,12 @@ def test_api_process_killed_mid_call_a_worker_finishes_the_call(sim, workers, ap
     from batchgen.domain.lifecycle.status import CALL_RANK
 
     sim_config(sim.base_url, latency_base_ms=1500)
-    worker = workers(env=FAULT_ENV, name="worker")
-    base_url = api_server(env=FAULT_ENV)
+    # The caller's presence outlasts the call's running lease: the sweep that finds the
+    # lease run out still sees a caller and hands the call on (once the presence has
+    # lapsed, it would cancel it instead: tests/integration/test_faults_api.py).
+    env = {**FAULT_ENV, "BATCHGEN_CALLER_LEASE_S": "300"}
+    worker = workers(env=env, name="worker")
+    base_url = api_server(env=env)
     key = make_tenant("caller")
     failures: list[BaseException] = []
 
