@@ -54,7 +54,7 @@ from batchgen.errors import (
 from batchgen.limits import liveness
 from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate, Never, Pass, Wait, WaitKind, running_lease_s
-from batchgen.providers import warmed_provider
+from batchgen.providers import warm_model, warmed_provider
 from batchgen.providers.base import Provider, ProviderRequest, ProviderResponse
 from batchgen.registry import ModelSpec, Registry
 from batchgen.store import batches, db, items, rounds
@@ -135,6 +135,7 @@ def _run_ticket(
     """Gate first, then claim: on the gate's yes, one statement claims the item and
     marks it sent; on a wait, the item is claimed and handed back for later."""
     lease_s = running_lease_s(spec, settings)
+    warm_model(spec)  # the SDK's first import before the budget's yes, not after
     decision = tracing.gated(gate.enter, spec, ticket)  # a Redis error: nothing claimed yet
     if not isinstance(decision, Pass):
         item = _claim(ticket.item_id, lease_s, ticket.attempt)

@@ -67,7 +67,7 @@ from batchgen.limits.gate import (
     WaitKind,
     running_lease_s,
 )
-from batchgen.providers import warmed_provider
+from batchgen.providers import warm_model, warmed_provider
 from batchgen.providers.base import Provider, ProviderResponse
 from batchgen.registry import ModelSpec
 from batchgen.store import db, items
@@ -276,6 +276,7 @@ class _Run:
     def _enter(
         self, todo: list[tuple[PackItem, Ticket]], last_try: bool, slots: bool
     ) -> tuple[list[tuple[PackItem, Ticket]], list[tuple[PackItem, Ticket, Pass]]]:
+        warm_model(self.spec)  # the SDK's first import before the budget's yes, not after
         decisions = self.gate.enter_many(
             self.spec, [t for _, t in todo], last_try=last_try, slots=slots
         )

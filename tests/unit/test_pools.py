@@ -326,3 +326,20 @@ def test_without_a_budget_the_gate_takes_the_first_deployment_not_avoided():
     avoided = gate.enter(spec, ticket(avoid="a"))
     assert isinstance(first, Pass) and isinstance(avoided, Pass)
     assert (first.deployment, avoided.deployment) == ("a", "b")
+
+
+def test_every_deployment_is_warmed_before_a_call_enters_the_gate(monkeypatch):
+    """``warm_model`` builds each deployment's client once (the worker calls it before
+    the gate, so a first call's SDK imports never follow the budget's yes)."""
+    from batchgen import providers
+
+    monkeypatch.setenv("K", "k")
+    monkeypatch.setenv("AZ_KEY", "az")
+    monkeypatch.setattr(providers, "_WARMED", set())
+    monkeypatch.setattr(providers, "_WARMED_MODELS", set())
+    spec = parse_registry(MODEL + POOL)["m"]
+    providers.warm_model(spec)
+    assert {key[1] for key in providers._WARMED} == {d.base_url for d in spec.deployments}
+    before = set(providers._WARMED)
+    providers.warm_model(spec)  # once per process and registry entry
+    assert before == providers._WARMED and len(providers._WARMED_MODELS) == 1
