@@ -70,6 +70,15 @@ def mark_unsent(client: redis.Redis, item_id: int, attempt: int, ttl_s: float) -
     client.set(keys.unsent_attempt(item_id), attempt, px=max(1, int(ttl_s * 1000)))
 
 
+def clear_unsent(client: redis.Redis, item_id: int, attempt: int) -> None:
+    """The hand-back of ``attempt``'s lost claim ran: the sweep has nothing to be told
+    (the attempt number may be claimed again, by a call that does leave)."""
+    key = keys.unsent_attempt(item_id)
+    value = client.get(key)
+    if value is not None and int(value) == attempt:
+        client.delete(key)
+
+
 def unsent(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
     """Of ``(item_id, attempt)``, the items whose attempt a worker marked never sent."""
     return _marked(client, keys.unsent_attempt, attempts)

@@ -202,7 +202,8 @@ def _claim_sent(
                 ticket.item_id, ticket.attempt, read_mono_s + lease_s, time.monotonic()
             )
             _mark_unsent(maybe, lease_s)
-            give_back(maybe, settings)
+            if give_back(maybe, settings):
+                _clear_unsent(maybe)
             if last_try:
                 raise
             log.warning(
@@ -228,6 +229,13 @@ def _mark_unsent(maybe: LostClaim, lease_s: float) -> None:
         log.warning(
             "item %d: could not mark its lost claim unsent (%s)", maybe.item_id, type(exc).__name__
         )
+
+
+def _clear_unsent(maybe: LostClaim) -> None:
+    """The lost claim's hand-back ran: its mark goes (a later claim of the same attempt
+    number may leave, and the sweep must then ledger it). Redis away: the mark ages out."""
+    with contextlib.suppress(Exception):
+        liveness.clear_unsent(get_redis(), maybe.item_id, maybe.attempt)
 
 
 def _not_claimed(item_id: int, model: str | None) -> Verdict:

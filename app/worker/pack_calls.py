@@ -83,6 +83,7 @@ from batchgen.worker.execution import (
     Settlement,
     _Call,
     _claim,
+    _clear_unsent,
     _mark_unsent,
     _not_claimed,
     _record,
@@ -361,7 +362,8 @@ class _Run:
                         ticket.item_id, ticket.attempt, read_mono_s + self.lease_s, error_mono_s
                     )
                     _mark_unsent(maybe, self.lease_s)
-                    give_back(maybe, self.settings)
+                    if give_back(maybe, self.settings):
+                        _clear_unsent(maybe)
                 if last_try:
                     raise
                 log.warning("a pack's claim: database error (%s), once more", type(exc).__name__)

@@ -51,8 +51,9 @@ class LostClaim:
         return self.until_mono_s - time.monotonic()
 
 
-def give_back(item: Owned, settings: Settings) -> None:
-    """Nothing was sent: back to the queue, the attempt not counted.
+def give_back(item: Owned, settings: Settings) -> bool:
+    """Nothing was sent: back to the queue, the attempt not counted. True when the
+    database ran the hand-back (whether or not the attempt was still ours).
 
     Retried through a database outage for as long as the lease lasts: a
     claim whose commit landed but whose reply was lost leaves ``sent_at``
@@ -68,6 +69,8 @@ def give_back(item: Owned, settings: Settings) -> None:
         if not db.is_transient(exc):
             raise
         log.warning("item %d: database error handing the item back; the sweep will", item.item_id)
+        return False
+    return True
 
 
 def _hand_back(session: Session, item: Owned, settings: Settings) -> bool:

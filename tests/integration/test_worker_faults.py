@@ -651,19 +651,37 @@ def _in_flight(sim_url: str) -> int:
     return sum(1 for e in httpx.get(f"{sim_url}/_sim/log").json() if e["end_ts"] is None)
 
 
-def test_a_lost_claim_reply_marks_its_attempt_unsent(sent_at_fails, simulator):
+@pytest.mark.parametrize("handed_back", [False, True], ids=["db-still-away", "handed-back"])
+def test_a_lost_claim_reply_marks_its_attempt_unsent(
+    sent_at_fails, simulator, monkeypatch, handed_back
+):
     """The claim that marks the item sent fails (its reply may be lost with it
-    committed): the worker sends nothing and says so in Redis, for the sweep."""
+    committed): the worker sends nothing and says so in Redis, for the sweep, as long
+    as it could not hand the attempt back. Once the hand-back ran, the mark goes: the
+    attempt number may be claimed again, and that call the sweep must ledger."""
     from batchgen.limits import liveness
+    from batchgen.worker import recording
 
+    if not handed_back:  # the database stays away past the lease (the hand-back gives up)
+
+        def away(*_: object, **__: object) -> None:
+            raise OperationalError("handing back", {}, Exception("database away (test)"))
+
+        monkeypatch.setattr(recording, "with_db_retries", away)
     registry = _registry()
     spec = registry["sim-small"]
-    item_id = _queue_one(registry, spec.name, "claim-lost")
+    item_id = _queue_one(registry, spec.name, f"claim-lost-{handed_back}")
     with pytest.raises(OperationalError):
         run_item(item_id, registry, get_settings(), Gate(get_redis(), get_settings()))
     marked = get_redis().get(keys.unsent_attempt(item_id))
-    assert marked is not None
-    assert liveness.unsent(get_redis(), [(item_id, int(marked))]) == {item_id}
+    if handed_back:
+        assert marked is None
+        with db.session_scope() as s:
+            item = s.get(Item, item_id)
+            assert item is not None and (item.status, item.attempts) == ("queued", 0)
+    else:
+        assert marked is not None
+        assert liveness.unsent(get_redis(), [(item_id, int(marked))]) == {item_id}
 
 
 @pytest.mark.parametrize("later", [True, False], ids=["another-workers-claim", "the-lost-claim"])
