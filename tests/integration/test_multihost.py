@@ -475,10 +475,11 @@ def cluster(
             "BATCHGEN_BUDGET_GUARD_S": str(GUARD_S),
             "BATCHGEN_MAX_COUNTDOWN_S": "10",
             "BATCHGEN_DISPATCH_INTERVAL_S": "0.3",
-            # At the limits, a retry that came due may wait seconds in its worker's
-            # thread pool behind others: 6 s could run out there. A retry held back by
-            # a skewed clock would wait five minutes, far past 20 s (the skew test).
-            "BATCHGEN_QUEUED_LEASE_S": "20",
+            # At the limits, a retry that came due may wait in its worker's thread pool
+            # behind others (a pack's task held a thread 13 s on a loaded CI machine):
+            # 20 s could run out there. A retry held back by a skewed clock would wait
+            # five minutes, far past 40 s (the skew test).
+            "BATCHGEN_QUEUED_LEASE_S": "40",
         }
         env = {**settings, "DATABASE_URL": database_url, "REDIS_URL": redis_url}
         # This process talks to PostgreSQL directly and to the cluster's Redis.
