@@ -187,12 +187,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
         embedded.drop_database(server_url, name)
         db_url = embedded.ensure_database(server_url, name)
         stack.callback(embedded.drop_database, server_url, name)
-        # The workers and API servers the tests start load a provider's SDK at its
-        # first call, not all at start (seconds of CPU per process, hundreds of them);
-        # test_first_call checks the default.
-        stack.enter_context(
-            _environment(DATABASE_URL=db_url, REDIS_URL=redis_url, BATCHGEN_WARM_UP="false")
-        )
+        stack.enter_context(_environment(DATABASE_URL=db_url, REDIS_URL=redis_url))
         stack.callback(lambda: db.get_engine().dispose())
         stack.callback(_close_call_waiters)  # before the servers stop (callbacks run LIFO)
         db.upgrade()
