@@ -173,12 +173,11 @@ max_client_conn = 1000
     found = Bouncer(process, port, user, dbname, log_path)
     try:
 
-        def answers() -> bool:
+        def answers() -> bool:  # its admin console: no server connection opened yet
             if process.poll() is not None:
                 raise RuntimeError(f"pgbouncer exited: {found.log_tail()}")
             try:
-                with psycopg.connect(found.url, connect_timeout=2) as conn:
-                    conn.execute("SELECT 1")
+                found.admin("SHOW VERSION")
                 return True
             except psycopg.OperationalError:
                 return False
@@ -202,7 +201,9 @@ class Sampler:
     ``application_name`` (connections through PgBouncer carry none), on a connection
     of its own (not counted), until stopped. Backends already there when it starts
     (this pytest process's own, left by earlier tests: its pool, a call listener)
-    are not the run's and are not counted."""
+    are not the run's and are not counted: start it before the processes it watches,
+    since a pool keeps the connections it opened at start-up (and a sampler started
+    later would count none of them)."""
 
     def __init__(self, url: str, dbname: str, every_s: float = 0.02) -> None:
         self.url, self.dbname, self.every_s = url, dbname, every_s
@@ -350,13 +351,13 @@ def test_worker_and_api_processes_keep_to_their_connection_budget(
     def env(role: str) -> dict[str, str]:
         return _worker_env(tmp_path, _labelled(url, role), _labelled(url, f"{role}-direct"))
 
-    worker = workers(concurrency=THREADS, beat=True, env=env("budget-worker"), wait=False)
-    base_url = api_server(env=env("budget-api"))
-    worker.wait_ready()
     key = make_tenant("budget")
     n = 200
     lines = [chat_line(f"budget-{i}", max_tokens=20) for i in range(n)]
     with Sampler(url, make_url(url).database or "") as sampler:
+        worker = workers(concurrency=THREADS, beat=True, env=env("budget-worker"), wait=False)
+        base_url = api_server(env=env("budget-api"))
+        worker.wait_ready()
         batch_id = str(client.submit_batch(lines, tenant="budget")["id"])
         with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}) as http:
 
@@ -439,13 +440,13 @@ def test_a_batch_runs_through_pgbouncer_in_transaction_mode(
     env = _worker_env(
         tmp_path, bouncer.url, _labelled(direct, DIRECT_LABEL), BATCHGEN_DB_POOL_SIZE=str(THREADS)
     )
-    started = [
-        workers(concurrency=THREADS, beat=beat, env=env, wait=False) for beat in (True, False)
-    ]
-    for worker in started:
-        worker.wait_ready()
     n = 300
     with Sampler(direct, bouncer.dbname) as sampler, PoolWatch(bouncer) as pools:
+        started = [
+            workers(concurrency=THREADS, beat=beat, env=env, wait=False) for beat in (True, False)
+        ]
+        for worker in started:
+            worker.wait_ready()
         batch_id = _run_batch("bounced", n)
     _assert_each_succeeded_once(batch_id, n)
     through_bouncer = sampler.peak(

@@ -170,8 +170,9 @@ def test_flex_calls_cost_half_and_a_busy_tier_falls_back_to_standard_in_time(cle
     assert {i.status for i in items} == {"succeeded"}
     assert all(i.finished_at < i.deadline_at for i in items)
     # Refused on flex, then run standard (how many flex tries fit before the fallback
-    # depends on when each first delivery started: on a loaded machine, one or none).
-    assert all(i.route == "standard" for i in items)
+    # depends on when each first delivery started: on a loaded machine, one or none; an
+    # item first called once flex no longer fits keeps its route and calls standard).
+    assert all(i.route == "standard" for i in items if i.flex_refusals)
     assert sum(i.flex_refusals for i in items) >= 1
     assert all(i.attempts - i.failovers == 1 and i.rate_limited == 0 for i in items)
     ledger = _ledger(near["id"])
