@@ -128,7 +128,40 @@ def start_postgres(data_dir: Path) -> Any:
         except ImportError:
             raise _missing("PostgreSQL", "DATABASE_URL or BATCHGEN_DATABASE_URL") from None
 
-        return pgserver.get_server(str(data_dir), cleanup_mode="stop")
+        # Run as root, pgserver makes its own system user (``useradd``) at its first
+        # start on a machine: processes starting at once (pytest-xdist's) would race
+        # to make it and break each other's start. One at a time until it exists.
+        with _exclusive_while(_first_root_start(), _SETUP_LOCK):
+            return pgserver.get_server(str(data_dir), cleanup_mode="stop")
+
+
+# The lock that serialises embedded PostgreSQL starts while pgserver's system user is
+# missing (machine-wide: every batchgen process on the host takes the same file).
+_SETUP_LOCK = Path(tempfile.gettempdir()) / "batchgen-pgserver-setup.lock"
+_PGSERVER_USER = "pgserver"  # the system user pgserver runs the server as, as root
+
+
+def _first_root_start() -> bool:
+    """Running as root on a host where pgserver's system user does not exist yet."""
+    if os.geteuid() != 0:
+        return False
+    import pwd
+
+    try:
+        pwd.getpwnam(_PGSERVER_USER)
+    except KeyError:
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def _exclusive_while(needed: bool, path: Path) -> Iterator[None]:
+    """:func:`_exclusive` on ``path`` when ``needed``, else nothing."""
+    if not needed:
+        yield
+        return
+    with _exclusive(path):
+        yield
 
 
 def stop_postgres(server: Any) -> None:
