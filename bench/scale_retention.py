@@ -67,7 +67,9 @@ def hot_path(until: threading.Event | float) -> tuple[int, float]:
             raise RuntimeError("the hot path's batch ran out: give it more items")
         with db.autocommit() as connection:
             for ticket in tickets:
-                item = items.claim_sent(connection, ticket, LEASE_S, time.monotonic())
+                item = items.claim_sent(
+                    connection, ticket, LEASE_S, time.monotonic(), claim_token=1
+                )
                 assert item is not None
                 outcome = CallOutcome(
                     item_id=item.item_id,

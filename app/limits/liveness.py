@@ -64,24 +64,21 @@ def alive(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
     return _marked(client, keys.running_item, attempts)
 
 
-def mark_unsent(client: redis.Redis, item_id: int, attempt: int, ttl_s: float) -> None:
-    """The worker that may have claimed ``attempt`` of the item (its claim's reply was
-    lost) never sent its request: for ``ttl_s``, the sweep is told so."""
-    client.set(keys.unsent_attempt(item_id), attempt, px=max(1, int(ttl_s * 1000)))
+def mark_unsent(client: redis.Redis, item_id: int, claim_token: int, ttl_s: float) -> None:
+    """The worker whose claim ``claim_token`` of the item may have committed (its reply
+    was lost) never sent a request for it: for ``ttl_s``, the sweep is told so. The mark
+    names that claim only: a later claim of the same attempt number is not covered."""
+    client.set(keys.unsent_claim(item_id, claim_token), 1, px=max(1, int(ttl_s * 1000)))
 
 
-def clear_unsent(client: redis.Redis, item_id: int, attempt: int) -> None:
-    """The hand-back of ``attempt``'s lost claim ran: the sweep has nothing to be told
-    (the attempt number may be claimed again, by a call that does leave)."""
-    key = keys.unsent_attempt(item_id)
-    value = client.get(key)
-    if value is not None and int(value) == attempt:
-        client.delete(key)
-
-
-def unsent(client: redis.Redis, attempts: Iterable[tuple[int, int]]) -> set[int]:
-    """Of ``(item_id, attempt)``, the items whose attempt a worker marked never sent."""
-    return _marked(client, keys.unsent_attempt, attempts)
+def unsent(client: redis.Redis, claims: Iterable[tuple[int, int]]) -> set[int]:
+    """Of ``(item_id, claim_token)``, the items whose claim a worker marked never sent
+    (one round trip)."""
+    pairs = list(claims)
+    if not pairs:
+        return set()
+    values = mget(client, [keys.unsent_claim(item_id, token) for item_id, token in pairs])
+    return {item_id for (item_id, _), value in zip(pairs, values, strict=True) if value}
 
 
 def renew_caller(client: redis.Redis, item_id: int, ttl_s: float) -> None:

@@ -136,10 +136,11 @@ def running_item(item_id: int) -> str:
     return f"{PREFIX}running:{item_id}"
 
 
-def unsent_attempt(item_id: int) -> str:
-    """String: an attempt whose claim's reply was lost, so its request never left this
-    worker (app/worker/execution.py); the sweep ledgers no waste for it."""
-    return f"{PREFIX}unsent:{item_id}"
+def unsent_claim(item_id: int, claim_token: int) -> str:
+    """String: a claim (``store.items.claim_sent``'s token) whose reply was lost, so no
+    request left this worker for it (app/worker/execution.py); the sweep ledgers no
+    waste for the item's attempt that claim marked sent."""
+    return f"{PREFIX}unsent:{item_id}:{claim_token}"
 
 
 def stream_usage(item_id: int, attempt: int) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import secrets
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -296,19 +297,27 @@ def _claimed(row: Any, read_mono_s: float) -> Claimed:
     )
 
 
+def new_claim_token() -> int:
+    """A random name for one claim that marks items sent (a positive 63-bit integer)."""
+    return secrets.randbits(62) + 1
+
+
 def claim_sent(
     session: Session | Connection,
     ticket: Ticket,
     lease_s: float,
     read_mono_s: float,
     deployment: str | None = None,
+    *,
+    claim_token: int,
 ) -> Claimed | None:
     """``queued → running``, marked sent, in one statement: the gate has already let
-    the call through, to ``deployment`` (recorded on the item). None when the item is
-    not there for this ticket's attempt (a stale or duplicate message, a cancelled,
-    finished or expired item)."""
+    the call through, to ``deployment`` (recorded on the item); ``claim_token``
+    (:func:`new_claim_token`) names this claim. None when the item is not there for
+    this ticket's attempt (a stale or duplicate message, a cancelled, finished or
+    expired item)."""
     params: dict[str, Any] = {"item_id": ticket.item_id, "attempt": ticket.attempt}
-    params.update(lease_s=lease_s, deployment=deployment)
+    params.update(lease_s=lease_s, deployment=deployment, claim_token=claim_token)
     rows = db.driver_rows(session, driver_query("item_claim_sent"), {**params, **CLAIM.params()})
     return _claimed(rows[0], read_mono_s) if rows else None
 
@@ -318,9 +327,12 @@ def claim_sent_many(
     claims: Sequence[tuple[Ticket, str | None]],
     lease_s: float,
     read_mono_s: float,
+    *,
+    claim_token: int,
 ) -> dict[int, Claimed]:
     """:func:`claim_sent` for a pack's items in one statement: each (ticket, deployment
-    the gate picked) claimed and marked sent, for its ticket's attempt. Returns the
+    the gate picked) claimed and marked sent, for its ticket's attempt, all under
+    ``claim_token``. Returns the
     items claimed by id; an item left out was not there for its attempt (a stale or
     duplicate message, a cancelled, finished or expired item)."""
     if not claims:
@@ -330,6 +342,7 @@ def claim_sent_many(
         "attempts": [ticket.attempt for ticket, _ in claims],
         "deployments": [deployment for _, deployment in claims],
         "lease_s": lease_s,
+        "claim_token": claim_token,
         **CLAIM.params(),
     }
     rows = db.driver_rows(connection, driver_query("item_claim_sent_many"), params)
@@ -389,15 +402,13 @@ def requeue(
     return session.execute(query("item_requeue"), params).first() is not None
 
 
-def requeue_lost_claim(
-    session: Session, item: Attempt, claimed_s_ago: float, lease_s: float
-) -> bool:
-    """``running → queued``: a claim whose reply was lost and that may have committed,
-    made at least ``claimed_s_ago`` seconds ago (when its error was seen); a later claim
-    of the same attempt number (another worker's, after the sweep took the item back)
-    is not this one and stays."""
+def requeue_lost_claim(session: Session, item: Attempt, claim_token: int, lease_s: float) -> bool:
+    """``running → queued``: the claim ``claim_token``, whose reply was lost and that may
+    have committed (even after its error was seen); a later claim of the same attempt
+    number (another worker's, after the sweep took the item back) is not this one and
+    stays."""
     params = {**_owner(item), **REQUEUE.params(), "lease_s": lease_s}
-    params["claimed_s_ago"] = max(0.0, claimed_s_ago)
+    params["claim_token"] = claim_token
     return session.execute(query("item_requeue_lost_claim"), params).first() is not None
 
 
@@ -946,6 +957,7 @@ class LostAttempt:
     was_sent: bool  # the lost attempt's request had been sent: it may be billed
     lease: str = "running"  # which lease ran out: 'queued' or 'running'
     model: str = ""
+    claim_token: int | None = None  # the claim that marked it sent (None: no such claim)
 
 
 def sweep_cancel_orphans(session: Session) -> int:
@@ -992,6 +1004,7 @@ def sweep_lost(
             was_sent=r.was_sent,
             lease=r.prev_status,
             model=r.model,
+            claim_token=r.claim_token,
         )
         for r in rows
     ]

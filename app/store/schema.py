@@ -283,6 +283,9 @@ class Item(Base):
     # When the provider request of the current attempt was sent; a cancel
     # ends running items not yet sent, and aborts the ones already sent.
     sent_at: Mapped[dt.datetime | None] = mapped_column(TZ)
+    # A random number each claim that marks the item sent writes (migration 0021): a
+    # claim whose reply was lost is handed back, and told to the sweep, by it.
+    claim_token: Mapped[int | None] = mapped_column(BigInteger)
     finished_at: Mapped[dt.datetime | None] = mapped_column(TZ)
     error_code: Mapped[str | None] = mapped_column(String(64))
     last_error: Mapped[str | None] = mapped_column(Text)

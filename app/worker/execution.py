@@ -192,18 +192,18 @@ def _claim_sent(
     commit), and the claim tried once more on a fresh connection (see :func:`_claim`)."""
     for last_try in (False, True):
         read_mono_s = time.monotonic()
+        token = items.new_claim_token()
         try:
             with db.autocommit() as connection:
-                return items.claim_sent(connection, ticket, lease_s, read_mono_s, deployment)
+                return items.claim_sent(
+                    connection, ticket, lease_s, read_mono_s, deployment, claim_token=token
+                )
         except Exception as exc:
             if not db.is_transient(exc):
                 raise
-            maybe = LostClaim(
-                ticket.item_id, ticket.attempt, read_mono_s + lease_s, time.monotonic()
-            )
+            maybe = LostClaim(ticket.item_id, ticket.attempt, read_mono_s + lease_s, token)
             _mark_unsent(maybe, lease_s)
-            if give_back(maybe, settings):
-                _clear_unsent(maybe)
+            give_back(maybe, settings)
             if last_try:
                 raise
             log.warning(
@@ -224,18 +224,12 @@ def _mark_unsent(maybe: LostClaim, lease_s: float) -> None:
     worker sends nothing for it. Told in Redis, the sweep then ledgers no waste for an
     attempt whose request never left (PostgreSQL itself may be away now)."""
     try:
-        liveness.mark_unsent(get_redis(), maybe.item_id, maybe.attempt, UNSENT_MARK_S + lease_s)
+        client = get_redis()
+        liveness.mark_unsent(client, maybe.item_id, maybe.claim_token, UNSENT_MARK_S + lease_s)
     except Exception as exc:  # noqa: BLE001 - Redis away too: the sweep over-counts, safely
         log.warning(
             "item %d: could not mark its lost claim unsent (%s)", maybe.item_id, type(exc).__name__
         )
-
-
-def _clear_unsent(maybe: LostClaim) -> None:
-    """The lost claim's hand-back ran: its mark goes (a later claim of the same attempt
-    number may leave, and the sweep must then ledger it). Redis away: the mark ages out."""
-    with contextlib.suppress(Exception):
-        liveness.clear_unsent(get_redis(), maybe.item_id, maybe.attempt)
 
 
 def _not_claimed(item_id: int, model: str | None) -> Verdict:

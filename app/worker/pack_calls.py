@@ -83,7 +83,6 @@ from batchgen.worker.execution import (
     Settlement,
     _Call,
     _claim,
-    _clear_unsent,
     _mark_unsent,
     _not_claimed,
     _record,
@@ -350,20 +349,21 @@ class _Run:
         claims = [(ticket, served.served_by) for _, ticket, _, served in flights]
         for last_try in (False, True):
             read_mono_s = time.monotonic()
+            token = items.new_claim_token()
             try:
                 with db.autocommit() as connection:
-                    return items.claim_sent_many(connection, claims, self.lease_s, read_mono_s)
+                    return items.claim_sent_many(
+                        connection, claims, self.lease_s, read_mono_s, claim_token=token
+                    )
             except Exception as exc:
                 if not db.is_transient(exc):
                     raise
-                error_mono_s = time.monotonic()
                 for ticket, _ in claims:
                     maybe = LostClaim(
-                        ticket.item_id, ticket.attempt, read_mono_s + self.lease_s, error_mono_s
+                        ticket.item_id, ticket.attempt, read_mono_s + self.lease_s, token
                     )
                     _mark_unsent(maybe, self.lease_s)
-                    if give_back(maybe, self.settings):
-                        _clear_unsent(maybe)
+                    give_back(maybe, self.settings)
                 if last_try:
                     raise
                 log.warning("a pack's claim: database error (%s), once more", type(exc).__name__)

@@ -38,22 +38,21 @@ class Owned(Attempt, Protocol):
 
 @dataclass(frozen=True)
 class LostClaim:
-    """A claim whose reply was lost: the item may be ours (if the claim committed) for
-    at most its lease. ``error_mono_s``: when the error was seen (``time.monotonic()``);
-    the claim, if it committed, was made before."""
+    """A claim whose reply was lost: the item may be ours (if the claim committed, now
+    or later) for at most its lease. ``claim_token``: the claim's own name
+    (:func:`batchgen.store.items.new_claim_token`)."""
 
     item_id: int
     attempt: int
     until_mono_s: float
-    error_mono_s: float
+    claim_token: int
 
     def lease_left_s(self) -> float:
         return self.until_mono_s - time.monotonic()
 
 
-def give_back(item: Owned, settings: Settings) -> bool:
-    """Nothing was sent: back to the queue, the attempt not counted. True when the
-    database ran the hand-back (whether or not the attempt was still ours).
+def give_back(item: Owned, settings: Settings) -> None:
+    """Nothing was sent: back to the queue, the attempt not counted.
 
     Retried through a database outage for as long as the lease lasts: a
     claim whose commit landed but whose reply was lost leaves ``sent_at``
@@ -69,15 +68,12 @@ def give_back(item: Owned, settings: Settings) -> bool:
         if not db.is_transient(exc):
             raise
         log.warning("item %d: database error handing the item back; the sweep will", item.item_id)
-        return False
-    return True
 
 
 def _hand_back(session: Session, item: Owned, settings: Settings) -> bool:
     lease_s = settings.worker.queued_lease_s
-    if isinstance(item, LostClaim):  # only the claim made before its error was seen
-        claimed_s_ago = time.monotonic() - item.error_mono_s
-        return items.requeue_lost_claim(session, item, claimed_s_ago, lease_s)
+    if isinstance(item, LostClaim):  # only that very claim
+        return items.requeue_lost_claim(session, item, item.claim_token, lease_s)
     return items.requeue(session, item, 0.0, lease_s)
 
 

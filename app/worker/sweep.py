@@ -97,7 +97,7 @@ def _never_left(lost: list[items.LostAttempt]) -> set[int]:
     """Of the attempts marked sent, those whose worker lost its claim's reply and so
     sent nothing (:func:`batchgen.worker.execution._mark_unsent`). Redis unreachable:
     none (a waste row too many, never a paid call missing)."""
-    sent = [(a.item_id, a.attempts) for a in lost if a.was_sent]
+    sent = [(a.item_id, a.claim_token) for a in lost if a.was_sent and a.claim_token]
     if not sent:
         return set()
     try:

@@ -214,7 +214,9 @@ def test_a_group_commit_records_only_the_running_attempts(sim):
     spec = registry[MODEL]
     released = _released_pack("group", 4, registry)
     with db.autocommit() as connection:
-        claimed = items.claim_sent_many(connection, [(r.ticket, None) for r in released], 60.0, 0.0)
+        claimed = items.claim_sent_many(
+            connection, [(r.ticket, None) for r in released], 60.0, 0.0, claim_token=1
+        )
     assert sorted(claimed) == sorted(r.item_id for r in released)
     assert all(c.attempt == 1 for c in claimed.values())
     first, second, third, fourth = (claimed[r.item_id] for r in released)
@@ -269,7 +271,9 @@ def test_a_stale_ticket_in_a_pack_claims_nothing_and_the_rest_is_claimed(sim):
     tickets = [r.ticket for r in released]
     tickets[1] = replace(tickets[1], attempt=tickets[1].attempt + 1)
     with db.autocommit() as connection:
-        claimed = items.claim_sent_many(connection, [(t, "d1") for t in tickets], 60.0, 0.0)
+        claimed = items.claim_sent_many(
+            connection, [(t, "d1") for t in tickets], 60.0, 0.0, claim_token=1
+        )
     assert sorted(claimed) == sorted([tickets[0].item_id, tickets[2].item_id])
     with db.session_scope() as s:
         rows = dict(s.execute(select(Item.id, Item.sent_at.is_not(None))).all())

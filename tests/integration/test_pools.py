@@ -391,7 +391,7 @@ def test_a_failover_after_its_batch_was_cancelled_ends_the_item_cancelled(clean_
         (released,) = release_all(s, registry, settings)
     ticket = released.ticket
     with db.autocommit() as connection:
-        item = items.claim_sent(connection, ticket, 60.0, time.monotonic(), "a")
+        item = items.claim_sent(connection, ticket, 60.0, time.monotonic(), "a", claim_token=1)
     assert item is not None
     cancel_batch(batch["id"], "acme")  # the call is under way: the item stays running
 
@@ -424,7 +424,9 @@ def test_an_item_handed_back_after_its_batch_was_cancelled_is_never_claimed(clea
     with db.session_scope() as s:
         (released,) = release_all(s, registry, settings)
     with db.autocommit() as connection:
-        item = items.claim_sent(connection, released.ticket, 60.0, time.monotonic(), "a")
+        item = items.claim_sent(
+            connection, released.ticket, 60.0, time.monotonic(), "a", claim_token=1
+        )
     assert item is not None
     cancel_batch(batch["id"], "acme")  # the call is under way: the item stays running
 
@@ -434,7 +436,8 @@ def test_an_item_handed_back_after_its_batch_was_cancelled_is_never_claimed(clea
         assert s.scalar(select(Item.status).where(Item.id == item.item_id)) == "queued"
     again = replace(released.ticket, attempt=item.attempt)  # the attempt was handed back
     with db.autocommit() as connection:
-        assert items.claim_sent(connection, again, 60.0, time.monotonic(), "a") is None
+        mono_s = time.monotonic()
+        assert items.claim_sent(connection, again, 60.0, mono_s, "a", claim_token=2) is None
         assert items.claim(connection, item.item_id, 60.0, time.monotonic()) is None
 
     with db.session_scope() as s:

@@ -41,7 +41,7 @@ from tests.helpers import (
     wait_batches,
 )
 from tests.tcp_proxy import proxy_for_postgres
-from tests.waiting import hold, wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -216,7 +216,8 @@ def test_a_second_message_of_a_running_attempt_leaves_its_reservation_alone(clea
     first = gate.enter(spec, ticket)  # the first message's gate...
     assert isinstance(first, Pass) and not first.adopted
     with db.autocommit() as connection:  # ...and its claim: its call is in flight now
-        assert items.claim_sent(connection, ticket, 60.0, time.monotonic()) is not None
+        token = items.new_claim_token()
+        assert items.claim_sent(connection, ticket, 60.0, time.monotonic(), claim_token=token)
     in_flight = gate.budget.used(spec)
     assert in_flight[0] > 0 and get_redis().zcard(keys.slots(spec.name)) == 1
 
@@ -651,61 +652,57 @@ def _in_flight(sim_url: str) -> int:
     return sum(1 for e in httpx.get(f"{sim_url}/_sim/log").json() if e["end_ts"] is None)
 
 
-@pytest.mark.parametrize("handed_back", [False, True], ids=["db-still-away", "handed-back"])
-def test_a_lost_claim_reply_marks_its_attempt_unsent(
-    sent_at_fails, simulator, monkeypatch, handed_back
-):
+def test_a_lost_claim_reply_marks_that_claim_unsent(sent_at_fails, simulator):
     """The claim that marks the item sent fails (its reply may be lost with it
-    committed): the worker sends nothing and says so in Redis, for the sweep, as long
-    as it could not hand the attempt back. Once the hand-back ran, the mark goes: the
-    attempt number may be claimed again, and that call the sweep must ledger."""
+    committed, now or later): the worker sends nothing and says so in Redis, for the
+    sweep, naming that very claim (its token), each try its own. A later claim of the
+    same attempt number is another claim: no mark covers it, and if its call is lost
+    the sweep ledgers it."""
     from batchgen.limits import liveness
-    from batchgen.worker import recording
+    from batchgen.store import items
 
-    if not handed_back:  # the database stays away past the lease (the hand-back gives up)
-
-        def away(*_: object, **__: object) -> None:
-            raise OperationalError("handing back", {}, Exception("database away (test)"))
-
-        monkeypatch.setattr(recording, "with_db_retries", away)
     registry = _registry()
     spec = registry["sim-small"]
-    item_id = _queue_one(registry, spec.name, f"claim-lost-{handed_back}")
+    item_id = _queue_one(registry, spec.name, "claim-lost")
     with pytest.raises(OperationalError):
         run_item(item_id, registry, get_settings(), Gate(get_redis(), get_settings()))
-    marked = get_redis().get(keys.unsent_attempt(item_id))
-    if handed_back:
-        assert marked is None
-        with db.session_scope() as s:
-            item = s.get(Item, item_id)
-            assert item is not None and (item.status, item.attempts) == ("queued", 0)
-    else:
-        assert marked is not None
-        assert liveness.unsent(get_redis(), [(item_id, int(marked))]) == {item_id}
+    prefix = keys.unsent_claim(item_id, 0)[: -len("0")]
+    tokens = [int(k.decode().removeprefix(prefix)) for k in get_redis().keys(f"{prefix}*")]
+    assert len(set(tokens)) == 2  # the claim and its one retry, each under its own token
+    assert liveness.unsent(get_redis(), [(item_id, t) for t in tokens]) == {item_id}
+    assert liveness.unsent(get_redis(), [(item_id, items.new_claim_token())]) == set()
+    with db.session_scope() as s:
+        item = s.get(Item, item_id)
+        assert item is not None and (item.status, item.attempts) == ("queued", 0)
 
 
 @pytest.mark.parametrize("later", [True, False], ids=["another-workers-claim", "the-lost-claim"])
 def test_a_lost_claims_hand_back_leaves_a_later_claim_of_the_same_attempt(clean_db, later):
-    """A claim failed with a database error (its reply may be lost with it committed):
-    it is handed back, but only if the claim found running was made before the error.
-    Meanwhile the sweep may have taken the item back and another worker claimed the same
-    attempt number: that claim stays running (else it would be claimed and paid twice)."""
+    """A claim failed with a database error (its reply may be lost with it committed,
+    even after the error was seen: PostgreSQL runs a statement its client gave up on):
+    it is handed back by its token. Meanwhile the sweep may have taken the item back and
+    another worker claimed the same attempt number: that claim stays running (else it
+    would be claimed and paid twice)."""
+    from batchgen.store import items
     from batchgen.worker.recording import LostClaim, give_back
 
     registry = _registry()
     item_id = _queue_one(registry, "sim-small", f"lost-claim-{later}")
-    error_mono_s = time.monotonic()
-    if later:
-        hold(0.5, "the claim to come after the error")
+    lost = items.new_claim_token()
+    found = items.new_claim_token() if later else lost
     with db.session_scope() as s:  # the claim found running: attempt 1, sent
         s.execute(
             update(Item)
             .where(Item.id == item_id)
-            .values(status="running", attempts=1, started_at=func.now(), sent_at=func.now())
+            .values(
+                status="running",
+                attempts=1,
+                started_at=func.now(),
+                sent_at=func.now(),
+                claim_token=found,
+            )
         )
-    if not later:
-        error_mono_s = time.monotonic()  # the error was seen after this claim committed
-    give_back(LostClaim(item_id, 1, time.monotonic() + 30, error_mono_s), get_settings())
+    give_back(LostClaim(item_id, 1, time.monotonic() + 30, lost), get_settings())
     with db.session_scope() as s:
         item = s.get(Item, item_id)
         assert item is not None
@@ -713,14 +710,18 @@ def test_a_lost_claims_hand_back_leaves_a_later_claim_of_the_same_attempt(clean_
     assert got == (("running", 1, False) if later else ("queued", 0, True))
 
 
-@pytest.mark.parametrize("marked", [True, False], ids=["never-left", "maybe-sent"])
+@pytest.mark.parametrize("marked", ["this", "another", None], ids=["never-left", "other", "maybe"])
 def test_the_sweep_ledgers_no_waste_for_an_attempt_that_never_left(clean_db, marked):
-    """A running item marked sent whose lease ran out: waste (worker_lost) unless its
-    worker marked the attempt unsent (a claim whose reply was lost, PostgreSQL away)."""
+    """A running item marked sent whose lease ran out: waste (worker_lost) unless the
+    worker of the claim that marked it sent marked that claim unsent (its reply was
+    lost, PostgreSQL away). A mark of another claim (an earlier one of the same attempt
+    number) does not count."""
     from batchgen.limits import liveness
+    from batchgen.store import items
 
     registry = _registry()
     item_id = _queue_one(registry, "sim-small", f"sweep-unsent-{marked}")
+    token = items.new_claim_token()
     with db.session_scope() as s:
         s.execute(
             update(Item)
@@ -731,13 +732,15 @@ def test_the_sweep_ledgers_no_waste_for_an_attempt_that_never_left(clean_db, mar
                 started_at=func.now(),
                 sent_at=func.now(),
                 lease_expires_at=func.now() - dt.timedelta(seconds=1),
+                claim_token=token,
             )
         )
-    if marked:
-        liveness.mark_unsent(get_redis(), item_id, 1, 60)
+    if marked is not None:
+        named = token if marked == "this" else items.new_claim_token()
+        liveness.mark_unsent(get_redis(), item_id, named, 60)
     with db.session_scope() as s:
         sweep(s, get_settings(), registry)
     with db.session_scope() as s:
         item = s.get(Item, item_id)
         assert item is not None and item.status == "pending"
-    assert _count(UsageLedger, UsageLedger.item_id == item_id) == (0 if marked else 1)
+    assert _count(UsageLedger, UsageLedger.item_id == item_id) == (0 if marked == "this" else 1)

@@ -4,7 +4,8 @@
 -- attempt (the next one), before its deadline and while its batch is not cancelled.
 -- The items are locked in id order, so two statements over the same items (a
 -- duplicate delivery) wait for each other rather than deadlock.
--- :item_ids, :attempts and :deployments are arrays of the same length. Each join on
+-- :claim_token names this claim (every item of it). :item_ids, :attempts and
+-- :deployments are arrays of the same length. Each join on
 -- items also says i.id = ANY(:item_ids): a prepared statement's generic plan knows no
 -- array's length, and would otherwise scan the table.
 -- sources / target come from the CLAIM move's declaration.
@@ -23,7 +24,8 @@ WITH wanted AS (
 )
 UPDATE items AS i
 SET status = :target, attempts = i.attempts + 1, started_at = now(), sent_at = now(),
-    lease_expires_at = now() + make_interval(secs => :lease_s), deployment = locked.deployment
+    lease_expires_at = now() + make_interval(secs => :lease_s), deployment = locked.deployment,
+    claim_token = :claim_token
 FROM locked, tenants AS t, batches AS b
 WHERE i.id = locked.id AND i.id = ANY(CAST(:item_ids AS bigint[]))
   AND t.id = i.tenant_id AND b.id = i.batch_id

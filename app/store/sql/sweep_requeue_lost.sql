@@ -13,7 +13,8 @@
 -- attempt (a worker's) has begun since.
 --
 -- ``was_sent``: the lost attempt's request had been sent, so the provider may
--- bill it; the caller ledgers it as waste in the same transaction.
+-- bill it; the caller ledgers it as waste in the same transaction (unless the claim
+-- that marked it sent, ``claim_token``, is one whose worker lost its reply).
 WITH lost AS (
     SELECT i.id,
         i.status = 'running' AND i.sent_at IS NOT NULL AS was_sent,
@@ -30,7 +31,8 @@ WITH lost AS (
             ) THEN 'failed'
             ELSE 'pending'
         END AS next_status,
-        i.status AS prev_status
+        i.status AS prev_status,
+        i.claim_token
     FROM items AS i
     JOIN batches AS b ON b.id = i.batch_id
     WHERE i.status IN ('queued', 'running')
@@ -67,4 +69,4 @@ SET status = lost.next_status,
 FROM lost
 WHERE items.id = lost.id
 RETURNING items.id, items.batch_id, items.status, items.attempts, lost.was_sent,
-    lost.prev_status, items.model
+    lost.prev_status, items.model, lost.claim_token
