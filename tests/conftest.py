@@ -26,7 +26,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from tests import reaper
+from batchgen.worker import procs
+from tests import forkserver, reaper
 
 # A loaded machine is slow, not wrong: no example fails for the time it took
 # (hypothesis's default deadline is 200 ms), as no wait of the tests does.
@@ -74,6 +75,8 @@ def pytest_configure(config: pytest.Config) -> None:
     put back to what a run without workers has. Every process the run starts is
     marked and reaped at its end (:mod:`tests.reaper`)."""
     reaper.install()
+    if forkserver.enabled():  # workers forked from a process with their imports done
+        procs.default_spawn = forkserver.spawn
     if os.environ.get("PYTEST_XDIST_WORKER"):
         for name in ("COLUMNS", "LINES"):
             os.environ.pop(name, None)

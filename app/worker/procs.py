@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 #: The only Celery pool batchgen workers run: provider calls are I/O-bound, and the
 #: worker's state (database and Redis connection pools, leases, stop events) is per process.
@@ -40,10 +42,45 @@ def requested_pool(argv: list[str]) -> str | None:
     return None
 
 
+class Process(Protocol):
+    """What :class:`WorkerProcess` needs of its process (``subprocess.Popen``'s part)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+#: Starts a worker's command line: ``(argv, env, log_path) -> process``, its output
+#: appended to ``log_path``, in a session of its own.
+Spawn = Callable[[list[str], dict[str, str], Path], Process]
+
+
+def exec_spawn(argv: list[str], env: dict[str, str], log_path: Path) -> Process:
+    """:data:`Spawn` by ``subprocess.Popen`` (the default)."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+
+#: How :func:`start_worker` starts a worker when not told: the test suite forks its
+#: workers from a process that has their libraries imported (tests/forkserver.py).
+default_spawn: Spawn = exec_spawn
+
+
 @dataclass
 class WorkerProcess:
     name: str
-    process: subprocess.Popen[bytes]
+    process: Process
     log_path: Path
     ready_path: Path
 
@@ -97,9 +134,11 @@ def start_worker(
     env: dict[str, str] | None = None,
     name: str | None = None,
     gossip: bool = False,
+    spawn: Spawn | None = None,
 ) -> WorkerProcess:
     """Start ``celery worker`` (thread pool) in its own process group; ``gossip``: with
-    Celery's gossip and mingle steps, as ``batchgen worker`` runs them."""
+    Celery's gossip and mingle steps, as ``batchgen worker`` runs them; ``spawn``: how
+    (:data:`default_spawn` when not given)."""
     name = name or f"w{uuid.uuid4().hex[:6]}"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
@@ -127,14 +166,9 @@ def start_worker(
         argv += ["--without-mingle", "--without-gossip"]
     if beat:
         argv += ["-B", "-s", str(log_dir / f"{name}-beat-schedule")]
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {}), "BATCHGEN_READY_FILE": str(ready_path)},
-            start_new_session=True,
-        )
+    log_path.write_bytes(b"")
+    environ = {**os.environ, **(env or {}), "BATCHGEN_READY_FILE": str(ready_path)}
+    process = (spawn or default_spawn)(argv, environ, log_path)
     return WorkerProcess(name, process, log_path, ready_path)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from batchgen.worker import procs
 from batchgen.worker.procs import WorkerProcess, start_worker, stop_all
 from tests.waiting import poll_until
 
@@ -124,14 +125,13 @@ def restore_env() -> Iterator[None]:
 def api_servers(tmp_path: Path) -> Iterator[Callable[..., str]]:
     """Start ``batchgen api`` as a real server process on a free port (environment
     overrides per call); returns its base URL. Every one started is stopped at the end."""
-    import subprocess
     import sys
 
     import httpx
 
     from batchgen.embedded import free_port
 
-    started: list[subprocess.Popen[bytes]] = []
+    started: list[procs.Process] = []
 
     def start(env: dict[str, str] | None = None, timeout_s: float = 60.0) -> str:
         port = free_port()
@@ -139,16 +139,12 @@ def api_servers(tmp_path: Path) -> Iterator[Callable[..., str]]:
         log_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "batchgen.cli", "api"]
         argv += ["--host", "127.0.0.1", "--port", str(port)]
-        with open(log_dir / f"api-{port}.log", "wb") as log:
-            process = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                # One gunicorn worker unless a test asks for more: half the start-up
-                # (each worker loads the SDKs and encodings) on a busy test machine.
-                env={**os.environ, "BATCHGEN_API_WORKERS": "1", **(env or {})},
-                start_new_session=True,
-            )
+        log_path = log_dir / f"api-{port}.log"
+        log_path.write_bytes(b"")
+        # One gunicorn worker unless a test asks for more: half the start-up (each
+        # worker loads the SDKs and encodings) on a busy test machine.
+        environ = {**os.environ, "BATCHGEN_API_WORKERS": "1", **(env or {})}
+        process = procs.default_spawn(argv, environ, log_path)  # forked, as workers are
         started.append(process)
         base_url = f"http://127.0.0.1:{port}"
 

@@ -46,12 +46,21 @@ def server(module_api_server, tmp_path_factory):
         }
     )
     port = urlsplit(url).port
-    serving = [p for p in psutil.Process().children(recursive=True) if f"{port}" in p.cmdline()]
-    # gunicorn's master and its worker share the command line: the worker (a child of
-    # the master) reads the bodies.
+    serving = [p for p in psutil.Process().children(recursive=True) if _listens(p, port)]
+    # gunicorn's master and its worker share the listening socket: the worker (a child
+    # of the master) reads the bodies.
     pids = {p.pid for p in serving}
     (proc,) = [p for p in serving if p.ppid() in pids] or serving
     return url, proc, spool
+
+
+def _listens(proc: psutil.Process, port: int | None) -> bool:
+    """``proc`` holds a socket listening on ``port``."""
+    try:
+        sockets = proc.net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in sockets)
 
 
 @pytest.fixture
