@@ -170,13 +170,14 @@ def test_flex_calls_cost_half_and_a_busy_tier_falls_back_to_standard_in_time(cle
     assert {i.status for i in items} == {"succeeded"}
     assert all(i.finished_at < i.deadline_at for i in items)
     # Refused on flex, then run standard (how many flex tries fit before the fallback
-    # depends on when each first delivery started: on a loaded machine, one or none; an
-    # item first called once flex no longer fits keeps its route and calls standard).
-    assert all(i.route == "standard" for i in items if i.flex_refusals)
+    # depends on when each delivery started: on a loaded machine, one or none). The
+    # calls' tiers say which route each took (the ledger, below, and the provider's
+    # log): an item's route column is only what its next call would have asked for,
+    # and a call once flex no longer fits goes standard whatever that says.
     assert sum(i.flex_refusals for i in items) >= 1
     assert all(i.attempts - i.failovers == 1 and i.rate_limited == 0 for i in items)
     ledger = _ledger(near["id"])
-    assert {r.tier for r in ledger} == {"standard"}
+    assert len(ledger) == 2 and {r.tier for r in ledger} == {"standard"}
     assert all(r.cost_usd == _price(r, Tier.STANDARD) for r in ledger)
     log = httpx.get(f"{stack.base_url}/_sim/log").json()
     refused = [e for e in log if e["status"] == 429]
