@@ -236,19 +236,28 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
     from sqlalchemy import text
 
     from batchgen.limits import redis_keys as keys
+    from batchgen.store import db
     from batchgen.store.db import get_engine
 
-    with get_engine().begin() as conn:
-        conn.execute(
-            text(
-                "TRUNCATE tenant_daily_usage, usage_ledger, results, provider_job_items, items, "
-                "batch_notifications, "
-                "provider_jobs, batches, files, admitted_totals, finished_totals, "
-                "batch_totals, latency_totals, dispatch_ring, dispatch_clocks, "
-                "audit_log, api_keys, tenants RESTART IDENTITY CASCADE"
-            )
-        )
-        conn.execute(text("UPDATE totals_watermark SET rolled_up_before = NULL"))
+    # A module's workers or API server may be mid-statement: TRUNCATE's locks can then
+    # deadlock with theirs, and PostgreSQL may pick this transaction to abort. Again.
+    for last_try in (False, False, False, True):
+        try:
+            with get_engine().begin() as conn:
+                conn.execute(
+                    text(
+                        "TRUNCATE tenant_daily_usage, usage_ledger, results, "
+                        "provider_job_items, items, batch_notifications, "
+                        "provider_jobs, batches, files, admitted_totals, finished_totals, "
+                        "batch_totals, latency_totals, dispatch_ring, dispatch_clocks, "
+                        "audit_log, api_keys, tenants RESTART IDENTITY CASCADE"
+                    )
+                )
+                conn.execute(text("UPDATE totals_watermark SET rolled_up_before = NULL"))
+            break
+        except Exception as exc:
+            if last_try or not db.is_conflict(exc):
+                raise
     client = redis.Redis.from_url(services["REDIS_URL"])
     clear_redis(client)
     # Both stores are empty, as at a first start: the gate's state is known good. (A
