@@ -65,6 +65,29 @@ PRELOAD = (
     "flask",
     "gunicorn.app.base",
     "gunicorn.workers.gthread",
+    # What else a worker has loaded when ready (``python -X importtime``): the HTTP
+    # clients' async back-ends, Celery's command-line plugins (Flower's, click-repl's).
+    "httpx2",
+    "httpcore2",
+    "trio",
+    "aiohttp",
+    "anyio",
+    "h11",
+    "urllib3",
+    "click",
+    "click_repl",
+    "prompt_toolkit",
+    "wcwidth",
+    "pygments",
+    "rich",
+    "yaml",
+    "attr",
+    "psutil",
+    "dateutil",
+    "amqp",
+    "billiard",
+    "flower.command",
+    "tornado.web",
 )
 
 
