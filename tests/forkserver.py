@@ -91,6 +91,19 @@ PRELOAD = (
 )
 
 
+# batchgen's own modules that read nothing from the environment at import (no setting,
+# no registry, no connection: :func:`serve` checks that the settings' and registry's
+# caches are still empty), loaded once too: the store's statements and tables, settings
+# and registry classes (about 0.2 s of each start).
+BATCHGEN_PRELOAD = (
+    "batchgen.config",
+    "batchgen.registry",
+    "batchgen.store.schema",
+    "batchgen.store.items",
+    "batchgen.providers.base",
+)
+
+
 def enabled() -> bool:
     """Fork the suite's workers (the default on Linux), unless ``BATCHGEN_TEST_FORK=0``."""
     return sys.platform == "linux" and os.environ.get(SWITCH_ENV, "1") != "0"
@@ -105,6 +118,13 @@ def serve() -> None:
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    for name in BATCHGEN_PRELOAD:
+        importlib.import_module(name)
+    from batchgen.config import _process_settings
+    from batchgen.registry import load_registry
+
+    if _process_settings.cache_info().currsize or load_registry.cache_info().currsize:
+        raise SystemExit("fork server: batchgen's settings were read while preloading")
     if threading.active_count() != 1:  # a fork would copy a thread's locks, not the thread
         raise SystemExit(f"fork server: {threading.active_count()} threads after preloading")
     requests, replies = sys.stdin.buffer, sys.stdout.buffer

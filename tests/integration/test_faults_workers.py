@@ -210,7 +210,15 @@ def test_dispatcher_sigkill_and_restart(sim, workers):
         old.process.wait()
         done_at_kill = succeeded_items(batch_id)
         new = workers([CONTROL_QUEUE], concurrency=2, env=FAULT_ENV, name="dispatcher2")
-        since = next(line[:23] for line in new.log_tail(1_000_000).splitlines() if "ready." in line)
+        # Celery logs "ready." just after the worker_ready signal that writes the ready file.
+        since = wait_until(
+            lambda: next(
+                (line[:23] for line in new.log_tail(1_000_000).splitlines() if "ready." in line),
+                None,
+            ),
+            30,
+            "the new dispatcher's ready line",
+        )
         wait_until(
             lambda: _ticks_after(old.log_path, since) + _ticks_after(new.log_path, since) >= 10,
             30,
