@@ -160,19 +160,22 @@ def _ledger_rows() -> dict[int, list[Any]]:
         return ledger
 
 
-def _recording(session: Any) -> list[int]:
-    """The database sessions whose recording of an answer waits on a lock: behind
-    ``session``'s or queued behind another waiter's. The running leases' renewals wait
-    there too and are left out; a statement sent in a pipeline may show no text yet."""
-    return list(
-        session.scalars(
-            text(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-                " AND query NOT LIKE 'UPDATE items SET lease_expires_at%'"
+def _recording() -> list[int]:
+    """The database sessions whose recording of an answer waits on a lock (the test's
+    or queued behind another waiter's). The running leases' renewals wait there too
+    and are left out. Read on a connection of its own, one statement each time: within
+    a transaction (the lock's), PostgreSQL answers pg_stat_activity from the snapshot
+    it took at the transaction's first look, and later waiters would never show."""
+    with db.autocommit() as connection:
+        return list(
+            connection.scalars(
+                text(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                    " AND query NOT LIKE 'UPDATE items SET lease_expires_at%'"
+                )
             )
         )
-    )
 
 
 def test_streamed_calls_of_a_killed_api_are_ledgered_with_the_providers_usage(
@@ -228,7 +231,7 @@ def test_streamed_calls_of_a_killed_api_are_ledgered_with_the_providers_usage(
             for seen in usage_seen:
                 assert seen.wait(60), "a short call's usage never reached its caller"
             recording = wait_until(
-                lambda: got if len(got := _recording(lock)) >= FINISHED else None,
+                lambda: got if len(got := _recording()) >= FINISHED else None,
                 60,
                 "the finished calls' records to wait on the lock",
             )
