@@ -19,6 +19,12 @@ later, from the event loop, on its dead channel (``AttributeError: 'NoneType' ob
 has no attribute 'client'``, which also ended a worker). That acknowledgement is
 dropped: the item's outcome is in PostgreSQL already, and a redelivery of the
 message is claimed by nobody.
+
+And a message acknowledged while the broker is away, before the consumer saw it go,
+fails in Redis: the error is raised as before, but the delivery leaves the prefetch
+count (kombu removes it only after Redis answered). Else a worker whose prefetched
+messages all failed so never asked the broker for more, never saw it was lost, and
+never reconnected.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import functools
 import logging
 from typing import Any
 
+import redis
 from kombu.transport import redis as redis_transport
 
 log = logging.getLogger(__name__)
@@ -71,7 +78,13 @@ def install() -> None:
 
 def _dropped_when_collected(method: Any, what: str) -> Any:
     """``method`` (``QoS.ack`` or ``QoS.reject``), doing nothing on a channel whose
-    connection was collected: the delivery belongs to a connection that is gone."""
+    connection was collected: the delivery belongs to a connection that is gone.
+
+    On a connection that fails under it (the broker lost, not yet seen by the
+    consumer), the error is raised as before, but the delivery leaves the prefetch
+    count all the same: kombu removes it only after Redis answered, and a worker whose
+    every prefetched message failed so would never ask the broker for more, and so
+    never see that it was lost (and never reconnect)."""
 
     @functools.wraps(method)
     def guarded(self: Any, delivery_tag: Any, *args: Any, **kwargs: Any) -> Any:
@@ -79,6 +92,10 @@ def _dropped_when_collected(method: Any, what: str) -> Any:
             log.warning("broker connection lost: a message's %s dropped", what)
             self._delivered.pop(delivery_tag, None)
             return None
-        return method(self, delivery_tag, *args, **kwargs)
+        try:
+            return method(self, delivery_tag, *args, **kwargs)
+        except redis.RedisError:
+            self._delivered.pop(delivery_tag, None)
+            raise
 
     return guarded

@@ -92,3 +92,31 @@ def test_a_message_settled_after_its_connection_was_collected_raises_nothing(ser
     client.hdel("unacked", tag)
     client.zrem("unacked_index", tag)
     client.delete(queue_name)
+
+
+def test_an_acknowledgement_that_fails_in_redis_frees_its_prefetch_place(tmp_path):
+    """The broker is killed before the consumer sees it go: every acknowledgement fails
+    in Redis. Each still raises, and each delivery leaves the prefetch count, so the
+    consumer asks the broker again (and then sees it is lost) instead of waiting for
+    room that never comes."""
+    from batchgen import embedded
+
+    broker_guard.install()
+    server = embedded.RedisServer(embedded.free_port(), tmp_path / "redis").start()
+    try:
+        with Connection(server.url) as connection:
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=1)
+            queue = connection.SimpleQueue(f"guard-{uuid.uuid4().hex[:8]}", channel=channel)
+            queue.put({"item": 1})
+            message = queue.get(timeout=5)
+            assert not channel.qos.can_consume()  # the one place is taken
+            server.stop()
+
+            with pytest.raises(redis.RedisError):
+                message.ack()
+
+            assert message.delivery_tag not in channel.qos._delivered
+            assert channel.qos.can_consume()
+    finally:
+        server.stop()
