@@ -131,7 +131,8 @@ def start_postgres(data_dir: Path) -> Any:
         # Run as root, pgserver makes its own system user (``useradd``) at its first
         # start on a machine: processes starting at once (pytest-xdist's) would race
         # to make it and break each other's start. One at a time until it exists.
-        with _exclusive_while(_first_root_start(), _SETUP_LOCK):
+        first = _first_root_start()
+        with _exclusive(_SETUP_LOCK) if first else contextlib.nullcontext():
             return pgserver.get_server(str(data_dir), cleanup_mode="stop")
 
 
@@ -152,16 +153,6 @@ def _first_root_start() -> bool:
     except KeyError:
         return True
     return False
-
-
-@contextlib.contextmanager
-def _exclusive_while(needed: bool, path: Path) -> Iterator[None]:
-    """:func:`_exclusive` on ``path`` when ``needed``, else nothing."""
-    if not needed:
-        yield
-        return
-    with _exclusive(path):
-        yield
 
 
 def stop_postgres(server: Any) -> None:
