@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # A renewal is never further apart than this share of the lease it renews.
 MIN_RENEWALS_PER_LEASE = 3
+# The shortest wait between renewals, and the wait while no interval could be read.
+MIN_INTERVAL_S = 0.05
 
 
 @dataclass
@@ -98,7 +100,7 @@ class Heartbeat:
         interval = self.settings.worker.heartbeat_interval_s
         if shortest is not None:
             interval = min(interval, shortest / MIN_RENEWALS_PER_LEASE)
-        return max(0.05, interval)
+        return max(MIN_INTERVAL_S, interval)
 
     def renew_in_redis(self) -> None:
         """One renewal of every held item's key (one round trip)."""
@@ -148,7 +150,14 @@ class Heartbeat:
 
     def _loop(self, name: str, renew: Callable[[], None]) -> None:
         failing = False
-        while not self._stop.wait(self.interval_s()):
+        wait_s = MIN_INTERVAL_S
+        while True:
+            try:
+                wait_s = self.interval_s()
+            except Exception:  # noqa: BLE001 - settings unreadable a moment: the last wait
+                log.debug("heartbeat: interval unreadable, %.2f s kept", wait_s, exc_info=True)
+            if self._stop.wait(wait_s):
+                return
             try:
                 renew()
             except Exception as exc:  # noqa: BLE001 - an outage: the next beat tries again

@@ -339,7 +339,9 @@ def test_a_worker_killed_with_a_packs_calls_in_flight_loses_nothing(sim, workers
     its running lease runs out, and another worker runs the items again. Every item
     succeeded once; every billed call is in the ledger once."""
     sim_config(sim.base_url, latency_base_ms=800)
-    n = 40
+    # Beyond the dispatcher's first window (2x the model's 16 slots, one item a message):
+    # the rest goes out in the victim's refills, packs of overlapping calls.
+    n = 72
     batch_id = submit_items("packfly", n)
     victim = workers(concurrency=2, env=FAULT_ENV, name="victim")
     flying = wait_until(_packs_in_flight, 90, "a pack's calls in flight", poll_s=0.01)

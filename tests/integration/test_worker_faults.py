@@ -620,13 +620,14 @@ def test_killed_worker_sent_calls_are_ledgered(clean_db, simulator, workers):
     try:
         make_tenant("kill")
         batch = client.submit_batch([chat_line(f"k{i}") for i in range(40)], tenant="kill")
+        # The victim alone runs the batch until the kill: the calls in flight are its.
         victim = workers(
-            get_registry().queues, concurrency=8, beat=False, env=fast_leases, name="victim"
+            get_registry().queues, concurrency=8, beat=True, env=fast_leases, name="victim"
         )
-        workers(concurrency=8, beat=True, env=fast_leases, name="survivor")
         wait_until(lambda: "succeeded prompt_tokens" in victim.log_tail(200), 30, "a first answer")
         wait_until(lambda: _in_flight(simulator.base_url) >= 4, 10, "calls in flight")
         victim.kill()
+        workers(concurrency=8, beat=True, env=fast_leases, name="survivor")
         wait_batches([batch["id"]], timeout_s=120)
     finally:
         httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
