@@ -76,6 +76,7 @@ PRELOAD = (
     "urllib3",
     "click",
     "click_repl",
+    "typer",
     "prompt_toolkit",
     "wcwidth",
     "pygments",

@@ -18,6 +18,7 @@ import psutil
 import pytest
 import redis
 
+from batchgen.worker import procs
 from batchgen.worker.beat import schedule_holder
 from batchgen.worker.procs import beat_pids
 from tests.invariants import wait_until
@@ -30,7 +31,7 @@ LEASE_S = 5.0  # long enough that a loaded machine does not lose it by a stall
 
 @dataclass
 class Dispatcher:
-    process: subprocess.Popen[bytes]
+    process: procs.Process
     log: Path
 
     def sends(self) -> int:
@@ -64,14 +65,9 @@ def dispatchers(clean_db, tmp_path) -> Iterator[Callable[[str], Dispatcher]]:
             "BATCHGEN_READY_FILE": str(ready),
             "BATCHGEN_BEAT_LOCK_LEASE_S": str(LEASE_S),
         }
-        with open(log, "wb") as fh:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "batchgen.cli", "dispatcher"],
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
+        process = procs.default_spawn(
+            [sys.executable, "-m", "batchgen.cli", "dispatcher"], env, log
+        )
         d = Dispatcher(process, log)
         started.append(d)
         wait_until(ready.exists, 60, lambda: f"{name} ready: {log.read_text()[-2000:]}")

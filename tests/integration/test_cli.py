@@ -29,6 +29,7 @@ from batchgen.config import get_settings
 from batchgen.embedded import free_port
 from batchgen.store import db
 from batchgen.store.schema import Item, Result, Tenant
+from batchgen.worker import procs
 from tests.helpers import chat_line, jsonl
 from tests.waiting import wait_until
 
@@ -39,7 +40,7 @@ SECRET = "SECRET-PROMPT-TEXT"
 @dataclass
 class Service:
     name: str
-    process: subprocess.Popen[bytes]
+    process: procs.Process
     log: Path
     ready_file: Path
 
@@ -74,14 +75,11 @@ def start(args: list[str], folder: Path, env: dict[str, str] | None = None) -> S
     """``batchgen ARGS`` as a process of its own (process group), logging to a file."""
     name = args[0] + "-" + uuid.uuid4().hex[:4]
     log, ready = folder / f"{name}.log", folder / f"{name}.ready"
-    with open(log, "wb") as fh:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "batchgen.cli", *args],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "BATCHGEN_READY_FILE": str(ready), **(env or {})},
-            start_new_session=True,
-        )
+    process = procs.default_spawn(  # the suite's fork server, or exec
+        [sys.executable, "-m", "batchgen.cli", *args],
+        {**os.environ, "BATCHGEN_READY_FILE": str(ready), **(env or {})},
+        log,
+    )
     return Service(name, process, log, ready)
 
 

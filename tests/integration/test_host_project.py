@@ -66,9 +66,32 @@ def _run(argv: list[str], timeout_s: float = 600, **kw: Any) -> str:
 
 
 def _clean_env(**values: str) -> dict[str, str]:
-    """This process's environment without anything that points into the dev venv."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    """This process's environment without anything that points into the dev venv, and
+    writing bytecode (the venv is installed without it: its processes write it)."""
+    dropped = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     return {**env, **values}
+
+
+# What the venv's processes import (batchgen's worker, dispatcher and API, the hosts'
+# Flask and Django apps and Celery workers), compiled once by one process before they
+# start together: each would otherwise compile them all at once beside the others.
+WARM_IMPORTS = (
+    "batchgen.tasks",
+    "batchgen.api",
+    "batchgen.serving",
+    "batchgen.cli.main",
+    "batchgen.providers.openai",
+    "batchgen.providers.anthropic",
+    "batchgen.integrations.flask",
+    "batchgen.integrations.django",
+    "celery.apps.worker",
+    "celery.bin.celery",
+    "gunicorn.app.base",
+    "django",
+    "django.core.management",
+    "flask",
+)
 
 
 def build_wheel(out: Path) -> Path:
@@ -159,6 +182,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
             f"{wheel}[django]",
         ],
         env=_clean_env(PIP_FIND_LINKS=str(house)),
+    )
+    _run(
+        [str(venv / "bin" / "python"), "-c", f"import {', '.join(WARM_IMPORTS)}"], env=_clean_env()
     )
     return Installed(venv, wheel)
 

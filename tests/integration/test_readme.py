@@ -31,6 +31,7 @@ import httpx
 import pytest
 
 from batchgen.embedded import free_port
+from batchgen.worker import procs
 from tests import readme
 from tests.waiting import wait_until
 
@@ -46,10 +47,21 @@ EMBEDDED_UNSET = tuple(
 FLOWER_AUTH = {"BATCHGEN_FLOWER_USER": "ops", "BATCHGEN_FLOWER_PASSWORD": "readme-test"}
 
 
+def _spawn_at(cwd: Path, argv: list[str], env: dict[str, str], log: Path) -> procs.Process:
+    """``argv`` in folder ``cwd``, in a session of its own, output to ``log``: by the
+    suite's spawn (its fork server) when this process runs there, else by exec."""
+    if Path.cwd().resolve() == cwd.resolve():
+        return procs.default_spawn(argv, env, log)
+    with open(log, "ab") as fh:
+        return subprocess.Popen(
+            argv, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+
 @dataclass
 class Started:
     command: readme.Command
-    process: subprocess.Popen[bytes]
+    process: procs.Process
     log: Path
     ready: Callable[[], bool]
 
@@ -114,15 +126,7 @@ class Runner:
         if kind == "flower":
             env.update(FLOWER_AUTH)  # the README: Flower needs them
         argv = self.argv(command)
-        with open(log, "wb") as fh:
-            process = subprocess.Popen(
-                argv,
-                cwd=readme.ROOT,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
+        process = _spawn_at(readme.ROOT, argv, env, log)
         port = argv[argv.index("--port") + 1] if "--port" in argv else ""
         started = Started(command, process, log, lambda: False)
         checks: dict[str, Callable[[], bool]] = {
