@@ -15,6 +15,9 @@ if __name__ == "__main__":
         "session_leader": os.getsid(0) == os.getpid(),
         "cwd": os.getcwd(),
         "stdin": sys.stdin.read(),
+        "sigint": "python"
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        else "?",
     }
     print(json.dumps(seen), flush=True)
     print("to stderr", file=sys.stderr, flush=True)

@@ -128,6 +128,10 @@ def serve() -> None:
         raise SystemExit("fork server: batchgen's settings were read while preloading")
     if threading.active_count() != 1:  # a fork would copy a thread's locks, not the thread
         raise SystemExit(f"fork server: {threading.active_count()} threads after preloading")
+    # A Ctrl-C reaches the pytest process group, this server with it: the server stays
+    # until its requests pipe closes, so that pytest's teardown can still stop its
+    # children (which have sessions of their own, and Python's handler back).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     requests, replies = sys.stdin.buffer, sys.stdout.buffer
     codes: dict[int, int] = {}
     for line in requests:
@@ -166,6 +170,7 @@ def _fork(request: dict[str, Any]) -> int:
         )
         if os.getppid() != server:  # the server ended before the line above
             os._exit(1)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         _become(request)
         code = _run(list(request["argv"]))
     except BaseException:  # noqa: BLE001 - the child's last word goes to its log

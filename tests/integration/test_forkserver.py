@@ -37,8 +37,22 @@ def test_a_forked_command_sees_what_exec_would_give_it(tmp_path: Path) -> None:
         "session_leader": True,
         "cwd": str(Path.cwd()),
         "stdin": "",
+        "sigint": "python",
     }
     assert second == "to stderr"
+
+
+def test_a_ctrl_c_leaves_the_server_serving(tmp_path: Path) -> None:
+    """A Ctrl-C reaches pytest's process group, the server with it: it keeps serving,
+    so that pytest's teardown can still stop the children it forked."""
+    first = forkserver.spawn([sys.executable, "-m", "tests.forkprobe", "0"], {}, tmp_path / "a.log")
+    assert first.wait(60) == 0
+    server = forkserver._SERVER._process
+    assert server is not None
+    server.send_signal(signal.SIGINT)
+    process, _ = _probe(tmp_path, "4")
+    assert process.wait(60) == 4
+    assert server.poll() is None and forkserver._SERVER._process is server
 
 
 def test_a_forked_command_ends_by_a_signal_as_popen_reports_it(tmp_path: Path) -> None:

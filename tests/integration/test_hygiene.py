@@ -155,7 +155,11 @@ def test_an_interrupted_session_leaves_no_process(inner, how):
         # Its workers, beat and servers are up: the marked processes say so.
         assert len(reaper.marked_processes(inner["mark"])) >= 5
         interrupt(session, how)
-        output, _ = session.communicate(timeout=SESSION_S)
+        try:
+            output, _ = session.communicate(timeout=SESSION_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(session.pid, signal.SIGKILL)
+            raise AssertionError(f"still running: {session.communicate()[0][-3000:]}") from None
     finally:
         if session.poll() is None:
             os.killpg(session.pid, signal.SIGKILL)
