@@ -243,7 +243,13 @@ class ForkServer:
         self._process: subprocess.Popen[bytes] | None = None
 
     def _server(self) -> subprocess.Popen[bytes]:
-        if self._process is None or self._process.poll() is not None:
+        if self._process is not None and self._process.poll() is not None:
+            for pipe in (self._process.stdin, self._process.stdout):  # a dead server's
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+            self._process = None
+        if self._process is None:
             log_path = Path(tempfile.gettempdir()) / f"batchgen-forkserver-{os.getpid()}.log"
             with open(log_path, "ab") as log:
                 self._process = subprocess.Popen(
