@@ -15,6 +15,7 @@ if __name__ == "__main__":
         "session_leader": os.getsid(0) == os.getpid(),
         "cwd": os.getcwd(),
         "stdin": sys.stdin.read(),
+        "netns": os.readlink("/proc/self/ns/net"),
         "sigint": "python"
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler
         else "?",

@@ -35,6 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 SWITCH_ENV = "BATCHGEN_TEST_FORK"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+CLONE_NEWNET = 0x40000000  # <linux/sched.h>
+NETNS_DIR = Path("/var/run/netns")  # where ``ip netns add`` names a network namespace
 
 # Third-party modules a worker imports, loaded once in the server. Only libraries that
 # read no batchgen setting at import, and start no thread (a fork copies one thread).
@@ -170,6 +172,8 @@ def _fork(request: dict[str, Any]) -> int:
         )
         if os.getppid() != server:  # the server ended before the line above
             os._exit(1)
+        if request.get("netns"):
+            _enter_netns(str(request["netns"]))
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _become(request)
         code = _run(list(request["argv"]))
@@ -181,6 +185,17 @@ def _fork(request: dict[str, Any]) -> int:
             sys.stderr.flush()
         os._exit(code)
     raise AssertionError("unreachable")
+
+
+def _enter_netns(name: str) -> None:
+    """Join network namespace ``name`` as ``ip netns exec NAME`` does for its command."""
+    fd = os.open(NETNS_DIR / name, os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into network namespace {name}")
+    finally:
+        os.close(fd)
 
 
 def _become(request: dict[str, Any]) -> None:
@@ -273,9 +288,12 @@ class ForkServer:
             raise RuntimeError(f"the fork server ended (exit {server.poll()})")
         return dict(json.loads(line))
 
-    def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess:
+    def spawn(
+        self, argv: list[str], env: dict[str, str], log_path: Path, netns: str | None = None
+    ) -> ForkedProcess:
         request = {"op": "spawn", "argv": argv, "env": env, "log": str(log_path)}
         request["cwd"] = os.getcwd()
+        request["netns"] = netns
         return ForkedProcess(self, argv, int(self.ask(request)["pid"]))
 
 
@@ -314,6 +332,9 @@ class ForkedProcess:
 _SERVER = ForkServer()
 
 
-def spawn(argv: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess:
-    """Run ``argv`` (``python -m <module> ...``) as a child of this process's fork server."""
-    return _SERVER.spawn(argv, env, log_path)
+def spawn(
+    argv: list[str], env: dict[str, str], log_path: Path, netns: str | None = None
+) -> ForkedProcess:
+    """Run ``argv`` (``python -m <module> ...``) as a child of this process's fork server;
+    in network namespace ``netns`` (by its ``ip netns`` name) if given."""
+    return _SERVER.spawn(argv, env, log_path, netns)

@@ -4,6 +4,8 @@ its arguments, environment, working folder, session, output and exit code."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +39,7 @@ def test_a_forked_command_sees_what_exec_would_give_it(tmp_path: Path) -> None:
         "session_leader": True,
         "cwd": str(Path.cwd()),
         "stdin": "",
+        "netns": os.readlink("/proc/self/ns/net"),
         "sigint": "python",
     }
     assert second == "to stderr"
@@ -72,3 +75,26 @@ def test_the_switch_turns_forking_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not forkserver.enabled()
     monkeypatch.setenv(forkserver.SWITCH_ENV, "1")
     assert forkserver.enabled() == sys.platform.startswith("linux")
+
+
+def test_a_forked_command_joins_the_network_namespace_it_is_given(tmp_path: Path) -> None:
+    ip = shutil.which("ip") or "/usr/sbin/ip"
+    name = f"bgfork{os.getpid()}"
+    made = subprocess.run([ip, "netns", "add", name], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"ip netns add: {made.stderr.strip()}")
+    try:
+        there = subprocess.run(
+            [ip, "netns", "exec", name, "readlink", "/proc/self/ns/net"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        log = tmp_path / "netns.log"
+        argv = [sys.executable, "-m", "tests.forkprobe", "0"]
+        process = forkserver.spawn(argv, {}, log, netns=name)
+        assert process.wait(60) == 0
+        seen = json.loads(log.read_text().splitlines()[0])
+        assert seen["netns"] == there != os.readlink("/proc/self/ns/net")
+    finally:
+        subprocess.run([ip, "netns", "del", name], capture_output=True)

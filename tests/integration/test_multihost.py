@@ -60,7 +60,9 @@ from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.registry import load_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
+from batchgen.worker import procs
 from batchgen.worker.procs import WORKER_POOL, WorkerProcess
+from tests import forkserver
 from tests.helpers import (
     FAULT_ENV,
     FAULT_RUNNING_LEASE_S,
@@ -276,24 +278,35 @@ class Cluster:
     idle: set[int] = field(default_factory=set)  # hosts not consuming the model's queue
 
     def _start_worker(self, host: int, index: int, *, skewed: bool) -> WorkerProcess:
-        """``celery worker`` inside host ``host``'s namespace (its own process group;
-        ``ip netns exec`` execs it, so the pid is the worker's)."""
+        """``celery worker`` inside host ``host``'s namespace (its own process group):
+        forked by the suite's fork server into the namespace, or (a skewed clock, whose
+        libfaketime loads at exec) run by ``ip netns exec``, which execs it, so the pid
+        is the worker's either way."""
         name = f"h{host}w{index}"
         log_path = self.log_dir / f"{name}.log"
         ready_path = self.log_dir / f"{name}.ready"
         ready_path.unlink(missing_ok=True)
-        argv = [IP, "netns", "exec", self.net.namespace(host), sys.executable, "-m", "celery"]
+        argv = [sys.executable, "-m", "celery"]
         argv += ["-A", "batchgen.tasks", "worker", "-Q", ",".join(QUEUES), "-P", WORKER_POOL]
         argv += ["-c", str(THREADS), "-n", f"{name}@%h", "--without-mingle", "--without-gossip"]
         argv += ["--loglevel", "INFO"]
         if host == BEAT_HOST and index == 1:
             argv += ["-B", "-s", str(self.log_dir / f"{name}-beat-schedule")]
         env = {**_clean_environ(), **self.env, "BATCHGEN_READY_FILE": str(ready_path)}
-        if skewed:
+        namespace = self.net.namespace(host)
+        process: procs.Process
+        if skewed:  # libfaketime is preloaded at exec
             env.update(skew_env(self.log_dir))
+        elif forkserver.enabled():  # the suite's fork server, inside the host's namespace
+            process = forkserver.spawn(argv, env, log_path, netns=namespace)
+            return WorkerProcess(name, process, log_path, ready_path)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                [IP, "netns", "exec", namespace, *argv],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
         return WorkerProcess(name, process, log_path, ready_path)
 
