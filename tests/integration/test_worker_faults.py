@@ -25,7 +25,7 @@ from batchgen.config import Settings, get_settings
 from batchgen.limits import redis_keys as keys
 from batchgen.limits.backend import get_redis
 from batchgen.limits.gate import Gate, Pass
-from batchgen.registry import Registry, get_registry, parse_registry
+from batchgen.registry import Registry, parse_registry
 from batchgen.store import db
 from batchgen.store.schema import Batch, Item, Result, TenantDailyUsage, UsageLedger
 from batchgen.worker.dispatch import release_all
@@ -621,9 +621,7 @@ def test_killed_worker_sent_calls_are_ledgered(clean_db, simulator, workers):
         make_tenant("kill")
         batch = client.submit_batch([chat_line(f"k{i}") for i in range(40)], tenant="kill")
         # The victim alone runs the batch until the kill: the calls in flight are its.
-        victim = workers(
-            get_registry().queues, concurrency=8, beat=True, env=fast_leases, name="victim"
-        )
+        victim = workers(concurrency=8, beat=True, env=fast_leases, name="victim")
         wait_until(lambda: "succeeded prompt_tokens" in victim.log_tail(200), 30, "a first answer")
         wait_until(lambda: _in_flight(simulator.base_url) >= 4, 10, "calls in flight")
         victim.kill()
