@@ -228,51 +228,33 @@ def _environment(**values: str) -> Iterator[None]:
         get_settings.cache_clear()
 
 
-# The tables a test may fill, children before their parents. A few rows each, as most
-# tests leave them, are deleted (about 4 ms of PostgreSQL's CPU); TRUNCATE makes every
-# table and index a new file (about 50 ms), so it is kept for a large history.
-CLEAN_TABLES = (
-    "provider_job_items",
-    "results",
-    "usage_ledger",
-    "tenant_daily_usage",
-    "batch_notifications",
-    "batch_totals",
-    "items",
-    "provider_jobs",
-    "batches",
-    "files",
-    "admitted_totals",
-    "finished_totals",
-    "latency_totals",
-    "dispatch_ring",
-    "dispatch_clocks",
-    "audit_log",
-    "budget_holds",
-    "money_budgets",
-    "api_keys",
-    "nightly_reused",
-    "nightly_runs",
-    "nightly_products",
-    "tenants",
-)
+# A test's rows are deleted (about 4 ms of PostgreSQL's CPU for the few most tests
+# leave); TRUNCATE makes every table and index a new file (about 50 ms), so it is kept
+# for a history of more than this many items.
 LARGE_ROWS = 5000
+# Kept, not emptied: the totals' watermark row (reset by clean_db).
+KEPT_TABLES = {"totals_watermark"}
 
 
-def _empty_tables(conn: Any, text: Any) -> None:
-    """Empty :data:`CLEAN_TABLES` and restart their ids, as ``TRUNCATE ... RESTART
-    IDENTITY`` would: under the same exclusive locks (no process's row lands between
-    two of the deletes)."""
-    tables = ", ".join(CLEAN_TABLES)
+def _empty_tables(conn: Any) -> None:
+    """Empty the schema's tables (children before their parents) and restart their
+    ids, as ``TRUNCATE ... RESTART IDENTITY`` would: under the same exclusive locks,
+    so that no process's row lands between two of the deletes."""
+    from sqlalchemy import text
+
+    from batchgen.store.schema import Base
+
+    names = [t.name for t in reversed(Base.metadata.sorted_tables) if t.name not in KEPT_TABLES]
+    tables = ", ".join(names)
     large = conn.execute(
         text(f"SELECT count(*) FROM (SELECT 1 FROM items LIMIT {LARGE_ROWS + 1}) AS head")
     ).scalar()
     if large > LARGE_ROWS:
-        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY"))
         return
     conn.execute(text(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE"))
-    for table in CLEAN_TABLES:
-        conn.execute(text(f"DELETE FROM {table}"))
+    for name in names:
+        conn.execute(text(f"DELETE FROM {name}"))
     conn.execute(
         text(
             "SELECT setval(s.oid::regclass, 1, false) FROM pg_class s"
@@ -280,7 +262,7 @@ def _empty_tables(conn: Any, text: Any) -> None:
             " JOIN pg_class t ON t.oid = d.refobjid"
             " WHERE s.relkind = 'S' AND t.relname = ANY(:tables)"
         ),
-        {"tables": list(CLEAN_TABLES)},
+        {"tables": names},
     )
 
 
@@ -300,7 +282,7 @@ def clean_db(services: dict[str, str]) -> dict[str, str]:
     for last_try in (False, False, False, True):
         try:
             with get_engine().begin() as conn:
-                _empty_tables(conn, text)
+                _empty_tables(conn)
                 conn.execute(text("UPDATE totals_watermark SET rolled_up_before = NULL"))
             break
         except Exception as exc:
