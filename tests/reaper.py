@@ -181,4 +181,6 @@ def reap(token: str | None = None, grace_s: float = GRACE_S) -> list[int]:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
         psutil.wait_procs(alive, timeout=grace_s)
+    for guard in _guards:  # reaped above (or ended): its Popen learns it, and does not
+        guard.poll()  # warn at exit that it is "still running"
     return reaped
