@@ -9,10 +9,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 from sqlalchemy import func, select
 
 from batchgen.store import db, tenants
+from tests import http_client
 from tests.waiting import wait_until
 
 
@@ -218,16 +218,12 @@ FAULT_ENV = {
 
 def sim_config(base_url: str, **changes: Any) -> None:
     """Change the simulator's run-time settings (``POST /_sim/config``)."""
-    import httpx
-
-    httpx.post(f"{base_url}/_sim/config", json=changes, timeout=10).raise_for_status()
+    http_client.post(f"{base_url}/_sim/config", json=changes, timeout=10).raise_for_status()
 
 
 def sim_in_flight(base_url: str) -> int:
     """Calls the simulator is answering right now."""
-    import httpx
-
-    return int(httpx.get(f"{base_url}/_sim/stats", timeout=10).json()["in_flight"])
+    return int(http_client.get(f"{base_url}/_sim/stats", timeout=10).json()["in_flight"])
 
 
 def submit_items(tenant: str, n: int) -> str:
@@ -333,7 +329,7 @@ def settled_entry(base_url: str, item: object, timeout_s: float = 5.0) -> dict[s
     entries: list[dict[str, Any]] = []
 
     def settled() -> dict[str, Any] | None:
-        got = httpx.get(f"{base_url}/_sim/log", params={"item": str(item)}, timeout=10).json()
+        got = http_client.get(f"{base_url}/_sim/log", params={"item": str(item)}, timeout=10).json()
         entries[:] = got
         return got[0] if got and got[0]["end_ts"] is not None else None
 

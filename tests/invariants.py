@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-import httpx
 import redis
 from sqlalchemy import Date, cast, func, select
 
@@ -33,6 +32,7 @@ from batchgen.limits import redis_keys as keys
 from batchgen.registry import get_registry
 from batchgen.store import db
 from batchgen.store.schema import Item, Result, Tenant, TenantDailyUsage, UsageLedger
+from tests import http_client
 from tests.helpers import assert_ledger_is_results_plus_waste
 from tests.waiting import poll_until
 from tests.waiting import wait_until as wait_until  # re-exported: where tests import it
@@ -54,11 +54,11 @@ class RunReport:
 
 def reset_simulator(base_url: str) -> None:
     """Forget the simulator's request log and counters (ids restart with each clean test)."""
-    httpx.post(f"{base_url}/_sim/reset", timeout=10).raise_for_status()
+    http_client.post(f"{base_url}/_sim/reset", timeout=10).raise_for_status()
 
 
 def simulator_log(base_url: str) -> list[dict[str, Any]]:
-    return list(httpx.get(f"{base_url}/_sim/log", timeout=30).json())
+    return list(http_client.get(f"{base_url}/_sim/log", timeout=30).json())
 
 
 def is_billed(entry: dict[str, Any]) -> bool:

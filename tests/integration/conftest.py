@@ -20,6 +20,7 @@ import pytest
 
 from batchgen.worker import procs
 from batchgen.worker.procs import WorkerProcess, start_worker, stop_all
+from tests import http_client
 from tests.waiting import poll_until
 
 HERE = Path(__file__).resolve().parent
@@ -153,7 +154,7 @@ def api_servers(tmp_path: Path) -> Iterator[Callable[..., str]]:
                 log_text = (log_dir / f"api-{port}.log").read_text()
                 raise RuntimeError(f"API server exited: {log_text}")
             try:
-                return httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200
+                return http_client.get(f"{base_url}/healthz", timeout=1).status_code == 200
             except httpx.HTTPError:
                 return False
 

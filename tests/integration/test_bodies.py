@@ -22,6 +22,7 @@ import pytest
 
 from batchgen.dashboard import csrf_token
 from batchgen.dashboard_auth import SESSION_COOKIE
+from tests import http_client
 from tests.helpers import chat_line, jsonl, make_tenant
 
 pytestmark = pytest.mark.integration
@@ -277,11 +278,11 @@ def test_bodies_within_the_caps_still_work(server, key):
 
     for content_type in ("application/jsonl", "application/json"):
         headers = {**auth, "Content-Type": content_type}
-        res = httpx.post(f"{url}/v1/batches", content=pieces(), headers=headers, timeout=60)
+        res = http_client.post(f"{url}/v1/batches", content=pieces(), headers=headers, timeout=60)
         assert res.status_code == 200, (content_type, res.text)
         assert res.json()["request_counts"]["total"] == count
     files = {"file": ("ok.jsonl", body, "application/jsonl")}
-    res = httpx.post(f"{url}/v1/files", files=files, data={"purpose": "batch"}, headers=auth)
+    res = http_client.post(f"{url}/v1/files", files=files, data={"purpose": "batch"}, headers=auth)
     assert res.status_code == 200, res.text
     assert res.json()["bytes"] == len(body)
 

@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 
 from batchgen.store import db
 from batchgen.store.schema import Tenant, UsageLedger
+from tests import http_client
 from tests.helpers import make_tenant, sim_config
 from tests.invariants import simulator_log
 
@@ -44,7 +45,7 @@ def stack(simulator, module_api_server, module_workers) -> str:
 @pytest.fixture
 def api(clean_db, simulator, stack: str) -> httpx.Client:
     """A client of the API process; the simulator's log starts empty."""
-    httpx.post(f"{simulator.base_url}/_sim/reset", timeout=10).raise_for_status()
+    http_client.post(f"{simulator.base_url}/_sim/reset", timeout=10).raise_for_status()
     with httpx.Client(base_url=stack, timeout=120) as client:
         yield client
 

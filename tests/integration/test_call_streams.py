@@ -19,7 +19,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anthropic
-import httpx
 import openai
 import psutil
 import pytest
@@ -28,6 +27,7 @@ from sqlalchemy import select
 from batchgen.limits.backend import get_redis
 from batchgen.store import db
 from batchgen.store.schema import Item, Result, UsageLedger
+from tests import http_client
 from tests.helpers import make_tenant, sim_config
 from tests.invariants import (
     check_invariants,
@@ -155,7 +155,7 @@ def test_the_first_read_holds_the_start_of_the_answer_only(api, paced):
     key = make_tenant("wire")
     body = {"model": "sim-small", "messages": ASKED, "max_tokens": 60, "stream": True}
     headers = {"Authorization": f"Bearer {key}"}
-    with httpx.stream(
+    with http_client.stream(
         "POST", f"{api}/v1/chat/completions", json=body, headers=headers, timeout=60
     ) as response:
         assert response.status_code == 200

@@ -30,6 +30,7 @@ from batchgen.embedded import free_port
 from batchgen.store import db
 from batchgen.store.schema import Item, Result, Tenant
 from batchgen.worker import procs
+from tests import http_client
 from tests.helpers import chat_line, jsonl
 from tests.waiting import wait_until
 
@@ -415,19 +416,19 @@ def test_servers_start_and_refuse_bad_options(services, simulator, run, folder, 
         def answers(url: str, **kw: object) -> Callable[[], bool]:
             def check() -> bool:
                 try:
-                    return httpx.get(url, timeout=1, **kw).status_code < 500  # type: ignore[arg-type]
+                    return http_client.get(url, timeout=1, **kw).status_code < 500  # type: ignore[arg-type]
                 except httpx.TransportError:
                     return False
 
             return check
 
         api.wait(answers(f"http://127.0.0.1:{api_port}/healthz"))
-        assert httpx.get(f"http://127.0.0.1:{api_port}/healthz").json() == {"ok": True}
+        assert http_client.get(f"http://127.0.0.1:{api_port}/healthz").json() == {"ok": True}
         sim.wait(answers(f"http://127.0.0.1:{sim_port}/v1/models"))
         beat.wait(lambda: "beat: Starting" in beat.text())
         flower.wait(answers(f"http://127.0.0.1:{flower_port}/healthcheck"))
-        assert httpx.get(f"http://127.0.0.1:{flower_port}/").status_code == 401
-        ok = httpx.get(f"http://127.0.0.1:{flower_port}/", auth=("ops", "s3cret"))
+        assert http_client.get(f"http://127.0.0.1:{flower_port}/").status_code == 401
+        ok = http_client.get(f"http://127.0.0.1:{flower_port}/", auth=("ops", "s3cret"))
         assert ok.status_code == 200
         assert "s3cret" not in flower.text()
     finally:

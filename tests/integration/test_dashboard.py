@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests import http_client
 from tests.helpers import chat_line, jsonl, make_tenant, sim_config
 from tests.invariants import wait_until
 
@@ -248,7 +248,7 @@ def test_submit_watch_and_cancel_in_a_browser(
         assert set(colours) == {"succeeded", "cancelled"}, colours
         assert colours["cancelled"] != colours["succeeded"]
         shots.take("3-cancelled")
-        counts = httpx.get(
+        counts = http_client.get(
             f"{base}/v1/batches/{batch_id}", headers={"Authorization": f"Bearer {key}"}
         ).json()["request_counts"]
         assert counts["cancelled"] > 0 and counts["succeeded"] > 0
@@ -258,11 +258,11 @@ def test_submit_watch_and_cancel_in_a_browser(
         link = ended["results"]
         cookie = browser.get_cookie("batchgen_session")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
-        downloaded = httpx.get(link, cookies={"batchgen_session": cookie["value"]})
+        downloaded = http_client.get(link, cookies={"batchgen_session": cookie["value"]})
         assert downloaded.status_code == 200 and downloaded.text.count("\n") == 40
-        assert httpx.get(link).status_code == 401
+        assert http_client.get(link).status_code == 401
         # A form posted without the page's token changes nothing.
-        forged = httpx.post(
+        forged = http_client.post(
             f"{base}/dashboard/batches/{batch_id}/cancel",
             cookies={"batchgen_session": cookie["value"]},
             data={"csrf": "forged"},

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import time
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 
 from batchgen import python_api as client
 from batchgen.store import db
 from batchgen.store.schema import Item
+from tests import http_client
 from tests.helpers import chat_line, make_tenant, wait_batches
 from tests.waiting import wait_until
 
@@ -24,11 +24,11 @@ IN_TRANSIT_S = 0.25
 
 
 def _sim_log(sim) -> list[dict]:
-    return httpx.get(f"{sim.base_url}/_sim/log", params={"limit": 100_000}).json()
+    return http_client.get(f"{sim.base_url}/_sim/log", params={"limit": 100_000}).json()
 
 
 def _set_latency(sim, ms: float, per_token_ms: float = 0.5) -> None:
-    httpx.post(
+    http_client.post(
         f"{sim.base_url}/_sim/config",
         json={"latency_base_ms": ms, "latency_per_token_ms": per_token_ms},
     ).raise_for_status()
@@ -55,7 +55,7 @@ def _wait_past_deadline(batch_id: str, *, every_item: bool, timeout_s: float = 3
 
 def test_item_past_its_deadline_never_reaches_the_provider(clean_db, simulator, workers):
     make_tenant("late")
-    httpx.post(f"{simulator.base_url}/_sim/reset").raise_for_status()
+    http_client.post(f"{simulator.base_url}/_sim/reset").raise_for_status()
     batch = client.submit_batch(
         [chat_line(f"d{i}") for i in range(10)], tenant="late", completion_window="1s"
     )

@@ -31,6 +31,7 @@ from batchgen.store import db
 from batchgen.store.schema import Batch, File, UsageLedger
 from batchgen.worker.offload_jobs import tick
 from batchgen.worker.procs import start_worker, stop_all
+from tests import http_client
 from tests.helpers import make_tenant, openai_batch_in, sim_config
 from tests.integration.conftest import CONTROL_QUEUE, NOTIFY_QUEUE
 from tests.waiting import wait_until
@@ -124,7 +125,7 @@ def _same(response: dict[str, Any]) -> dict[str, Any]:
 
 
 def _last_request(simulator, api: str) -> dict[str, Any]:
-    got = httpx.get(f"{simulator.base_url}/_sim/last_request", params={"api": api}).json()
+    got = http_client.get(f"{simulator.base_url}/_sim/last_request", params={"api": api}).json()
     assert isinstance(got, dict)
     return got
 
@@ -228,7 +229,7 @@ def test_sync_responses_and_embeddings_through_the_scheduler(
     # The simulator holds both endpoints to chat's limits and faults.
     for path, body in (("/v1/responses", text_body), ("/v1/embeddings", EMBEDDINGS_BODIES["one"])):
         for fault, status in (("429", 429), ("status:503", 503)):
-            answer = httpx.post(
+            answer = http_client.post(
                 f"{simulator.base_url}{path}",
                 json={"model": "m", **body} if path == "/v1/responses" else body,
                 headers={"x-sim-fault": fault},
@@ -323,7 +324,7 @@ def test_bad_lines_and_unknown_endpoints_are_refused_precisely(
         )
     )
     assert unknown.status_code == 400 and "supported" in str(unknown.body)
-    own = httpx.post(  # our own submit: the JSONL as the body, the endpoint in the query
+    own = http_client.post(  # our own submit: the JSONL as the body, the endpoint in the query
         f"{runtime}/v1/batches",
         params={"endpoint": "/v1/responses"},
         content=embeddings_file,
@@ -335,7 +336,7 @@ def test_bad_lines_and_unknown_endpoints_are_refused_precisely(
 
     no_model = _error(lambda: oai.embeddings.create(model="sim-small", input="x"))
     assert no_model.status_code == 400 and "does not serve /v1/embeddings" in str(no_model.body)
-    answer = httpx.post(f"{runtime}/v1/completions", headers={"Authorization": "Bearer x"})
+    answer = http_client.post(f"{runtime}/v1/completions", headers={"Authorization": "Bearer x"})
     assert answer.status_code == 404
     message = answer.json()["error"]["message"]
     assert "POST /v1/completions" in message

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 
@@ -18,6 +17,7 @@ from batchgen.store.ledger import CallOutcome, record_success
 from batchgen.store.schema import Item, Result, UsageLedger
 from batchgen.worker.dispatch import release_all
 from batchgen.worker.execution import run_item
+from tests import http_client
 from tests.helpers import (
     assert_ledger_is_results_plus_waste,
     chat_line,
@@ -52,7 +52,7 @@ def test_same_task_delivered_twice_records_once(clean_db, simulator, workers):
         assert s.scalar(select(func.count()).select_from(Result)) == 20
         assert s.scalar(select(func.count()).select_from(UsageLedger)) == 20
         assert s.scalar(select(func.max(Item.attempts))) == 1
-    stats = httpx.get(f"{simulator.base_url}/_sim/stats").json()
+    stats = http_client.get(f"{simulator.base_url}/_sim/stats").json()
     assert stats["requests"] >= 20
     assert_ledger_is_results_plus_waste()
 
@@ -102,7 +102,7 @@ def test_sigkill_worker_mid_call_loses_nothing(clean_db, simulator, workers):
         "BATCHGEN_QUEUED_LEASE_S": "8",
         "BATCHGEN_SWEEP_INTERVAL_S": "1",
     }
-    httpx.post(
+    http_client.post(
         f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 700}
     ).raise_for_status()
     try:
@@ -118,7 +118,7 @@ def test_sigkill_worker_mid_call_loses_nothing(clean_db, simulator, workers):
         victim.kill()
         wait_batches([batch["id"]], timeout_s=120)
     finally:
-        httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
+        http_client.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
 
     info = client.get_batch(batch["id"], tenant="kill")
     assert info["request_counts"]["succeeded"] == 60
@@ -139,14 +139,14 @@ def test_provider_error_storm_retries_through_the_dispatcher(clean_db, simulator
     """30 % of calls fail with 5xx, timeouts or resets: every item still succeeds, retried
     with backoff through PostgreSQL, and nothing is counted twice."""
     faults = {"fault_rate": 0.3, "fault_kinds": ["5xx", "reset", "malformed"]}
-    httpx.post(f"{simulator.base_url}/_sim/config", json=faults).raise_for_status()
+    http_client.post(f"{simulator.base_url}/_sim/config", json=faults).raise_for_status()
     try:
         make_tenant("storm")
         batch = client.submit_batch([chat_line(f"s{i}") for i in range(40)], tenant="storm")
         workers(concurrency=8, env={"BATCHGEN_RETRY_BASE_S": "0.05", "BATCHGEN_MAX_ATTEMPTS": "12"})
         wait_batches([batch["id"]], timeout_s=90)
     finally:
-        httpx.post(f"{simulator.base_url}/_sim/config", json={"fault_rate": 0.0})
+        http_client.post(f"{simulator.base_url}/_sim/config", json={"fault_rate": 0.0})
     counts = client.get_batch(batch["id"], tenant="storm")["request_counts"]
     assert counts["succeeded"] == 40
     with db.session_scope() as s:

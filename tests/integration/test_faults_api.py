@@ -25,6 +25,7 @@ from batchgen.domain.lifecycle.status import CALL_RANK
 from batchgen.limits.backend import get_redis
 from batchgen.store import db
 from batchgen.store.schema import Item, UsageLedger
+from tests import http_client
 from tests.helpers import FAULT_ENV, make_tenant, sim_config, sim_in_flight
 from tests.invariants import (
     check_invariants,
@@ -80,7 +81,7 @@ def _streamed_call(
     }
     headers = {"Authorization": f"Bearer {key}", "X-Request-Timeout": "120"}
     try:
-        with httpx.stream(
+        with http_client.stream(
             "POST",
             f"{api}/v1/chat/completions",
             content=json.dumps(body),

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
@@ -33,6 +32,7 @@ from batchgen.config import get_settings
 from batchgen.limits.backend import get_redis
 from batchgen.store import db
 from batchgen.store.schema import Batch, Item
+from tests import http_client
 from tests.helpers import (
     FAULT_ENV,
     chat_line,
@@ -314,10 +314,10 @@ def test_submit_while_postgres_down(sim, workers, own_pg, api_server):
     auth = {"Authorization": f"Bearer {key}", "Idempotency-Key": "pgdown-1"}
     body = jsonl([chat_line(f"pgdown-{i}") for i in range(20)])
     api = api_server({"DATABASE_URL": own_pg.proxied_url})
-    assert httpx.get(f"{api}/v1/batches", headers=auth, timeout=30).status_code == 200
+    assert http_client.get(f"{api}/v1/batches", headers=auth, timeout=30).status_code == 200
     closed = own_pg.proxy.cut()
     try:
-        refused = httpx.post(f"{api}/v1/batches", content=body, headers=auth, timeout=60)
+        refused = http_client.post(f"{api}/v1/batches", content=body, headers=auth, timeout=60)
     finally:
         own_pg.proxy.restore()
 
@@ -331,7 +331,7 @@ def test_submit_while_postgres_down(sim, workers, own_pg, api_server):
     assert error["code"] and error["message"]
     assert int(refused.headers["Retry-After"]) >= 1
 
-    accepted = httpx.post(f"{api}/v1/batches", content=body, headers=auth, timeout=60)
+    accepted = http_client.post(f"{api}/v1/batches", content=body, headers=auth, timeout=60)
     assert accepted.status_code == 200, accepted.text[:300]
     batch_id = accepted.json()["id"]
     workers(env=own_pg.worker_env(), name="worker")

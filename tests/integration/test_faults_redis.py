@@ -17,7 +17,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from sqlalchemy import func, select
@@ -26,6 +25,7 @@ from batchgen.embedded import RedisServer, free_port
 from batchgen.store import db
 from batchgen.store.schema import Batch, Item
 from batchgen.worker.procs import WorkerProcess
+from tests import http_client
 from tests.helpers import (
     FAULT_ENV,
     FAULT_RUNNING_LEASE_S,
@@ -227,7 +227,7 @@ def test_submit_while_redis_down(sim, workers, own_redis, api_server):
     api = api_server(own_redis.env())
     own_redis.kill()
     lines = [chat_line(f"rdown-{i}") for i in range(50)]
-    response = httpx.post(
+    response = http_client.post(
         f"{api}/v1/batches",
         content=jsonl(lines),
         headers={"Authorization": f"Bearer {key}", "Idempotency-Key": "rdown-1"},
@@ -244,7 +244,7 @@ def test_submit_while_redis_down(sim, workers, own_redis, api_server):
     own_redis.start()
     workers(env=own_redis.env(), name="worker")
     wait_batches([batch_id], timeout_s=120)
-    told = httpx.get(
+    told = http_client.get(
         f"{api}/v1/batches/{batch_id}", headers={"Authorization": f"Bearer {key}"}, timeout=30
     ).json()
     assert told["request_counts"]["succeeded"] == 50

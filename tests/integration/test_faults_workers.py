@@ -30,6 +30,7 @@ from batchgen.registry import get_registry
 from batchgen.store import db
 from batchgen.store.schema import Item
 from batchgen.worker.procs import WorkerProcess
+from tests import http_client
 from tests.helpers import (
     FAULT_ENV,
     FAULT_RUNNING_LEASE_S,
@@ -423,8 +424,6 @@ def test_api_process_killed_mid_call_a_worker_finishes_the_call(sim, workers, ap
     call cut mid-flight is ledgered as waste."""
     import threading
 
-    import httpx
-
     from batchgen.domain.lifecycle.status import CALL_RANK
 
     sim_config(sim.base_url, latency_base_ms=1500)
@@ -439,7 +438,7 @@ def test_api_process_killed_mid_call_a_worker_finishes_the_call(sim, workers, ap
 
     def call() -> None:
         try:
-            httpx.post(
+            http_client.post(
                 f"{base_url}/v1/chat/completions",
                 json={
                     "model": "sim-small",

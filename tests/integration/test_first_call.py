@@ -17,6 +17,7 @@ import pytest
 
 from batchgen import embedded
 from batchgen.embedded import free_port
+from tests import http_client
 from tests.helpers import chat_line, make_tenant
 
 pytestmark = pytest.mark.integration
@@ -66,7 +67,7 @@ def silent_redis() -> Iterator[str]:
 
 def _call(base_url: str, key: str, model: str = "sim-small") -> httpx.Response:
     body = {**chat_line("c", model=model)["body"]}
-    return httpx.post(
+    return http_client.post(
         f"{base_url}/v1/chat/completions",
         json=body,
         headers={"Authorization": f"Bearer {key}", "X-Request-Timeout": "20"},
@@ -97,7 +98,7 @@ def test_an_unmigrated_database_says_batchgen_db_upgrade(clean_db, api_server, t
     embedded.drop_database(server_url, UNMIGRATED)
     url = embedded.ensure_database(server_url, UNMIGRATED)  # empty: no migration applied
     base_url = api_server(env={"DATABASE_URL": url, "BATCHGEN_DATABASE_DIRECT_URL": url})
-    answer = httpx.get(
+    answer = http_client.get(
         f"{base_url}/v1/batches", headers={"Authorization": "Bearer sk-any"}, timeout=30
     )
     assert answer.status_code == 503, answer.text

@@ -14,6 +14,7 @@ from flask import Flask
 
 from batchgen.api import create_app
 from batchgen.integrations.flask import BatchGen, app_scope
+from tests import http_client
 from tests.helpers import chat_line, jsonl, make_tenant, message_request, wait_batches
 from tests.waiting import wait_until
 
@@ -176,8 +177,6 @@ def test_a_call_retried_after_a_provider_error_needs_no_worker(clean_db, simulat
     runs (the host's process), after its backoff: no worker or dispatcher is needed."""
     import threading
 
-    import httpx
-
     from tests.helpers import sim_config
 
     key = make_tenant("retried")
@@ -185,7 +184,7 @@ def test_a_call_retried_after_a_provider_error_needs_no_worker(clean_db, simulat
     host.config["BATCHGEN_URL_PREFIX"] = "/llm"
     BatchGen(host)
     web = host.test_client()
-    httpx.post(f"{simulator.base_url}/_sim/reset", timeout=10)
+    http_client.post(f"{simulator.base_url}/_sim/reset", timeout=10)
     sim_config(simulator.base_url, fault_rate=1.0, fault_kinds=["5xx"])
     answers: list = []
     body = {"model": "sim-small", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
@@ -201,7 +200,7 @@ def test_a_call_retried_after_a_provider_error_needs_no_worker(clean_db, simulat
     caller.start()
     try:
         wait_until(
-            lambda: httpx.get(f"{simulator.base_url}/_sim/log", timeout=10).json(),
+            lambda: http_client.get(f"{simulator.base_url}/_sim/log", timeout=10).json(),
             20,
             lambda: f"an attempt to reach the provider: {answers}",
         )
@@ -210,7 +209,9 @@ def test_a_call_retried_after_a_provider_error_needs_no_worker(clean_db, simulat
     caller.join(30)
     (answer,) = answers
     assert answer.status_code == 200, answer.json
-    statuses = [e["status"] for e in httpx.get(f"{simulator.base_url}/_sim/log", timeout=10).json()]
+    statuses = [
+        e["status"] for e in http_client.get(f"{simulator.base_url}/_sim/log", timeout=10).json()
+    ]
     assert statuses[0] >= 500 and statuses[-1] == 200
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from batchgen import python_api as client
 from batchgen.embedded import free_port
+from tests import http_client
 from tests.helpers import chat_line, make_tenant, sim_config, wait_batches
 from tests.waiting import wait_until
 
@@ -23,7 +24,7 @@ SECRET = "Unreleased kettle with quantum boil"
 
 def _healthy(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/healthcheck", timeout=0.5).status_code == 200
+        return http_client.get(f"{url}/healthcheck", timeout=0.5).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -68,11 +69,11 @@ def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator,
     )
     wait_batches([batch["id"]])
 
-    assert httpx.get(f"{flower}/api/tasks").status_code == 401
-    assert httpx.get(f"{flower}/api/tasks", auth=("ops", "wrong")).status_code == 401
+    assert http_client.get(f"{flower}/api/tasks").status_code == 401
+    assert http_client.get(f"{flower}/api/tasks", auth=("ops", "wrong")).status_code == 401
 
     def tasks_seen() -> tuple[dict, httpx.Response] | None:  # events arrive asynchronously
-        res = httpx.get(f"{flower}/api/tasks", auth=("ops", "s3cret"))
+        res = http_client.get(f"{flower}/api/tasks", auth=("ops", "s3cret"))
         assert res.status_code == 200
         tasks = res.json()
         enough = sum(t["name"] == "batchgen.generate" for t in tasks.values()) >= 6
@@ -89,10 +90,10 @@ def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator,
         assert batch["id"] in t["kwargs"] and "'tenant_name': 'watched'" in t["kwargs"]
     # The task list shows the kwargs column (Flower's default list leaves it out): an
     # operator sees each task's batch and tenant there, not only on its detail page.
-    page = httpx.get(f"{flower}/tasks", auth=("ops", "s3cret")).text
+    page = http_client.get(f"{flower}/tasks", auth=("ops", "s3cret")).text
     columns = re.findall(r'<th data-column="(\w+)"', page)
     assert columns[:4] == ["name", "uuid", "state", "kwargs"], columns
-    workers_seen = httpx.get(
+    workers_seen = http_client.get(
         f"{flower}/api/workers", auth=("ops", "s3cret"), params={"refresh": "true"}
     ).json()
     assert workers_seen
@@ -110,7 +111,9 @@ def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator,
         sim_config(simulator.base_url, fault_rate=0.0)
 
     def failures() -> tuple[list, httpx.Response] | None:
-        res = httpx.get(f"{flower}/api/tasks", auth=("ops", "s3cret"), params={"state": "FAILURE"})
+        res = http_client.get(
+            f"{flower}/api/tasks", auth=("ops", "s3cret"), params={"state": "FAILURE"}
+        )
         failed = [t for t in res.json().values() if t["name"] == "batchgen.generate"]
         return (failed, res) if len(failed) >= 2 else None
 
@@ -144,15 +147,15 @@ def test_batchgen_flower_puts_metrics_behind_its_basic_auth(services, tmp_path):
             return _healthy(url)
 
         wait_until(up, 30, lambda: (tmp_path / "batchgen-flower.log").read_text())
-        health = httpx.get(f"{url}/healthcheck", timeout=5)
+        health = http_client.get(f"{url}/healthcheck", timeout=5)
         assert health.text == "OK"  # a probe's answer, nothing about tasks or workers
-        assert httpx.get(f"{url}/metrics").status_code == 401
-        assert httpx.get(f"{url}/metrics", auth=("ops", "wrong")).status_code == 401
-        assert httpx.get(f"{url}/metrics", auth=("nobody", "s3cret")).status_code == 401
-        metrics = httpx.get(f"{url}/metrics", auth=("ops", "s3cret"))
+        assert http_client.get(f"{url}/metrics").status_code == 401
+        assert http_client.get(f"{url}/metrics", auth=("ops", "wrong")).status_code == 401
+        assert http_client.get(f"{url}/metrics", auth=("nobody", "s3cret")).status_code == 401
+        metrics = http_client.get(f"{url}/metrics", auth=("ops", "s3cret"))
         assert metrics.status_code == 200
         assert "flower_events_total" in metrics.text or "# HELP" in metrics.text
-        assert httpx.get(f"{url}/api/workers").status_code == 401  # as before
+        assert http_client.get(f"{url}/api/workers").status_code == 401  # as before
     finally:
         proc.terminate()
         proc.wait(10)

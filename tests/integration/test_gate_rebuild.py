@@ -10,7 +10,6 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import select
 
@@ -22,6 +21,7 @@ from batchgen.registry import load_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.store import db
 from batchgen.store.schema import Item
+from tests import http_client
 from tests.helpers import chat_line, make_tenant, sim_in_flight, wait_batches
 from tests.integration.test_faults_redis import OwnRedis
 from tests.invariants import check_invariants, wait_until
@@ -128,7 +128,7 @@ def test_flushed_gate_state_is_rebuilt_as_spent(limited, workers):
     rebuilt = {k.decode(): int(v) for k, v in amounts.items() if k.startswith(b"rebuilt:")}
     assert list(rebuilt.values()) == [TOKENS_PER_WINDOW], amounts
     # (a) no window at the provider over its limit, and every invariant.
-    stats = httpx.get(f"{sim.base_url}/_sim/stats", timeout=10).json()
+    stats = http_client.get(f"{sim.base_url}/_sim/stats", timeout=10).json()
     assert stats["max_tokens_in_any_window"] <= TOKENS_PER_WINDOW, stats
     assert stats["rate_limited"] == 0, stats
     report = check_invariants(sim.base_url, r)

@@ -40,6 +40,7 @@ from celery import Celery
 
 from batchgen.embedded import RedisServer, free_port
 from batchgen.worker.procs import WorkerProcess, stop_all
+from tests import http_client
 from tests.helpers import chat_line, jsonl, make_tenant
 from tests.waiting import wait_until
 
@@ -320,7 +321,7 @@ def _wait(what: str, condition: Callable[[], bool], procs: Procs, timeout_s: flo
 def _wait_api(base_url: str, procs: Procs, path: str = "/healthz") -> None:
     def up() -> bool:
         try:
-            return httpx.get(f"{base_url}{path}", timeout=5).status_code == 200
+            return http_client.get(f"{base_url}{path}", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -462,7 +463,7 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
     for proc in ready[:2]:
         _wait(f"{proc.name} ready", proc.ready_path.exists, procs)
     phases["processes up"] = time.monotonic() - started_at
-    answer = httpx.post(
+    answer = http_client.post(
         f"{base_url}/v1/batches",
         content=jsonl([chat_line(f"api-{i}", max_tokens=5) for i in range(3)]),
         headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/jsonl"},
@@ -488,7 +489,7 @@ def test_a_batch_runs_beside_a_django_site_and_a_flask_app(
 
     # The batches run through the venv's worker and dispatcher.
     def status(batch_id: str) -> str:
-        got = httpx.get(
+        got = http_client.get(
             f"{base_url}/v1/batches/{batch_id}",
             timeout=10,
             headers={"Authorization": f"Bearer {api_key}"},
@@ -594,7 +595,7 @@ def test_a_django_sites_shared_tasks_reach_its_own_worker(
     )
     _wait("the site's worker ready", worker.ready_path.exists, procs)
     _wait_api(f"http://127.0.0.1:{port}", procs, "/dashboard/")
-    answer = httpx.get(f"http://127.0.0.1:{port}/ping/", timeout=30)
+    answer = http_client.get(f"http://127.0.0.1:{port}/ping/", timeout=30)
     assert answer.status_code == 200 and answer.text == "sent", answer.text
     _run([installed.python, "manage.py", "ping_site"], cwd=site, env={**env, "HOST_ROLE": "job"})
     # Sent by now (.delay() returns once the broker has the message): none on batchgen's.

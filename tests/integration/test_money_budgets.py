@@ -37,6 +37,7 @@ from batchgen.store.schema import BudgetHold, Item
 from batchgen.worker import money_alerts, money_settle
 from batchgen.worker import money_holds as money
 from batchgen.worker.dispatch import release_model
+from tests import http_client
 from tests.helpers import chat_line, make_tenant
 from tests.waiting import wait_until
 
@@ -335,7 +336,7 @@ def test_a_sync_call_over_budget_gets_429_with_the_reset(clean_db, module_api_se
     key = make_tenant("acme")
     tenant_admin.set_budget("acme", limit_usd="0.000001", period="day", time_zone="Europe/Paris")
     base_url = module_api_server()
-    answer = httpx.post(
+    answer = http_client.post(
         f"{base_url}/v1/chat/completions",
         json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50},
         headers={"Authorization": f"Bearer {key}"},

@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 
@@ -62,7 +61,7 @@ from batchgen.registry import load_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.worker import procs
 from batchgen.worker.procs import WORKER_POOL, WorkerProcess
-from tests import forkserver
+from tests import forkserver, http_client
 from tests.helpers import (
     FAULT_ENV,
     FAULT_RUNNING_LEASE_S,
@@ -544,18 +543,18 @@ _RUNS = 0
 
 
 def sim_stats(cluster: Cluster) -> dict[str, Any]:
-    return dict(httpx.get(f"{cluster.sim.base_url}/_sim/stats", timeout=10).json())
+    return dict(http_client.get(f"{cluster.sim.base_url}/_sim/stats", timeout=10).json())
 
 
 def sim_calls(cluster: Cluster) -> list[dict[str, Any]]:
-    log = httpx.get(f"{cluster.sim.base_url}/_sim/log", timeout=30).json()
+    log = http_client.get(f"{cluster.sim.base_url}/_sim/log", timeout=30).json()
     return [e for e in log if e["admitted"]]
 
 
 def fresh_call_from(cluster: Cluster, host: int, within_s: float = CALL_MS / 4000) -> bool:
     """The simulator holds an admitted call from ``host``'s address, begun less than
     ``within_s`` ago (so still far from its answer)."""
-    recent = httpx.get(f"{cluster.sim.base_url}/_sim/log?limit=60", timeout=10).json()
+    recent = http_client.get(f"{cluster.sim.base_url}/_sim/log?limit=60", timeout=10).json()
     now = time.time()
     return any(
         e["peer"] == cluster.net.host_ip(host)

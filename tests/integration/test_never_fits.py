@@ -9,7 +9,6 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 
@@ -19,6 +18,7 @@ from batchgen.errors import ValidationFailed
 from batchgen.registry import load_registry
 from batchgen.store import db
 from batchgen.store.schema import Batch, Item
+from tests import http_client
 from tests.helpers import chat_line, make_tenant
 
 # No call is made: the provider's address is never reached.
@@ -86,14 +86,14 @@ def _lines(model: str) -> list[dict]:
 def test_openai_files_and_batches_refuse_a_line_that_can_never_fit(api_url, key, model, binds):
     auth = {"Authorization": f"Bearer {key}"}
     content = "\n".join(json.dumps(line) for line in _lines(model)).encode()
-    uploaded = httpx.post(
+    uploaded = http_client.post(
         f"{api_url}/v1/files",
         headers=auth,
         data={"purpose": "batch"},
         files={"file": ("in.jsonl", content)},
     )
     assert uploaded.status_code == 200, uploaded.text
-    created = httpx.post(
+    created = http_client.post(
         f"{api_url}/v1/batches",
         headers=auth,
         json={
@@ -119,7 +119,7 @@ def test_anthropic_message_batches_refuse_a_request_that_can_never_fit(api_url, 
             "params": {"model": model, "max_tokens": 6000, "messages": messages},
         },
     ]
-    created = httpx.post(
+    created = http_client.post(
         f"{api_url}/v1/messages/batches",
         headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
         json={"requests": requests},
@@ -141,7 +141,7 @@ def test_the_python_api_refuses_a_line_that_can_never_fit(key, model, binds):
 def test_a_sync_call_that_can_never_fit_is_a_400_naming_the_binding_limit(
     api_url, key, model, binds
 ):
-    answer = httpx.post(
+    answer = http_client.post(
         f"{api_url}/v1/chat/completions",
         headers={"Authorization": f"Bearer {key}"},
         json={**_lines(model)[1]["body"], "model": model},

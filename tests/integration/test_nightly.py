@@ -11,7 +11,6 @@ import os
 from decimal import Decimal
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, func, select, text
 
@@ -22,6 +21,7 @@ from batchgen.nightly import Job, PromptRenderer, load_jobs, output_table, submi
 from batchgen.store import db
 from batchgen.store.schema import Batch, Item, NightlyProduct, Result, UsageLedger
 from batchgen.worker.beat import cron_schedule
+from tests import http_client
 from tests.helpers import make_tenant, sim_config, status_summary, wait_batches
 from tests.waiting import wait_until
 
@@ -321,7 +321,7 @@ def _incremental_jobs(tmp_path: Path) -> Path:
 
 
 def _sim_calls(sim) -> int:
-    return len(httpx.get(f"{sim.base_url}/_sim/log", params={"limit": 100_000}).json())
+    return len(http_client.get(f"{sim.base_url}/_sim/log", params={"limit": 100_000}).json())
 
 
 def _day_run(tmp_path: Path, job: str, day: dt.date) -> tuple[dict[str, str], str, list[Item]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from batchgen.domain.formats.message_batches import to_chat_line
@@ -21,6 +20,7 @@ from batchgen.providers.offline import (
     jobs_for,
 )
 from batchgen.registry import get_registry
+from tests import http_client
 from tests.helpers import chat_line, sim_config
 from tests.waiting import wait_until
 
@@ -39,9 +39,7 @@ def sim(simulator) -> Iterator[Any]:
 
 
 def httpx_reset(base_url: str) -> None:
-    import httpx
-
-    httpx.post(f"{base_url}/_sim/reset", timeout=10).raise_for_status()
+    http_client.post(f"{base_url}/_sim/reset", timeout=10).raise_for_status()
 
 
 def _spec(sim: Any, model: str) -> Any:
@@ -95,7 +93,7 @@ def test_a_messages_request_is_offloaded_whole_and_its_message_kept(sim):
     spec = _spec(sim, "sim-claude")
     jobs = jobs_for(spec)
     job_id = jobs.create(spec, [OfflineRow(7, body, 30)], "tag-native")
-    sent = httpx.get(f"{sim.base_url}/_sim/last_request", params={"api": "anthropic_batch"})
+    sent = http_client.get(f"{sim.base_url}/_sim/last_request", params={"api": "anthropic_batch"})
     [request] = sent.json()["requests"]
     assert request["params"] == {**params, "model": spec.name}
     _ended(jobs, spec, job_id)
@@ -125,7 +123,7 @@ def test_an_anthropic_row_of_a_shared_prefix_marks_it_for_the_cache(sim):
     ]
     spec = _spec(sim, "sim-claude")
     jobs_for(spec).create(spec, rows, "tag-cache")
-    sent = httpx.get(f"{sim.base_url}/_sim/last_request", params={"api": "anthropic_batch"})
+    sent = http_client.get(f"{sim.base_url}/_sim/last_request", params={"api": "anthropic_batch"})
     marked, plain, own_row = (r["params"] for r in sent.json()["requests"])
     breakpoint = {"type": "ephemeral"}
     assert marked["system"] == [

@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 
@@ -30,6 +29,7 @@ from batchgen.store.sqlfiles import driver_query
 from batchgen.worker.dispatch import release_model
 from batchgen.worker.pack_calls import run_together
 from batchgen.worker.packs import PackItem
+from tests import http_client
 from tests.helpers import (
     FAULT_ENV,
     FAULT_RUNNING_LEASE_S,
@@ -147,13 +147,13 @@ def test_a_pack_enters_claims_records_and_settles_its_items_together(sim, monkey
         assert groups == 1
     else:
         assert 1 <= groups <= 6
-        stats = httpx.get(f"{sim.base_url}/_sim/stats").json()
+        stats = http_client.get(f"{sim.base_url}/_sim/stats").json()
         assert stats["max_in_flight"] >= 2, "a pack's calls did not overlap"
     with db.session_scope() as s:
         assert s.scalar(select(func.count()).select_from(Result)) == 6
         statuses = set(s.scalars(select(Item.status)))
         assert statuses == {"succeeded"}
-    assert httpx.get(f"{sim.base_url}/_sim/stats").json()["requests"] == 6
+    assert http_client.get(f"{sim.base_url}/_sim/stats").json()["requests"] == 6
     assert_ledger_is_results_plus_waste()
     assert_daily_usage_matches_ledger()
 
@@ -198,7 +198,7 @@ def test_short_calls_go_in_rounds_and_a_pack_out_of_time_hands_the_rest_back(
     with db.session_scope() as s:
         statuses = dict(s.execute(select(Item.id, Item.status)).all())
     assert [statuses[i] for i in ids] == ["succeeded"] * 2 * rounds + ["queued"] * (6 - 2 * rounds)
-    assert httpx.get(f"{sim.base_url}/_sim/stats").json()["requests"] == 2 * rounds
+    assert http_client.get(f"{sim.base_url}/_sim/stats").json()["requests"] == 2 * rounds
     assert_ledger_is_results_plus_waste()
 
 
@@ -293,7 +293,7 @@ def _unacked_packs() -> list[list[int]]:
 
 
 def _max_in_flight(sim_url: str) -> int:
-    return int(httpx.get(f"{sim_url}/_sim/stats").json()["max_in_flight"])
+    return int(http_client.get(f"{sim_url}/_sim/stats").json()["max_in_flight"])
 
 
 def test_slow_calls_overlap_inside_messages_and_the_slots_hold(sim, workers):

@@ -10,7 +10,6 @@ from collections import Counter
 from dataclasses import replace
 from decimal import Decimal
 
-import httpx
 import pytest
 from sqlalchemy import func, select, update
 
@@ -25,6 +24,7 @@ from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.simulator.state import key_id
 from batchgen.store import db
 from batchgen.store.schema import Item, Tenant, UsageLedger
+from tests import http_client
 from tests.helpers import (
     chat_line,
     make_tenant,
@@ -258,7 +258,7 @@ def test_calls_fail_over_to_azure_within_the_deadline_using_no_attempt(
         batch = python_api.submit_batch(rows, tenant="acme", completion_window=120)
         workers(["llm.pool", "batchgen.control"], concurrency=4, env=env)
         wait_batches([batch["id"]], timeout_s=120)
-        log = httpx.get(f"{sim.base_url}/_sim/log").json()
+        log = http_client.get(f"{sim.base_url}/_sim/log").json()
     get_settings.cache_clear()
 
     counts = python_api.get_batch(batch["id"], tenant="acme")["request_counts"]

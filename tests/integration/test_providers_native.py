@@ -13,7 +13,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from batchgen.errors import (
@@ -29,6 +28,7 @@ from batchgen.providers import get_provider
 from batchgen.providers.base import ProviderRequest
 from batchgen.registry import ModelSpec, ProviderKind
 from batchgen.simulator import SimulatorConfig, SimulatorThread
+from tests import http_client
 from tests.env_vars import environment
 from tests.images import png_data_url
 from tests.native_setup import AWS_ENV, VERTEX_KEY_ENV, service_account_file
@@ -116,7 +116,7 @@ def sim() -> Iterator[SimulatorThread]:
 
 @pytest.fixture
 def base(sim: SimulatorThread) -> str:
-    httpx.post(f"{sim.base_url}/_sim/reset").raise_for_status()
+    http_client.post(f"{sim.base_url}/_sim/reset").raise_for_status()
     return sim.base_url
 
 
@@ -174,7 +174,7 @@ def request(
 
 def sim_entry(base: str, item: int | None) -> dict[str, Any]:
     def finished() -> dict[str, Any] | None:
-        entries = httpx.get(f"{base}/_sim/log", params={"item": str(item)}).json()
+        entries = http_client.get(f"{base}/_sim/log", params={"item": str(item)}).json()
         if entries and entries[0]["end_ts"] is not None:
             entry: dict[str, Any] = entries[0]
             return entry
@@ -250,7 +250,7 @@ def test_tool_results_and_schema_reach_the_provider_natively(base: str, kind: st
     spec = make_spec(kind, base)
     req = request(spec, schema_body())
     response = get_provider(spec).complete(req)
-    sent = httpx.get(
+    sent = http_client.get(
         f"{base}/_sim/last_request", params={"api": "bedrock" if kind == "bedrock" else "gemini"}
     ).json()
     if kind == "bedrock":
@@ -377,7 +377,7 @@ def test_a_refused_connection_is_transient_and_not_billed(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_cancelled_stream_stops_between_chunks(base: str, kind: str) -> None:
-    httpx.post(f"{base}/_sim/config", json={"latency_per_token_ms": 20}).raise_for_status()
+    http_client.post(f"{base}/_sim/config", json={"latency_per_token_ms": 20}).raise_for_status()
     try:
         spec = make_spec(kind, base)
         cancel = threading.Event()
@@ -395,7 +395,7 @@ def test_a_cancelled_stream_stops_between_chunks(base: str, kind: str) -> None:
             get_provider(spec).complete(req)
         assert caught.value.billed and len(chunks) < 20
     finally:
-        httpx.post(f"{base}/_sim/config", json={"latency_per_token_ms": 0}).raise_for_status()
+        http_client.post(f"{base}/_sim/config", json={"latency_per_token_ms": 0}).raise_for_status()
 
 
 # -- doctor ------------------------------------------------------------------------
@@ -436,20 +436,20 @@ def test_a_gemini_flex_call_asks_the_tier_and_a_shed_one_is_flex_unavailable(bas
     req = request(spec, {**body, "service_tier": "flex"})
     get_provider(spec).complete(req)
     assert sim_entry(base, req.item_id)["service_tier"] == "flex"
-    sent = httpx.get(f"{base}/_sim/last_request", params={"api": "gemini"}).json()
+    sent = http_client.get(f"{base}/_sim/last_request", params={"api": "gemini"}).json()
     assert sent["serviceTier"] == "flex"
     vertex = make_spec("vertex", base)  # Vertex AI's flex is not taken: a standard call
     req = request(vertex, {**body, "service_tier": "flex"})
     get_provider(vertex).complete(req)
     assert sim_entry(base, req.item_id)["service_tier"] is None
-    httpx.post(f"{base}/_sim/config", json={"flex_refusal_rate": 1.0}).raise_for_status()
+    http_client.post(f"{base}/_sim/config", json={"flex_refusal_rate": 1.0}).raise_for_status()
     try:
         with pytest.raises(FlexUnavailable) as caught:
             get_provider(spec).complete(request(spec, {**body, "service_tier": "flex"}))
         assert caught.value.status == 503 and not caught.value.billed
         get_provider(spec).complete(request(spec, body))  # a standard call is not shed
     finally:
-        httpx.post(f"{base}/_sim/config", json={"flex_refusal_rate": 0.0}).raise_for_status()
+        http_client.post(f"{base}/_sim/config", json={"flex_refusal_rate": 0.0}).raise_for_status()
 
 
 # -- embeddings ----------------------------------------------------------------------
@@ -475,7 +475,7 @@ def test_gemini_embeddings_come_back_as_an_openai_list_counted_by_count_tokens(
     body = response.body
     assert body["object"] == "list" and [d["index"] for d in body["data"]] == [0, 1]
     assert all(len(d["embedding"]) == 16 for d in body["data"])
-    counted = httpx.post(
+    counted = http_client.post(
         f"{base}/v1beta/models/{spec.name}:countTokens",
         json={"contents": [{"role": "user", "parts": [{"text": t} for t in texts]}]},
     ).json()["totalTokens"]

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from sqlalchemy import select
@@ -26,6 +25,7 @@ from batchgen.providers.base import ProviderRequest
 from batchgen.registry import get_registry
 from batchgen.store import db
 from batchgen.store.schema import UsageLedger
+from tests import http_client
 from tests.env_vars import environment
 from tests.helpers import make_tenant
 from tests.integration.test_providers_native import schema_body, tools_body
@@ -136,7 +136,9 @@ def _poll(client: openai.OpenAI, batch_id: str, timeout_s: float = 120.0) -> Any
 
 
 def _sim_entry(simulator, item_id: int) -> dict[str, Any]:
-    entries = httpx.get(f"{simulator.base_url}/_sim/log", params={"item": str(item_id)}).json()
+    entries = http_client.get(
+        f"{simulator.base_url}/_sim/log", params={"item": str(item_id)}
+    ).json()
     done = [e for e in entries if e["status"] == 200 and e["completed"]]
     assert len(done) == 1, entries
     entry: dict[str, Any] = done[0]
@@ -201,7 +203,7 @@ def test_a_batch_reaches_each_kind_and_comes_back_whole(oai: openai.OpenAI, simu
 def test_a_streamed_sync_call_relays_chunk_by_chunk(
     oai: openai.OpenAI, simulator, model: str
 ) -> None:
-    httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_per_token_ms": 2})
+    http_client.post(f"{simulator.base_url}/_sim/config", json={"latency_per_token_ms": 2})
     try:
         body = {
             "messages": [{"role": "user", "content": "Describe a lamp in a few words."}],
@@ -227,7 +229,7 @@ def test_a_streamed_sync_call_relays_chunk_by_chunk(
         assert final.usage.completion_tokens == plain.usage.completion_tokens > 0
         assert final.usage.prompt_tokens == plain.usage.prompt_tokens
     finally:
-        httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_per_token_ms": 0.5})
+        http_client.post(f"{simulator.base_url}/_sim/config", json={"latency_per_token_ms": 0.5})
 
 
 @pytest.mark.parametrize(
@@ -259,7 +261,7 @@ def test_a_bedrock_pool_over_two_regions_keeps_each_deployments_limit(
     oai: openai.OpenAI, simulator
 ) -> None:
     lanes = {"east": {"tokens_per_min": 300}, "west": {"tokens_per_min": 300}}
-    httpx.post(f"{simulator.base_url}/_sim/deployments", json=lanes).raise_for_status()
+    http_client.post(f"{simulator.base_url}/_sim/deployments", json=lanes).raise_for_status()
     body = {"messages": [{"role": "user", "content": "Name a lamp."}], "max_tokens": 12}
     lines = [_line(f"p{i}", POOL, body) for i in range(10)]
     content = "".join(json.dumps(line) + "\n" for line in lines).encode()
@@ -269,7 +271,7 @@ def test_a_bedrock_pool_over_two_regions_keeps_each_deployments_limit(
     )
     done = _poll(oai, batch.id)
     assert done.status == "completed" and done.request_counts.completed == 10, done
-    stats = httpx.get(f"{simulator.base_url}/_sim/stats").json()["deployments"]
+    stats = http_client.get(f"{simulator.base_url}/_sim/stats").json()["deployments"]
     for lane in ("east", "west"):
         seen = stats[lane]
         assert seen["succeeded"] > 0, stats  # both regions served

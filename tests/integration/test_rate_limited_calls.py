@@ -3,7 +3,6 @@ and a cap of its own ends an item whose provider keeps refusing it."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 
@@ -12,6 +11,7 @@ from batchgen.config import get_settings
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.store import db
 from batchgen.store.schema import Item, UsageLedger
+from tests import http_client
 from tests.helpers import chat_line, make_tenant, wait_batches
 
 MODELS_TOML = """
@@ -58,7 +58,7 @@ def refusing(clean_db, tmp_path, monkeypatch, request):
 
 def _calls_per_item(sim) -> dict[str, list[int]]:
     calls: dict[str, list[int]] = {}
-    for entry in httpx.get(f"{sim.base_url}/_sim/log").json():
+    for entry in http_client.get(f"{sim.base_url}/_sim/log").json():
         calls.setdefault(entry.get("item") or "", []).append(entry["status"])
     return calls
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 import threading
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 
@@ -19,6 +18,7 @@ from batchgen.registry import LimitShape, get_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.store import db
 from batchgen.store.schema import Item, Tenant
+from tests import http_client
 from tests.helpers import chat_line, make_tenant, wait_batches
 from tests.waiting import poll_until, wait_until
 
@@ -127,9 +127,11 @@ def test_four_workers_stay_within_the_provider_limits(limited, workers):
 
     info = client.get_batch(batch["id"], tenant="bulk")
     assert info["request_counts"]["succeeded"] == n
-    stats = httpx.get(f"{sim.base_url}/_sim/stats").json()
+    stats = http_client.get(f"{sim.base_url}/_sim/stats").json()
     assert stats["max_tokens_in_any_window"] <= TOKENS_PER_WINDOW
-    limited_log = [e for e in httpx.get(f"{sim.base_url}/_sim/log").json() if e["status"] == 429]
+    limited_log = [
+        e for e in http_client.get(f"{sim.base_url}/_sim/log").json() if e["status"] == 429
+    ]
     assert stats["rate_limited"] <= 0.005 * stats["requests"], (stats, limited_log[:5])
     with db.session_scope() as s:
         # Budget waits did not use up failure attempts.
@@ -163,14 +165,14 @@ def test_a_shape_left_unset_learns_the_providers_window(limited, workers, tmp_pa
     workers(["llm.budgeted", "batchgen.control"], concurrency=16, env=env)
     limited_calls: dict[str, int] = {}
     for model in ("declared", "budgeted"):
-        httpx.post(f"{sim.base_url}/_sim/reset").raise_for_status()
+        http_client.post(f"{sim.base_url}/_sim/reset").raise_for_status()
         rows = mixed_requests(240, seed=11)
         for row in rows:
             row["body"]["model"] = model
         batch = client.submit_batch(rows, tenant="bulk")
         wait_batches([batch["id"]], timeout_s=240)
         assert client.get_batch(batch["id"], tenant="bulk")["request_counts"]["succeeded"] == 240
-        stats = httpx.get(f"{sim.base_url}/_sim/stats").json()
+        stats = http_client.get(f"{sim.base_url}/_sim/stats").json()
         assert stats["max_tokens_in_any_window"] <= TOKENS_PER_WINDOW, (model, stats)
         limited_calls[model] = stats["rate_limited"]
     budget = Budget(get_redis(), get_settings())
@@ -227,7 +229,7 @@ def _budget_denials() -> float:
 
 
 def stats_requests(sim) -> int:
-    return httpx.get(f"{sim.base_url}/_sim/stats").json()["requests"]
+    return http_client.get(f"{sim.base_url}/_sim/stats").json()["requests"]
 
 
 FAIR_TOML = """
@@ -361,12 +363,12 @@ def provider_efficiency(sim) -> tuple[float, dict]:
     """The fastest finish the provider allowed ÷ ours: from the first admission, a client
     could at best have had everything admitted once its bucket (full at the start)
     refilled what exceeds the capacity; and the simulator's stats."""
-    log = [e for e in httpx.get(f"{sim.base_url}/_sim/log").json() if e["status"] == 200]
+    log = [e for e in http_client.get(f"{sim.base_url}/_sim/log").json() if e["status"] == 200]
     starts = sorted(e["start_ts"] for e in log)
     charged = sum(e["charged_tokens"] for e in log)
     rate = TOKENS_PER_WINDOW / WINDOW_S
     fastest = max(0.0, charged - TOKENS_PER_WINDOW) / rate
-    stats = httpx.get(f"{sim.base_url}/_sim/stats").json()
+    stats = http_client.get(f"{sim.base_url}/_sim/stats").json()
     return fastest / (starts[-1] - starts[0]), stats
 
 

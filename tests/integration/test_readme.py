@@ -32,7 +32,7 @@ import pytest
 
 from batchgen.embedded import free_port
 from batchgen.worker import procs
-from tests import readme
+from tests import http_client, readme
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -169,7 +169,7 @@ class Runner:
 
 def answers(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1).status_code < 500
+        return http_client.get(url, timeout=1).status_code < 500
     except httpx.TransportError:
         return False
 
@@ -328,7 +328,7 @@ def test_production_processes(clean_db, simulator, runner: Runner) -> None:
         assert done.returncode == 0, f"{command.line}: {done.stdout}{done.stderr}"
     flower = [s for s in runner.started if s.command.argv[1] == "flower"]
     port = runner.ports["5555"]
-    assert flower and httpx.get(f"http://127.0.0.1:{port}/").status_code == 401
+    assert flower and http_client.get(f"http://127.0.0.1:{port}/").status_code == 401
 
 
 def test_real_providers(services, runner: Runner) -> None:

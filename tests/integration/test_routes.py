@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 from decimal import Decimal
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 
@@ -22,6 +21,7 @@ from batchgen.registry import Tier, get_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.store import db
 from batchgen.store.schema import Item, UsageLedger
+from tests import http_client
 from tests.env_vars import environment
 from tests.helpers import chat_line, make_tenant, wait_batches
 
@@ -102,8 +102,8 @@ def stack(services, module_workers, tmp_path_factory) -> Iterator[SimulatorThrea
 
 
 def _sim(sim: SimulatorThread, **changes: object) -> dict:
-    httpx.post(f"{sim.base_url}/_sim/reset").raise_for_status()
-    httpx.post(f"{sim.base_url}/_sim/config", json=changes).raise_for_status()
+    http_client.post(f"{sim.base_url}/_sim/reset").raise_for_status()
+    http_client.post(f"{sim.base_url}/_sim/config", json=changes).raise_for_status()
     return changes
 
 
@@ -147,7 +147,7 @@ def test_flex_calls_cost_half_and_a_busy_tier_falls_back_to_standard_in_time(cle
     # A busy flex tier: two flex calls at a time, eight workers' threads asking.
     _sim(stack, flex_max_in_flight=2, flex_refusal_rate=0.0)
     bulk = _bulk_flex("flexy", 12)
-    stats = httpx.get(f"{stack.base_url}/_sim/stats").json()["flex"]
+    stats = http_client.get(f"{stack.base_url}/_sim/stats").json()["flex"]
     assert stats["refused"] > 0, "the flex tier must have been busy"
     items = _items(bulk["id"])
     assert sum(i.flex_refusals for i in items) == stats["refused"]
@@ -179,7 +179,7 @@ def test_flex_calls_cost_half_and_a_busy_tier_falls_back_to_standard_in_time(cle
     ledger = _ledger(near["id"])
     assert len(ledger) == 2 and {r.tier for r in ledger} == {"standard"}
     assert all(r.cost_usd == _price(r, Tier.STANDARD) for r in ledger)
-    log = httpx.get(f"{stack.base_url}/_sim/log").json()
+    log = http_client.get(f"{stack.base_url}/_sim/log").json()
     refused = [e for e in log if e["status"] == 429]
     assert refused and all(e["service_tier"] == "flex" for e in refused)
     _sim(stack, flex_refusal_rate=0.0)
@@ -191,7 +191,7 @@ def test_gemini_flex_calls_cost_half_and_its_shed_calls_wait_without_a_cooldown(
     bulk = _bulk_flex("gemflex", 4)
     items = _items(bulk["id"])
     _succeeded_without_failure_or_cooldown(items, "gemflex")
-    log = httpx.get(f"{stack.base_url}/_sim/log").json()
+    log = http_client.get(f"{stack.base_url}/_sim/log").json()
     assert {e["api"] for e in log} == {"gemini"} and all(e["service_tier"] == "flex" for e in log)
     shed = [e for e in log if e["status"] == 503]  # Google sheds flex traffic with a 503
     assert sum(i.flex_refusals for i in items) == len(shed)

@@ -19,6 +19,7 @@ import pytest
 from batchgen.domain.formats.tokens import count_messages, count_text
 from batchgen.simulator import SimulatorConfig, SimulatorThread, completion_text, request_digest
 from batchgen.simulator.text import anthropic_prompt_messages
+from tests import http_client
 from tests.helpers import settled_entry
 from tests.waiting import hold, wait_until
 
@@ -59,8 +60,8 @@ def sim() -> Iterator[SimulatorThread]:
 @pytest.fixture
 def base(sim: SimulatorThread) -> str:
     """Base URL of a freshly reset simulator with the default test settings."""
-    httpx.post(sim.base_url + "/_sim/reset").raise_for_status()
-    httpx.post(sim.base_url + "/_sim/config", json=DEFAULTS).raise_for_status()
+    http_client.post(sim.base_url + "/_sim/reset").raise_for_status()
+    http_client.post(sim.base_url + "/_sim/config", json=DEFAULTS).raise_for_status()
     return sim.base_url
 
 
@@ -77,7 +78,7 @@ def claude(base: str) -> Iterator[anthropic.Anthropic]:
 
 
 def sim_log(base: str, item: str) -> list[dict[str, Any]]:
-    return httpx.get(base + "/_sim/log", params={"item": item}).json()
+    return http_client.get(base + "/_sim/log", params={"item": item}).json()
 
 
 def test_openai_plain(base: str, oai: openai.OpenAI) -> None:
@@ -144,7 +145,7 @@ def test_openai_stream_with_usage(base: str, oai: openai.OpenAI) -> None:
     assert finishes[-1] == "stop" and set(finishes[:-1]) == {None}
     assert usage is not None and usage.completion_tokens == tokens
     assert usage.prompt_tokens == count_messages(MESSAGES, "cl100k_base")
-    with httpx.stream(
+    with http_client.stream(
         "POST",
         base + "/v1/chat/completions",
         json={"model": MODEL, "messages": MESSAGES, "stream": True},
@@ -202,17 +203,17 @@ def test_bad_requests(base: str, oai: openai.OpenAI, claude: anthropic.Anthropic
     with pytest.raises(anthropic.BadRequestError) as aerr:
         claude.messages.create(model=CLAUDE, max_tokens=0, messages=MESSAGES[1:])
     assert aerr.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
-    resp = httpx.post(base + "/v1/chat/completions", content=b"{not json")
+    resp = http_client.post(base + "/v1/chat/completions", content=b"{not json")
     assert resp.status_code == 400 and "x-request-id" in resp.headers
-    resp = httpx.post(base + "/v1/chat/completions", content=b'{"model": "m", "messages": 3}')
+    resp = http_client.post(base + "/v1/chat/completions", content=b'{"model": "m", "messages": 3}')
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages"
-    httpx.post(base + "/_sim/config", json={"context_window": 10}).raise_for_status()
+    http_client.post(base + "/_sim/config", json={"context_window": 10}).raise_for_status()
     with pytest.raises(openai.BadRequestError) as err:
         oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5)
     assert err.value.code == "context_length_exceeded"
-    assert httpx.post(base + "/_sim/config", json={"fault_rate": 7}).status_code == 400
-    assert httpx.post(base + "/_sim/config", json={"seed": 7}).status_code == 400
-    stats = httpx.get(base + "/_sim/stats").json()
+    assert http_client.post(base + "/_sim/config", json={"fault_rate": 7}).status_code == 400
+    assert http_client.post(base + "/_sim/config", json={"seed": 7}).status_code == 400
+    stats = http_client.get(base + "/_sim/stats").json()
     assert stats["bad_requests"] == 5 and stats["admitted"] == 0
 
 
@@ -270,13 +271,13 @@ def test_anthropic_faults(
 
 
 def test_random_faults_are_seeded_and_counted(base: str) -> None:
-    httpx.post(
+    http_client.post(
         base + "/_sim/config", json={"fault_rate": 0.5, "fault_kinds": ["5xx", "malformed"]}
     ).raise_for_status()
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 20}
     with httpx.Client(base_url=base) as client:
         statuses = [client.post("/v1/chat/completions", json=body).status_code for _ in range(40)]
-    stats = httpx.get(base + "/_sim/stats").json()
+    stats = http_client.get(base + "/_sim/stats").json()
     faults = stats["faults"]
     assert faults.get("5xx", 0) + faults.get("malformed", 0) == stats["errors"] > 0
     assert statuses.count(200) == 40 - faults.get("5xx", 0)
@@ -288,7 +289,7 @@ def test_random_faults_are_seeded_and_counted(base: str) -> None:
 
 
 def test_stream_cancel_is_logged_incomplete(base: str, oai: openai.OpenAI) -> None:
-    httpx.post(base + "/_sim/config", json={"latency_per_token_ms": 40}).raise_for_status()
+    http_client.post(base + "/_sim/config", json={"latency_per_token_ms": 40}).raise_for_status()
     _, tokens, _ = completion_text(MESSAGES, 500)
     full_s = 0.005 + 0.040 * tokens  # >= 0.8 s since the natural length is >= 20 tokens
     stream = oai.chat.completions.create(
@@ -309,18 +310,20 @@ def test_stream_cancel_is_logged_incomplete(base: str, oai: openai.OpenAI) -> No
 
 
 def test_actual_charge_mode_refunds_unused_tokens(base: str, oai: openai.OpenAI) -> None:
-    httpx.post(base + "/_sim/config", json={"charge_mode": "actual"}).raise_for_status()
+    http_client.post(base + "/_sim/config", json={"charge_mode": "actual"}).raise_for_status()
     completion = oai.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=2000, extra_headers={"x-batchgen-item": "a"}
     )
     assert completion.usage is not None
     entry = settled_entry(base, "a")
     assert entry["charged_tokens"] == completion.usage.total_tokens
-    assert httpx.get(base + "/_sim/stats").json()["tokens_admitted"] == entry["charged_tokens"]
+    assert (
+        http_client.get(base + "/_sim/stats").json()["tokens_admitted"] == entry["charged_tokens"]
+    )
 
 
 def test_rpm_limit(base: str, oai: openai.OpenAI) -> None:
-    httpx.post(base + "/_sim/config", json={"requests_per_min": 3}).raise_for_status()
+    http_client.post(base + "/_sim/config", json={"requests_per_min": 3}).raise_for_status()
     for _ in range(3):
         oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5)
     with pytest.raises(openai.RateLimitError) as err:
@@ -374,7 +377,7 @@ def test_tpm_hammer_never_exceeds_the_window() -> None:
 
     with SimulatorThread(config) as server:
         responses = asyncio.run(hammer(server.base_url))
-        stats = httpx.get(server.base_url + "/_sim/stats").json()
+        stats = http_client.get(server.base_url + "/_sim/stats").json()
     ok = [r for r in responses if r.status_code == 200]
     limited = [r for r in responses if r.status_code == 429]
     assert len(ok) + len(limited) == len(responses)
@@ -420,7 +423,7 @@ def test_300_concurrent_requests() -> None:
 
     with SimulatorThread(config) as server:
         statuses = asyncio.run(burst(server.base_url))
-        stats = httpx.get(server.base_url + "/_sim/stats").json()
+        stats = http_client.get(server.base_url + "/_sim/stats").json()
     assert statuses == [200] * 300
     assert stats["admitted"] == 300 and stats["in_flight"] == 0
     assert stats["max_in_flight"] >= 50
@@ -595,25 +598,25 @@ def test_simulated_deployments_have_their_own_limits_and_faults(base: str) -> No
     """Under /d/<name>/ each deployment limits and fails on its own; the log and stats
     say which deployment took each call, and what it asked of the limit."""
     lanes = {"small": {"tokens_per_min": 300}, "broken": {"fault_rate": 1.0}}
-    assert httpx.post(base + "/_sim/deployments", json=lanes).status_code == 200
+    assert http_client.post(base + "/_sim/deployments", json=lanes).status_code == 200
     body = {"model": MODEL, "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
 
     def call(prefix: str) -> int:
-        return httpx.post(f"{base}{prefix}/v1/chat/completions", json=body).status_code
+        return http_client.post(f"{base}{prefix}/v1/chat/completions", json=body).status_code
 
     assert [call("/d/small") for _ in range(4)] == [200, 200, 429, 429]  # ~110 tokens each
     assert call("") == 200  # the root's own limits: none here
     assert call("/d/broken") >= 500
     assert call("/d/nowhere") == 404
-    log = httpx.get(base + "/_sim/log").json()
+    log = http_client.get(base + "/_sim/log").json()
     assert [e["deployment"] for e in log] == ["small"] * 4 + [None, "broken"]
     assert all(e["requested_tokens"] > 100 for e in log[:4])
-    stats = httpx.get(base + "/_sim/stats").json()["deployments"]
+    stats = http_client.get(base + "/_sim/stats").json()["deployments"]
     small = stats["small"]
     assert (small["requests"], small["admitted"], small["rate_limited"]) == (4, 2, 2)
     assert small["bound"]["tokens"]["respected"] and small["bound"]["tokens"]["limit"] == 300
     assert stats["broken"]["errors"] == 1
-    bad = httpx.post(base + "/_sim/deployments", json={"x": {"fault_rate": 3}})
+    bad = http_client.post(base + "/_sim/deployments", json={"x": {"fault_rate": 3}})
     assert bad.status_code == 400 and "fault_rate" in bad.json()["error"]
 
 

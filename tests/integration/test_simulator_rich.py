@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
-import httpx
 import openai
 
+from tests import http_client
 from tests.integration import test_simulator
 
 # The simulator's fixtures (reset to the test settings, both SDKs on it).
@@ -147,7 +147,7 @@ def test_anthropic_tool_use_thinking_and_cache_control(claude: anthropic.Anthrop
     second = claude.messages.create(**params)
     assert second.usage.cache_read_input_tokens == written
     assert second.usage.cache_creation_input_tokens == 0
-    last = httpx.get(base + "/_sim/last_request", params={"api": "anthropic"}).json()
+    last = http_client.get(base + "/_sim/last_request", params={"api": "anthropic"}).json()
     assert last["system"] == system and last["tools"] == CLAUDE_TOOLS
 
     with claude.messages.stream(**params) as stream:

@@ -4,7 +4,6 @@ queued for ever (real worker and dispatcher, the simulator over HTTP)."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 
@@ -13,6 +12,7 @@ from batchgen.config import get_settings
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.store import db
 from batchgen.store.schema import Item, UsageLedger
+from tests import http_client
 from tests.helpers import chat_line, make_tenant, wait_batches
 
 # Every deployment reads its key from BAD_KEY_ENV: a key with a newline (a secret
@@ -92,7 +92,7 @@ def test_items_whose_requests_cannot_leave_end_failed_with_the_reason(
         workers(["llm.lone", "batchgen.control"], concurrency=4, env=env)
         # Bounded: on failure the items would stay pending or queued, never ending.
         wait_batches(batches, timeout_s=120)
-        log = httpx.get(f"{sim.base_url}/_sim/log").json()
+        log = http_client.get(f"{sim.base_url}/_sim/log").json()
     get_settings.cache_clear()
 
     assert log == []  # not one request reached the provider

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
-import httpx
 import openai
 import pytest
 
 from batchgen.registry import get_registry
+from tests import http_client
 from tests.helpers import anthropic_batch_ended, make_tenant, openai_batch_in
 from tests.integration.test_simulator_rich import CLAUDE_TOOLS, TOOLS
 
@@ -154,7 +154,7 @@ def _direct(client: openai.OpenAI, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _last_request(simulator, api: str) -> dict[str, Any]:
-    got = httpx.get(f"{simulator.base_url}/_sim/last_request", params={"api": api}).json()
+    got = http_client.get(f"{simulator.base_url}/_sim/last_request", params={"api": api}).json()
     assert isinstance(got, dict)
     return got
 

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from sqlalchemy import func, select, text, update
@@ -31,6 +30,7 @@ from batchgen.store.schema import Batch, Item, Result, TenantDailyUsage, UsageLe
 from batchgen.worker.dispatch import release_all
 from batchgen.worker.execution import NOT_SENT, run_item
 from batchgen.worker.sweep import sweep
+from tests import http_client
 from tests.helpers import (
     assert_daily_usage_matches_ledger,
     assert_ledger_is_results_plus_waste,
@@ -51,7 +51,7 @@ MODEL_OF_KIND = {"openai": "sim-small", "anthropic": "sim-claude"}
 @pytest.fixture(autouse=True)
 def fresh_simulator(simulator: Any) -> None:
     """Item ids restart with every test: start with an empty request log."""
-    httpx.post(f"{simulator.base_url}/_sim/reset").raise_for_status()
+    http_client.post(f"{simulator.base_url}/_sim/reset").raise_for_status()
 
 
 def _registry() -> Registry:
@@ -308,7 +308,7 @@ RECORD_RETRY_LINE = "database error recording the result"
 
 
 def _sim_calls(sim_url: str, item_id: int) -> list[dict[str, Any]]:
-    return list(httpx.get(f"{sim_url}/_sim/log", params={"item": str(item_id)}).json())
+    return list(http_client.get(f"{sim_url}/_sim/log", params={"item": str(item_id)}).json())
 
 
 @pytest.mark.slow
@@ -316,7 +316,7 @@ def test_paid_answer_survives_database_outage(clean_db, simulator, workers):
     """PostgreSQL becomes unreachable while the provider answers: the worker keeps the
     answer and records it once the database is back (one call, one ledger row)."""
     proxy, proxied = proxy_for_postgres(clean_db["DATABASE_URL"])
-    httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 1500})
+    http_client.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 1500})
     try:
         make_tenant("outage")
         batch = client.submit_batch([chat_line("o0")], tenant="outage")
@@ -343,7 +343,7 @@ def test_paid_answer_survives_database_outage(clean_db, simulator, workers):
             proxy.restore()
         wait_batches([batch["id"]], timeout_s=60)
     finally:
-        httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
+        http_client.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
         proxy.stop()
 
     assert len(_sim_calls(simulator.base_url, item_id)) == 1  # paid once
@@ -371,7 +371,7 @@ def test_deadlines_not_on_the_worker_clock(clean_db, simulator, monkeypatch, off
     ahead = offset_s > 0
     window = "30s" if ahead else "4s"
     latency_ms = 50 if ahead else 8000  # behind: the answer comes after the deadline
-    httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": latency_ms})
+    http_client.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": latency_ms})
     try:
         item_id = _queue_one(registry, "sim-small", f"clock{offset_s:+.0f}", max_tokens=20)
         with db.session_scope() as s:
@@ -383,7 +383,7 @@ def test_deadlines_not_on_the_worker_clock(clean_db, simulator, monkeypatch, off
             deadline_at = s.scalar(select(Item.deadline_at).where(Item.id == item_id))
         verdict = run_item(item_id, registry, get_settings(), Gate(get_redis(), get_settings()))
     finally:
-        httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
+        http_client.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
     calls = _sim_calls(simulator.base_url, item_id)
     assert len(calls) == 1
     if ahead:
@@ -616,7 +616,7 @@ def test_killed_worker_sent_calls_are_ledgered(clean_db, simulator, workers):
         "BATCHGEN_QUEUED_LEASE_S": "8",
         "BATCHGEN_SWEEP_INTERVAL_S": "0.5",
     }
-    httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 700})
+    http_client.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 700})
     try:
         make_tenant("kill")
         batch = client.submit_batch([chat_line(f"k{i}") for i in range(40)], tenant="kill")
@@ -628,10 +628,10 @@ def test_killed_worker_sent_calls_are_ledgered(clean_db, simulator, workers):
         workers(concurrency=8, beat=True, env=fast_leases, name="survivor")
         wait_batches([batch["id"]], timeout_s=120)
     finally:
-        httpx.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
+        http_client.post(f"{simulator.base_url}/_sim/config", json={"latency_base_ms": 50})
 
     admitted: dict[int, int] = {}
-    for entry in httpx.get(f"{simulator.base_url}/_sim/log").json():
+    for entry in http_client.get(f"{simulator.base_url}/_sim/log").json():
         if entry["admitted"] and entry["item"] is not None:
             admitted[int(entry["item"])] = admitted.get(int(entry["item"]), 0) + 1
     with db.session_scope() as s:
@@ -648,7 +648,7 @@ def test_killed_worker_sent_calls_are_ledgered(clean_db, simulator, workers):
 
 
 def _in_flight(sim_url: str) -> int:
-    return sum(1 for e in httpx.get(f"{sim_url}/_sim/log").json() if e["end_ts"] is None)
+    return sum(1 for e in http_client.get(f"{sim_url}/_sim/log").json() if e["end_ts"] is None)
 
 
 def test_a_lost_claim_reply_marks_that_claim_unsent(sent_at_fails, simulator):

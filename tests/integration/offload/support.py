@@ -16,7 +16,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import anthropic
-import httpx
 import openai
 import pytest
 from google import genai
@@ -28,6 +27,7 @@ from batchgen.registry import get_registry, load_registry
 from batchgen.store import db
 from batchgen.store.schema import Item, ProviderJob, UsageLedger
 from batchgen.worker.offload_jobs import TickReport, tick
+from tests import http_client
 from tests.helpers import (
     chat_line,
     make_tenant,
@@ -125,7 +125,7 @@ def gcs_server(simulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     server = create_server("127.0.0.1", port, in_memory=True)
     server.start()
     url = f"http://127.0.0.1:{port}"
-    created = httpx.post(
+    created = http_client.post(
         f"{url}/storage/v1/b", params={"project": "sim-project"}, json={"name": VERTEX_BUCKET}
     )
     created.raise_for_status()

@@ -8,7 +8,6 @@ import os
 from decimal import Decimal
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import func, select
 
@@ -18,6 +17,7 @@ from batchgen.registry import get_registry, load_registry
 from batchgen.store import db
 from batchgen.store.schema import Item, Result, UsageLedger
 from batchgen.worker.offload_jobs import tick
+from tests import http_client
 from tests.helpers import (
     assert_daily_usage_matches_ledger,
     assert_ledger_is_results_plus_waste,
@@ -91,7 +91,9 @@ def test_a_gemini_job_over_the_inline_bound_goes_as_a_file(offloading, simulator
     ticks_until(lambda: finished(batch_id))
     assert statuses(batch_id) == {"succeeded": 3}
     assert ledger_by_route(batch_id) == {("offline", False): 3}
-    sent = httpx.get(f"{simulator.base_url}/_sim/last_request", params={"api": "gemini_batch"})
+    sent = http_client.get(
+        f"{simulator.base_url}/_sim/last_request", params={"api": "gemini_batch"}
+    )
     source = sent.json()["batch"]["inputConfig"]
     assert source["fileName"].startswith("files/") and "requests" not in source
     with db.session_scope() as session:
