@@ -142,3 +142,13 @@ def test_an_embedded_address_is_refused_at_submit_and_at_delivery():
     with pytest.raises(webhooks.Refused, match="loopback"):
         webhooks.resolve(url, [])
     assert webhooks.resolve("https://[2002:808:808::]/hook", []).address is not None
+
+
+def test_deliveries_share_one_tls_context_that_checks_the_receiver():
+    """One context per process (a client per delivery built its own), and it still
+    checks the receiver's certificate and name."""
+    import ssl
+
+    context = webhooks._tls_context()
+    assert context is webhooks._tls_context()
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
