@@ -456,6 +456,10 @@ def _abort(request: web.Request, call: _Call) -> web.StreamResponse:
     return web.Response(status=500)
 
 
+# A paced stream's writes are at most this often: each carries the chunks due by then.
+STREAM_PACE_S = 0.01
+
+
 async def _stream(
     request: web.Request,
     state: SimState,
@@ -474,15 +478,27 @@ async def _stream(
         headers={**call.headers, "content-type": "text/event-stream", "cache-control": "no-cache"},
     )
     # Nothing paces the chunks (no per-token latency, no fault mid-stream): the events
-    # go out in one write, as a fast server's would share TCP segments.
+    # go out in one write, as a fast server's would share TCP segments. Paced chunks
+    # (and no fault) go out at most every STREAM_PACE_S, each write carrying the chunks
+    # due by then, none before its time; the first goes at its own time.
     coalesce = per_chunk_s <= 0 and fault is None
+    paced = per_chunk_s > 0 and fault is None
     pending: list[bytes] = []
+    pending_pieces: list[str] = []  # the text in ``pending``: sent (delivered) once written
+    owed_s = 0.0  # the pacing not yet slept
 
     async def emit(data: bytes) -> None:
-        if coalesce:
+        if coalesce or paced:
             pending.append(data)
         else:
             await resp.write(data)
+
+    async def flush() -> None:
+        if pending:
+            await resp.write(b"".join(pending))
+            pending.clear()
+        call.sent.extend(pending_pieces)
+        pending_pieces.clear()
 
     await asyncio.sleep(first_s)
     try:
@@ -501,8 +517,16 @@ async def _stream(
             )
             await emit(fmt.sse(api, "", first))
             delta_event = fmt.openai_delta_events(rid, model, req.include_usage)
+        if paced:
+            await flush()
         for i, piece in enumerate(chunks):
-            if not coalesce:
+            due_now = False
+            if paced:
+                owed_s += per_chunk_s
+                if i == 0 or owed_s >= STREAM_PACE_S:
+                    await asyncio.sleep(owed_s)
+                    owed_s, due_now = 0.0, True
+            elif not coalesce:
                 await asyncio.sleep(per_chunk_s)
             if fault == "reset" and i == len(chunks) // 2:
                 state.counters["errors"] += 1
@@ -520,7 +544,14 @@ async def _stream(
                 await emit(fmt.sse(api, name, data))
             else:
                 await emit(delta_event(piece))
-            call.sent.append(piece)
+            if paced:
+                pending_pieces.append(piece)
+                if due_now:  # with the chunks gathered since the last write
+                    await flush()
+            else:
+                call.sent.append(piece)
+        if owed_s > 0:
+            await asyncio.sleep(owed_s)  # the last chunks' time
         if api == "anthropic":
             for name, data in fmt.anthropic_end_events(finish, call.prompt_tokens, ctoks):
                 await emit(fmt.sse(api, name, data))
@@ -532,8 +563,7 @@ async def _stream(
                 usage = fmt.openai_usage_chunk(rid, model, call.prompt_tokens, ctoks)
                 await emit(fmt.sse(api, "", _tiered(call, usage)))
             await emit(fmt.sse(api, "", "[DONE]"))
-        if pending:
-            await resp.write(b"".join(pending))
+        await flush()
         await resp.write_eof()
         call.entry["completed"] = True
     except ConnectionResetError:  # client closed the stream (no handler cancellation)

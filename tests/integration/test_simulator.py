@@ -18,7 +18,7 @@ import pytest
 
 from batchgen.domain.formats.tokens import count_messages, count_text
 from batchgen.simulator import SimulatorConfig, SimulatorThread, completion_text, request_digest
-from batchgen.simulator.text import anthropic_prompt_messages
+from batchgen.simulator.text import anthropic_prompt_messages, split_chunks
 from tests import http_client
 from tests.helpers import settled_entry
 from tests.waiting import hold, wait_until
@@ -307,6 +307,32 @@ def test_stream_cancel_is_logged_incomplete(base: str, oai: openai.OpenAI) -> No
     assert entry["completed"] is False and entry["status"] == 200 and entry["stream"]
     assert entry["end_ts"] - entry["start_ts"] < full_s
     assert 0 < entry["completion_tokens"] < tokens
+
+
+def test_a_paced_stream_gathers_its_chunks_and_sends_none_early(base: str) -> None:
+    """With a per-token latency, the chunks go out at most every STREAM_PACE_S, each
+    write carrying the chunks due by then: all of them, in order, in fewer writes than
+    chunks, and none before its time."""
+    per_token_ms = 0.5
+    config = {"latency_per_token_ms": per_token_ms}
+    http_client.post(base + "/_sim/config", json=config).raise_for_status()
+    text, tokens, _ = completion_text(MESSAGES, 500)
+    chunks = len(split_chunks(text))
+    assert chunks >= 20  # about 2 ms of latency each: several in every 10 ms write
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 500, "stream": True}
+    headers = {"authorization": "Bearer sk-test", "x-batchgen-item": "paced"}
+    reads, raw = 0, b""
+    started = time.monotonic()
+    with http_client.stream("POST", base + "/v1/chat/completions", json=body, headers=headers) as r:
+        for piece in r.iter_raw():
+            reads, raw = reads + 1, raw + piece
+    took_s = time.monotonic() - started
+    events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line[6:7] == "{"]
+    said = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    assert said == text
+    assert reads < chunks / 2  # one write a chunk made a read a chunk
+    assert took_s >= per_token_ms * tokens / 1000  # the stream's own time, all of it
+    assert settled_entry(base, "paced")["completion_tokens"] == tokens
 
 
 def test_actual_charge_mode_refunds_unused_tokens(base: str, oai: openai.OpenAI) -> None:
