@@ -221,6 +221,7 @@ PLANNED = {
         },
     ),
     "deferred items due": ("item_ready_due", {"model": MODEL, "limit": 1000}),
+    "dispatch: models with work": ("models_with_work", {"models": [MODEL, f"{MODEL}-idle"]}),
     "sweep: expired deadlines": ("sweep_expire", {}),
     "sweep: lost leases": (
         "sweep_requeue_lost",

@@ -870,6 +870,15 @@ def unrelease(session: Session, item_ids: list[int]) -> int:
 READY_DUE_PER_ROUND = 1000
 
 
+def models_with_work(session: Session, models: Sequence[str]) -> set[str]:
+    """The models among ``models`` with items for the dispatcher: pending and ready, or
+    deferred past their time. A model with neither has nothing to release (its round
+    would lock it, count its window and read an empty ring)."""
+    if not models:
+        return set()
+    return set(session.scalars(query("models_with_work"), {"models": list(models)}))
+
+
 def ready_due(session: Session, model: str, limit: int) -> int:
     """Deferred pending items whose ``not_before`` has passed become ready for the
     dispatcher (up to ``limit``, the earliest first); returns how many."""

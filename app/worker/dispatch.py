@@ -85,7 +85,10 @@ def dispatch(
     messages: list[tuple[int, str, dict[str, Any] | None, list[Any] | None]] = []
     released = 0
     with session_scope() as session:
+        with_work = items.models_with_work(session, [spec.name for spec in specs])
         for spec in specs:
+            if spec.name not in with_work:
+                continue  # nothing pending: its round would release nothing
             size = pack_items(spec.name) if pack_items is not None else 1
             overlap = overlapping(spec.name) if overlapping is not None else False
             releases = release_model(session, spec, settings, size, overlap)

@@ -132,6 +132,8 @@ def test_the_scans_use_their_indexes_on_a_large_history(clean_db):
     assert "ix_items_pending_by_model" in found["dispatch: ring of tenants"]
     assert "ix_items_pending_by_model" in found["dispatch: release picks"]
     assert "ix_items_deferred" in found["deferred items due"]
+    for name in ("ix_items_pending_by_model", "ix_items_deferred"):
+        assert name in found["dispatch: models with work"], found["dispatch: models with work"]
     assert "ix_items_unstarted_deadline" in found["sweep: expired deadlines"]
     assert "ix_items_finished_at" in found["totals: finished"]
     assert "ix_batches_finished_at" in found["retention: expired batches"]
