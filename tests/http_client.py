@@ -5,7 +5,8 @@ Flower, the dashboard ...).
 context: about 36 ms of CPU each time, which a poll ten times a second paid ten times
 a second. These functions take the same arguments and share one client. Like them,
 it keeps nothing between requests: no connection (the servers it talks to come and go
-between tests) and no cookie (a signed-in test would sign in the next).
+between tests) and no cookie (a signed-in test would sign in the next): a request
+that needs one sends it in a ``Cookie`` header.
 """
 
 from __future__ import annotations

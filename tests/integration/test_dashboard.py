@@ -258,13 +258,14 @@ def test_submit_watch_and_cancel_in_a_browser(
         link = ended["results"]
         cookie = browser.get_cookie("batchgen_session")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
-        downloaded = http_client.get(link, cookies={"batchgen_session": cookie["value"]})
+        session = {"Cookie": f"batchgen_session={cookie['value']}"}
+        downloaded = http_client.get(link, headers=session)
         assert downloaded.status_code == 200 and downloaded.text.count("\n") == 40
         assert http_client.get(link).status_code == 401
         # A form posted without the page's token changes nothing.
         forged = http_client.post(
             f"{base}/dashboard/batches/{batch_id}/cancel",
-            cookies={"batchgen_session": cookie["value"]},
+            headers=session,
             data={"csrf": "forged"},
         )
         assert forged.status_code == 401
