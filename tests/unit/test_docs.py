@@ -122,7 +122,7 @@ def test_every_readme_command_block_is_run_by_a_test() -> None:
     for test_name in readme.SECTIONS.values():
         assert f"\ndef {test_name}(" in runner, test_name
     programs = {Path(c.argv[0]).name for c in readme.sh_commands()}
-    assert programs <= {"python3", "pip", "pytest", "batchgen"}, programs
+    assert programs <= {"python3", "pip", "uv", "pytest", "batchgen"}, programs
 
 
 @pytest.mark.parametrize("argv", readme.inline_commands(), ids=" ".join)
