@@ -84,8 +84,11 @@ def dispatch(
     specs = [s for s in registry if models is None or s.name in models]
     messages: list[tuple[int, str, dict[str, Any] | None, list[Any] | None]] = []
     released = 0
+    names = [spec.name for spec in specs]
     with session_scope() as session:
-        with_work = items.models_with_work(session, [spec.name for spec in specs])
+        # A tick (every model) first asks which have work: most are idle most of the
+        # time. A refill names its model because it has just freed places there.
+        with_work = items.models_with_work(session, names) if models is None else set(names)
         for spec in specs:
             if spec.name not in with_work:
                 continue  # nothing pending: its round would release nothing
