@@ -93,10 +93,13 @@ def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator,
     page = http_client.get(f"{flower}/tasks", auth=("ops", "s3cret")).text
     columns = re.findall(r'<th data-column="(\w+)"', page)
     assert columns[:4] == ["name", "uuid", "state", "kwargs"], columns
-    workers_seen = http_client.get(
-        f"{flower}/api/workers", auth=("ops", "s3cret"), params={"refresh": "true"}
-    ).json()
-    assert workers_seen
+
+    def workers_seen() -> dict:  # each refresh asks the workers, and waits 1 s for answers
+        return http_client.get(
+            f"{flower}/api/workers", auth=("ops", "s3cret"), params={"refresh": "true"}
+        ).json()
+
+    wait_until(workers_seen, 30, "the workers to answer flower's inspect")
     # The ticks are no tasks of the list: dispatch and sweep send no task events.
     assert not [t for t in tasks.values() if t["name"] in ("batchgen.dispatch", "batchgen.sweep")]
 

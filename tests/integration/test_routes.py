@@ -165,7 +165,7 @@ def test_flex_calls_cost_half_and_a_busy_tier_falls_back_to_standard_in_time(cle
     assert {i.route for i in _items(near["id"])} == {"flex"}
     started = time.monotonic()
     wait_batches([near["id"]], timeout_s=60)
-    assert time.monotonic() - started > 10 - 3 - 1 - 1.0  # flex was tried while it fit
+    assert time.monotonic() - started < 10
     items = _items(near["id"])
     assert {i.status for i in items} == {"succeeded"}
     assert all(i.finished_at < i.deadline_at for i in items)
@@ -182,6 +182,14 @@ def test_flex_calls_cost_half_and_a_busy_tier_falls_back_to_standard_in_time(cle
     log = http_client.get(f"{stack.base_url}/_sim/log").json()
     refused = [e for e in log if e["status"] == 429]
     assert refused and all(e["service_tier"] == "flex" for e in refused)
+    # Flex first, then standard: an item's standard call starts after its refusals. How
+    # long flex was tried is not fixed: a refusal's wait is drawn with jitter, and one
+    # that would leave no room for another flex answer sends the item standard at once.
+    for item in items:
+        calls = [e for e in log if e.get("item") == str(item.id)]
+        answered = [e["start_ts"] for e in calls if e["status"] == 200]
+        assert len(answered) == 1, calls
+        assert all(e["start_ts"] < answered[0] for e in calls if e["status"] == 429), calls
     _sim(stack, flex_refusal_rate=0.0)
 
 
