@@ -1,7 +1,7 @@
 """One HTTP client for the tests' own requests (to the simulator, batchgen's API,
 Flower, the dashboard ...).
 
-``http_client.get()`` and its siblings build a client for each call, and with it a TLS
+``httpx.get()`` and its siblings build a client for each call, and with it a TLS
 context: about 36 ms of CPU each time, which a poll ten times a second paid ten times
 a second. These functions take the same arguments and share one client. Like them,
 it keeps nothing between requests: no connection (the servers it talks to come and go
