@@ -477,18 +477,18 @@ async def _stream(
         status=200,
         headers={**call.headers, "content-type": "text/event-stream", "cache-control": "no-cache"},
     )
-    # Nothing paces the chunks (no per-token latency, no fault mid-stream): the events
-    # go out in one write, as a fast server's would share TCP segments. Paced chunks
-    # (and no fault) go out at most every STREAM_PACE_S, each write carrying the chunks
-    # due by then, none before its time; the first goes at its own time.
-    coalesce = per_chunk_s <= 0 and fault is None
-    paced = per_chunk_s > 0 and fault is None
+    # With no fault mid-stream, events are gathered and written together, as a fast
+    # server's share TCP segments: all in one write if nothing paces them (no per-token
+    # latency), else at most every STREAM_PACE_S, each write carrying the chunks due by
+    # then, none before its time; the first goes at its own time.
+    gathered = fault is None
+    paced = gathered and per_chunk_s > 0
     pending: list[bytes] = []
     pending_pieces: list[str] = []  # the text in ``pending``: sent (delivered) once written
     owed_s = 0.0  # the pacing not yet slept
 
     async def emit(data: bytes) -> None:
-        if coalesce or paced:
+        if gathered:
             pending.append(data)
         else:
             await resp.write(data)
@@ -526,7 +526,7 @@ async def _stream(
                 if i == 0 or owed_s >= STREAM_PACE_S:
                     await asyncio.sleep(owed_s)
                     owed_s, due_now = 0.0, True
-            elif not coalesce:
+            elif not gathered:
                 await asyncio.sleep(per_chunk_s)
             if fault == "reset" and i == len(chunks) // 2:
                 state.counters["errors"] += 1
@@ -544,7 +544,7 @@ async def _stream(
                 await emit(fmt.sse(api, name, data))
             else:
                 await emit(delta_event(piece))
-            if paced:
+            if gathered:
                 pending_pieces.append(piece)
                 if due_now:  # with the chunks gathered since the last write
                     await flush()
