@@ -10,7 +10,8 @@ the pack's items go through each step together:
    (:meth:`batchgen.limits.gate.Gate.enter_many`), each atomic on its own, so the
    model's slots and budget hold exactly as for single entries. Items denied a slot
    are entered again (one pipeline for all of them) as soon as one of the pack's own
-   calls has ended, or every ``SLOT_POLL_S`` meanwhile, for up to ``slot_wait_s``
+   calls has ended or another pack of the process has freed one of the model's slots,
+   or every ``SLOT_POLL_S`` meanwhile, for up to ``slot_wait_s``
    since the pack last got a slot: the pack holds as many slots as it has calls in
    flight, never more, and never more than the model's ``max_concurrency`` across
    all workers.
@@ -22,13 +23,17 @@ the pack's items go through each step together:
    :class:`batchgen.worker.packs.CallPace`: ``pack_target_s`` covers them all), where
    a thread switch would cost more than it saves. Each call keeps its own deadline,
    time-out, cancel event and heartbeat.
-4. **Record**: the answers that have come back are written in one statement (a
-   group commit, :func:`batchgen.store.ledger.record_answers`): ledger rows, results,
-   daily totals, items succeeded. An answer that statement does not record (its
-   attempt no longer runs the item) takes the general path alone, as does every
-   failed call (:func:`batchgen.worker.execution.call_failed`).
-5. **Settle**: their settlement scripts in one pipeline
-   (:meth:`batchgen.limits.gate.Gate.settle_many`), which frees their slots.
+4. **Settle**: the calls that have ended, their settlement scripts in one pipeline
+   (:meth:`batchgen.limits.gate.Gate.settle_many`), as soon as they end: a slot is a
+   call at the provider, and frees as the call does, not once its answer is stored.
+5. **Record**: the answers are written in one statement (a group commit,
+   :func:`batchgen.store.ledger.record_answers`): ledger rows, results, daily totals,
+   items succeeded. Overlapping calls that end within ``RECORD_GATHER_S`` of each other
+   (or while the first one's answer waits for the rest of the pack) share the
+   statement. An answer that statement does not record (its attempt no longer runs
+   the item) takes the general path alone, as does every failed call
+   (:func:`batchgen.worker.execution.call_failed`). Each item stays claimed, held by
+   its heartbeat, until its outcome is recorded.
 
 Waits are the pack's as in :func:`batchgen.worker.packs.run_pack`: the first item that
 meets a wait (slots still all held after ``slot_wait_s``, the budget, a cooldown) is
@@ -46,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -103,6 +109,38 @@ log = logging.getLogger(__name__)
 
 # The process's call threads: created as calls need them, idle ones reused.
 CALL_THREADS = 512
+# How long an answer that has come back (its slot freed already) may wait for the pack's
+# other calls before it is recorded: the calls of a pack end close together, and one
+# statement for several answers costs little more than one for one.
+RECORD_GATHER_S = 0.1
+
+
+class _FreedSlots:
+    """Wakes the packs of this process waiting for one of a model's slots when another
+    pack of the process frees some (those of other processes are met by the poll)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._freed: dict[str, threading.Condition] = {}
+
+    def _of(self, model: str) -> threading.Condition:
+        with self._lock:
+            return self._freed.setdefault(model, threading.Condition())
+
+    def wait(self, model: str, timeout_s: float) -> None:
+        """Until ``model``'s slots are freed here, at most ``timeout_s``."""
+        freed = self._of(model)
+        with freed:
+            freed.wait(timeout_s)
+
+    def freed(self, model: str, slots: int) -> None:
+        """``slots`` of ``model``'s slots were freed: wake as many waiting packs."""
+        freed = self._of(model)
+        with freed:
+            freed.notify(slots)
+
+
+_FREED_SLOTS = _FreedSlots()
 
 
 @functools.cache
@@ -212,7 +250,7 @@ def run_together(
         error = exc
         run.pack.handed_back.extend(entry for entry, _ in todo + later)
         with contextlib.suppress(Exception):
-            while run.flying or run.landed:
+            while run.flying or run.landed or run.unrecorded:
                 run.land(poll_s=None)
             run.settle_unsent()
     ran = [p.item_id for p in pack if p.item_id in run.pack.verdicts]
@@ -243,7 +281,9 @@ class _Run:
         self.lease_s = running_lease_s(spec, settings)
         self.pack = _Pack()
         self.flying: dict[Future[None], _Flight] = {}
-        self.landed: list[_Flight] = []  # calls made inline, not yet recorded
+        self.landed: list[_Flight] = []  # calls made inline, not yet settled
+        self.unrecorded: list[_Flight] = []  # settled, their outcomes not yet recorded
+        self.record_by_s = 0.0  # when the first of them is recorded at the latest
         self.unsent: list[tuple[Pass, Ticket]] = []  # entered, not claimed: settle last
         self.quickest_s: float | None = None  # the quickest answer since the last look
 
@@ -390,25 +430,40 @@ class _Run:
             _send(flight)
             self.landed.append(flight)
 
-    # --- 3. landing: record and settle what came back -----------------------------------
+    # --- 3. landing: settle what came back, and record it ------------------------------
 
     def land(self, poll_s: float | None) -> None:
-        """Record and settle the calls that have ended: at least one, or whatever ended
-        within ``poll_s`` (None: wait for one)."""
+        """Settle the calls that have ended (at least one, or whatever ended within
+        ``poll_s``; None: wait for one), and record what has been settled once no call
+        of the pack flies any more, its calls run inline, or the first of them has
+        waited ``RECORD_GATHER_S``. With nothing in flight, wait ``poll_s`` for another
+        pack of the process to free a slot."""
         done = self.landed
         self.landed = []
         if self.flying and not done:
-            finished, _ = wait(list(self.flying), timeout=poll_s, return_when=FIRST_COMPLETED)
+            timeout_s = poll_s
+            if self.unrecorded:  # not past the time they are to be recorded
+                left_s = max(0.0, self.record_by_s - time.monotonic())
+                timeout_s = left_s if timeout_s is None else min(timeout_s, left_s)
+            finished, _ = wait(list(self.flying), timeout=timeout_s, return_when=FIRST_COMPLETED)
             done = [self.flying.pop(f) for f in finished]
         elif self.flying:
             done += [self.flying.pop(f) for f in [f for f in self.flying if f.done()]]
-        elif not done and poll_s is not None:
-            time.sleep(poll_s)
+        elif not done and not self.unrecorded and poll_s is not None:
+            _FREED_SLOTS.wait(self.spec.name, poll_s)
+        raised = [f.raised for f in done if f.raised is not None]
         if done:
-            self._record(done)
-        for flight in done:  # a call that raised what no call should: the pack's error
-            if flight.raised is not None:
-                raise flight.raised
+            if not self.unrecorded:
+                self.record_by_s = time.monotonic() + RECORD_GATHER_S
+            self.unrecorded += done
+            self._settle(done)
+        if self.unrecorded and (
+            raised or not self.flying or not self.overlap or time.monotonic() >= self.record_by_s
+        ):
+            group, self.unrecorded = self.unrecorded, []
+            self._record(group)
+        if raised:  # a call that raised what no call should: the pack's error
+            raise raised[0]
 
     def _record(self, done: list[_Flight]) -> None:
         try:
@@ -423,7 +478,8 @@ class _Run:
                 elif flight.verdict is not None:
                     self._failed(flight)
         finally:
-            self._settle(done)
+            for flight in done:
+                flight.hold.close()  # idempotent: an outcome not recorded still lets go
 
     def _group_commit(self, answered: list[_Flight]) -> dict[int, bool]:
         """The answers in one statement (retried through an outage for as long as the
@@ -496,9 +552,8 @@ class _Run:
     def _settle(self, done: list[_Flight]) -> None:
         """One pipeline for the calls that were sent; an unsent one alone (it may give
         back an adopted reservation differently). A Redis error must not undo the
-        calls' outcomes: the reservations age out."""
-        for flight in done:
-            flight.hold.close()  # idempotent: an outcome not recorded still lets go
+        calls' outcomes: the reservations age out. The packs of this process waiting
+        for a slot are woken."""
         # In the order their answers came: a bucket's level and learned ratio read
         # each answer's headers against the one before (budget_settle.lua).
         sent = sorted((f for f in done if f.settlement.error is not NOT_SENT), key=_heard_at)
@@ -524,6 +579,8 @@ class _Run:
             )
         except redis.RedisError:
             log.warning("a pack's %d calls: Redis error settling; reservations age out", len(sent))
+        else:
+            _FREED_SLOTS.freed(self.spec.name, len(done))
 
 
 def _heard_at(flight: _Flight) -> float:
