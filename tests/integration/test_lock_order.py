@@ -41,7 +41,10 @@ def _two_running_items_of_one_daily_row(batch_id: str) -> tuple[int, int]:
     """Two items of the batch in the same shard of the daily totals, made running and
     sent on attempt 1."""
     with db.session_scope() as session:
-        ids = list(session.scalars(select(Item.id).where(Item.batch_id == batch_id)))
+        # In id order: the smallest, and the one a whole round of shards after it.
+        ids = list(
+            session.scalars(select(Item.id).where(Item.batch_id == batch_id).order_by(Item.id))
+        )
         first = ids[0]
         second = next(i for i in ids[1:] if i % DAILY_USAGE_SHARDS == first % DAILY_USAGE_SHARDS)
         session.execute(
