@@ -11,6 +11,11 @@ it: :class:`batchgen.domain.formats.answers.AnthropicMerge`).
 The SDK raises raw ``json.JSONDecodeError`` for an unreadable body and raw
 ``httpx2`` errors (``RemoteProtocolError``, ``ReadTimeout``) when a stream is
 cut or stalls; both are mapped here like the SDK's own exceptions.
+
+A streamed call goes on urllib3 (:mod:`batchgen.providers.lean_http`) where that path
+applies: the body and headers the SDK would send, its events read as the provider's
+JSON (no model object per event), an error status or an ``event: error`` raised as
+the SDK's own error. Otherwise, and with ``BATCHGEN_LEAN_HTTP=false``, the SDK's.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import anthropic
@@ -29,6 +35,7 @@ from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS
 from batchgen.domain.formats.message_batches import NATIVE_PARAMS
 from batchgen.domain.formats.prompt_cache import with_cache_breakpoint
 from batchgen.errors import MalformedResponse, PermanentProviderError, ProviderError
+from batchgen.providers import lean_http
 from batchgen.providers.base import (
     ProviderRequest,
     ProviderResponse,
@@ -37,6 +44,7 @@ from batchgen.providers.base import (
     chat_params,
     classify_status,
     safe_code,
+    sse_events,
     status_message,
     transport_error,
     unsendable,
@@ -69,7 +77,16 @@ ERROR_TYPE_STATUS = {
     "overloaded_error": 529,
 }
 _MALFORMED = (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError)
-_SDK_ERRORS = (anthropic.AnthropicError, httpx2.HTTPError, *_MALFORMED)
+_SDK_ERRORS: tuple[type[BaseException], ...] = (
+    anthropic.AnthropicError,
+    httpx2.HTTPError,
+    *lean_http.urllib3_errors,
+    *_MALFORMED,
+)
+# The Messages API's route under the client's base URL, as the SDK posts it.
+MESSAGES_ROUTE = "/v1/messages"
+# chat_params' keys that are the SDK call's options, not fields of the request's body.
+_CALL_OPTIONS = ("extra_headers", "extra_query", "extra_body", "timeout")
 
 
 @functools.cache
@@ -187,8 +204,8 @@ def cache_usage(usage: Any) -> dict[str, Any]:
     """Anthropic's prompt-cache counts of ``usage`` as usage keys of the OpenAI form
     (``prompt_tokens_details.cached_tokens``) beside Anthropic's own, which the ledger
     prices (:func:`batchgen.domain.billing.cost.usage_of`); empty when the cache was not used."""
-    read = getattr(usage, "cache_read_input_tokens", None) or 0
-    written = getattr(usage, "cache_creation_input_tokens", None) or 0
+    read = _count(usage, "cache_read_input_tokens")
+    written = _count(usage, "cache_creation_input_tokens")
     if not (read or written):
         return {}
     return {
@@ -267,12 +284,51 @@ class ChatChunks:
         return []
 
 
+def _count(usage: Any, name: str) -> int:
+    """A count of ``usage`` (the SDK's object, or the provider's JSON); missing or None: 0."""
+    value = usage.get(name) if isinstance(usage, Mapping) else getattr(usage, name, None)
+    return int(value or 0)
+
+
 def input_tokens(usage: Any) -> int:
     """All input tokens: uncached plus cache writes and reads (``None`` counts 0)."""
     return sum(
-        getattr(usage, name, None) or 0
+        _count(usage, name)
         for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
+
+
+def stream_body(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON body the SDK sends for ``messages.create(**params, stream=True)``: the
+    parameters as they are, ``stream``, and ``extra_body`` merged in."""
+    body = {k: v for k, v in params.items() if k not in _CALL_OPTIONS}
+    body["stream"] = True
+    body.update(params.get("extra_body") or {})
+    return body
+
+
+def _lean_events(client: anthropic.Anthropic, response: lean_http.LeanResponse) -> Iterator[Any]:
+    """The stream's events as the provider's JSON, as the SDK reads them: ``ping`` and
+    unnamed events skipped, an ``error`` event raised as the SDK's status error."""
+    for name, data in sse_events(response.iter_bytes()):
+        if name is None or name == b"ping":
+            continue
+        if name == b"error":
+            body: Any
+            try:
+                body = json.loads(data)
+                message = f"{body}"
+            except ValueError:
+                body = data.decode("utf-8", "replace")
+                message = body or f"Error code: {response.status_code}"
+            answer = httpx2.Response(
+                response.status_code,
+                headers=list(response.headers.items()),
+                request=response.request,
+            )
+            raise client._make_status_error(message, body=body, response=answer)
+        if data:
+            yield json.loads(data)
 
 
 class AnthropicProvider:
@@ -281,6 +337,9 @@ class AnthropicProvider:
     def warm(self, spec: ModelSpec) -> None:
         client = sdk_client(spec.base_url, spec.api_key())
         client.default_headers  # noqa: B018  (the SDK works out its platform headers once)
+        lean = lean_http.endpoint(client, True)
+        if lean is not None:
+            lean.warm()
 
     def complete(self, request: ProviderRequest) -> ProviderResponse:
         cancelled_before_call(request)
@@ -326,6 +385,22 @@ class AnthropicProvider:
             rate_limits=anthropic_rate_limits(raw.headers),
         )
 
+    @staticmethod
+    def _open_stream(
+        client: anthropic.Anthropic, request: ProviderRequest, params: dict[str, Any]
+    ) -> tuple[Mapping[str, str], Iterator[Any], Callable[[], None]]:
+        """The streamed call up to its status line and headers: its headers, its events
+        (each the provider's JSON) and how to close it; on urllib3 where the lean path
+        applies, else through the SDK."""
+        lean = lean_http.endpoint(client, request.lean_http)
+        if lean is not None:
+            body = stream_body(params)
+            response = lean.post_stream(MESSAGES_ROUTE, body, request.headers(), request.timeout_s)
+            return response.headers, _lean_events(client, response), response.close
+        stream = client.messages.create(**params, stream=True)
+        events = (event.model_dump(mode="json", exclude_unset=True) for event in stream)
+        return stream.response.headers, events, stream.close
+
     def _stream(
         self, client: anthropic.Anthropic, request: ProviderRequest, params: dict[str, Any]
     ) -> ProviderResponse:
@@ -334,23 +409,23 @@ class AnthropicProvider:
         relay = request.on_chunk
         # A line in OpenAI form is answered as a chat completion: so are its chunks.
         chat = ChatChunks(request.spec.name, int(time.time())) if not native else None
-        stream = client.messages.create(**params, stream=True)
-        headers = stream.response.headers
+        headers, events, close = self._open_stream(client, request, params)
         limits = anthropic_rate_limits(headers)  # as of now, the start of the stream
         merge = AnthropicMerge()
         cache: dict[str, Any] = {}
         try:
             watch.check()
-            for event in stream:
-                data = event.model_dump(mode="json", exclude_unset=True)
+            for data in events:
                 merge.add(data)
-                if event.type == "message_start":
-                    watch.prompt_tokens = input_tokens(event.message.usage)
-                    cache = cache_usage(event.message.usage)
-                elif event.type == "content_block_delta" and event.delta.type == "text_delta":
-                    watch.add(event.delta.text)
-                elif event.type == "message_delta" and event.usage.input_tokens is not None:
-                    watch.prompt_tokens = input_tokens(event.usage)
+                kind = data["type"]
+                if kind == "message_start":
+                    usage = data["message"]["usage"]
+                    watch.prompt_tokens = input_tokens(usage)
+                    cache = cache_usage(usage)
+                elif kind == "content_block_delta" and data["delta"]["type"] == "text_delta":
+                    watch.add(data["delta"]["text"])
+                elif kind == "message_delta" and data["usage"].get("input_tokens") is not None:
+                    watch.prompt_tokens = input_tokens(data["usage"])
                 if relay is not None and chat is None:
                     relay(data)
                 elif relay is not None and chat is not None:
@@ -359,12 +434,12 @@ class AnthropicProvider:
                 watch.check()
         except _SDK_ERRORS as exc:  # the answer had started: it may be billed
             raise translate(exc, in_stream=True) from None
-        except (KeyError, TypeError, ValueError) as exc:
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise MalformedResponse(
                 f"malformed stream event ({type(exc).__name__})", status=200, billed=True
             ) from None
         finally:
-            stream.close()
+            close()
         message = merge.result()
         usage = (message or {}).get("usage") or {}
         if message is None or usage.get("output_tokens") is None or not merge.stopped:

@@ -313,6 +313,47 @@ def sse_data(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield rest[5:].strip()
 
 
+def _field_value(line: bytes, name_len: int) -> bytes:
+    value = line[name_len:]
+    return value[1:] if value.startswith(b" ") else value
+
+
+def sse_events(chunks: Iterable[bytes]) -> Iterator[tuple[bytes | None, bytes]]:
+    """Each server-sent event of the body's byte chunks, as it completes: its name (the
+    ``event:`` field; None without one) and its data (the ``data:`` lines joined by
+    LF). Lines end in LF, CRLF or CR (a CRLF split across two chunks included);
+    comments and other fields are skipped. A byte-level reader, as :func:`sse_data`."""
+    rest = b""
+    name: bytes | None = None
+    data: list[bytes] = []
+    after_cr = False
+    for chunk in chunks:
+        if not chunk:
+            continue
+        if after_cr and chunk.startswith(b"\n"):  # the LF of a CRLF the last chunk split
+            chunk = chunk[1:]
+        after_cr = chunk.endswith(b"\r")
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            if not line:  # the blank line that ends an event
+                if name is not None or data:
+                    yield name, b"\n".join(data)
+                name, data = None, []
+            elif line.startswith(b"data:"):
+                data.append(_field_value(line, 5))
+            elif line.startswith(b"event:"):
+                name = _field_value(line, 6)
+    if rest.startswith(b"data:"):
+        data.append(_field_value(rest, 5))
+    elif rest.startswith(b"event:"):
+        name = _field_value(rest, 6)
+    if name is not None or data:  # the body ended without the event's blank line
+        yield name, b"\n".join(data)
+
+
 class StreamWatch:
     """Collects a stream's text and stops it, between chunks, on cancel or deadline.
 

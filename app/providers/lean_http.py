@@ -1,4 +1,5 @@
-"""A streamed call's HTTP exchange on urllib3: the hot path of every OpenAI-compatible item.
+"""A streamed call's HTTP exchange on urllib3: the hot path of every OpenAI-compatible
+and Anthropic item.
 
 The SDK sends each request through its option models, header merging, URL joins and
 httpx's client, transport and h11 layers. For one streamed chat call against a
@@ -18,14 +19,17 @@ is sent and what an error is:
 - TLS verifies against the trust store the SDK's transport uses (httpcore's default
   context: ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, else the system's).
 
-Any other client (Azure's, one behind an HTTP proxy from the environment) keeps the
-SDK's own path; ``BATCHGEN_LEAN_HTTP=false`` turns this off everywhere.
+The same holds for the ``anthropic`` SDK's client (its errors are its own: the SDK's
+``APIConnectionError``, ``APITimeoutError`` and typed status errors). Any other client
+(Azure's, one behind an HTTP proxy from the environment) keeps the SDK's own path;
+``BATCHGEN_LEAN_HTTP=false`` turns this off everywhere.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import sys
 import threading
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -86,10 +90,19 @@ class LeanResponse:
 
 
 class LeanEndpoint:
-    """Streamed POSTs to one SDK client's ``base_url`` through one urllib3 connection pool."""
+    """Streamed POSTs to one SDK client's ``base_url`` through one urllib3 connection pool.
+    ``errors``: the SDK's connection and time-out error classes."""
 
-    def __init__(self, client: openai.OpenAI) -> None:
+    def __init__(
+        self,
+        client: Any,
+        errors: tuple[type[Exception], type[Exception]] = (
+            openai.APIConnectionError,
+            openai.APITimeoutError,
+        ),
+    ) -> None:
         self._client = client
+        self._connection_error, self._timeout_error = errors
         self._base = str(client.base_url).rstrip("/")
         self._path = urlsplit(self._base).path  # the pool is the host's: requests name a path
         tls: dict[str, Any] = {}
@@ -132,22 +145,22 @@ class LeanEndpoint:
                 timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
             )
         except NewConnectionError as exc:  # refused, unreachable (a ConnectTimeoutError too)
-            raise openai.APIConnectionError(request=httpx2.Request("POST", url)) from exc
+            raise self._connection_error(request=httpx2.Request("POST", url)) from exc  # type: ignore[call-arg]
         except Urllib3Timeout as exc:
-            raise openai.APITimeoutError(request=httpx2.Request("POST", url)) from exc
+            raise self._timeout_error(request=httpx2.Request("POST", url)) from exc  # type: ignore[call-arg]
         except HTTPError as exc:
-            raise openai.APIConnectionError(request=httpx2.Request("POST", url)) from exc
+            raise self._connection_error(request=httpx2.Request("POST", url)) from exc  # type: ignore[call-arg]
         except ValueError as exc:
             # http.client refusing a header (an API key with a newline) before sending:
             # its text quotes the header, so only the kind of failure goes on.
             unsent = httpx2.LocalProtocolError(f"request not sendable ({type(exc).__name__})")
-            raise openai.APIConnectionError(request=httpx2.Request("POST", url)) from unsent
+            raise self._connection_error(request=httpx2.Request("POST", url)) from unsent  # type: ignore[call-arg]
         response = LeanResponse(raw, url)
         if raw.status >= 400:
             try:
                 content = raw.read()
             except HTTPError as exc:
-                raise openai.APIConnectionError(request=response.request) from exc
+                raise self._connection_error(request=response.request) from exc  # type: ignore[call-arg]
             finally:
                 raw.release_conn()
             answer = httpx2.Response(
@@ -170,19 +183,31 @@ def _behind_proxy(url: str) -> bool:
     return not urllib.request.proxy_bypass(parts.hostname or "")
 
 
+def _sdk_errors(client: Any) -> tuple[type[Exception], type[Exception]] | None:
+    """The connection and time-out errors of ``client``'s SDK, when it is a plain client
+    of one this path speaks for (``openai.OpenAI``, ``anthropic.Anthropic``)."""
+    if type(client) is openai.OpenAI:
+        return openai.APIConnectionError, openai.APITimeoutError
+    anthropic = sys.modules.get("anthropic")  # imported by its adapter, not here
+    if anthropic is not None and type(client) is anthropic.Anthropic:
+        return anthropic.APIConnectionError, anthropic.APITimeoutError
+    return None
+
+
 @functools.cache
-def _endpoint_for(client: openai.OpenAI) -> LeanEndpoint | None:
+def _endpoint_for(client: Any) -> LeanEndpoint | None:
     base = str(client.base_url)
     parts = urlsplit(base)
-    if type(client) is not openai.OpenAI or parts.query or _behind_proxy(base):
+    errors = _sdk_errors(client)
+    if errors is None or parts.query or _behind_proxy(base):
         return None
     if parts.scheme not in ("http", "https"):  # the SDK's own stack refuses it as such
         return None
-    return LeanEndpoint(client)
+    return LeanEndpoint(client, errors)
 
 
-def endpoint(client: openai.OpenAI, enabled: bool) -> LeanEndpoint | None:
+def endpoint(client: Any, enabled: bool) -> LeanEndpoint | None:
     """The lean path for ``client`` (one per client and process), or None: turned off,
-    not a plain OpenAI client (Azure's routes differ), a base URL with a query or a
-    scheme other than http(s), or behind a proxy."""
+    not a plain OpenAI or Anthropic client (Azure's routes differ), a base URL with a
+    query or a scheme other than http(s), or behind a proxy."""
     return _endpoint_for(client) if enabled else None

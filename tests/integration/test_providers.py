@@ -412,14 +412,24 @@ LEAN_CASES = [
 ]
 
 
+def _sdk_client_of(spec: ModelSpec) -> Any:
+    from batchgen.providers import anthropic as anthropic_adapter
+
+    if spec.provider is ProviderKind.ANTHROPIC:
+        return anthropic_adapter.sdk_client(spec.base_url, spec.api_key())
+    return sdk_client(spec.base_url, spec.api_key())
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("fault", LEAN_CASES)
-def test_lean_http_and_the_sdk_agree(base: str, fault: str | None) -> None:
-    """A streamed OpenAI call on urllib3 (providers.lean_http) ends as it does through
-    the SDK: the same answer and rate-limit headers, or the same error, status, billing."""
+def test_lean_http_and_the_sdk_agree(base: str, fault: str | None, kind: str) -> None:
+    """A streamed OpenAI or Anthropic call on urllib3 (providers.lean_http) ends as it
+    does through the SDK: the same answer and rate-limit headers, or the same error,
+    status, billing."""
     if fault == "reset":
         configure(base, latency_per_token_ms=2.0)
-    spec = make_spec("openai", base)
-    assert lean_http.endpoint(sdk_client(spec.base_url, spec.api_key()), True) is not None
+    spec = make_spec(kind, base)
+    assert lean_http.endpoint(_sdk_client_of(spec), True) is not None
     lean = _outcome(spec, fault)
     sdk = _outcome(spec, fault, lean_http=False)
     if fault is None:  # the resets count down between the two calls: to the second
@@ -428,12 +438,14 @@ def test_lean_http_and_the_sdk_agree(base: str, fault: str | None) -> None:
     assert sdk == lean
 
 
-def test_lean_http_refused_connection_is_not_billed() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_lean_http_refused_connection_is_not_billed(kind: str) -> None:
     """Nothing listens: the call surely never left, on either path."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    spec = make_spec("openai", "", base_url=f"http://127.0.0.1:{port}/v1")
+    url = f"http://127.0.0.1:{port}" + ("/v1" if kind == "openai" else "")
+    spec = make_spec(kind, "", base_url=url)
     outcomes = []
     for lean in (True, False):
         with pytest.raises(TransientProviderError) as err:
@@ -492,10 +504,9 @@ def test_warm_builds_the_client_without_a_call(base: str, kind: str) -> None:
     before = len(ADMIN[base].get("/_sim/log").json())
     get_provider(spec).warm(spec)
     assert len(ADMIN[base].get("/_sim/log").json()) == before
-    if kind == "openai":
-        lean = lean_http.endpoint(sdk_client(spec.base_url, spec.api_key()), True)
-        assert lean is not None and lean._headers is not None
-        assert lean._headers["Authorization"].startswith("Bearer ")
+    lean = lean_http.endpoint(_sdk_client_of(spec), True)
+    assert lean is not None and lean._headers is not None
+    assert {k.lower() for k in lean._headers} & {"authorization", "x-api-key"}
     response = get_provider(spec).complete(make_request(spec, stream=True))
     assert response.completion_tokens > 0
 
@@ -512,3 +523,97 @@ def test_lean_http_verifies_tls_as_the_sdk_does() -> None:
     assert isinstance(context, ssl.SSLContext)
     assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
     assert context.cert_store_stats()["x509_ca"] > 0  # the trust store is loaded
+
+
+# Headers the SDK adds per attempt (its retry count and time-out) or the transport sets.
+_PER_ATTEMPT_HEADERS = {
+    "x-stainless-retry-count",
+    "x-stainless-timeout",
+    "x-stainless-read-timeout",
+    "content-length",
+    "accept-encoding",
+    "connection",
+    "host",
+}
+
+_ANTHROPIC_STREAM = (
+    b"event: message_start\n"
+    b'data: {"type":"message_start","message":{"id":"msg_1","type":"message","role":'
+    b'"assistant","model":"sim-claude","content":[],"stop_reason":null,'
+    b'"usage":{"input_tokens":5,"output_tokens":1}}}\n\n'
+    b'event: ping\ndata: {"type":"ping"}\n\n'
+    b"event: content_block_start\n"
+    b'data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}\n\n'
+    b"event: content_block_delta\n"
+    b'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}\n\n'
+    b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+    b"event: message_delta\n"
+    b'data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+    b'"usage":{"output_tokens":2}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["chat-line", "messages-line"])
+def test_lean_anthropic_stream_sends_the_sdks_request(native: bool) -> None:
+    """A streamed Anthropic call on urllib3 sends what the SDK sends (the same JSON body,
+    the same headers but those the SDK sets per attempt) to the same path, and reads the
+    same answer from the same events (a ping among them)."""
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from batchgen.domain.formats.message_batches import NATIVE_PARAMS
+
+    seen: list[tuple[str, dict[str, str], Any]] = []
+
+    class Provider(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("content-length", str(len(_ANTHROPIC_STREAM)))
+            self.end_headers()
+            self.wfile.write(_ANTHROPIC_STREAM)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Provider)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        spec = make_spec("anthropic", "", base_url=f"http://127.0.0.1:{server.server_port}")
+        body: dict[str, Any] = {
+            "model": spec.name,
+            "messages": MESSAGES,
+            "max_tokens": 40,
+            "temperature": 0.5,
+            "stop": ["END"],
+        }
+        if native:
+            body[NATIVE_PARAMS] = {
+                "model": "claude-x",
+                "max_tokens": 40,
+                "system": "Be brief.",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "top_k": 3,
+                "metadata": {"user_id": "u1"},
+            }
+        answers = []
+        one = dataclasses.replace(make_request(spec, stream=True), body=body)
+        for lean in (True, False):
+            request = dataclasses.replace(one, lean_http=lean)
+            answers.append(get_provider(spec).complete(request))
+    finally:
+        server.shutdown()
+        server.server_close()
+    (lean_path, lean_headers, lean_body), (sdk_path, sdk_headers, sdk_body) = seen
+    assert lean_path == sdk_path == "/v1/messages"
+    assert lean_body == sdk_body and lean_body["stream"] is True
+    assert {k: v for k, v in lean_headers.items() if k not in _PER_ATTEMPT_HEADERS} == {
+        k: v for k, v in sdk_headers.items() if k not in _PER_ATTEMPT_HEADERS
+    }
+    lean_answer, sdk_answer = answers
+    assert lean_answer.text == sdk_answer.text == "Hi"
+    assert _comparable(lean_answer) == _comparable(sdk_answer)

@@ -258,3 +258,28 @@ def test_sse_data_reads_events_split_anywhere():
         chunks = [body[i : i + size] for i in range(0, len(body), size)]
         assert list(sse_data(chunks)) == expected, size
     assert list(sse_data([b"", b"data: x\n", b""])) == [b"x"]
+
+
+def test_sse_events_read_names_and_data_split_anywhere():
+    """Each event's name (None without one) and data (its data lines joined by LF),
+    whatever the chunk boundaries and line endings (a CRLF split in two included);
+    comments and other fields skipped; a last event without its blank line counts."""
+    from batchgen.providers.base import sse_events
+
+    body = (
+        b': keep-alive\n\nevent: message_start\r\ndata: {"a": 1}\r\n\r\n'
+        b"event:ping\ndata: {}\n\nid: 7\ndata: line one\ndata: line two\n\n"
+        b'event: error\rdata: {"e": 1}\r\revent: message_stop\ndata: {}'
+    )
+    expected = [
+        (b"message_start", b'{"a": 1}'),
+        (b"ping", b"{}"),
+        (None, b"line one\nline two"),
+        (b"error", b'{"e": 1}'),
+        (b"message_stop", b"{}"),
+    ]
+    assert list(sse_events([body])) == expected
+    for size in (1, 2, 3, 7, 16):  # every split, CRLF halves included
+        chunks = [body[i : i + size] for i in range(0, len(body), size)]
+        assert list(sse_events(chunks)) == expected, size
+    assert list(sse_events([b"", b"event: a\r", b"\ndata: x\r\n\r\n"])) == [(b"a", b"x")]
