@@ -19,10 +19,12 @@ is sent and what an error is:
 - TLS verifies against the trust store the SDK's transport uses (httpcore's default
   context: ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, else the system's).
 
-The same holds for the ``anthropic`` SDK's client (its errors are its own: the SDK's
-``APIConnectionError``, ``APITimeoutError`` and typed status errors). Any other client
-(Azure's, one behind an HTTP proxy from the environment) keeps the SDK's own path;
-``BATCHGEN_LEAN_HTTP=false`` turns this off everywhere.
+A Responses API or embeddings call (a whole answer, not a stream) takes the same POST
+and reads its body to the end. The same holds for the ``anthropic`` SDK's client (its
+errors are its own: the SDK's ``APIConnectionError``, ``APITimeoutError`` and typed
+status errors). Any other client (Azure's, one behind an HTTP proxy from the
+environment) keeps the SDK's own path; ``BATCHGEN_LEAN_HTTP=false`` turns this off
+everywhere.
 """
 
 from __future__ import annotations

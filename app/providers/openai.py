@@ -160,7 +160,11 @@ def _stream_body(request: ProviderRequest) -> dict[str, Any]:
 
 def _raw_json(raw: Any) -> dict[str, Any]:
     """The answer's JSON as the provider sent it (every field, nulls included)."""
-    body = json.loads(raw.text)
+    return _json_object(raw.text)
+
+
+def _json_object(text: str | bytes) -> dict[str, Any]:
+    body = json.loads(text)
     if not isinstance(body, dict):
         raise TypeError("answer is not an object")
     return body
@@ -279,6 +283,21 @@ class OpenAIProvider:
         mapped), its answer kept as the provider sent it."""
         body = {k: v for k, v in request.body.items() if k not in _ENDPOINT_OWN_FIELDS}
         body["model"] = request.spec.name
+        lean = lean_http.endpoint(client, request.lean_http)
+        if lean is not None:  # the same POST on urllib3, its whole answer read
+            answer = lean.post_stream(
+                provider_path(request.endpoint), body, request.headers(), request.timeout_s
+            )
+            try:
+                content = b"".join(answer.iter_bytes())
+            finally:
+                answer.close()
+            return endpoint_answer(
+                request.endpoint,
+                _json_object(content),
+                answer.headers.get("x-request-id"),
+                openai_rate_limits(answer.headers),
+            )
         raw = client.post(
             provider_path(request.endpoint),
             body=body,

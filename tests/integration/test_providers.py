@@ -617,3 +617,33 @@ def test_lean_anthropic_stream_sends_the_sdks_request(native: bool) -> None:
     lean_answer, sdk_answer = answers
     assert lean_answer.text == sdk_answer.text == "Hi"
     assert _comparable(lean_answer) == _comparable(sdk_answer)
+
+
+@pytest.mark.parametrize("fault", [None, "status:429", "status:500", "hang"])
+@pytest.mark.parametrize("endpoint", ["/v1/responses", "/v1/embeddings"])
+def test_lean_http_and_the_sdk_agree_on_whole_answers(
+    base: str, endpoint: str, fault: str | None
+) -> None:
+    """A Responses API or embeddings call (a whole answer) on urllib3 ends as it does
+    through the SDK: the same answer, or the same error, status and billing."""
+    spec = make_spec("openai", base)
+    body: dict[str, Any] = {"model": spec.name, "input": "Describe a kettle."}
+    if endpoint == "/v1/embeddings":
+        body["input"] = ["a kettle", "a toaster"]
+    one = dataclasses.replace(
+        make_request(spec, fault=fault, timeout_s=0.3), endpoint=endpoint, body=body
+    )
+    outcomes = []
+    for lean in (True, False):
+        try:
+            response = get_provider(spec).complete(dataclasses.replace(one, lean_http=lean))
+        except ProviderError as exc:
+            retry_after = exc.retry_after_s if isinstance(exc, RateLimited) else None
+            message = exc.message.split(" (")[0].split(" request_id=")[0]
+            outcomes.append((type(exc), exc.status, exc.billed, message, retry_after))
+            continue
+        answer = {k: v for k, v in response.body.items() if k not in ("id", "created_at")}
+        outcomes.append((response.prompt_tokens, response.completion_tokens, answer))
+    assert outcomes[0] == outcomes[1]
+    if fault is None:
+        assert outcomes[0][0] > 0
