@@ -291,6 +291,10 @@ class ForkServer:
     def spawn(
         self, argv: list[str], env: dict[str, str], log_path: Path, netns: str | None = None
     ) -> ForkedProcess:
+        # The log exists once spawn returns, as with Popen and a file the caller opened:
+        # the child opens it only after its fork, and a test may read it before then.
+        with open(log_path, "ab"):
+            pass
         request = {"op": "spawn", "argv": argv, "env": env, "log": str(log_path)}
         request["cwd"] = os.getcwd()
         request["netns"] = netns
