@@ -487,6 +487,12 @@ def cluster(
             "BATCHGEN_BUDGET_GUARD_S": str(GUARD_S),
             "BATCHGEN_MAX_COUNTDOWN_S": "10",
             "BATCHGEN_DISPATCH_INTERVAL_S": "0.3",
+            # One item a message: a host's threads then bound its calls in flight
+            # (THREADS x WORKERS_PER_HOST), as the scaling test's one host needs. Packs
+            # run as groups overlap their calls past the threads (up to the model's 24
+            # slots: 77 calls in a stretch where 4 at a time allow 60, in a CI run);
+            # their kills and outages have tests of their own (test_pack_calls.py).
+            "BATCHGEN_PACK_MAX_ITEMS": "1",
             # At the limits, a retry that came due may wait in its worker's thread pool
             # behind others (a pack's task held a thread 13 s on a loaded CI machine):
             # 20 s could run out there. A retry held back by a skewed clock would wait
