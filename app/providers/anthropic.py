@@ -410,10 +410,10 @@ class AnthropicProvider:
         # A line in OpenAI form is answered as a chat completion: so are its chunks.
         chat = ChatChunks(request.spec.name, int(time.time())) if not native else None
         headers, events, close = self._open_stream(client, request, params)
-        limits = anthropic_rate_limits(headers)  # as of now, the start of the stream
         merge = AnthropicMerge()
         cache: dict[str, Any] = {}
         try:
+            limits = anthropic_rate_limits(headers)  # as of now, the start of the stream
             watch.check()
             for data in events:
                 merge.add(data)

@@ -322,7 +322,8 @@ def sse_events(chunks: Iterable[bytes]) -> Iterator[tuple[bytes | None, bytes]]:
     """Each server-sent event of the body's byte chunks, as it completes: its name (the
     ``event:`` field; None without one) and its data (the ``data:`` lines joined by
     LF). Lines end in LF, CRLF or CR (a CRLF split across two chunks included);
-    comments and other fields are skipped. A byte-level reader, as :func:`sse_data`."""
+    comments and other fields are skipped; an event the body ends before its blank
+    line is dropped. A byte-level reader, as :func:`sse_data`."""
     rest = b""
     name: bytes | None = None
     data: list[bytes] = []
@@ -346,12 +347,8 @@ def sse_events(chunks: Iterable[bytes]) -> Iterator[tuple[bytes | None, bytes]]:
                 data.append(_field_value(line, 5))
             elif line.startswith(b"event:"):
                 name = _field_value(line, 6)
-    if rest.startswith(b"data:"):
-        data.append(_field_value(rest, 5))
-    elif rest.startswith(b"event:"):
-        name = _field_value(rest, 6)
-    if name is not None or data:  # the body ended without the event's blank line
-        yield name, b"\n".join(data)
+    # An event the body ends before its blank line is dropped, as the SDKs' readers and
+    # the SSE specification drop it: a stream cut there ends unfinished.
 
 
 class StreamWatch:

@@ -167,7 +167,8 @@ class LeanEndpoint:
                 raw.release_conn()
             answer = httpx2.Response(
                 raw.status,
-                headers=list(raw.headers.items()),
+                # The body is decoded already: not again by the SDK's response.
+                headers=[(k, v) for k, v in raw.headers.items() if k.lower() != "content-encoding"],
                 content=content,
                 request=response.request,
             )

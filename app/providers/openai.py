@@ -281,6 +281,12 @@ class OpenAIProvider:
     def _endpoint(self, client: openai.OpenAI, request: ProviderRequest) -> ProviderResponse:
         """A Responses or embeddings call, its body as the batch line has it (the model
         mapped), its answer kept as the provider sent it."""
+        try:
+            return self._endpoint_call(client, request)
+        except TypeError:  # JSON, but not an object
+            raise MalformedResponse("answer is not an object", status=200, billed=True) from None
+
+    def _endpoint_call(self, client: openai.OpenAI, request: ProviderRequest) -> ProviderResponse:
         body = {k: v for k, v in request.body.items() if k not in _ENDPOINT_OWN_FIELDS}
         body["model"] = request.spec.name
         lean = lean_http.endpoint(client, request.lean_http)

@@ -249,8 +249,8 @@ def run_together(
     except Exception as exc:  # the rest of the pack goes back; what flies lands first
         error = exc
         run.pack.handed_back.extend(entry for entry, _ in todo + later)
-        with contextlib.suppress(Exception):
-            while run.flying or run.landed or run.unrecorded:
+        while run.flying or run.landed or run.unrecorded:  # each land() takes some off
+            with contextlib.suppress(Exception):
                 run.land(poll_s=None)
             run.settle_unsent()
     ran = [p.item_id for p in pack if p.item_id in run.pack.verdicts]
@@ -452,16 +452,26 @@ class _Run:
         elif not done and not self.unrecorded and poll_s is not None:
             _FREED_SLOTS.wait(self.spec.name, poll_s)
         raised = [f.raised for f in done if f.raised is not None]
-        if done:
-            if not self.unrecorded:
-                self.record_by_s = time.monotonic() + RECORD_GATHER_S
-            self.unrecorded += done
-            self._settle(done)
-        if self.unrecorded and (
-            raised or not self.flying or not self.overlap or time.monotonic() >= self.record_by_s
-        ):
-            group, self.unrecorded = self.unrecorded, []
-            self._record(group)
+        # A failed call's outcome is applied already: its retry or wait goes out at once.
+        now = bool(raised) or any(f.verdict is not None for f in done)
+        settled = False
+        try:
+            if done:
+                if not self.unrecorded:
+                    self.record_by_s = time.monotonic() + RECORD_GATHER_S
+                self.unrecorded += done
+                self._settle(done)
+            settled = True
+        finally:  # a settle that raised: what it left is recorded before the error goes on
+            if self.unrecorded and (
+                now
+                or not settled
+                or not self.flying
+                or not self.overlap
+                or time.monotonic() >= self.record_by_s
+            ):
+                group, self.unrecorded = self.unrecorded, []
+                self._record(group)
         if raised:  # a call that raised what no call should: the pack's error
             raise raised[0]
 

@@ -647,3 +647,38 @@ def test_lean_http_and_the_sdk_agree_on_whole_answers(
     assert outcomes[0] == outcomes[1]
     if fault is None:
         assert outcomes[0][0] > 0
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "sdk"])
+def test_a_whole_answer_that_is_not_an_object_is_malformed_and_billed(lean: bool) -> None:
+    """A Responses API answer that is JSON but not an object: a billed malformed answer
+    on either path, not an error no call should raise."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Provider(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["content-length"]))
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", "6")
+            self.end_headers()
+            self.wfile.write(b"[1, 2]")
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Provider)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spec = make_spec("openai", "", base_url=f"http://127.0.0.1:{server.server_port}/v1")
+        request = dataclasses.replace(
+            make_request(spec, lean_http=lean),
+            endpoint="/v1/responses",
+            body={"model": spec.name, "input": "Hi"},
+        )
+        with pytest.raises(MalformedResponse) as err:
+            get_provider(spec).complete(request)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert err.value.billed
