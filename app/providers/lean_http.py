@@ -34,7 +34,7 @@ import json
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -50,6 +50,9 @@ __all__ = ["LeanEndpoint", "endpoint", "urllib3_errors"]
 # Transport errors of urllib3 (a stream cut or stalled mid-body), for the adapters'
 # ``except`` lists.
 urllib3_errors: tuple[type[BaseException], ...] = (HTTPError,)
+
+# An SDK's connection and time-out errors, each made with the request it is about.
+SdkErrors = tuple[Callable[..., Exception], Callable[..., Exception]]
 
 _POOL_MAXSIZE = 64  # connections kept per host; a worker's threads beyond it open more
 _CHUNK_BYTES = 65536
@@ -95,14 +98,7 @@ class LeanEndpoint:
     """Streamed POSTs to one SDK client's ``base_url`` through one urllib3 connection pool.
     ``errors``: the SDK's connection and time-out error classes."""
 
-    def __init__(
-        self,
-        client: Any,
-        errors: tuple[type[Exception], type[Exception]] = (
-            openai.APIConnectionError,
-            openai.APITimeoutError,
-        ),
-    ) -> None:
+    def __init__(self, client: Any, errors: SdkErrors) -> None:
         self._client = client
         self._connection_error, self._timeout_error = errors
         self._base = str(client.base_url).rstrip("/")
@@ -147,22 +143,22 @@ class LeanEndpoint:
                 timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
             )
         except NewConnectionError as exc:  # refused, unreachable (a ConnectTimeoutError too)
-            raise self._connection_error(request=httpx2.Request("POST", url)) from exc  # type: ignore[call-arg]
+            raise self._connection_error(request=httpx2.Request("POST", url)) from exc
         except Urllib3Timeout as exc:
-            raise self._timeout_error(request=httpx2.Request("POST", url)) from exc  # type: ignore[call-arg]
+            raise self._timeout_error(request=httpx2.Request("POST", url)) from exc
         except HTTPError as exc:
-            raise self._connection_error(request=httpx2.Request("POST", url)) from exc  # type: ignore[call-arg]
+            raise self._connection_error(request=httpx2.Request("POST", url)) from exc
         except ValueError as exc:
             # http.client refusing a header (an API key with a newline) before sending:
             # its text quotes the header, so only the kind of failure goes on.
             unsent = httpx2.LocalProtocolError(f"request not sendable ({type(exc).__name__})")
-            raise self._connection_error(request=httpx2.Request("POST", url)) from unsent  # type: ignore[call-arg]
+            raise self._connection_error(request=httpx2.Request("POST", url)) from unsent
         response = LeanResponse(raw, url)
         if raw.status >= 400:
             try:
                 content = raw.read()
             except HTTPError as exc:
-                raise self._connection_error(request=response.request) from exc  # type: ignore[call-arg]
+                raise self._connection_error(request=response.request) from exc
             finally:
                 raw.release_conn()
             answer = httpx2.Response(
@@ -186,7 +182,7 @@ def _behind_proxy(url: str) -> bool:
     return not urllib.request.proxy_bypass(parts.hostname or "")
 
 
-def _sdk_errors(client: Any) -> tuple[type[Exception], type[Exception]] | None:
+def _sdk_errors(client: Any) -> SdkErrors | None:
     """The connection and time-out errors of ``client``'s SDK, when it is a plain client
     of one this path speaks for (``openai.OpenAI``, ``anthropic.Anthropic``)."""
     if type(client) is openai.OpenAI:

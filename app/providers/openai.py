@@ -280,41 +280,37 @@ class OpenAIProvider:
 
     def _endpoint(self, client: openai.OpenAI, request: ProviderRequest) -> ProviderResponse:
         """A Responses or embeddings call, its body as the batch line has it (the model
-        mapped), its answer kept as the provider sent it."""
-        try:
-            return self._endpoint_call(client, request)
-        except TypeError:  # JSON, but not an object
-            raise MalformedResponse("answer is not an object", status=200, billed=True) from None
-
-    def _endpoint_call(self, client: openai.OpenAI, request: ProviderRequest) -> ProviderResponse:
+        mapped), its answer kept as the provider sent it; on urllib3 where the lean path
+        applies (the same POST, its whole answer read), else through the SDK."""
         body = {k: v for k, v in request.body.items() if k not in _ENDPOINT_OWN_FIELDS}
         body["model"] = request.spec.name
+        route = provider_path(request.endpoint)
+        content: str | bytes
         lean = lean_http.endpoint(client, request.lean_http)
-        if lean is not None:  # the same POST on urllib3, its whole answer read
-            answer = lean.post_stream(
-                provider_path(request.endpoint), body, request.headers(), request.timeout_s
-            )
+        if lean is not None:
+            answer = lean.post_stream(route, body, request.headers(), request.timeout_s)
             try:
                 content = b"".join(answer.iter_bytes())
             finally:
                 answer.close()
-            return endpoint_answer(
-                request.endpoint,
-                _json_object(content),
-                answer.headers.get("x-request-id"),
-                openai_rate_limits(answer.headers),
+            headers: Any = answer.headers
+        else:
+            raw = client.post(
+                route,
+                body=body,
+                cast_to=httpx2.Response,
+                options={"headers": request.headers(), "timeout": request.timeout_s},
             )
-        raw = client.post(
-            provider_path(request.endpoint),
-            body=body,
-            cast_to=httpx2.Response,
-            options={"headers": request.headers(), "timeout": request.timeout_s},
-        )
+            content, headers = raw.text, raw.headers
+        try:
+            answer_json = _json_object(content)
+        except TypeError:  # JSON, but not an object
+            raise MalformedResponse("answer is not an object", status=200, billed=True) from None
         return endpoint_answer(
             request.endpoint,
-            _raw_json(raw),
-            raw.headers.get("x-request-id"),
-            openai_rate_limits(raw.headers),
+            answer_json,
+            headers.get("x-request-id"),
+            openai_rate_limits(headers),
         )
 
     def _stream(self, client: openai.OpenAI, request: ProviderRequest) -> ProviderResponse:

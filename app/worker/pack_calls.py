@@ -252,6 +252,7 @@ def run_together(
         while run.flying or run.landed or run.unrecorded:  # each land() takes some off
             with contextlib.suppress(Exception):
                 run.land(poll_s=None)
+        with contextlib.suppress(Exception):
             run.settle_unsent()
     ran = [p.item_id for p in pack if p.item_id in run.pack.verdicts]
     return PackOutcome(
@@ -452,28 +453,26 @@ class _Run:
         elif not done and not self.unrecorded and poll_s is not None:
             _FREED_SLOTS.wait(self.spec.name, poll_s)
         raised = [f.raised for f in done if f.raised is not None]
-        # A failed call's outcome is applied already: its retry or wait goes out at once.
-        now = bool(raised) or any(f.verdict is not None for f in done)
-        settled = False
-        try:
-            if done:
-                if not self.unrecorded:
-                    self.record_by_s = time.monotonic() + RECORD_GATHER_S
-                self.unrecorded += done
+        if done:
+            if not self.unrecorded:
+                self.record_by_s = time.monotonic() + RECORD_GATHER_S
+            self.unrecorded += done
+            try:
                 self._settle(done)
-            settled = True
-        finally:  # a settle that raised: what it left is recorded before the error goes on
-            if self.unrecorded and (
-                now
-                or not settled
-                or not self.flying
-                or not self.overlap
-                or time.monotonic() >= self.record_by_s
-            ):
-                group, self.unrecorded = self.unrecorded, []
-                self._record(group)
+            except BaseException:  # what it left is recorded before the error goes on
+                self._record_unrecorded()
+                raise
+        # A failed call's outcome is applied already: its retry or wait goes out at once.
+        at_once = raised or any(f.verdict is not None for f in done)
+        if at_once or not self.flying or not self.overlap or time.monotonic() >= self.record_by_s:
+            self._record_unrecorded()
         if raised:  # a call that raised what no call should: the pack's error
             raise raised[0]
+
+    def _record_unrecorded(self) -> None:
+        group, self.unrecorded = self.unrecorded, []
+        if group:
+            self._record(group)
 
     def _record(self, done: list[_Flight]) -> None:
         try:

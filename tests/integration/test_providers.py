@@ -5,6 +5,7 @@ Needs neither PostgreSQL nor Redis: only the simulator in a background thread.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import socket
 import threading
@@ -554,36 +555,47 @@ _ANTHROPIC_STREAM = (
 )
 
 
-@pytest.mark.parametrize("native", [False, True], ids=["chat-line", "messages-line"])
-def test_lean_anthropic_stream_sends_the_sdks_request(native: bool) -> None:
-    """A streamed Anthropic call on urllib3 sends what the SDK sends (the same JSON body,
-    the same headers but those the SDK sets per attempt) to the same path, and reads the
-    same answer from the same events (a ping among them)."""
+@contextlib.contextmanager
+def _provider_answering(
+    content_type: str, payload: bytes, seen: list[tuple[str, dict[str, str], Any]]
+) -> Iterator[int]:
+    """A provider on a free port (yielded) that answers every POST with ``payload`` and
+    keeps each request's path, headers (lower-cased) and JSON body in ``seen``."""
     import json
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from batchgen.domain.formats.message_batches import NATIVE_PARAMS
-
-    seen: list[tuple[str, dict[str, str], Any]] = []
 
     class Provider(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
             seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
             self.send_response(200)
-            self.send_header("content-type", "text/event-stream")
-            self.send_header("content-length", str(len(_ANTHROPIC_STREAM)))
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(payload)))
             self.end_headers()
-            self.wfile.write(_ANTHROPIC_STREAM)
+            self.wfile.write(payload)
 
         def log_message(self, *_: Any) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Provider)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        spec = make_spec("anthropic", "", base_url=f"http://127.0.0.1:{server.server_port}")
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["chat-line", "messages-line"])
+def test_lean_anthropic_stream_sends_the_sdks_request(native: bool) -> None:
+    """A streamed Anthropic call on urllib3 sends what the SDK sends (the same JSON body,
+    the same headers but those the SDK sets per attempt) to the same path, and reads the
+    same answer from the same events (a ping among them)."""
+    from batchgen.domain.formats.message_batches import NATIVE_PARAMS
+
+    seen: list[tuple[str, dict[str, str], Any]] = []
+    with _provider_answering("text/event-stream", _ANTHROPIC_STREAM, seen) as port:
+        spec = make_spec("anthropic", "", base_url=f"http://127.0.0.1:{port}")
         body: dict[str, Any] = {
             "model": spec.name,
             "messages": MESSAGES,
@@ -605,9 +617,6 @@ def test_lean_anthropic_stream_sends_the_sdks_request(native: bool) -> None:
         for lean in (True, False):
             request = dataclasses.replace(one, lean_http=lean)
             answers.append(get_provider(spec).complete(request))
-    finally:
-        server.shutdown()
-        server.server_close()
     (lean_path, lean_headers, lean_body), (sdk_path, sdk_headers, sdk_body) = seen
     assert lean_path == sdk_path == "/v1/messages"
     assert lean_body == sdk_body and lean_body["stream"] is True
@@ -653,24 +662,8 @@ def test_lean_http_and_the_sdk_agree_on_whole_answers(
 def test_a_whole_answer_that_is_not_an_object_is_malformed_and_billed(lean: bool) -> None:
     """A Responses API answer that is JSON but not an object: a billed malformed answer
     on either path, not an error no call should raise."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Provider(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            self.rfile.read(int(self.headers["content-length"]))
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", "6")
-            self.end_headers()
-            self.wfile.write(b"[1, 2]")
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Provider)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        spec = make_spec("openai", "", base_url=f"http://127.0.0.1:{server.server_port}/v1")
+    with _provider_answering("application/json", b"[1, 2]", []) as port:
+        spec = make_spec("openai", "", base_url=f"http://127.0.0.1:{port}/v1")
         request = dataclasses.replace(
             make_request(spec, lean_http=lean),
             endpoint="/v1/responses",
@@ -678,7 +671,4 @@ def test_a_whole_answer_that_is_not_an_object_is_malformed_and_billed(lean: bool
         )
         with pytest.raises(MalformedResponse) as err:
             get_provider(spec).complete(request)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert err.value.billed
