@@ -222,11 +222,15 @@ def script(client: redis.Redis, name: str) -> Script:
 
 
 def scripts_pipelined(
-    client: redis.Redis, name: str, calls: list[tuple[list[str], list[Any]]]
+    client: redis.Redis,
+    name: str,
+    calls: list[tuple[list[str], list[Any]]],
+    then: Sequence[tuple[Any, ...]] = (),
 ) -> list[Any]:
     """``lua/<name>.lua`` run once for each (keys, args) of ``calls``, in one round trip
     (a pipeline, not a transaction: each script is atomic on its own, as when called
-    alone); the replies in order. A script Redis does not know (a flush, a restart)
+    alone); the replies in order. ``then``: commands sent after them in the same round
+    trip (their replies dropped). A script Redis does not know (a flush, a restart)
     answers NOSCRIPT to every call of the pipeline, having run none: it is loaded and
     the pipeline sent again. A script's own error is raised (the others have run)."""
     if not calls:
@@ -236,8 +240,10 @@ def scripts_pipelined(
         pipe = client.pipeline(transaction=False)
         for keys, args in calls:
             pipe.evalsha(runner.sha, len(keys), *keys, *args)
+        for command in then:
+            pipe.execute_command(*command)
         try:
-            return list(pipe.execute())
+            return list(pipe.execute())[: len(calls)]
         except redis.exceptions.NoScriptError:
             if last_try:
                 raise

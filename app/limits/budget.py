@@ -114,8 +114,9 @@ class Grant:
     wait_s: float = 0.0
     never: bool = False  # larger than the limit itself: can never be granted
     # Why it was denied: "cooldown", "tokens", "requests" or "tenant" (the longest
-    # wait), "slot" when no concurrency slot was free, or "share" when the sync call's
-    # tenant holds its share of the slots.
+    # wait), "slot" when no concurrency slot was free, "share" when the sync call's
+    # tenant holds its share of the slots, or "state" when the gate's state marker is
+    # missing (Budget.require_state).
     reason: str = ""
     # Granted: the tokens reserved (the ratio applied), of them the prompt part.
     tokens: int = 0
@@ -132,6 +133,11 @@ class Grant:
     @property
     def slot_denied(self) -> bool:
         return self.reason in ("slot", "share")
+
+    @property
+    def state_lost(self) -> bool:
+        """Refused: the gate's state marker is missing (Redis lost budgets and slots)."""
+        return self.reason == "state"
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,9 @@ class Budget:
         self.breaker_cooldown_s = settings.providers.breaker_cooldown_s
         self.call_reserved_slots = settings.calls.reserved_slots
         self.call_reserve_recent_s = settings.calls.reserve_recent_s
+        # Refuse entries while the gate's state marker is missing (Grant.state_lost): set
+        # by a gate that rebuilds lost state (app/worker/gate_recovery.py).
+        self.require_state = False
 
     @property
     def span_s(self) -> float:
@@ -315,7 +324,9 @@ class Budget:
                 keys.call_demand(spec.name),
                 keys.slots(spec.name),
                 *pool_keys,
-                keys.calls_seen(spec.name),  # the calls' reserve: last, read from the end
+                # Last, read from the end: the calls' reserve, the gate's state marker.
+                keys.calls_seen(spec.name),
+                keys.gate_state(),
             ],
             [
                 reservation_id,
@@ -345,9 +356,11 @@ class Budget:
                 demand_ttl_s,
                 len(pool),
                 *pool_args,
-                # The calls' reserve: last, apart from the rest (read from the end).
+                # Last, apart from the rest (read from the end): the calls' reserve, and
+                # whether the gate's state marker must be there.
                 reserve_of(slot_limit, self.call_reserved_slots) if slot_limit > 0 else 0,
                 self.call_reserve_recent_s,
+                "1" if self.require_state else "0",
             ],
         )
 
@@ -371,6 +384,8 @@ class Budget:
             return Grant(False, never=True, reason="never")
         if status == 2:
             return Grant(False, reason=why if why == "share" else "slot")
+        if status == 3:
+            return Grant(False, reason="state")
         wait_s = int(wait_ms) / 1000.0
         text = countdown.decode() if isinstance(countdown, bytes) else str(countdown)
         return Grant(False, wait_s=wait_s, reason=why, countdown_s=float(text or wait_s))
@@ -422,11 +437,16 @@ class Budget:
         keys_, args = self._settle_call(spec, reservation_id, ops, now_s=now_s, age_s=age_s)
         return self._settled_of(script(self.client, "budget_settle")(keys=keys_, args=args))
 
-    def settle_many(self, settlements: Sequence[tuple[ModelSpec, str, SettleOps]]) -> list[Settled]:
+    def settle_many(
+        self,
+        settlements: Sequence[tuple[ModelSpec, str, SettleOps]],
+        then: Sequence[tuple[Any, ...]] = (),
+    ) -> list[Settled]:
         """:meth:`settle` for each (spec, reservation id, ops), the scripts pipelined in
-        one round trip (a pack's calls: each settlement atomic on its own, in order)."""
+        one round trip (a pack's calls: each settlement atomic on its own, in order),
+        ``then`` the commands after them in it."""
         calls = [self._settle_call(spec, rid, ops) for spec, rid, ops in settlements]
-        replies = scripts_pipelined(self.client, "budget_settle", calls)
+        replies = scripts_pipelined(self.client, "budget_settle", calls, then)
         return [self._settled_of(reply) for reply in replies]
 
     def _settle_call(

@@ -14,6 +14,7 @@ calibrate the budget, the learned ratio moves, the counters count.
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import threading
 import time
@@ -196,27 +197,39 @@ class Gate:
         # Called when the gate's state marker is missing (Redis lost it), checked on
         # the first entry and then at most every gate_state_check_s: it rebuilds the
         # state before the entry goes on (app/worker/gate_recovery.py).
+        # Between two checks, the entry script itself refuses while the marker is
+        # missing (Grant.state_lost): the entry then checks at once.
         self.on_lost_state = on_lost_state
-        self._next_state_check = 0.0
+        self.budget.require_state = on_lost_state is not None
+        self._checked_s = -math.inf  # when the last check began (monotonic)
         self._state_lock = threading.Lock()
 
-    def _check_state(self) -> None:
+    def _check_state(self, now: bool = False) -> None:
+        """Rebuild the gate's state if its marker is missing, on the first entry and then
+        at most every ``gate_state_check_s``; ``now``: unless a check began since this
+        call (an entry refused for a missing marker)."""
         if self.on_lost_state is None or not self.enabled:
             return
-        if time.monotonic() < self._next_state_check:
+        asked_s = time.monotonic()
+        if not now and asked_s < self._checked_s + self.settings.worker.gate_state_check_s:
             return
         # One thread checks; the process's other entrants wait for it. Otherwise they
         # would pass the gate and claim items while the check reads the database, and
         # those running items would look like another process's lost state.
         with self._state_lock:
-            if time.monotonic() < self._next_state_check:
+            if now and self._checked_s >= asked_s:
                 return  # checked by another thread meanwhile
+            if (
+                not now
+                and time.monotonic() < self._checked_s + self.settings.worker.gate_state_check_s
+            ):
+                return
+            self._checked_s = time.monotonic()
             try:
                 if not is_known_good(self.client):
                     self.on_lost_state()
             except redis.RedisError:
                 pass  # unreachable: the entry itself will say so
-            self._next_state_check = time.monotonic() + self.settings.worker.gate_state_check_s
 
     def _slot_lease_s(self, spec: ModelSpec) -> float:
         return running_lease_s(spec, self.settings)
@@ -287,7 +300,9 @@ class Gate:
                 # ours to keep now (a retry adopts the reservation and takes a slot).
                 self._free_slot(spec, reservation_id)
                 raise
-            if not grant.slot_denied:
+            if grant.state_lost:  # Redis lost the gate's state: rebuilt first, then again
+                self._check_state(now=True)
+            elif not grant.slot_denied:
                 break
             if last_try:
                 return Wait(countdown_s(SLOT_RETRY_S), _REASONS[WaitKind.SLOT], WaitKind.SLOT)
@@ -340,13 +355,19 @@ class Gate:
             )
         try:
             grants = self.budget.enter_many(spec, entries)
+            lost = [i for i, grant in enumerate(grants) if grant.state_lost]
+            if lost:  # Redis lost the gate's state: rebuilt first, then those again
+                self._check_state(now=True)
+                again = self.budget.enter_many(spec, [entries[i] for i in lost])
+                for i, grant in zip(lost, again, strict=True):
+                    grants[i] = grant
         except BaseException:
             for entry in entries:  # replies lost: no slot is ours to keep (see enter)
                 self._free_slot(spec, str(entry["reservation_id"]))
             raise
         decisions: list[Pass | Wait | Never] = []
         for item, grant, entry in zip(tickets, grants, entries, strict=True):
-            if grant.slot_denied:
+            if grant.slot_denied or grant.state_lost:  # still lost: tried again soon
                 wait = Wait(countdown_s(SLOT_RETRY_S), _REASONS[WaitKind.SLOT], WaitKind.SLOT)
                 decisions.append(wait)
             else:
@@ -401,10 +422,13 @@ class Gate:
             self._free_slot(spec, rid)  # the script may not have run: free it anyway
             raise
 
-    def settle_many(self, spec: ModelSpec, outcomes: Sequence[Settling]) -> None:
+    def settle_many(
+        self, spec: ModelSpec, outcomes: Sequence[Settling], then: Sequence[tuple[Any, ...]] = ()
+    ) -> None:
         """:meth:`settle` for each of a pack's calls, in one round trip (the scripts
-        pipelined, each atomic on its own). On an error every slot named is freed (the
-        scripts may not have run) and the error raised."""
+        pipelined, each atomic on its own; ``then``: commands after them in it, such as
+        the announcement that the slots freed). On an error every slot named is freed
+        (the scripts may not have run) and the error raised."""
         if not self.enabled or not outcomes:
             return
         try:
@@ -424,7 +448,8 @@ class Gate:
                         ),
                     )
                     for o in outcomes
-                ]
+                ],
+                then,
             )
         except BaseException:
             for o in outcomes:

@@ -175,6 +175,8 @@ def worker(name: str) -> str:
 
 
 CANCEL_CHANNEL = f"{PREFIX}cancel"
+# Pub/sub: a model's slots freed ("<count> <origin> <model>": app/limits/slot_wakeups.py).
+SLOTS_FREED_CHANNEL = f"{PREFIX}slots-freed"
 
 
 def dashboard_session(token_hash: str) -> str:

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 EXPORTERS = ("otlp", "console")
 TRACEPARENT = "traceparent"
+# A pack's other items' contexts (item id -> traceparent): the message's own header
+# carries its first item's.
+PACK_TRACEPARENTS = "batchgen_traceparents"
 
 
 def switch(env: Mapping[str, str]) -> tuple[str | None, str | None]:
@@ -72,6 +75,10 @@ class _State:
 _state: _State | None = None
 # Set only while the span whose ids are derived (an item's root, a batch's submit) starts.
 _forced_ids: ContextVar[tuple[int, int] | None] = ContextVar("batchgen_forced_ids", default=None)
+# The contexts a pack's message carried for its other items (PACK_TRACEPARENTS).
+_pack_parents: ContextVar[Mapping[str, str] | None] = ContextVar(
+    "batchgen_pack_parents", default=None
+)
 
 
 def setup_from_env(service_name: str, env: Mapping[str, str] | None = None) -> bool:
@@ -231,10 +238,45 @@ def carry(options: dict[str, Any], *positional: Any) -> None:
     if not args or not isinstance(ticket, dict) or "batch" not in ticket:
         return
     item_id, batch_id = int(args[0]), str(ticket["batch"])
+    more = [entry for entry in kwargs.get("more") or () if _pack_entry(entry)]
     parent = _item_parent(batch_id, item_id)
     if parent is None:  # a retry, in the context its message carried: carry it on
         options["headers"] = _inject(options.get("headers"), None)
+        carried = _pack_parents.get() or {}
+        others = {str(i): carried[str(i)] for i, _ in more if str(i) in carried}
+        if others:
+            options["headers"][PACK_TRACEPARENTS] = others
         return
+    pack_items = 1 + len(kwargs.get("more") or ())
+    model = str(kwargs.get("model"))
+    with _dispatch_span(batch_id, item_id, ticket, model, pack_items, parent):
+        options["headers"] = _inject(options.get("headers"), None)
+    others = {}
+    for other_id, other_ticket in more:  # each item of a pack: a release in its own trace
+        other_batch = str(other_ticket.get("batch") or batch_id)
+        other_parent = _item_parent(other_batch, int(other_id))
+        with _dispatch_span(
+            other_batch, int(other_id), other_ticket, model, pack_items, other_parent
+        ):
+            others[str(other_id)] = _inject(None, None)[TRACEPARENT]
+    if others:
+        options["headers"][PACK_TRACEPARENTS] = others
+
+
+def _pack_entry(entry: Any) -> bool:
+    """A pack's other item as a message carries it: ``[id, ticket]``."""
+    return (
+        isinstance(entry, list | tuple)
+        and len(entry) == 2
+        and isinstance(entry[0], int)
+        and isinstance(entry[1], dict)
+    )
+
+
+def _dispatch_span(
+    batch_id: str, item_id: int, ticket: Mapping[str, Any], model: str, pack_items: int, parent: Any
+) -> contextlib.AbstractContextManager[Any]:
+    assert _state is not None
     attrs = {
         **genai.item_attributes(
             str(ticket.get("tenant_name") or ticket.get("tenant")),
@@ -242,22 +284,23 @@ def carry(options: dict[str, Any], *positional: Any) -> None:
             item_id,
             int(ticket.get("attempt") or 0),
         ),
-        "batchgen.model": str(kwargs.get("model")),
-        "batchgen.pack_items": 1 + len(kwargs.get("more") or ()),
+        "batchgen.model": model,
+        "batchgen.pack_items": pack_items,
     }
-    with _state.tracer.start_as_current_span("batchgen.dispatch", parent, attributes=attrs):
-        options["headers"] = _inject(options.get("headers"), None)
+    return _state.tracer.start_as_current_span("batchgen.dispatch", parent, attributes=attrs)
 
 
 @contextlib.contextmanager
-def _delivery(headers: Mapping[str, Any]) -> Iterator[None]:
+def _delivery(headers: Mapping[str, Any], pack: Mapping[str, str]) -> Iterator[None]:
     from opentelemetry import context
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     token = context.attach(TraceContextTextMapPropagator().extract(headers))
+    pack_token = _pack_parents.set(pack)
     try:
         yield
     finally:
+        _pack_parents.reset(pack_token)
         context.detach(token)
 
 
@@ -269,7 +312,12 @@ def delivery(request: Any) -> contextlib.AbstractContextManager[None]:
     value = headers.get(TRACEPARENT) or getattr(request, TRACEPARENT, None)
     if not value:
         return _NOTHING
-    return _delivery({TRACEPARENT: value})
+    pack = headers.get(PACK_TRACEPARENTS) or getattr(request, PACK_TRACEPARENTS, None)
+    if not isinstance(pack, Mapping):
+        pack = {}
+    return _delivery(
+        {TRACEPARENT: value}, {str(k): v for k, v in pack.items() if isinstance(v, str)}
+    )
 
 
 def attempt(
@@ -429,6 +477,89 @@ def ended(
     _emit_root(batch_id, item_id, attrs, int(created_at.timestamp() * 1e9))
 
 
+# --- a pack's items, run side by side ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One item of a pack run as a group: its ``batchgen.generate`` span, current on no
+    thread but inside :func:`inside` (the pack's items share its threads)."""
+
+    span: Any
+    context: Any
+
+
+def packed(
+    item_id: int,
+    batch_id: str,
+    tenant: str,
+    attempt_no: int,
+    model: str,
+    gated_ns: tuple[int, int],
+    deployment: str,
+) -> Packed | None:
+    """Start a pack item's delivery span (``batchgen.generate``, from its entry at the
+    gate) with its ``batchgen.budget`` span (the pack's entry pipeline, ``gated_ns``:
+    its start and end, epoch ns), in the item's trace; None when tracing is off."""
+    if _state is None or _state.tracer_provider is None:
+        return None
+    from opentelemetry import trace
+
+    attrs = {
+        **genai.item_attributes(tenant, batch_id, item_id, attempt_no),
+        "batchgen.model": model,
+    }
+    parent = _item_parent(batch_id, item_id)
+    span = _state.tracer.start_span(
+        "batchgen.generate", parent, attributes=attrs, start_time=gated_ns[0]
+    )
+    context = trace.set_span_in_context(span, parent)
+    gate_attrs = {"batchgen.budget.decision": "pass", "batchgen.deployment": deployment}
+    budget = _state.tracer.start_span(
+        "batchgen.budget", context, attributes=gate_attrs, start_time=gated_ns[0]
+    )
+    budget.end(end_time=gated_ns[1])
+    return Packed(span, context)
+
+
+@contextlib.contextmanager
+def inside(item: Packed | None) -> Iterator[None]:
+    """The pack item's delivery span current on this thread meanwhile."""
+    if item is None:
+        yield
+        return
+    from opentelemetry import context
+
+    token = context.attach(item.context)
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+def ledgered_packed(
+    item: Packed | None,
+    started_ns: int,
+    described: Callable[[], CallInfo],
+    created_at: dt.datetime,
+    call_s: float,
+) -> None:
+    """The pack's group commit (from ``started_ns``) that recorded the item's answer, as
+    its ``batchgen.ledger`` span, and the item's root span (as :func:`ledgered`)."""
+    if item is None or _state is None or _state.tracer_provider is None:
+        return
+    span = _state.tracer.start_span("batchgen.ledger", item.context, start_time=started_ns)
+    span.set_attribute("batchgen.recorded", True)
+    span.end()
+    _item_root(described(), int(created_at.timestamp() * 1e9), call_s)
+
+
+def end(item: Packed | None) -> None:
+    """End the pack item's delivery span."""
+    if item is not None:
+        item.span.end()
+
+
 def _item_root(info: CallInfo, created_at_ns: int, call_s: float) -> None:
     attrs = {
         **genai.request_attributes(info),
@@ -476,6 +607,13 @@ def _item_parent(batch_id: str, item_id: int) -> Any:
     trace_id, span_id = genai.item_trace_ids(batch_id, item_id)
     if trace.get_current_span().get_span_context().trace_id == trace_id:
         return None  # the current context
+    carried = (_pack_parents.get() or {}).get(str(item_id))
+    if carried is not None:  # one of the pack's other items: the release that sent it
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        parent = TraceContextTextMapPropagator().extract({TRACEPARENT: carried})
+        if trace.get_current_span(parent).get_span_context().trace_id == trace_id:
+            return parent
     root = SpanContext(trace_id, span_id, True, TraceFlags(TraceFlags.SAMPLED))
     return trace.set_span_in_context(NonRecordingSpan(root))
 

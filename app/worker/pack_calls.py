@@ -51,10 +51,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from threading import Event
 
@@ -73,6 +72,7 @@ from batchgen.limits.gate import (
     WaitKind,
     running_lease_s,
 )
+from batchgen.limits.slot_wakeups import WAKEUPS
 from batchgen.providers import warm_model, warmed_provider
 from batchgen.providers.base import Provider, ProviderResponse
 from batchgen.registry import ModelSpec
@@ -115,34 +115,6 @@ CALL_THREADS = 512
 RECORD_GATHER_S = 0.1
 
 
-class _FreedSlots:
-    """Wakes the packs of this process waiting for one of a model's slots when another
-    pack of the process frees some (those of other processes are met by the poll)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._freed: dict[str, threading.Condition] = {}
-
-    def _of(self, model: str) -> threading.Condition:
-        with self._lock:
-            return self._freed.setdefault(model, threading.Condition())
-
-    def wait(self, model: str, timeout_s: float) -> None:
-        """Until ``model``'s slots are freed here, at most ``timeout_s``."""
-        freed = self._of(model)
-        with freed:
-            freed.wait(timeout_s)
-
-    def freed(self, model: str, slots: int) -> None:
-        """``slots`` of ``model``'s slots were freed: wake as many waiting packs."""
-        freed = self._of(model)
-        with freed:
-            freed.notify(slots)
-
-
-_FREED_SLOTS = _FreedSlots()
-
-
 @functools.cache
 def _call_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="batchgen-call")
@@ -165,6 +137,7 @@ class _Flight:
     latency_s: float = 0.0
     raised: BaseException | None = None  # an error no call should raise (a bug)
     landed_s: float = 0.0  # when its call ended (monotonic)
+    trace: tracing.Packed | None = None  # its delivery span, when tracing is on
 
 
 @dataclass
@@ -287,6 +260,8 @@ class _Run:
         self.record_by_s = 0.0  # when the first of them is recorded at the latest
         self.unsent: list[tuple[Pass, Ticket]] = []  # entered, not claimed: settle last
         self.quickest_s: float | None = None  # the quickest answer since the last look
+        self.gated_ns: dict[int, tuple[int, int]] = {}  # its entry pipeline, by item id
+        self.wake = Event()  # one of its calls ended, or a slot of its model freed
 
     def done(self, entry: PackItem, verdict: Verdict) -> None:
         verdict = verdict if verdict.model else replace(verdict, model=self.spec.name)
@@ -318,14 +293,17 @@ class _Run:
         self, todo: list[tuple[PackItem, Ticket]], last_try: bool, slots: bool
     ) -> tuple[list[tuple[PackItem, Ticket]], list[tuple[PackItem, Ticket, Pass]]]:
         warm_model(self.spec)  # the SDK's first import before the budget's yes, not after
+        entered_ns = time.time_ns()
         decisions = self.gate.enter_many(
             self.spec, [t for _, t in todo], last_try=last_try, slots=slots
         )
+        gated_ns = (entered_ns, time.time_ns())
         passed: list[tuple[PackItem, Ticket, Pass]] = []
         again: list[tuple[PackItem, Ticket]] = []
         for (entry, ticket), decision in zip(todo, decisions, strict=True):
             if isinstance(decision, Pass):
                 passed.append((entry, ticket, decision))
+                self.gated_ns[ticket.item_id] = gated_ns
             elif self.pack.waiting:  # a wait met first: the pack's rest waits with it
                 self.pack.waiting.append(entry)
             elif isinstance(decision, Wait) and decision.kind is WaitKind.SLOT and not last_try:
@@ -424,9 +402,22 @@ class _Run:
         hold.enter_context(heartbeat().hold(item, self.lease_s))
         call = _Call(item, self.spec, served, ticket)
         flight = _Flight(entry, call, admitted, Settlement(), hold, self.settings, provider)
+        now_ns = time.time_ns()
+        flight.trace = tracing.packed(
+            item.item_id,
+            item.batch_id,
+            ticket.tenant_name or str(ticket.tenant_id),
+            ticket.attempt,
+            self.spec.name,
+            self.gated_ns.pop(ticket.item_id, (now_ns, now_ns)),
+            admitted.deployment,
+        )
+        hold.callback(tracing.end, flight.trace)  # once its outcome is recorded
         flight.sending = sending_of(flight.call, self.settings, cancel, flight.settlement)
         if self.overlap:
-            self.flying[_call_pool().submit(_send, flight)] = flight
+            future = _call_pool().submit(_send, flight)
+            future.add_done_callback(self._call_ended)
+            self.flying[future] = flight
         else:
             _send(flight)
             self.landed.append(flight)
@@ -446,12 +437,12 @@ class _Run:
             if self.unrecorded:  # not past the time they are to be recorded
                 left_s = max(0.0, self.record_by_s - time.monotonic())
                 timeout_s = left_s if timeout_s is None else min(timeout_s, left_s)
-            finished, _ = wait(list(self.flying), timeout=timeout_s, return_when=FIRST_COMPLETED)
-            done = [self.flying.pop(f) for f in finished]
+            self._await(timeout_s, slots=poll_s is not None)
+            done = [self.flying.pop(f) for f in [f for f in self.flying if f.done()]]
         elif self.flying:
             done += [self.flying.pop(f) for f in [f for f in self.flying if f.done()]]
         elif not done and not self.unrecorded and poll_s is not None:
-            _FREED_SLOTS.wait(self.spec.name, poll_s)
+            self._await(poll_s, slots=True)
         raised = [f.raised for f in done if f.raised is not None]
         if done:
             if not self.unrecorded:
@@ -468,6 +459,22 @@ class _Run:
             self._record_unrecorded()
         if raised:  # a call that raised what no call should: the pack's error
             raise raised[0]
+
+    def _call_ended(self, _: Future[None]) -> None:
+        self.wake.set()
+
+    def _await(self, timeout_s: float | None, slots: bool) -> None:
+        """Until one of the pack's calls ends or (``slots``: it has items waiting for a
+        slot) a pack here or elsewhere frees a slot of its model, at most ``timeout_s``
+        (None: until a call ends)."""
+        self.wake.clear()  # before looking: a call that ends meanwhile sets it again
+        if any(f.done() for f in self.flying):
+            return
+        if not slots:
+            self.wake.wait(timeout_s)
+            return
+        with WAKEUPS.waiting(self.spec.name, self.wake, self.gate.client):
+            self.wake.wait(timeout_s)
 
     def _record_unrecorded(self) -> None:
         group, self.unrecorded = self.unrecorded, []
@@ -496,6 +503,7 @@ class _Run:
         if not answered:
             return {}
         group = [(f.call.item, self._outcome(f), f.call.served) for f in answered]
+        started_ns = time.time_ns()
         try:
             found = with_db_retries(
                 answered[0].call.item,
@@ -514,6 +522,17 @@ class _Run:
                 if (got := found.get(item.item_id)) is not None and got.recorded
             ]
         )
+        for flight in answered:
+            got = found.get(flight.call.item.item_id)
+            sending = flight.sending
+            if got is not None and got.recorded and sending is not None:  # others: alone
+                tracing.ledgered_packed(
+                    flight.trace,
+                    started_ns,
+                    functools.partial(call_info, flight.call, sending),
+                    flight.call.item.created_at,
+                    flight.latency_s,
+                )
         closing: dict[str, int] = {}
         for item, _, _ in group:
             got = found.get(item.item_id)
@@ -532,7 +551,14 @@ class _Run:
         assert flight.sending is not None and flight.response is not None
         call = flight.call
         if not recorded:  # not the common case: the general path sorts it out, alone
-            recorded = _record(call.item, self._outcome(flight), call.served)
+            answer = self._outcome(flight)
+            with tracing.inside(flight.trace):
+                recorded = tracing.ledgered(
+                    lambda: _record(call.item, answer, call.served),
+                    functools.partial(call_info, call, flight.sending),
+                    call.item.created_at,
+                    flight.latency_s,
+                )
         flight.hold.close()
         log_answer(call, flight.sending, flight.response, flight.latency_s, recorded)
         outcome = "succeeded" if recorded else "duplicate"
@@ -585,11 +611,12 @@ class _Run:
                     )
                     for f in sent
                 ],
+                then=[WAKEUPS.announcement(self.spec.name, len(done))] if self.overlap else (),
             )
         except redis.RedisError:
             log.warning("a pack's %d calls: Redis error settling; reservations age out", len(sent))
         else:
-            _FREED_SLOTS.freed(self.spec.name, len(done))
+            WAKEUPS.freed(self.spec.name, len(done))
 
 
 def _heard_at(flight: _Flight) -> float:
@@ -612,16 +639,19 @@ def _send(flight: _Flight) -> None:
     started = time.monotonic()
     settlement.error = MAYBE_SENT
     try:
-        try:
-            sending = flight.sending
-            described = functools.partial(call_info, flight.call, sending)
-            response = tracing.called(described, flight.provider.complete, sending.request)
-        except ProviderError as exc:
-            settlement.error = exc
-            call_s = time.monotonic() - started
-            flight.landed_s = time.monotonic()
-            flight.verdict = call_failed(flight.call, flight.sending, flight.settings, exc, call_s)
-            return
+        with tracing.inside(flight.trace):  # its call's span (and failure's) in its trace
+            try:
+                sending = flight.sending
+                described = functools.partial(call_info, flight.call, sending)
+                response = tracing.called(described, flight.provider.complete, sending.request)
+            except ProviderError as exc:
+                settlement.error = exc
+                call_s = time.monotonic() - started
+                flight.landed_s = time.monotonic()
+                flight.verdict = call_failed(
+                    flight.call, flight.sending, flight.settings, exc, call_s
+                )
+                return
     except BaseException as exc:  # noqa: BLE001 - raised by the pack, in its thread
         flight.raised = exc
         return

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
 from batchgen import python_api as client
-from batchgen.config import get_settings
+from batchgen.config import Settings, get_settings
 from batchgen.domain.lifecycle.status import ItemStatus
 from batchgen.limits import redis_keys as keys
+from batchgen.limits.gate import Gate, Pass, Wait, WaitKind
 from batchgen.registry import load_registry
 from batchgen.simulator import SimulatorConfig, SimulatorThread
 from batchgen.store import db
@@ -25,6 +27,7 @@ from tests import http_client
 from tests.helpers import chat_line, make_tenant, sim_in_flight, wait_batches
 from tests.integration.test_faults_redis import OwnRedis
 from tests.invariants import check_invariants, wait_until
+from tests.registries import model_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -133,3 +136,50 @@ def test_flushed_gate_state_is_rebuilt_as_spent(limited, workers):
     assert stats["rate_limited"] == 0, stats
     report = check_invariants(sim.base_url, r)
     assert report.statuses == {"succeeded": ITEMS}
+
+
+@dataclass(frozen=True)
+class _Ticket:
+    item_id: int
+    attempt: int = 1
+    tenant_id: int = 1
+    tenant_tokens_per_min: int | None = None
+    prompt_tokens_est: int = 10
+    max_tokens: int = 10
+
+
+def test_an_entry_between_two_state_checks_waits_for_the_rebuild(tmp_path):
+    """Redis loses the gate's state just after a process checked its marker: the next
+    entries (alone, or a pack's in one pipeline) are refused by the entry script itself,
+    the marker being missing, and rebuild the state first instead of passing against
+    empty budgets and slots. A rebuild that cannot finish admits nothing."""
+    own = OwnRedis(tmp_path / "own-redis")
+    own.start()
+    try:
+        r = own.client()
+        settings = Settings(gate_state_check_s=3600.0, slot_wait_s=0.3)  # no timed check
+        model = model_spec(key="lost", slots=4)
+        found: list[tuple[int, int]] = []  # what each rebuild found taken: slots, log
+
+        def rebuild() -> None:
+            found.append((r.zcard(keys.slots(model.name)), r.zcard(keys.budget_log("lost"))))
+            r.set(keys.gate_state(), "rebuilt")
+
+        gate = Gate(r, settings, rebuild)
+        assert isinstance(gate.enter(model, _Ticket(1)), Pass)  # the first entry's check
+        assert r.flushall()
+        assert isinstance(gate.enter(model, _Ticket(2)), Pass)
+        assert r.flushall()
+        assert all(isinstance(d, Pass) for d in gate.enter_many(model, [_Ticket(3), _Ticket(4)]))
+        assert found == [(0, 0)] * 3  # each refused entry had taken nothing
+        assert r.zcard(keys.slots(model.name)) == 2  # the pack's two, after the rebuild
+
+        assert r.flushall()
+        stuck = Gate(r, settings, lambda: None)  # its rebuild fails (the database is away)
+        alone = stuck.enter(model, _Ticket(5))
+        packed = stuck.enter_many(model, [_Ticket(6), _Ticket(7)])
+        for decision in [alone, *packed]:
+            assert isinstance(decision, Wait) and decision.kind is WaitKind.SLOT
+        assert r.zcard(keys.slots(model.name)) == 0 and r.zcard(keys.budget_log("lost")) == 0
+    finally:
+        own.server.stop()

@@ -82,6 +82,7 @@ class Trips:
 
         self.statements: list[str] = []
         self.pipelines: list[tuple[str, int]] = []
+        self.then: list[str] = []  # commands sent after a pipeline's scripts
         names = {
             driver_query(n): n
             for n in (
@@ -97,9 +98,10 @@ class Trips:
             self.statements.append(names.get(statement, "other"))
             return real_rows(connection, statement, params)
 
-        def pipelined(client_: Any, name: str, calls: list[Any]) -> Any:
+        def pipelined(client_: Any, name: str, calls: list[Any], then: Any = ()) -> Any:
             self.pipelines.append((name, len(calls)))
-            return real_pipelined(client_, name, calls)
+            self.then += [command[0] for command in then]
+            return real_pipelined(client_, name, calls, then)
 
         monkeypatch.setattr(db, "driver_rows", rows)
         monkeypatch.setattr(budget, "scripts_pipelined", pipelined)
@@ -145,8 +147,11 @@ def test_a_pack_enters_claims_records_and_settles_its_items_together(sim, monkey
     assert sum(settles) == 6
     if not overlap:
         assert groups == 1 and len(settles) == 1
+        assert trips.then == []  # one slot, freed at the end: no other pack waits for it
     else:  # settled as they end; recorded together when they end close together
         assert 1 <= groups <= len(settles) <= 6
+        # Each settle pipeline tells the other processes' waiting packs its slots freed.
+        assert trips.then == ["PUBLISH"] * len(settles)
         stats = http_client.get(f"{sim.base_url}/_sim/stats").json()
         assert stats["max_in_flight"] >= 2, "a pack's calls did not overlap"
     with db.session_scope() as s:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -296,3 +297,63 @@ def test_a_retry_carries_the_context_its_message_brought(exported):
         tracing.carry(retried, [7], {"model": "m", "ticket": ticket})  # Task.retry's form
     assert retried["headers"]["traceparent"] == released["headers"]["traceparent"]
     assert [s.name for s in spans.get_finished_spans()] == ["batchgen.dispatch"]
+
+
+def test_a_packs_items_are_each_released_delivered_and_retried_in_their_own_trace(exported):
+    """A message carrying items 7, 8 and 9: a release span in each item's trace; the
+    message's traceparent is item 7's, its pack header the others'. Run as a group, item
+    8's delivery, budget, call and ledger spans are in its own trace, under its release,
+    though item 7's context is current on the message's thread; the pack's retry carries
+    the others' contexts on."""
+    spans, _ = exported
+    ticket = {"batch": "batch_1", "tenant_name": "acme", "attempt": 1}
+    more = [[8, dict(ticket)], [9, dict(ticket)], ["not", "an entry"]]
+    released: dict[str, Any] = {
+        "args": [7],
+        "kwargs": {"model": "m", "ticket": ticket, "more": more},
+    }
+    tracing.carry(released)
+    releases = {
+        dict(s.attributes or {})["batchgen.item_id"]: s
+        for s in spans.get_finished_spans()
+        if s.name == "batchgen.dispatch"
+    }
+    assert sorted(releases) == [7, 8, 9]
+    for item_id, span in releases.items():
+        assert span.context.trace_id == genai.item_trace_ids("batch_1", item_id)[0]
+        assert dict(span.attributes or {})["batchgen.pack_items"] == 4
+    carried = released["headers"][tracing.PACK_TRACEPARENTS]
+    assert sorted(carried) == ["8", "9"]
+    assert f"{releases[8].context.span_id:016x}" in carried["8"]
+
+    class Request:
+        headers = released["headers"]
+
+    with tracing.delivery(Request()):
+        item = tracing.packed(8, "batch_1", "acme", 1, "m", (1, 2), "m")
+        info = dataclasses.replace(_info(stream=True), item_id=8)
+        with tracing.inside(item):
+            tracing.called(lambda: info, lambda request: _Response(), _Request({}))
+        created = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=3)
+        tracing.ledgered_packed(item, 3, lambda: info, created, 0.5)
+        tracing.end(item)
+        retried: dict[str, Any] = {"args": [7], "kwargs": {"model": "m", "ticket": ticket}}
+        retried["kwargs"]["more"] = more[:1]  # item 8 waits with item 7; 9 went on
+        tracing.carry(retried)
+    assert retried["headers"][tracing.PACK_TRACEPARENTS] == {"8": carried["8"]}
+    eight = [
+        s
+        for s in spans.get_finished_spans()
+        if s.context.trace_id == genai.item_trace_ids("batch_1", 8)[0]
+    ]
+    by_name = {s.name: s for s in eight}
+    assert set(by_name) >= {"batchgen.generate", "batchgen.budget", "batchgen.ledger"}
+    generate = by_name["batchgen.generate"]
+    assert generate.parent is not None and generate.parent.span_id == releases[8].context.span_id
+    for name in ("batchgen.budget", "batchgen.ledger"):
+        parent = by_name[name].parent
+        assert parent is not None and parent.span_id == generate.context.span_id
+    calls = [s for s in eight if s.kind.name == "CLIENT"]
+    assert len(calls) == 1 and calls[0].parent is not None
+    assert calls[0].parent.span_id == generate.context.span_id
+    assert "batchgen.item" in by_name  # its root, once the ledger recorded its answer

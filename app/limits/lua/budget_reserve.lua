@@ -77,17 +77,21 @@
 --       then five for each deployment: tokens_limit, requests_limit, shape
 --       ('window' | 'bucket' | 'learn': the learned one), slot limit, avoided ('1': the item's last call failed
 --       there).
--- then, last of all (read from the end, apart from the rest): KEYS[#KEYS] the model's
---   recent-calls mark (string, with a TTL of recent_s from a sync call's last entry);
---   ARGV[#ARGV - 1] the calls' reserve of the model's slots (0 = none; at most the
---   slot limit less one), ARGV[#ARGV] recent_s.
+-- then, last of all (read from the end, apart from the rest): KEYS[#KEYS - 1] the
+--   model's recent-calls mark (string, with a TTL of recent_s from a sync call's last
+--   entry), KEYS[#KEYS] the gate's state marker (app/limits/gate_state.py);
+--   ARGV[#ARGV - 2] the calls' reserve of the model's slots (0 = none; at most the
+--   slot limit less one), ARGV[#ARGV - 1] recent_s, ARGV[#ARGV] '1' when the marker
+--   must be there (a gate that rebuilds lost state: app/worker/gate_recovery.py).
 -- Returns {status, wait_ms, reason, tokens, prompt_part, countdown_s, held, deployment}:
 -- status 1 granted on deployment (1-based; tokens reserved, of which prompt_part is
 -- the scaled prompt; held: 1 if the reservation was on the books before this call,
 -- plus 2 if its slot was), 0 denied (reason 'cooldown', 'tokens', 'requests' or
 -- 'tenant' of the deployment with the shortest wait; countdown_s = wait + jitter),
 -- -1 never (tokens above the limits of every deployment), 2 no free slot (reason
--- 'slot'; 'share': the tenant's sync calls hold its share).
+-- 'slot'; 'share': the tenant's sync calls hold its share), 3 the gate's state
+-- marker is missing (reason 'state': Redis lost the budgets and slots this would be
+-- measured against; nothing taken, the caller rebuilds them first).
 
 local id = ARGV[1]
 local prompt_est = tonumber(ARGV[2]) or 0
@@ -110,8 +114,14 @@ local tenant_key, share = ARGV[22] or '', tonumber(ARGV[23]) or 0
 local demand_entry, demand_ttl = ARGV[24] or '', tonumber(ARGV[25]) or 0
 local tenant_log, tenant_amounts, counters = KEYS[1], KEYS[2], KEYS[3]
 local callers, holders, demand, slots = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local calls_seen = KEYS[#KEYS]
-local reserve, recent_s = tonumber(ARGV[#ARGV - 1]) or 0, tonumber(ARGV[#ARGV]) or 0
+local calls_seen, state_marker = KEYS[#KEYS - 1], KEYS[#KEYS]
+local reserve, recent_s = tonumber(ARGV[#ARGV - 2]) or 0, tonumber(ARGV[#ARGV - 1]) or 0
+
+-- Budgets and slots that Redis lost (a failover, a restart empty, FLUSHALL) would
+-- admit anything: a gate that rebuilds them refuses until they are (the marker).
+if ARGV[#ARGV] == '1' and redis.call('EXISTS', state_marker) == 0 then
+    return {3, 0, 'state', 0, 0, ''}
+end
 
 -- The deployments, in the registry's order.
 local pool = {}

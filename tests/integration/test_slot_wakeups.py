@@ -1,0 +1,53 @@
+"""Packs waiting for a model's slots in one process are woken by the pipeline that frees
+slots in another (app/limits/slot_wakeups.py): its announcement travels through Redis
+to the waiting process's listener."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from batchgen.limits.backend import get_redis, scripts_pipelined
+from batchgen.limits.slot_wakeups import SlotWakeups
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_pipeline_that_frees_slots_wakes_the_packs_waiting_in_another_process(services):
+    client = get_redis()
+    model = f"wake-{uuid.uuid4().hex[:8]}"  # no other test's announcements wake it
+    here, there = SlotWakeups(), SlotWakeups()  # two processes' own
+    woken = threading.Event()
+    waiter = threading.Thread(
+        target=lambda: (here.wait(model, 600.0, client), woken.set()), daemon=True
+    )
+    waiter.start()
+
+    def announced() -> bool:
+        """Free one slot there (its announcement after a script, in one pipeline) until
+        the listener here, subscribing meanwhile, has heard one."""
+        lock = f"bg:test-wake:{model}"
+        (reply,) = scripts_pipelined(
+            client, "beat_unlock", [([lock], ["token"])], then=[there.announcement(model, 1)]
+        )
+        assert reply == 0  # the script's own reply, the announcement's left out
+        return woken.wait(0.05)
+
+    wait_until(announced, 60, "the waiting pack woken by another process's pipeline")
+    # Another model's announcement wakes nothing of this one.
+    second = threading.Event()
+    threading.Thread(
+        target=lambda: (here.wait(model, 600.0, client), second.set()), daemon=True
+    ).start()
+
+    def waits() -> bool:
+        return here.waiters(model) == 1
+
+    wait_until(waits, 30, "the second pack waiting")
+    client.execute_command(*there.announcement(f"{model}-other", 5))
+    assert not second.wait(0.3)
+    here.freed(model, 1)
+    assert second.wait(30)
