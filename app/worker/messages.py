@@ -96,7 +96,10 @@ def _overlapping(model: str) -> bool:
     return _pack_plan(model)[1]
 
 
-def _release(models: frozenset[str]) -> int:
+def release(models: frozenset[str] | None = None) -> int:
+    """Release what fits now (every model, or only ``models``) in packs of the size this
+    process's pace of each model says (before its first call here, overlapping packs of
+    at most a quarter of its slots: :func:`together_pack_size`); returns how many items."""
     return dispatch(
         get_registry(), get_settings(), models, pack_items=_pack_items, overlapping=_overlapping
     )
@@ -114,7 +117,7 @@ def _refill_at_once_after(model: str) -> int:
 
 @functools.cache
 def _refiller() -> Refiller:
-    return Refiller(_release, get_settings().worker.refill_coalesce_s, _refill_at_once_after)
+    return Refiller(release, get_settings().worker.refill_coalesce_s, _refill_at_once_after)
 
 
 @dataclass(frozen=True)

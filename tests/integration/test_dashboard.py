@@ -187,8 +187,9 @@ def test_submit_watch_and_cancel_in_a_browser(
     shots = Shots(browser, tmp_path)
     key = make_tenant("acme-shop")
     admin_key = make_tenant("ops", is_admin=True)
-    # Slow enough to watch: 2 calls at a time, each about half a second.
-    sim_config(simulator.base_url, latency_base_ms=500)
+    # Slow enough to watch and cancel mid-run: 2 threads, each running a pack's calls
+    # together (a few at a time), each call about 2.5 s.
+    sim_config(simulator.base_url, latency_base_ms=2500)
     requests = tmp_path / "descriptions.jsonl"
     requests.write_bytes(jsonl([chat_line(f"p{i:03d}") for i in range(40)]))
     workers(concurrency=2)

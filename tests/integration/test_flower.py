@@ -29,6 +29,18 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _items_of(tasks) -> set[int]:
+    """The items the generate tasks among ``tasks`` (Flower's task records) carry: each
+    task's own (its args) and those of its pack (``more``: ``[[id, {...}], ...]``)."""
+    ids: set[int] = set()
+    for t in tasks:
+        if t["name"] == "batchgen.generate":
+            ids.add(int(t["args"].strip("[]()")))
+            more = t["kwargs"].partition("'more': ")[2]
+            ids.update(int(i) for i in re.findall(r"\[(\d+), \{", more))
+    return ids
+
+
 @pytest.fixture
 def flower(services, tmp_path):
     port = free_port()
@@ -76,12 +88,11 @@ def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator,
         res = http_client.get(f"{flower}/api/tasks", auth=("ops", "s3cret"))
         assert res.status_code == 200
         tasks = res.json()
-        enough = sum(t["name"] == "batchgen.generate" for t in tasks.values()) >= 6
-        return (tasks, res) if enough else None
+        return (tasks, res) if len(_items_of(tasks.values())) >= 6 else None
 
-    tasks, res = wait_until(tasks_seen, 10, "six generate tasks in flower", 0.2)
+    tasks, res = wait_until(tasks_seen, 10, "the six items' generate tasks in flower", 0.2)
     generate = [t for t in tasks.values() if t["name"] == "batchgen.generate"]
-    assert len(generate) >= 6
+    assert len(_items_of(generate)) == 6
     assert SECRET not in res.text
     for t in generate:
         assert t["args"].strip("[]()").isdigit()  # the item id, nothing else
@@ -118,11 +129,15 @@ def test_flower_shows_tasks_with_ids_only_behind_basic_auth(clean_db, simulator,
             f"{flower}/api/tasks", auth=("ops", "s3cret"), params={"state": "FAILURE"}
         )
         failed = [t for t in res.json().values() if t["name"] == "batchgen.generate"]
-        return (failed, res) if len(failed) >= 2 else None
+        return (failed, res) if len(_items_of(failed)) >= 2 else None
 
-    failed, res = wait_until(failures, 10, "two failed tasks in flower", 0.2)
-    assert len(failed) == 2 and SECRET not in res.text
-    assert all("failed: permanent" in (t["exception"] or "") for t in failed), failed
+    failed, res = wait_until(failures, 10, "the two items' failed tasks in flower", 0.2)
+    assert len(_items_of(failed)) == 2 and SECRET not in res.text
+    # Each item that failed for good is named in its task's exception, with its code.
+    said = " ".join(t["exception"] or "" for t in failed)
+    assert sorted(re.findall(r"item (\d+) failed: permanent", said)) == sorted(
+        str(i) for i in _items_of(failed)
+    ), failed
 
 
 @pytest.mark.slow

@@ -266,8 +266,9 @@ def test_calls_fail_over_to_azure_within_the_deadline_using_no_attempt(
     bad = [e for e in log if e["deployment"] == "bad"]
     hangs = [e for e in bad if e["fault"] == "hang"]
     assert len(bad) >= 3, "the failing deployment must have been tried"
-    # The breaker: three failures opened it; only calls already on their way came after.
-    assert len(bad) <= 3 + 4
+    # The breaker: three failures opened it; only calls already on their way came after,
+    # at most as many as bad's 8 slots hold at once (a pack's calls overlap).
+    assert len(bad) <= 3 + 8
     east = [e for e in log if e["deployment"] == "east"]
     assert {e["model"] for e in east} == {"gpt-east"}  # the Azure deployment, in the path
     assert {e["key"] for e in east} == {key_id("azure-secret")}  # its key, api-key header

@@ -30,7 +30,7 @@ def test_broker_messages_carry_ids_only(clean_db):
     r = redis.Redis.from_url(get_settings().redis.url)
     queue = get_registry()["sim-small"].queue
     raw_messages = r.lrange(queue, 0, -1)
-    assert len(raw_messages) == 5
+    carried: list[int] = []
     for raw in raw_messages:
         assert SECRET.encode() not in raw
         envelope = json.loads(raw)
@@ -38,17 +38,21 @@ def test_broker_messages_carry_ids_only(clean_db):
         assert SECRET.encode() not in body
         args, kwargs, _ = json.loads(body)
         assert len(args) == 1 and isinstance(args[0], int)
-        # The model (routing) and the ticket: the batch id and the tenant's name, then
-        # numbers only.
-        assert set(kwargs) == {"model", "ticket"} and kwargs["model"] == "sim-small"
-        ticket = kwargs["ticket"]
-        assert ticket.pop("batch").startswith("batch_")
-        assert ticket.pop("tenant_name") == "private"
-        assert ticket.pop("tenant_tokens_per_min") is None
-        assert set(ticket) == {"tenant", "attempt", "prompt_tokens_est", "max_tokens"}
-        assert all(isinstance(v, int) for v in ticket.values())
-        assert ticket["attempt"] == 1
+        # The model (routing), the ticket and a pack's other items with theirs: the
+        # batch id and the tenant's name, then numbers only.
+        assert set(kwargs) <= {"model", "ticket", "more"} and kwargs["model"] == "sim-small"
+        tickets = [(args[0], kwargs["ticket"])] + [tuple(e) for e in kwargs.get("more") or ()]
+        for item_id, ticket in tickets:
+            assert isinstance(item_id, int)
+            carried.append(item_id)
+            assert ticket.pop("batch").startswith("batch_")
+            assert ticket.pop("tenant_name") == "private"
+            assert ticket.pop("tenant_tokens_per_min") is None
+            assert set(ticket) == {"tenant", "attempt", "prompt_tokens_est", "max_tokens"}
+            assert all(isinstance(v, int) for v in ticket.values())
+            assert ticket["attempt"] == 1
         assert envelope["headers"]["task"] == "batchgen.generate"
+    assert sorted(carried) == sorted(set(carried)) and len(carried) == 5  # each item once
     # and the control queue's wake-up message carries nothing at all
     for raw in r.lrange("batchgen.control", 0, -1):
         assert SECRET.encode() not in raw
@@ -70,9 +74,17 @@ def test_each_model_group_gets_only_its_own_messages(clean_db):
 
     r = redis.Redis.from_url(get_settings().redis.url)
 
-    def tasks_in(queue: str) -> list[str]:
-        return [json.loads(raw)["headers"]["task"] for raw in r.lrange(queue, 0, -1)]
+    def items_in(queue: str) -> list[tuple[str, str]]:
+        """(task, model) of each item its messages carry (a pack's, too)."""
+        carried = []
+        for raw in r.lrange(queue, 0, -1):
+            envelope = json.loads(raw)
+            _, kwargs, _ = json.loads(base64.b64decode(envelope["body"]))
+            task = (envelope["headers"]["task"], kwargs["model"])
+            carried += [task] * (1 + len(kwargs.get("more") or ()))
+        return carried
 
-    assert tasks_in("llm.sim") == ["batchgen.generate"] * 6
-    assert tasks_in("llm.sim-large") == ["batchgen.generate"] * 3
-    assert tasks_in("batchgen.control") == ["batchgen.dispatch"]  # the wake-up after submit
+    assert items_in("llm.sim") == [("batchgen.generate", "sim-small")] * 6
+    assert items_in("llm.sim-large") == [("batchgen.generate", "sim-large")] * 3
+    control = [json.loads(raw)["headers"]["task"] for raw in r.lrange("batchgen.control", 0, -1)]
+    assert control == ["batchgen.dispatch"]  # the wake-up after submit

@@ -196,6 +196,9 @@ def test_an_items_trace_runs_from_submit_to_the_ledger(
     spans = here + receiver.spans
     (submit,) = [s for s in here if s["name"] == "batchgen.submit"]
     assert (submit["trace_id"], submit["span_id"]) == genai.batch_trace_ids(batch["id"])
+    # The items travelled in a pack: each has its own release, delivery and call spans.
+    releases = [s for s in spans if s["name"] == "batchgen.dispatch"]
+    assert max(s["attributes"]["batchgen.pack_items"] for s in releases) > 1
     for item_id in item_ids:
         trace_id, root_id = genai.item_trace_ids(batch["id"], item_id)
         trace = {s["name"]: s for s in spans if s["trace_id"] == trace_id}
