@@ -43,7 +43,7 @@ class SlotWakeups:
         self._waiting: dict[str, list[threading.Event]] = {}  # by model, first come first
         # This process's own announcements come back to it: its waiters heard them first.
         self._origin = secrets.token_hex(8)
-        self._listener: threading.Thread | None = None
+        self._listening_to: redis.Redis | None = None  # the Redis its listener is on
         self._listener_pid = 0
 
     @contextlib.contextmanager
@@ -101,21 +101,21 @@ class SlotWakeups:
         self.freed(model, int(count))
 
     def _listen(self, client: redis.Redis) -> None:
-        """Start the process's listener, once (again in a forked child)."""
-        if self._listener_pid == os.getpid() and self._listener is not None:
+        """Start the process's listener on ``client``'s Redis, once (again in a forked
+        child; a listener on another client, which the process no longer uses, ends)."""
+        if self._listening_to is client and self._listener_pid == os.getpid():
             return
         with self._lock:
-            if self._listener_pid == os.getpid() and self._listener is not None:
+            if self._listening_to is client and self._listener_pid == os.getpid():
                 return
-            self._listener = threading.Thread(
+            self._listening_to, self._listener_pid = client, os.getpid()
+            threading.Thread(
                 target=self._run, args=(client,), name="batchgen-slot-wakeups", daemon=True
-            )
-            self._listener_pid = os.getpid()
-            self._listener.start()
+            ).start()
 
     def _run(self, client: redis.Redis) -> None:
         pubsub = None
-        while True:
+        while self._listening_to is client and self._listener_pid == os.getpid():
             try:
                 if pubsub is None:
                     pubsub = client.pubsub(ignore_subscribe_messages=True)
@@ -123,10 +123,17 @@ class SlotWakeups:
                 message = pubsub.get_message(timeout=LISTEN_S)
                 if message and message.get("type") == "message":
                     self.heard(message["data"])
-            except redis.RedisError as exc:  # the poll stands in meanwhile
-                log.debug("slot wake-ups: %s; subscribing again", type(exc).__name__)
+            except Exception as exc:  # the poll stands in meanwhile; the thread goes on
+                if not isinstance(exc, redis.RedisError):
+                    log.exception("slot wake-ups: subscribing again")
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
                 pubsub = None
                 time.sleep(LISTEN_S)
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                pubsub.close()
 
 
 WAKEUPS = SlotWakeups()
