@@ -8,7 +8,11 @@ A. Throughput with no provider limits and 200 ms answers: batchgen with 2
    max_concurrency) against one asyncio process calling the same simulator with
    aiohttp and a semaphore of as many slots, the same number of requests
    (``--requests``, 1 500 by default). Prints req/s of each, the fraction of the
-   slots' ceiling (slots / answer time) and batchgen's ratio to the asyncio client. ``--pools
+   slots' ceiling (slots / answer time) and batchgen's ratio to the asyncio client.
+   batchgen's workers first run ``--warmup`` items (64; not measured, the simulator's
+   stats reset after them): a worker's connections, scripts and the calls' pace as
+   they are after its first calls, not a cold start's (``--warmup 0`` measures
+   that too; the asyncio client's session is new either way). ``--pools
    threads,gevent`` runs batchgen's workers on each pool in turn (gevent through
    bench/gevent_worker.py, with the beat in a third, thread-pool process: Celery
    cannot embed it in a gevent worker), to choose the pool by measurement.
@@ -96,9 +100,11 @@ def run_batchgen(
     sim_url: str,
     workdir: Path,
     pool: str = "threads",
+    warmup: int = 0,
 ) -> dict[str, Any]:
     """One batch of ``n`` items through WORKERS worker processes (Celery's ``pool``);
-    provider stats after."""
+    provider stats after. ``warmup``: a batch of that many items first, through the same
+    workers (not measured; the simulator's stats reset after it)."""
     from batchgen import python_api as client
     from batchgen.api import load_encodings
     from batchgen.store import db, tenants
@@ -138,6 +144,14 @@ def run_batchgen(
         for w in workers:
             w.wait_ready()
         load_encodings()  # as an API process has at its start, not inside this submit
+        if warmup:
+            with db.session_scope() as s:
+                tenants.create_tenant(s, f"{tenant}-warm")
+            warm = client.submit_batch(
+                chat_requests(warmup, MODEL, f"{label}-warm", seed=1), tenant=f"{tenant}-warm"
+            )
+            wait_finished([warm["id"]], timeout_s=args.timeout_s)
+            httpx.post(f"{sim_url}/_sim/reset").raise_for_status()
         batch = client.submit_batch(chat_requests(n, MODEL, label), tenant=tenant)
         wait_finished([batch["id"]], timeout_s=args.timeout_s)
     finally:
@@ -205,6 +219,7 @@ def part_a(args: argparse.Namespace, workdir: Path) -> None:
                 sim_url,
                 workdir,
                 pool,
+                warmup=args.warmup,
             )
         reset_state(sim_url)
         direct_s, statuses = asyncio.run(_direct(sim_url, n, slots))
@@ -214,7 +229,8 @@ def part_a(args: argparse.Namespace, workdir: Path) -> None:
     ceiling = slots / (args.latency_ms / 1000) if args.latency_ms else float("inf")
     print(
         f"\nA. no provider limits, {args.latency_ms:g} ms answers, {n} requests of mixed "
-        f"length, {slots} slots (ceiling {ceiling:.0f} req/s)"
+        f"length, {slots} slots (ceiling {ceiling:.0f} req/s); batchgen's workers ran "
+        f"{args.warmup} items first (--warmup)"
     )
     print(
         f"{'run':34} {'req/s':>7} {'/ ceiling':>9} {'/ asyncio':>9} {'wall s':>7} {'ok':>5} "
@@ -322,6 +338,14 @@ def main() -> None:
     parser.add_argument(
         "--a-threads", type=int, default=32, help="part A threads per worker (slots: 2 x this)"
     )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=64,
+        help="part A: items batchgen's workers run before the measured batch, not measured "
+        "(connections, scripts and the calls' pace, as a worker has them after its first "
+        "calls); 0: none",
+    )
     parser.add_argument("--b-requests", type=int, default=200, help="part B requests (or 2000)")
     parser.add_argument("--latency-ms", type=float, default=200.0)
     parser.add_argument("--tpm", type=int, default=20_000, help="part B tokens per window")
@@ -346,6 +370,8 @@ def main() -> None:
     for name in ("requests", "a_threads", "b_requests", "tpm", "rpm", "b_concurrency"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0 <= args.warmup <= 10_000:
+        parser.error("--warmup must be between 0 and 10000")
     if args.requests > 100_000 or args.b_requests > 100_000:
         parser.error("at most 100000 requests a part")
 
