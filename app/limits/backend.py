@@ -230,9 +230,11 @@ def scripts_pipelined(
     """``lua/<name>.lua`` run once for each (keys, args) of ``calls``, in one round trip
     (a pipeline, not a transaction: each script is atomic on its own, as when called
     alone); the replies in order. ``then``: commands sent after them in the same round
-    trip (their replies dropped). A script Redis does not know (a flush, a restart)
-    answers NOSCRIPT to every call of the pipeline, having run none: it is loaded and
-    the pipeline sent again. A script's own error is raised (the others have run)."""
+    trip, best effort (their replies, errors too, are dropped: a PUBLISH that the
+    Redis user may not send does not fail the scripts). A script Redis does not know
+    (a flush, a restart) answers NOSCRIPT to every call of the pipeline, having run
+    none: it is loaded and the pipeline sent again. A script's own error is raised
+    (the others have run)."""
     if not calls:
         return []
     runner = script(client, name)
@@ -242,10 +244,13 @@ def scripts_pipelined(
             pipe.evalsha(runner.sha, len(keys), *keys, *args)
         for command in then:
             pipe.execute_command(*command)
-        try:
-            return list(pipe.execute())[: len(calls)]
-        except redis.exceptions.NoScriptError:
-            if last_try:
-                raise
+        replies = list(pipe.execute(raise_on_error=False))[: len(calls)]
+        errors = [reply for reply in replies if isinstance(reply, Exception)]
+        missing = [e for e in errors if isinstance(e, redis.exceptions.NoScriptError)]
+        if missing and not last_try:
             client.script_load(runner.script)
+            continue
+        if errors:
+            raise errors[0]
+        return replies
     raise AssertionError("unreachable")

@@ -270,6 +270,7 @@ class Gate:
         weight = int(getattr(item, "tenant_weight", 1) or 1)
         entry = demand_entry(item.tenant_id, weight, item.item_id)
         share = (tenant_key(item.tenant_id, weight), 0, entry, DEMAND_TTL_S)
+        rebuilt = False  # the state checked at once after a refusal for its loss
         while True:
             last_try = time.monotonic() >= deadline
             if urgent:
@@ -301,7 +302,10 @@ class Gate:
                 self._free_slot(spec, reservation_id)
                 raise
             if grant.state_lost:  # Redis lost the gate's state: rebuilt first, then again
-                self._check_state(now=True)
+                self._check_state(now=not rebuilt)
+                if not rebuilt:
+                    rebuilt = True
+                    continue
             elif not grant.slot_denied:
                 break
             if last_try:

@@ -39,12 +39,19 @@ class SlotWakeups:
     another process."""
 
     def __init__(self) -> None:
+        self._after_fork()
+        os.register_at_fork(after_in_child=self._after_fork)
+        self._listening_to: redis.Redis | None = None  # the Redis its listener is on
+        self._listener_pid = 0
+        self._refused = False  # Redis refused the subscription once (said in the log)
+
+    def _after_fork(self) -> None:
+        """A process's own state: a child starts with none of its parent's waiters, lock
+        or origin."""
         self._lock = threading.Lock()
         self._waiting: dict[str, list[threading.Event]] = {}  # by model, first come first
         # This process's own announcements come back to it: its waiters heard them first.
         self._origin = secrets.token_hex(8)
-        self._listening_to: redis.Redis | None = None  # the Redis its listener is on
-        self._listener_pid = 0
 
     @contextlib.contextmanager
     def waiting(
@@ -96,7 +103,7 @@ class SlotWakeups:
         One that is not of this form is ignored."""
         text = message.decode(errors="replace") if isinstance(message, bytes) else message
         count, origin, model = (text.split(" ", 2) + ["", ""])[:3]
-        if origin == self._origin or not model or not count.isdigit():
+        if origin == self._origin or not model or not (count.isascii() and count.isdigit()):
             return
         self.freed(model, int(count))
 
@@ -126,6 +133,9 @@ class SlotWakeups:
             except Exception as exc:  # the poll stands in meanwhile; the thread goes on
                 if not isinstance(exc, redis.RedisError):
                     log.exception("slot wake-ups: subscribing again")
+                elif isinstance(exc, redis.ResponseError) and not self._refused:
+                    self._refused = True  # NOPERM, say: the packs poll instead
+                    log.warning("slot wake-ups: Redis refused the subscription (%s)", exc)
                 if pubsub is not None:
                     with contextlib.suppress(Exception):
                         pubsub.close()

@@ -398,24 +398,29 @@ class _Run:
         provider: Provider,
     ) -> None:
         hold = contextlib.ExitStack()
-        cancel = hold.enter_context(self.watcher.watch(item.batch_id)) if self.watcher else Event()
-        hold.enter_context(heartbeat().hold(item, self.lease_s))
-        call = _Call(item, self.spec, served, ticket)
-        flight = _Flight(entry, call, admitted, Settlement(), hold, self.settings, provider)
-        now_ns = time.time_ns()
-        flight.trace = tracing.packed(
-            item.item_id,
-            item.batch_id,
-            ticket.tenant_name or str(ticket.tenant_id),
-            ticket.attempt,
-            self.spec.name,
-            self.gated_ns.pop(ticket.item_id, (now_ns, now_ns)),
-            admitted.deployment,
-        )
-        hold.callback(tracing.end, flight.trace)  # once its outcome is recorded
-        flight.sending = sending_of(flight.call, self.settings, cancel, flight.settlement)
-        if self.overlap:
-            future = _call_pool().submit(_send, flight)
+        try:  # until it flies: on an error nothing holds the item (its lease runs out)
+            watch = self.watcher.watch(item.batch_id) if self.watcher else None
+            cancel = hold.enter_context(watch) if watch is not None else Event()
+            hold.enter_context(heartbeat().hold(item, self.lease_s))
+            call = _Call(item, self.spec, served, ticket)
+            flight = _Flight(entry, call, admitted, Settlement(), hold, self.settings, provider)
+            now_ns = time.time_ns()
+            flight.trace = tracing.packed(
+                item.item_id,
+                item.batch_id,
+                ticket.tenant_name or str(ticket.tenant_id),
+                ticket.attempt,
+                self.spec.name,
+                self.gated_ns.pop(ticket.item_id, (now_ns, now_ns)),
+                admitted.deployment,
+            )
+            hold.callback(tracing.end, flight.trace)  # once its outcome is recorded
+            flight.sending = sending_of(flight.call, self.settings, cancel, flight.settlement)
+            future = _call_pool().submit(_send, flight) if self.overlap else None
+        except BaseException:
+            hold.close()
+            raise
+        if future is not None:
             future.add_done_callback(self._call_ended)
             self.flying[future] = flight
         else:
@@ -522,17 +527,6 @@ class _Run:
                 if (got := found.get(item.item_id)) is not None and got.recorded
             ]
         )
-        for flight in answered:
-            got = found.get(flight.call.item.item_id)
-            sending = flight.sending
-            if got is not None and got.recorded and sending is not None:  # others: alone
-                tracing.ledgered_packed(
-                    flight.trace,
-                    started_ns,
-                    functools.partial(call_info, flight.call, sending),
-                    flight.call.item.created_at,
-                    flight.latency_s,
-                )
         closing: dict[str, int] = {}
         for item, _, _ in group:
             got = found.get(item.item_id)
@@ -540,6 +534,18 @@ class _Run:
                 closing.setdefault(item.batch_id, item.item_id)
         for batch_id, item_id in closing.items():
             close_batch(batch_id, item_id)
+        for flight in answered:
+            got = found.get(flight.call.item.item_id)
+            sending = flight.sending
+            if got is not None and got.recorded and sending is not None:  # others: alone
+                with contextlib.suppress(Exception):  # a span must not undo a recorded answer
+                    tracing.ledgered_packed(
+                        flight.trace,
+                        started_ns,
+                        functools.partial(call_info, flight.call, sending),
+                        flight.call.item.created_at,
+                        flight.latency_s,
+                    )
         return {i: a.recorded for i, a in found.items()}
 
     @staticmethod

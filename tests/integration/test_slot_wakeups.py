@@ -8,6 +8,7 @@ import threading
 import uuid
 
 import pytest
+import redis
 
 from batchgen.limits.backend import get_redis, scripts_pipelined
 from batchgen.limits.slot_wakeups import SlotWakeups
@@ -51,3 +52,30 @@ def test_a_pipeline_that_frees_slots_wakes_the_packs_waiting_in_another_process(
     assert not second.wait(0.3)
     here.freed(model, 1)
     assert second.wait(30)
+
+
+def test_a_pipelines_scripts_stand_whatever_the_commands_after_them_answer(tmp_path):
+    """The announcement rides after the settle scripts, best effort: a command Redis
+    refuses there (a user without the right to PUBLISH, say) fails nothing. A script
+    Redis does not know is loaded and the pipeline sent again; a script's own error
+    is raised."""
+    from tests.integration.test_faults_redis import OwnRedis
+
+    own = OwnRedis(tmp_path / "own-redis")
+    own.start()
+    try:
+        r = own.client()
+        lock = "bg:test-lock"
+        r.set(lock, "token")
+        r.script_flush()  # NOSCRIPT for the first try
+        replies = scripts_pipelined(
+            r,
+            "beat_unlock",
+            [([lock], ["not ours"]), ([lock], ["token"])],
+            then=[("NO-SUCH-COMMAND",)],
+        )
+        assert replies == [0, 1] and not r.exists(lock)
+        with pytest.raises(redis.ResponseError):
+            scripts_pipelined(r, "beat_unlock", [([], ["no key"])], then=[("PING",)])
+    finally:
+        own.server.stop()

@@ -74,3 +74,15 @@ def test_another_processs_announcement_wakes_as_many_waiting_packs_here():
     for thread in waiting:
         thread.join(timeout=30)
     assert not any(t.is_alive() for t in waiting)
+
+
+def test_a_count_that_is_not_ascii_digits_is_ignored():
+    here = SlotWakeups()
+    waiting = _waiter(here, "a")
+    _waiting(here, "a", 1)
+    here.heard("² x a")  # str.isdigit() holds, int() does not
+    waiting.join(timeout=0.05)
+    assert waiting.is_alive()
+    here.freed("a", 1)
+    waiting.join(timeout=30)
+    assert not waiting.is_alive()
