@@ -60,7 +60,7 @@ class RecordingRedis:
             def evalsha(self, sha: str, numkeys: int, *rest: Any) -> None:
                 client.calls.append((sha, [str(k) for k in rest[:numkeys]]))
 
-            def execute(self) -> list[Any]:
+            def execute(self, raise_on_error: bool = True) -> list[Any]:
                 raise Recorded
 
         return Pipe()
