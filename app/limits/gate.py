@@ -210,20 +210,17 @@ class Gate:
         call (an entry refused for a missing marker)."""
         if self.on_lost_state is None or not self.enabled:
             return
-        asked_s = time.monotonic()
-        if not now and asked_s < self._checked_s + self.settings.worker.gate_state_check_s:
+        # A check that began since then will do: since this call (now), or within
+        # gate_state_check_s of it.
+        since_s = time.monotonic() - (0.0 if now else self.settings.worker.gate_state_check_s)
+        if self._checked_s >= since_s:
             return
         # One thread checks; the process's other entrants wait for it. Otherwise they
         # would pass the gate and claim items while the check reads the database, and
         # those running items would look like another process's lost state.
         with self._state_lock:
-            if now and self._checked_s >= asked_s:
+            if self._checked_s >= since_s:
                 return  # checked by another thread meanwhile
-            if (
-                not now
-                and time.monotonic() < self._checked_s + self.settings.worker.gate_state_check_s
-            ):
-                return
             self._checked_s = time.monotonic()
             try:
                 if not is_known_good(self.client):

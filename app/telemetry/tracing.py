@@ -522,12 +522,13 @@ def packed(
     return Packed(span, context)
 
 
-@contextlib.contextmanager
-def inside(item: Packed | None) -> Iterator[None]:
+def inside(item: Packed | None) -> contextlib.AbstractContextManager[None]:
     """The pack item's delivery span current on this thread meanwhile."""
-    if item is None:
-        yield
-        return
+    return _NOTHING if item is None else _inside(item)
+
+
+@contextlib.contextmanager
+def _inside(item: Packed) -> Iterator[None]:
     from opentelemetry import context
 
     token = context.attach(item.context)

@@ -399,8 +399,8 @@ class _Run:
     ) -> None:
         hold = contextlib.ExitStack()
         try:  # until it flies: on an error nothing holds the item (its lease runs out)
-            watch = self.watcher.watch(item.batch_id) if self.watcher else None
-            cancel = hold.enter_context(watch) if watch is not None else Event()
+            watcher = self.watcher
+            cancel = hold.enter_context(watcher.watch(item.batch_id)) if watcher else Event()
             hold.enter_context(heartbeat().hold(item, self.lease_s))
             call = _Call(item, self.spec, served, ticket)
             flight = _Flight(entry, call, admitted, Settlement(), hold, self.settings, provider)
@@ -443,8 +443,7 @@ class _Run:
                 left_s = max(0.0, self.record_by_s - time.monotonic())
                 timeout_s = left_s if timeout_s is None else min(timeout_s, left_s)
             self._await(timeout_s, slots=poll_s is not None)
-            done = [self.flying.pop(f) for f in [f for f in self.flying if f.done()]]
-        elif self.flying:
+        if self.flying:
             done += [self.flying.pop(f) for f in [f for f in self.flying if f.done()]]
         elif not done and not self.unrecorded and poll_s is not None:
             self._await(poll_s, slots=True)
