@@ -321,6 +321,11 @@ class PackSettings(_Concern):
     # max_items within target_s (one gate pipeline, claim, record and settle
     # pipeline a round); after max_s the rounds not begun are handed back.
     short_items: int = Field(default=64, ge=1, le=256)
+    # Such a pack out of time with calls no longer short keeps its rest (runs its
+    # rounds on) while the host's CPUs were all busy as it ran: its calls were slow
+    # for want of a CPU, and a hand-back's messages would cost more of it. False:
+    # decided by the model's free slots alone (app/domain/lifecycle/decisions.py).
+    busy_host_keeps_rest: bool = True
 
 
 class ProviderSettings(_Concern):

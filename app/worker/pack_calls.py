@@ -60,8 +60,9 @@ from threading import Event
 import redis
 
 from batchgen.config import Settings
-from batchgen.domain.lifecycle.decisions import rounds_stop
+from batchgen.domain.lifecycle.decisions import room_elsewhere, rounds_stop
 from batchgen.errors import ProviderError
+from batchgen.limits.concurrency import Slots
 from batchgen.limits.gate import (
     SLOT_POLL_S,
     Gate,
@@ -80,7 +81,7 @@ from batchgen.store import db, items
 from batchgen.store.items import Claimed, Ticket
 from batchgen.store.ledger import CallOutcome, answered_row, record_answers
 from batchgen.telemetry import tracing
-from batchgen.worker import money_settle
+from batchgen.worker import host_cpu, money_settle
 from batchgen.worker.cancellation import CancelWatcher
 from batchgen.worker.execution import (
     MAYBE_SENT,
@@ -174,14 +175,16 @@ def run_together(
 
     Calls one after another go in rounds of ``round_items`` (None: all at once), each
     entered, claimed, recorded and settled together; once the pack has run
-    ``settings.packs.max_s`` and its calls turned slow
-    (:func:`batchgen.domain.lifecycle.decisions.rounds_stop`), the rounds not begun are handed
-    back, as :func:`batchgen.worker.packs.run_pack` hands back its untried items."""
+    ``settings.packs.max_s`` and its calls turned slow, with room among the model's
+    slots for them to run alongside (:func:`batchgen.domain.lifecycle.decisions.rounds_stop`),
+    the rounds not begun are handed back, as :func:`batchgen.worker.packs.run_pack`
+    hands back its untried items."""
     run = _Run(spec, settings, gate, watcher, overlap, note)
     todo = list(zip(pack, tickets, strict=True))
     later: list[tuple[PackItem, Ticket]] = []  # the rounds not begun
     if not overlap and round_items is not None:
         todo, later = todo[: max(1, round_items)], todo[max(1, round_items) :]
+        run.cpu_mark = host_cpu.mark() if later else None
     started = time.monotonic()
     error: Exception | None = None
     slot_deadline = time.monotonic() + settings.worker.slot_wait_s
@@ -201,6 +204,7 @@ def run_together(
                     settings.packs.target_s,
                     settings.packs.max_s,
                     settings.worker.queued_lease_s,
+                    functools.partial(run.room_elsewhere, quickest_s),
                 ):
                     run.pack.handed_back.extend(entry for entry, _ in later)
                     later = []
@@ -262,6 +266,25 @@ class _Run:
         self.quickest_s: float | None = None  # the quickest answer since the last look
         self.gated_ns: dict[int, tuple[int, int]] = {}  # its entry pipeline, by item id
         self.wake = Event()  # one of its calls ended, or a slot of its model freed
+        self.cpu_mark: host_cpu.CpuMark | None = None  # the host's CPUs as its rounds began
+
+    def room_elsewhere(self, quickest_s: float | None) -> bool:
+        """Whether the pack's rest handed back would run alongside its calls
+        (:func:`~batchgen.domain.lifecycle.decisions.room_elsewhere`: the host's CPUs
+        since the pack began and its last round's ``quickest_s``, the model's slots);
+        Redis unreachable: yes, the rest is handed back as it always was."""
+        packs = self.settings.packs
+        try:
+            return room_elsewhere(
+                host_cpu.busy_share(self.cpu_mark) if packs.busy_host_keeps_rest else None,
+                quickest_s,
+                packs.max_s,
+                lambda: Slots(self.gate.client).held(self.spec.name),
+                self.spec.max_concurrency,
+                packs.max_items,
+            )
+        except redis.RedisError:
+            return True
 
     def done(self, entry: PackItem, verdict: Verdict) -> None:
         verdict = verdict if verdict.model else replace(verdict, model=self.spec.name)

@@ -73,6 +73,28 @@ def _released_pack(tenant: str, n: int, registry: Registry) -> list[Any]:
     return released
 
 
+def _run_pack(
+    released: list[Any],
+    spec: Any,
+    settings: Any,
+    overlap: bool = False,
+    note: Any = lambda verdict: None,
+    rounds: int | None = None,
+) -> Any:
+    """``released`` run as one pack (``rounds``: one after another in rounds of that many)."""
+    return run_together(
+        [PackItem(r.item_id, r.ticket.to_message()) for r in released],
+        spec,
+        [r.ticket for r in released],
+        settings,
+        Gate(get_redis(), settings),
+        None,
+        overlap,
+        note,
+        rounds,
+    )
+
+
 class Trips:
     """The round trips a pack makes: statements on psycopg (by name), and Redis
     pipelines of scripts (by script)."""
@@ -121,16 +143,7 @@ def test_a_pack_enters_claims_records_and_settles_its_items_together(sim, monkey
     released = _released_pack("together", 6, registry)
     trips = Trips(monkeypatch)
     verdicts = []
-    outcome = run_together(
-        [PackItem(r.item_id, r.ticket.to_message()) for r in released],
-        spec,
-        [r.ticket for r in released],
-        settings,
-        Gate(get_redis(), settings),
-        None,
-        overlap,
-        verdicts.append,
-    )
+    outcome = _run_pack(released, spec, settings, overlap, verdicts.append)
 
     assert outcome.error is None and not outcome.waiting and not outcome.handed_back
     assert (
@@ -233,21 +246,12 @@ def test_short_calls_go_in_rounds_and_a_pack_out_of_time_hands_the_rest_back(
     untried, still queued, and nothing was sent for them."""
     registry = _registry()
     spec = registry[MODEL]
-    slow = {"pack_max_s": 0.0, "pack_target_s": 1e-9}
+    # The host's CPUs left out: a busy test machine would keep the rest.
+    slow = {"pack_max_s": 0.0, "pack_target_s": 1e-9, "pack_busy_host_keeps_rest": False}
     settings = get_settings().model_copy(update=slow if max_s == 0 else {"pack_max_s": max_s})
     released = _released_pack("rounds", 6, registry)
     trips = Trips(monkeypatch)
-    outcome = run_together(
-        [PackItem(r.item_id, r.ticket.to_message()) for r in released],
-        spec,
-        [r.ticket for r in released],
-        settings,
-        Gate(get_redis(), settings),
-        None,
-        False,
-        lambda verdict: None,
-        2,
-    )
+    outcome = _run_pack(released, spec, settings, rounds=2)
 
     rounds = 3 if max_s else 1
     assert outcome.error is None and not outcome.waiting
@@ -263,6 +267,32 @@ def test_short_calls_go_in_rounds_and_a_pack_out_of_time_hands_the_rest_back(
         statuses = dict(s.execute(select(Item.id, Item.status)).all())
     assert [statuses[i] for i in ids] == ["succeeded"] * 2 * rounds + ["queued"] * (6 - 2 * rounds)
     assert http_client.get(f"{sim.base_url}/_sim/stats").json()["requests"] == 2 * rounds
+    assert_ledger_is_results_plus_waste()
+
+
+def test_a_pack_out_of_time_keeps_its_rest_while_the_models_slots_are_held(sim):
+    """The same pack out of time with calls no longer short, but every other slot of
+    the model held by calls elsewhere (its own round takes the last one): a rest handed
+    back could not run alongside anything, so the pack runs all its rounds itself."""
+    from batchgen.domain.lifecycle.decisions import room_for_overlap
+    from batchgen.limits.concurrency import Slots
+
+    registry = _registry()
+    spec = registry[MODEL]
+    slow = {"pack_max_s": 0.0, "pack_target_s": 1e-9, "pack_busy_host_keeps_rest": False}
+    settings = get_settings().model_copy(update=slow)
+    others = spec.max_concurrency - 1
+    assert not room_for_overlap(others, spec.max_concurrency, settings.packs.max_items)
+    slots = Slots(get_redis())
+    for k in range(others):
+        assert slots.acquire(MODEL, f"elsewhere-{k}", spec.max_concurrency, 60.0)
+    released = _released_pack("roundsheld", 6, registry)
+    outcome = _run_pack(released, spec, settings, rounds=2)
+
+    assert outcome.error is None and not outcome.waiting and not outcome.handed_back
+    assert [v.outcome for v in outcome.verdicts] == ["succeeded"] * 6
+    assert slots.held(MODEL) == others  # its own slot given back after each round
+    assert http_client.get(f"{sim.base_url}/_sim/stats").json()["requests"] == 6
     assert_ledger_is_results_plus_waste()
 
 

@@ -254,3 +254,54 @@ def test_a_pack_of_short_calls_stops_its_rounds_only_when_its_calls_turn_slow():
     assert not rounds_stop(0.2, 0.5, 0.05, 1.0, 120.0)
     # Whatever the calls, before its untried items' queued leases could run out.
     assert rounds_stop(0.002, 60.0, 0.05, 1.0, 120.0)
+
+
+def test_a_slow_pack_keeps_its_rest_while_every_slot_of_its_model_is_held():
+    from batchgen.domain.lifecycle.decisions import room_for_overlap, rounds_stop
+
+    asked: list[bool] = []
+
+    def room(answer: bool):
+        def ask() -> bool:
+            asked.append(answer)
+            return answer
+
+        return ask
+
+    # Slow calls past max_s: handed back only with room elsewhere.
+    assert rounds_stop(0.2, 1.5, 0.05, 1.0, 120.0, room(True))
+    assert not rounds_stop(0.2, 1.5, 0.05, 1.0, 120.0, room(False))
+    # Asked only when the answer decides: not before max_s, not for short calls, not past
+    # half the queued lease (handed back whatever the slots).
+    assert not rounds_stop(0.2, 0.5, 0.05, 1.0, 120.0, room(True))
+    assert not rounds_stop(0.002, 5.0, 0.05, 1.0, 120.0, room(True))
+    assert rounds_stop(0.2, 60.0, 0.05, 1.0, 120.0, room(False))
+    assert asked == [True, False]
+    # Room: free slots for an overlapping pack (a quarter of the slots, at most
+    # max_items, at least one).
+    assert room_for_overlap(24, 32, 8) and not room_for_overlap(25, 32, 8)
+    assert room_for_overlap(60, 64, 4) and not room_for_overlap(61, 64, 4)
+    assert room_for_overlap(2, 3, 8) and not room_for_overlap(3, 3, 8)
+
+
+def test_a_busy_host_keeps_a_slow_packs_rest_whatever_the_slots():
+    from batchgen.domain.lifecycle.decisions import HOST_BUSY_SHARE, room_elsewhere
+
+    asked: list[int] = []
+
+    def held() -> int:
+        asked.append(1)
+        return 0  # every slot free
+
+    # Calls of 60 ms (a pack's max_s of 1 s) on a host whose CPUs were all busy.
+    assert not room_elsewhere(HOST_BUSY_SHARE, 0.06, 1.0, held, 32, 8)
+    assert not room_elsewhere(1.0, 0.06, 1.0, held, 32, 8)
+    assert asked == []  # the slots not asked
+    # A host with CPU to spare, not known, a call of a quarter of max_s (the
+    # provider's), or none answered: by the slots.
+    assert room_elsewhere(HOST_BUSY_SHARE - 0.01, 0.06, 1.0, held, 32, 8)
+    assert room_elsewhere(None, 0.06, 1.0, held, 32, 8)
+    assert room_elsewhere(1.0, 0.25, 1.0, held, 32, 8)
+    assert room_elsewhere(1.0, None, 1.0, held, 32, 8)
+    assert not room_elsewhere(0.2, 0.06, 1.0, lambda: 30, 32, 8)
+    assert asked == [1] * 4

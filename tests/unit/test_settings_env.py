@@ -115,6 +115,7 @@ VARIABLES: list[tuple[str, str, str, Any]] = [
     ("BATCHGEN_PACK_MAX_S", "packs.max_s", "0.75", 0.75),
     ("BATCHGEN_PACK_CALLS_TOGETHER", "packs.calls_together", "false", False),
     ("BATCHGEN_PACK_SHORT_ITEMS", "packs.short_items", "7", 7),
+    ("BATCHGEN_PACK_BUSY_HOST_KEEPS_REST", "packs.busy_host_keeps_rest", "false", False),
     ("BATCHGEN_STREAM_CALLS", "providers.stream_calls", "false", False),
     ("BATCHGEN_LEAN_HTTP", "providers.lean_http", "false", False),
     ("BATCHGEN_WARM_UP", "providers.warm_up", "false", False),
@@ -202,7 +203,7 @@ def _unset_field(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
 
 def test_no_variable_is_lost_or_added() -> None:
     assert set(env_variables()) == {name for name, *_ in VARIABLES}
-    assert len(VARIABLES) == 113
+    assert len(VARIABLES) == 114
 
 
 @pytest.mark.parametrize(

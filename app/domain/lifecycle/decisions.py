@@ -113,16 +113,67 @@ def round_size(call_s: float | None, target_s: float, max_items: int) -> int:
 
 
 def rounds_stop(
-    quickest_s: float | None, ran_s: float, target_s: float, max_s: float, lease_s: float
+    quickest_s: float | None,
+    ran_s: float,
+    target_s: float,
+    max_s: float,
+    lease_s: float,
+    room_elsewhere: Callable[[], bool] = lambda: True,
 ) -> bool:
     """Whether a pack of short calls begins no more rounds, after one whose quickest
     answered call took ``quickest_s`` (None: none answered), having run ``ran_s``: once
-    it has run ``max_s`` if its calls turned slow (even the quickest no longer short),
-    and in any case once it has run half of ``lease_s`` (its untried items' queued
-    lease). A process busy with many threads makes a pack slow without its calls
-    being so: that alone hands nothing back, which would only multiply the messages."""
+    it has run ``max_s`` if its calls turned slow (even the quickest no longer short)
+    and ``room_elsewhere()`` (asked only then) says other threads could run the rest's
+    calls alongside, and in any case once it has run half of ``lease_s`` (its untried
+    items' queued lease). A process busy with many threads makes a pack slow without
+    its calls being so, and with every slot of the model held the rest would only wait
+    for one elsewhere: neither alone hands anything back, which would only multiply the
+    messages."""
+    if ran_s >= lease_s / 2:
+        return True
     turned_slow = quickest_s is None or not short_calls(quickest_s, target_s)
-    return (turned_slow and ran_s >= max_s) or ran_s >= lease_s / 2
+    return turned_slow and ran_s >= max_s and room_elsewhere()
+
+
+# The share of the host's CPU time busy at or above which a slow pack keeps its rest
+# (:func:`room_elsewhere`), as long as its quickest call took less than this share of
+# ``max_s``: a call that slow is the provider's, whatever the host.
+HOST_BUSY_SHARE = 0.9
+STARVED_CALL_SHARE = 0.25
+
+
+def room_elsewhere(
+    host_busy_share: float | None,
+    quickest_s: float | None,
+    max_s: float,
+    held: Callable[[], int],
+    max_concurrency: int,
+    max_items: int,
+) -> bool:
+    """Whether a pack's rest handed back would run alongside the calls of now. Not when
+    the host's CPUs were all busy while the pack ran (``host_busy_share``; None: not
+    known) and its quickest call (``quickest_s``) still took less than a quarter of
+    ``max_s``: its calls were slow for want of a CPU, which more calls at once would
+    only share. Otherwise when the model, with ``held()`` of its slots held (asked only
+    then), has room for an overlapping pack's calls (:func:`room_for_overlap`)."""
+    starved = (
+        host_busy_share is not None
+        and host_busy_share >= HOST_BUSY_SHARE
+        and quickest_s is not None
+        and quickest_s < max_s * STARVED_CALL_SHARE
+    )
+    if starved:
+        return False
+    return room_for_overlap(held(), max_concurrency, max_items)
+
+
+def room_for_overlap(held: int, max_concurrency: int, max_items: int) -> bool:
+    """Whether a model with ``held`` of its ``max_concurrency`` slots held has room for
+    an overlapping pack's calls (:func:`together_pack_size`: at most a quarter of its
+    slots, at most ``max_items``, at least one): a pack's rest handed back would then
+    run alongside the calls of now, not after them."""
+    overlapping = max(1, min(max_items, max_concurrency // OVERLAP_PACKS_PER_MODEL))
+    return max_concurrency - held >= overlapping
 
 
 def split_into_packs(items: Sequence[T], size: int, alone: Callable[[T], bool]) -> list[list[T]]:
