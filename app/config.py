@@ -317,9 +317,10 @@ class PackSettings(_Concern):
     calls_together: bool = True
     # Run as a group, a pack of short calls (two fit in target_s) is sized by
     # count: as many as take half of max_s one after another, at most this many
-    # (max_items=1 still turns packs off). Its calls go in rounds of
-    # max_items within target_s (one gate pipeline, claim, record and settle
-    # pipeline a round); after max_s the rounds not begun are handed back.
+    # (max_items=1 still turns packs off). Its calls go in rounds of as many as
+    # take a quarter of max_s, at most half of this (one gate pipeline, claim,
+    # record and settle pipeline a round); after max_s the rounds not begun are
+    # handed back.
     short_items: int = Field(default=64, ge=1, le=256)
     # Such a pack out of time with calls no longer short keeps its rest (runs its
     # rounds on) while the host's CPUs were all busy as it ran: its calls were slow

@@ -175,7 +175,8 @@ def run_message(
     if spec is not None and tickets is not None:
         pace = _pace().call_s(spec.name)
         overlap = calls_overlap(pace, settings.packs.target_s, len(pack))
-        rounds = round_size(pace, settings.packs.target_s, settings.packs.max_items)
+        packs = settings.packs
+        rounds = round_size(pace, packs.max_s, packs.max_items, packs.short_items)
         outcome = run_together(
             pack, spec, tickets, settings, _gate(), _watcher(), overlap, note, rounds
         )

@@ -221,8 +221,13 @@ def test_a_group_of_short_calls_is_sized_by_count():
     # The worker that runs such a pack runs it in turn, in rounds of the old size.
     assert not calls_overlap(0.001, 0.05, 64)
     assert calls_overlap(None, 0.05, 64)
-    assert round_size(0.001, 0.05, 8) == 8
-    assert round_size(0.01, 0.05, 8) == 5
+    # in rounds of a quarter of max_s at their pace, at most half of short_items
+    assert round_size(0.001, 1.0, 8, 64) == 32
+    assert round_size(0.01, 1.0, 8, 64) == 25
+    assert round_size(0.1, 1.0, 8, 64) == 2
+    assert round_size(None, 1.0, 8, 64) == 1
+    assert round_size(0.001, 1.0, 8, 8) == 8  # never below max_items
+    assert round_size(0.001, 1.0, 1, 64) == 1  # packs off
 
 
 @given(

@@ -104,12 +104,22 @@ def calls_overlap(call_s: float | None, target_s: float, items: int) -> bool:
     return items > 1 and not short_calls(call_s, target_s)
 
 
-def round_size(call_s: float | None, target_s: float, max_items: int) -> int:
+# A round of short calls takes at most this share of ``pack_max_s`` at the calls' pace:
+# a pack whose calls turn slow stops between rounds, within a quarter of its time.
+ROUND_SHARE_OF_MAX_S = 0.25
+
+
+def round_size(call_s: float | None, max_s: float, max_items: int, short_items: int) -> int:
     """How many of a pack's short calls go through the gate, the claim, the record and
-    the settlement together (a round): as many as take ``target_s`` at pace
+    the settlement together (a round): as many as take a quarter of ``max_s`` at pace
     ``call_s`` (:func:`pack_size`), so that a pack whose calls turn slow stops
-    between rounds and hands the rest back (:func:`rounds_stop`)."""
-    return pack_size(call_s, target_s, max_items)
+    between rounds and hands the rest back (:func:`rounds_stop`); at most half of
+    ``short_items`` (a round's items are claimed, marked sent, before its first call:
+    a worker killed mid-round leaves that many for the sweep to ledger as maybe billed),
+    at least ``max_items``, and 1 when ``max_items`` is 1 (packs off)."""
+    if max_items <= 1:
+        return 1
+    return pack_size(call_s, max_s * ROUND_SHARE_OF_MAX_S, max(max_items, short_items // 2))
 
 
 def rounds_stop(
