@@ -337,6 +337,7 @@ def claim_sent_many(
     duplicate message, a cancelled, finished or expired item)."""
     if not claims:
         return {}
+    claims = sorted(claims, key=lambda claim: claim[0].item_id)  # locked in id order
     params: dict[str, Any] = {
         "item_ids": [ticket.item_id for ticket, _ in claims],
         "attempts": [ticket.attempt for ticket, _ in claims],
@@ -590,6 +591,7 @@ def succeed_answered_many(
     items waiting (``running`` is not read here: False)."""
     if not rows:
         return {}
+    rows = sorted(rows, key=lambda row: int(row["item_id"]))  # locked in id order
     params: dict[str, Any] = {
         column: [row[column] for row in rows] for column in ANSWER_COLUMNS if column != "response"
     }

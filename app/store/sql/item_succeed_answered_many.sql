@@ -1,6 +1,7 @@
 -- The group commit of a pack's paid answers (store.items.succeed_answered_many): for
 -- each answer, what item_succeed_answered.sql does for one, all in one statement and
--- one round trip. Each attempt of a running item is locked (in id order), its ledger row
+-- one round trip. Each attempt of a running item is locked (in id order: the arrays
+-- come sorted), found by its key alone (OFFSET 0: as item_claim_sent_many.sql), its ledger row
 -- written, the result stored and the item moved running -> succeeded; the tenants'
 -- daily totals get one row per (tenant, day, model, deployment) of the group, in the
 -- shard :shard (one of the group's items'), added up in key order so that two groups
@@ -8,10 +9,8 @@
 -- An answer whose attempt no longer runs the item, or that has a result or a ledger row
 -- already, writes nothing (recorded = false): the caller takes the general path for it
 -- (store.ledger.record_success). Online answers at their tier, never waste.
--- Every :array parameter has one element per answer, in the same order. The lock on
--- items also says id = ANY(:item_id): a prepared statement's generic plan knows no
--- array's length, and would otherwise scan the table. (Under psycopg's 4 096 bytes
--- of parse cache, comments left out.)
+-- Every :array parameter has one element per answer, in the same order. (Under
+-- psycopg's 4 096 bytes of parse cache, comments left out.)
 -- sources / target come from the SUCCEED_ANSWERED move's declaration.
 WITH answer AS (
     SELECT *
@@ -29,12 +28,11 @@ WITH answer AS (
               cost_usd, deployment, tier, response, provider_request_id,
               upstream_latency_ms, queue_wait_ms)
 ), locked AS (
-    SELECT i.id FROM items AS i JOIN answer AS a ON a.item_id = i.id
-    WHERE i.id = ANY(CAST(:item_id AS bigint[]))  -- the primary key's index, in any plan
-      AND i.status = ANY(:sources) AND i.attempts = a.attempt
-      AND NOT EXISTS (SELECT 1 FROM results AS r WHERE r.item_id = i.id)
-    ORDER BY i.id
-    FOR UPDATE OF i
+    SELECT l.id FROM answer AS a CROSS JOIN LATERAL (
+        SELECT i.id, i.status, i.attempts,
+               EXISTS (SELECT 1 FROM results AS r WHERE r.item_id = i.id) AS answered
+        FROM items AS i WHERE i.id = a.item_id OFFSET 0 FOR UPDATE OF i) AS l
+    WHERE l.status = ANY(:sources) AND l.attempts = a.attempt AND NOT l.answered
 ), ledgered AS (
     INSERT INTO usage_ledger (item_id, attempt, tenant_id, batch_id, model,
                               prompt_tokens, completion_tokens, cached_tokens,
