@@ -173,9 +173,8 @@ def run_message(
     spec = registry.get(model) if model else None
     tickets = _together(pack, spec, settings)
     if spec is not None and tickets is not None:
-        pace = _pace().call_s(spec.name)
-        overlap = calls_overlap(pace, settings.packs.target_s, len(pack))
-        packs = settings.packs
+        pace, packs = _pace().call_s(spec.name), settings.packs
+        overlap = calls_overlap(pace, packs.target_s, len(pack))
         rounds = round_size(pace, packs.max_s, packs.max_items, packs.short_items)
         outcome = run_together(
             pack, spec, tickets, settings, _gate(), _watcher(), overlap, note, rounds

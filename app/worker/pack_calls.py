@@ -184,7 +184,8 @@ def run_together(
     later: list[tuple[PackItem, Ticket]] = []  # the rounds not begun
     if not overlap and round_items is not None:
         todo, later = todo[: max(1, round_items)], todo[max(1, round_items) :]
-        run.cpu_mark = host_cpu.mark() if later else None
+        if later and settings.packs.busy_host_keeps_rest:  # read only at a round's end
+            run.cpu_mark = host_cpu.mark()
     started = time.monotonic()
     error: Exception | None = None
     slot_deadline = time.monotonic() + settings.worker.slot_wait_s
@@ -276,7 +277,7 @@ class _Run:
         packs = self.settings.packs
         try:
             return room_elsewhere(
-                host_cpu.busy_share(self.cpu_mark) if packs.busy_host_keeps_rest else None,
+                host_cpu.busy_share(self.cpu_mark),  # no mark: the setting is off
                 quickest_s,
                 packs.max_s,
                 lambda: Slots(self.gate.client).held(self.spec.name),

@@ -73,6 +73,12 @@ def short_pack_size(call_s: float, max_s: float, max_items: int) -> int:
     return max(min(2, max_items), min(max_items, math.floor(max_s / 2 / call_s)))
 
 
+def overlapping_pack_size(max_items: int, max_concurrency: int) -> int:
+    """Items of a pack whose calls overlap, each holding a slot: at most a quarter of
+    the model's ``max_concurrency`` and ``max_items``, at least one."""
+    return max(1, min(max_items, max_concurrency // OVERLAP_PACKS_PER_MODEL))
+
+
 def together_pack_size(
     call_s: float | None,
     target_s: float,
@@ -90,7 +96,7 @@ def together_pack_size(
     ``short_items`` and ``max_s``, by count (:func:`short_pack_size`): Celery's cost
     per message and the refill's then fall on many items. Before the model's first call
     here, they overlap."""
-    overlapping = max(1, min(max_items, max_concurrency // OVERLAP_PACKS_PER_MODEL))
+    overlapping = overlapping_pack_size(max_items, max_concurrency)
     if call_s is not None and max_items > 1 and short_calls(call_s, target_s):
         if short_items is not None and max_s is not None:
             return short_pack_size(call_s, max_s, max(short_items, max_items)), False
@@ -182,8 +188,7 @@ def room_for_overlap(held: int, max_concurrency: int, max_items: int) -> bool:
     an overlapping pack's calls (:func:`together_pack_size`: at most a quarter of its
     slots, at most ``max_items``, at least one): a pack's rest handed back would then
     run alongside the calls of now, not after them."""
-    overlapping = max(1, min(max_items, max_concurrency // OVERLAP_PACKS_PER_MODEL))
-    return max_concurrency - held >= overlapping
+    return max_concurrency - held >= overlapping_pack_size(max_items, max_concurrency)
 
 
 def split_into_packs(items: Sequence[T], size: int, alone: Callable[[T], bool]) -> list[list[T]]:
