@@ -23,6 +23,7 @@ as a single Redis, a multi-key read goes through :func:`mget` (keys of several s
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -221,35 +222,102 @@ def script(client: redis.Redis, name: str) -> Script:
     return client.register_script(_source(name))
 
 
-def scripts_pipelined(
+# A script run for each entry of a list (:func:`scripts_at_once`): the script's own text
+# is the body of a function whose KEYS and ARGV are the entry's.
+_EACH_HEAD = """\
+-- lua/{name}.lua for each entry of ARGV[1], a JSON list of [key indexes, args]:
+-- each entry's KEYS are the KEYS its indexes name, its ARGV the args (strings), as if
+-- it were called alone; the replies in order, an entry's error as its reply.
+local function run_entry(KEYS, ARGV)
+"""
+_EACH_TAIL = """
+end
+local replies = {}
+for i, entry in ipairs(cjson.decode(ARGV[1])) do
+    local names, own = {}, entry[1]
+    for j = 1, #own do
+        names[j] = KEYS[own[j]]
+    end
+    local ok, reply = pcall(run_entry, names, entry[2])
+    if not ok then
+        reply = {err = type(reply) == 'table' and reply.err or tostring(reply)}
+    elseif reply == nil then
+        reply = false
+    end
+    replies[i] = reply
+end
+return replies
+"""
+
+
+@functools.cache
+def each_source(name: str) -> str:
+    """``lua/<name>.lua`` made to run once for each entry of a list, in one call
+    (:func:`scripts_at_once`)."""
+    return _EACH_HEAD.format(name=name) + _source(name) + _EACH_TAIL
+
+
+@functools.cache
+def script_each(client: redis.Redis, name: str) -> Script:
+    """:func:`each_source` of ``name`` registered on ``client``."""
+    return client.register_script(each_source(name))
+
+
+def _arg_text(value: Any) -> str:
+    """An argument as Redis receives it from redis-py (ints and floats as their repr)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise redis.DataError(f"a script argument must be a string or a number, not {value!r}")
+    return repr(value)
+
+
+def each_payload(calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> tuple[list[str], str]:
+    """The keys and the one argument of :func:`each_source`'s call for ``calls``: every
+    key once, in order of first use (declared, as Redis Cluster wants), and a JSON list
+    of each call's key indexes (1-based) and arguments as text."""
+    index: dict[str, int] = {}
+    entries = []
+    for keys_, args in calls:
+        own = [index.setdefault(k, len(index) + 1) for k in keys_]
+        entries.append((own, [a if a.__class__ is str else _arg_text(a) for a in args]))
+    return list(index), json.dumps(entries, ensure_ascii=False, separators=(",", ":"))
+
+
+def scripts_at_once(
     client: redis.Redis,
     name: str,
     calls: list[tuple[list[str], list[Any]]],
     then: Sequence[tuple[Any, ...]] = (),
 ) -> list[Any]:
-    """``lua/<name>.lua`` run once for each (keys, args) of ``calls``, in one round trip
-    (a pipeline, not a transaction: each script is atomic on its own, as when called
-    alone); the replies in order. ``then``: commands sent after them in the same round
-    trip, best effort (their replies, errors too, are dropped: a PUBLISH that the
-    Redis user may not send does not fail the scripts). A script Redis does not know
-    (a flush, a restart) answers NOSCRIPT to every call of the pipeline, having run
-    none: it is loaded and the pipeline sent again. A script's own error is raised
-    (the others have run)."""
+    """``lua/<name>.lua`` run once for each (keys, args) of ``calls``, in order, in one
+    script call (:func:`each_source`: a pack's many entries cost one command to send and
+    to parse, not one each; each entry reads its keys and arguments as when called
+    alone); the replies in order. ``then``: commands sent after it in the same round
+    trip, best effort (their replies, errors too, are dropped: a PUBLISH that the Redis
+    user may not send does not fail the scripts). A script Redis does not know (a
+    flush, a restart) is loaded and the call sent again, ``then`` not (they went with
+    the first try: after a flush, before the scripts). An entry's own error is raised
+    after the others have run."""
     if not calls:
         return []
-    runner = script(client, name)
+    runner = script_each(client, name)
+    keys_, payload = each_payload(calls)
     for last_try in (False, True):
         pipe = client.pipeline(transaction=False)
-        for keys, args in calls:
-            pipe.evalsha(runner.sha, len(keys), *keys, *args)
-        for command in then:
+        pipe.evalsha(runner.sha, len(keys_), *keys_, payload)
+        for command in () if last_try else then:  # sent once, with the first try
             pipe.execute_command(*command)
-        replies = list(pipe.execute(raise_on_error=False))[: len(calls)]
-        errors = [reply for reply in replies if isinstance(reply, Exception)]
-        missing = [e for e in errors if isinstance(e, redis.exceptions.NoScriptError)]
-        if missing and not last_try:
+        reply = pipe.execute(raise_on_error=False)[0]
+        if isinstance(reply, redis.exceptions.NoScriptError) and not last_try:
             client.script_load(runner.script)
             continue
+        if isinstance(reply, Exception):
+            raise reply
+        replies = list(reply)
+        errors = [r for r in replies if isinstance(r, Exception)]
         if errors:
             raise errors[0]
         return replies

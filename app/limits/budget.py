@@ -73,7 +73,7 @@ from batchgen.domain.scheduling.rate_limits import (
 from batchgen.domain.scheduling.settlement import charged_tokens as charged_tokens  # re-exported
 from batchgen.limits import counters
 from batchgen.limits import redis_keys as keys
-from batchgen.limits.backend import script, scripts_pipelined
+from batchgen.limits.backend import script, scripts_at_once
 from batchgen.registry import Deployment, LimitShape, ModelSpec, shape_arg
 
 MAX_JITTER_S = 1.0
@@ -253,11 +253,11 @@ class Budget:
         return self._grant_of(spec, script(self.client, "budget_reserve")(keys=keys_, args=args))
 
     def enter_many(self, spec: ModelSpec, entries: Sequence[Mapping[str, Any]]) -> list[Grant]:
-        """:meth:`enter` for each of ``entries`` (its arguments by name), the scripts
-        pipelined in one round trip (a pack's items: each entry is atomic on its own,
-        exactly as if entered alone, in order)."""
+        """:meth:`enter` for each of ``entries`` (its arguments by name), in order, in
+        one script call (a pack's items: each entry reads its keys and arguments exactly
+        as if entered alone; :func:`~batchgen.limits.backend.scripts_at_once`)."""
         calls = [self._enter_call(spec, **entry) for entry in entries]
-        replies = scripts_pipelined(self.client, "budget_reserve", calls)
+        replies = scripts_at_once(self.client, "budget_reserve", calls)
         return [self._grant_of(spec, reply) for reply in replies]
 
     def _enter_call(
@@ -442,11 +442,11 @@ class Budget:
         settlements: Sequence[tuple[ModelSpec, str, SettleOps]],
         then: Sequence[tuple[Any, ...]] = (),
     ) -> list[Settled]:
-        """:meth:`settle` for each (spec, reservation id, ops), the scripts pipelined in
-        one round trip (a pack's calls: each settlement atomic on its own, in order),
-        ``then`` the commands after them in it."""
+        """:meth:`settle` for each (spec, reservation id, ops), in order, in one script
+        call (a pack's calls, each settled as if alone), ``then`` the commands after it
+        in the same round trip."""
         calls = [self._settle_call(spec, rid, ops) for spec, rid, ops in settlements]
-        replies = scripts_pipelined(self.client, "budget_settle", calls, then)
+        replies = scripts_at_once(self.client, "budget_settle", calls, then)
         return [self._settled_of(reply) for reply in replies]
 
     def _settle_call(

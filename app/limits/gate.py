@@ -318,8 +318,8 @@ class Gate:
         last_try: bool = False,
         slots: bool = True,
     ) -> list[Pass | Wait | Never]:
-        """:meth:`enter` for each of a pack's items, in one round trip (the scripts
-        pipelined, each atomic on its own, in order) and without waiting: an item denied
+        """:meth:`enter` for each of a pack's items, in one round trip (one script
+        call, each entry as if entered alone, in order) and without waiting: an item denied
         a slot gets a :class:`Wait` of kind ``SLOT`` at once, and the caller may try it
         again when a slot frees (its own calls' ending frees some). ``last_try``: a slot
         denial counts in the model's counters, as :meth:`enter`'s last try does.
@@ -426,8 +426,8 @@ class Gate:
     def settle_many(
         self, spec: ModelSpec, outcomes: Sequence[Settling], then: Sequence[tuple[Any, ...]] = ()
     ) -> None:
-        """:meth:`settle` for each of a pack's calls, in one round trip (the scripts
-        pipelined, each atomic on its own; ``then``: commands after them in it, such as
+        """:meth:`settle` for each of a pack's calls, in one round trip (one script
+        call, each as if settled alone; ``then``: commands after it in it, such as
         the announcement that the slots freed). On an error every slot named is freed
         (the scripts may not have run) and the error raised."""
         if not self.enabled or not outcomes:

@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from batchgen.limits import redis_keys as keys
-from batchgen.limits.backend import script, scripts_pipelined
+from batchgen.limits.backend import script, scripts_at_once
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class MoneyBudgets:
             )
             for s in settles
         ]
-        return sum(int(r) for r in scripts_pipelined(self.client, "money_release", calls))
+        return sum(int(r) for r in scripts_at_once(self.client, "money_release", calls))
 
     def adopt(self, tenant_id: int, old_id: str, new_id: str) -> bool:
         """Move the reservation ``old_id`` (a synchronous call's, before its item existed)

@@ -3,7 +3,7 @@
 A pack whose calls overlap holds a slot per call in flight; denied one, it waits
 (:mod:`batchgen.worker.pack_calls`). Within a process, the pack that frees slots wakes
 as many of the process's waiting packs (:meth:`SlotWakeups.freed`). The others are
-told through Redis: the settle pipeline that frees the slots also publishes the model
+told through Redis: the settle round trip that frees the slots also publishes the model
 and how many (:meth:`SlotWakeups.announcement`, one more command in that round trip),
 and a process whose packs have waited listens (one thread, one connection, started by
 its first wait) and wakes as many of its own. A message lost (a subscriber

@@ -6,10 +6,10 @@ message of its own (:func:`batchgen.worker.execution.run_item`): five round trip
 item (the gate's script, the claim, the call, the record, the settling script). Here
 the pack's items go through each step together:
 
-1. **Gate**: every item's entry script in one pipeline
-   (:meth:`batchgen.limits.gate.Gate.enter_many`), each atomic on its own, so the
+1. **Gate**: every item's entry in one script call
+   (:meth:`batchgen.limits.gate.Gate.enter_many`), each as if entered alone, so the
    model's slots and budget hold exactly as for single entries. Items denied a slot
-   are entered again (one pipeline for all of them) as soon as one of the pack's own
+   are entered again (one call for all of them) as soon as one of the pack's own
    calls has ended or another pack of the process has freed one of the model's slots,
    or every ``SLOT_POLL_S`` meanwhile, for up to ``slot_wait_s``
    since the pack last got a slot: the pack holds as many slots as it has calls in
@@ -23,7 +23,7 @@ the pack's items go through each step together:
    :class:`batchgen.worker.packs.CallPace`: ``pack_target_s`` covers them all), where
    a thread switch would cost more than it saves. Each call keeps its own deadline,
    time-out, cancel event and heartbeat.
-4. **Settle**: the calls that have ended, their settlement scripts in one pipeline
+4. **Settle**: the calls that have ended, their settlements in one script call
    (:meth:`batchgen.limits.gate.Gate.settle_many`), as soon as they end: a slot is a
    call at the provider, and frees as the call does, not once its answer is stored.
 5. **Record**: the answers are written in one statement (a group commit,
@@ -265,7 +265,7 @@ class _Run:
         self.record_by_s = 0.0  # when the first of them is recorded at the latest
         self.unsent: list[tuple[Pass, Ticket]] = []  # entered, not claimed: settle last
         self.quickest_s: float | None = None  # the quickest answer since the last look
-        self.gated_ns: dict[int, tuple[int, int]] = {}  # its entry pipeline, by item id
+        self.gated_ns: dict[int, tuple[int, int]] = {}  # its entry call, by item id
         self.wake = Event()  # one of its calls ended, or a slot of its model freed
         self.cpu_mark: host_cpu.CpuMark | None = None  # the host's CPUs as its rounds began
 
@@ -614,7 +614,7 @@ class _Run:
             _settle(self.gate, self.spec, admitted, ticket, Settlement())
 
     def _settle(self, done: list[_Flight]) -> None:
-        """One pipeline for the calls that were sent; an unsent one alone (it may give
+        """One script call for the calls that were sent; an unsent one alone (it may give
         back an adopted reservation differently). A Redis error must not undo the
         calls' outcomes: the reservations age out. The packs of this process waiting
         for a slot are woken."""

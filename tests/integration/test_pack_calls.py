@@ -1,5 +1,5 @@
-"""Packs run as a group (app/worker/pack_calls.py): one gate pipeline, one claim
-statement, one record statement (a group commit) and one settle pipeline for a pack's
+"""Packs run as a group (app/worker/pack_calls.py): one gate script call, one claim
+statement, one record statement (a group commit) and one settle call for a pack's
 items, whose calls overlap when they are slow.
 
 Real PostgreSQL, Redis and the simulator over HTTP. A pack is run in this process where
@@ -97,14 +97,14 @@ def _run_pack(
 
 class Trips:
     """The round trips a pack makes: statements on psycopg (by name), and Redis
-    pipelines of scripts (by script)."""
+    script calls (by script, with their entries)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
         from batchgen.limits import budget
 
         self.statements: list[str] = []
-        self.pipelines: list[tuple[str, int]] = []
-        self.then: list[str] = []  # commands sent after a pipeline's scripts
+        self.script_calls: list[tuple[str, int]] = []
+        self.then: list[str] = []  # commands sent after a script call
         names = {
             driver_query(n): n
             for n in (
@@ -114,27 +114,27 @@ class Trips:
                 "item_succeed_answered_many",
             )
         }
-        real_rows, real_pipelined = db.driver_rows, budget.scripts_pipelined
+        real_rows, real_at_once = db.driver_rows, budget.scripts_at_once
 
         def rows(connection: Any, statement: str, params: Any) -> Any:
             self.statements.append(names.get(statement, "other"))
             return real_rows(connection, statement, params)
 
-        def pipelined(client_: Any, name: str, calls: list[Any], then: Any = ()) -> Any:
-            self.pipelines.append((name, len(calls)))
+        def at_once(client_: Any, name: str, calls: list[Any], then: Any = ()) -> Any:
+            self.script_calls.append((name, len(calls)))
             self.then += [command[0] for command in then]
-            return real_pipelined(client_, name, calls, then)
+            return real_at_once(client_, name, calls, then)
 
         monkeypatch.setattr(db, "driver_rows", rows)
-        monkeypatch.setattr(budget, "scripts_pipelined", pipelined)
+        monkeypatch.setattr(budget, "scripts_at_once", at_once)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["one-after-another", "overlapping"])
 def test_a_pack_enters_claims_records_and_settles_its_items_together(sim, monkeypatch, overlap):
-    """Six items of one pack: their gate entries go in one pipeline (calls one after
+    """Six items of one pack: their gate entries go in one script call (calls one after
     another: the first takes the pack's slot, then the rest in one more), their claims
     in one statement, their answers in one statement per group of answers that came
-    back together, their settlements in one pipeline per group; nothing item by item.
+    back together, their settlements in one script call per group; nothing item by item.
     Every item succeeds once, ledger and daily totals agree."""
     if overlap:
         sim_config(sim.base_url, latency_base_ms=300)  # calls that overlap end together
@@ -154,8 +154,8 @@ def test_a_pack_enters_claims_records_and_settles_its_items_together(sim, monkey
     assert hot.count("item_claim_sent_many") == 1
     assert "item_claim_sent" not in hot and "item_succeed_answered" not in hot
     groups = hot.count("item_succeed_answered_many")
-    enters = [n for name, n in trips.pipelines if name == "budget_reserve"]
-    settles = [n for name, n in trips.pipelines if name == "budget_settle"]
+    enters = [n for name, n in trips.script_calls if name == "budget_reserve"]
+    settles = [n for name, n in trips.script_calls if name == "budget_settle"]
     assert enters == ([6] if overlap else [1, 5])
     assert sum(settles) == 6
     if not overlap:
@@ -163,7 +163,7 @@ def test_a_pack_enters_claims_records_and_settles_its_items_together(sim, monkey
         assert trips.then == []  # one slot, freed at the end: no other pack waits for it
     else:  # settled as they end; recorded together when they end close together
         assert 1 <= groups <= len(settles) <= 6
-        # Each settle pipeline tells the other processes' waiting packs its slots freed.
+        # Each settle call tells the other processes' waiting packs its slots freed.
         assert trips.then == ["PUBLISH"] * len(settles)
         stats = http_client.get(f"{sim.base_url}/_sim/stats").json()
         assert stats["max_in_flight"] >= 2, "a pack's calls did not overlap"
@@ -259,8 +259,8 @@ def test_short_calls_go_in_rounds_and_a_pack_out_of_time_hands_the_rest_back(
     hot = [s for s in trips.statements if s != "other"]
     assert hot.count("item_claim_sent_many") == rounds
     assert hot.count("item_succeed_answered_many") == rounds
-    assert [n for name, n in trips.pipelines if name == "budget_reserve"] == [1, 1] * rounds
-    assert [n for name, n in trips.pipelines if name == "budget_settle"] == [2] * rounds
+    assert [n for name, n in trips.script_calls if name == "budget_reserve"] == [1, 1] * rounds
+    assert [n for name, n in trips.script_calls if name == "budget_settle"] == [2] * rounds
     ids = [r.item_id for r in released]
     assert [p.item_id for p in outcome.handed_back] == ids[2 * rounds :]
     with db.session_scope() as s:

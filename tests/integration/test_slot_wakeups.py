@@ -10,7 +10,7 @@ import uuid
 import pytest
 import redis
 
-from batchgen.limits.backend import get_redis, scripts_pipelined
+from batchgen.limits.backend import get_redis, scripts_at_once
 from batchgen.limits.slot_wakeups import SlotWakeups
 from tests.waiting import wait_until
 
@@ -31,7 +31,7 @@ def test_a_pipeline_that_frees_slots_wakes_the_packs_waiting_in_another_process(
         """Free one slot there (its announcement after a script, in one pipeline) until
         the listener here, subscribing meanwhile, has heard one."""
         lock = f"bg:test-wake:{model}"
-        (reply,) = scripts_pipelined(
+        (reply,) = scripts_at_once(
             client, "beat_unlock", [([lock], ["token"])], then=[there.announcement(model, 1)]
         )
         assert reply == 0  # the script's own reply, the announcement's left out
@@ -68,7 +68,7 @@ def test_a_pipelines_scripts_stand_whatever_the_commands_after_them_answer(tmp_p
         lock = "bg:test-lock"
         r.set(lock, "token")
         r.script_flush()  # NOSCRIPT for the first try
-        replies = scripts_pipelined(
+        replies = scripts_at_once(
             r,
             "beat_unlock",
             [([lock], ["not ours"]), ([lock], ["token"])],
@@ -76,6 +76,6 @@ def test_a_pipelines_scripts_stand_whatever_the_commands_after_them_answer(tmp_p
         )
         assert replies == [0, 1] and not r.exists(lock)
         with pytest.raises(redis.ResponseError):
-            scripts_pipelined(r, "beat_unlock", [([], ["no key"])], then=[("PING",)])
+            scripts_at_once(r, "beat_unlock", [([], ["no key"])], then=[("PING",)])
     finally:
         own.server.stop()

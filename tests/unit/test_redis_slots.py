@@ -39,6 +39,7 @@ class RecordingRedis:
     def __init__(self) -> None:
         self.calls: list[tuple[str, list[str]]] = []
         self._names = {backend._source(n): n for n in script_names()}
+        self._names.update({backend.each_source(n): n for n in script_names()})
 
     def register_script(self, source: str) -> Any:
         client, name = self, self._names[source]
