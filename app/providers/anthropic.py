@@ -30,6 +30,7 @@ import anthropic
 import httpx2
 import pydantic
 
+from batchgen import json_codec
 from batchgen.domain.formats.answers import AnthropicMerge
 from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS
 from batchgen.domain.formats.message_batches import NATIVE_PARAMS
@@ -328,7 +329,7 @@ def _lean_events(client: anthropic.Anthropic, response: lean_http.LeanResponse) 
             )
             raise client._make_status_error(message, body=body, response=answer)
         if data:
-            yield json.loads(data)
+            yield json_codec.loads(data)
 
 
 class AnthropicProvider:

@@ -30,7 +30,6 @@ everywhere.
 from __future__ import annotations
 
 import functools
-import json
 import sys
 import threading
 import urllib.request
@@ -44,6 +43,8 @@ import openai
 import urllib3
 from urllib3.exceptions import HTTPError, NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
+from batchgen import json_codec
 
 __all__ = ["LeanEndpoint", "endpoint", "urllib3_errors"]
 
@@ -129,7 +130,7 @@ class LeanEndpoint:
         """POST ``body`` as JSON and return once the status line and headers are in.
         An error status raises the SDK's typed error (its body read first)."""
         url = self._base + route
-        data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        data = json_codec.dumps(body)
         try:
             raw = self._pool.urlopen(
                 "POST",

@@ -24,6 +24,7 @@ import openai
 import pydantic
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from batchgen import json_codec
 from batchgen.domain.formats.answers import OpenAIMerge
 from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS, EMBEDDINGS, provider_path
 from batchgen.domain.formats.tokens import count_messages, count_text
@@ -164,7 +165,7 @@ def _raw_json(raw: Any) -> dict[str, Any]:
 
 
 def _json_object(text: str | bytes) -> dict[str, Any]:
-    body = json.loads(text)
+    body = json_codec.loads(text)
     if not isinstance(body, dict):
         raise TypeError("answer is not an object")
     return body
@@ -386,7 +387,7 @@ class OpenAIProvider:
         for data in sse_data(raw.iter_bytes()):  # an httpx response, read to its end
             if data == b"[DONE]":
                 continue  # read on: the end of the body frees the connection
-            chunk = json.loads(data)
+            chunk = json_codec.loads(data)
             if not isinstance(chunk, dict):
                 raise MalformedResponse("a stream chunk that is not an object", billed=True)
             if chunk.get("error"):

@@ -23,6 +23,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import Connection, func, or_, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
+from batchgen import json_codec
 from batchgen.domain.lifecycle.deadlines import carried_forward
 from batchgen.domain.lifecycle.status import (
     CALL_RANK,
@@ -549,7 +550,11 @@ def succeed_answered(connection: Connection, row: dict[str, Any]) -> Answered:
     (``row["item_id"]``, ``row["attempt"]``) is running and neither answered nor
     ledgered yet. ``row`` holds the ledger's and the result's columns
     (:func:`batchgen.store.ledger.record_answer` builds it)."""
-    params = {**row, "response": Jsonb(row["response"]), **SUCCEED_ANSWERED.params()}
+    params = {
+        **row,
+        "response": Jsonb(row["response"], dumps=json_codec.dumps),
+        **SUCCEED_ANSWERED.params(),
+    }
     (result,) = db.driver_rows(connection, driver_query("item_succeed_answered"), params)
     return Answered(
         recorded=result.recorded,
@@ -595,7 +600,7 @@ def succeed_answered_many(
     params: dict[str, Any] = {
         column: [row[column] for row in rows] for column in ANSWER_COLUMNS if column != "response"
     }
-    params["response"] = [Jsonb(row["response"]) for row in rows]
+    params["response"] = [Jsonb(row["response"], dumps=json_codec.dumps) for row in rows]
     params.update(shard=shard, **SUCCEED_ANSWERED.params())
     found = db.driver_rows(connection, driver_query("item_succeed_answered_many"), params)
     return {
