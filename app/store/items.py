@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import Connection, func, or_, select, text, tuple_, update
+from sqlalchemy import Connection, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from batchgen import json_codec
@@ -463,12 +463,29 @@ def hold_queued(
     were still queued for that attempt."""
     if not held:
         return 0
+    pairs = [(item_id, attempt - 1) for item_id, attempt in held]
+    return _extend_leases(connection, S.QUEUED, pairs, lease_s, never_shorten=True)
+
+
+def _extend_leases(
+    connection: Session | Connection,
+    status: S,
+    held: Sequence[tuple[int, int]],
+    lease_s: float,
+    *,
+    never_shorten: bool,
+) -> int:
+    """The leases of the ``(item_id, attempts)`` pairs' items still in ``status`` on
+    that many attempts (:file:`sql/item_extend_leases.sql`); returns how many."""
+    pairs = sorted(held)  # the order of the locks
     params = {
-        "item_ids": [item_id for item_id, _ in held],
-        "attempts": [attempt - 1 for _, attempt in held],
+        "item_ids": [item_id for item_id, _ in pairs],
+        "attempts": [attempts for _, attempts in pairs],
+        "status": status.value,
         "lease_s": lease_s,
+        "never_shorten": never_shorten,
     }
-    return len(connection.execute(query("item_hold_queued"), params).all())
+    return len(connection.execute(query("item_extend_leases"), params).all())
 
 
 def defer(
@@ -1036,12 +1053,7 @@ def renew_leases(
     running on that attempt (one statement; app/worker/heartbeat.py); returns how many."""
     if not held:
         return 0
-    statement = (
-        update(Item)
-        .where(Item.status == S.RUNNING.value, tuple_(Item.id, Item.attempts).in_(held))
-        .values(lease_expires_at=func.now() + dt.timedelta(seconds=lease_s))
-    )
-    return int(connection.execute(statement).rowcount)  # type: ignore[attr-defined]
+    return _extend_leases(connection, S.RUNNING, held, lease_s, never_shorten=False)
 
 
 @dataclass(frozen=True)

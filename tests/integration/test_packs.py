@@ -272,45 +272,75 @@ def test_a_refill_publishes_packs_in_fair_order(sim):
     assert all(len(set(order[k : k + 8])) == 2 for k in (0, 8, 16))
 
 
-def test_holding_a_packs_waiting_items_extends_only_their_queued_leases(sim):
-    """store.items.hold_queued: queued items of the named attempt get a lease of at
-    least lease_s from now, never a shorter one; another attempt's or a running item's
-    lease is left alone."""
+def _dispatched_with_one_running(tag: str, running: str) -> list[int]:
+    """Four items dispatched (their messages dropped), ``running``: "one" (the last
+    runs on attempt 1, the rest queued) or "all but one" (the last stays queued)."""
     from batchgen.config import get_settings
-    from batchgen.store import items
     from batchgen.worker.dispatch import dispatch
 
-    submit_items("hold", 4)
+    submit_items(tag, 4)
     get_redis().delete(get_registry()["sim-small"].queue)
     assert dispatch(get_registry(), get_settings()) == 4
     get_redis().delete(get_registry()["sim-small"].queue)
     with db.session_scope() as s:
         ids = sorted(s.scalars(select(Item.id)))
+        where = "id = :last" if running == "one" else "id <> :last"
         s.execute(
-            text("UPDATE items SET status = 'running', attempts = 1 WHERE id = :id"),
-            {"id": ids[3]},
+            text(f"UPDATE items SET status = 'running', attempts = 1 WHERE {where}"),
+            {"last": ids[3]},
         )
+    return ids
 
-    def lease_left_s() -> dict[int, float]:
-        with db.session_scope() as s:
-            rows = s.execute(
-                select(Item.id, func.extract("epoch", Item.lease_expires_at - func.now()))
-            ).all()
-        return {i: float(left) for i, left in rows}
 
-    before = lease_left_s()
+def _lease_left_s() -> dict[int, float]:
+    with db.session_scope() as s:
+        rows = s.execute(
+            select(Item.id, func.extract("epoch", Item.lease_expires_at - func.now()))
+        ).all()
+    return {i: float(left) for i, left in rows}
+
+
+def test_holding_a_packs_waiting_items_extends_only_their_queued_leases(sim):
+    """store.items.hold_queued: queued items of the named attempt get a lease of at
+    least lease_s from now, never a shorter one; another attempt's or a running item's
+    lease is left alone."""
+    from batchgen.store import items
+
+    ids = _dispatched_with_one_running("hold", "one")
+    before = _lease_left_s()
     with db.autocommit() as connection:
         held = items.hold_queued(
             connection, [(ids[0], 1), (ids[1], 2), (ids[3], 1), (ids[2], 1)], 3600
         )
-    after = lease_left_s()
+    after = _lease_left_s()
     assert held == 2  # ids[0] and ids[2]: queued for attempt 1
     assert after[ids[0]] > 3500 and after[ids[2]] > 3500
     assert after[ids[1]] == pytest.approx(before[ids[1]], abs=5)  # another attempt's
     assert after[ids[3]] == pytest.approx(before[ids[3]], abs=5)  # running
     with db.autocommit() as connection:  # never shortened
         assert items.hold_queued(connection, [(ids[0], 1)], 10) == 1
-    assert lease_left_s()[ids[0]] > 3500
+    assert _lease_left_s()[ids[0]] > 3500
+
+
+def test_a_heartbeat_renews_only_the_running_leases_of_the_attempts_it_names(sim):
+    """store.items.renew_leases: items running on the named attempt get a lease of
+    lease_s from now; another attempt's or a queued item's lease is left alone."""
+    from batchgen.store import items
+
+    ids = _dispatched_with_one_running("renew", "all but one")
+    before = _lease_left_s()
+    with db.autocommit() as connection:
+        renewed = items.renew_leases(
+            connection, [(ids[2], 1), (ids[0], 1), (ids[1], 2), (ids[3], 1)], 3600
+        )
+    after = _lease_left_s()
+    assert renewed == 2  # ids[0] and ids[2]: running on attempt 1
+    assert after[ids[0]] > 3500 and after[ids[2]] > 3500
+    assert after[ids[1]] == pytest.approx(before[ids[1]], abs=5)  # another attempt's
+    assert after[ids[3]] == pytest.approx(before[ids[3]], abs=5)  # queued
+    with db.autocommit() as connection:  # a renewal sets the lease, shorter too
+        assert items.renew_leases(connection, [(ids[0], 1)], 10) == 1
+    assert _lease_left_s()[ids[0]] < 100
 
 
 def test_a_packs_rest_handed_back_goes_out_in_packs_a_failed_over_item_alone(sim):
