@@ -347,7 +347,7 @@ def claim_sent_many(
         "claim_token": claim_token,
         **CLAIM.params(),
     }
-    rows = db.driver_rows(connection, driver_query("item_claim_sent_many"), params)
+    rows = db.driver_rows(connection, driver_query("item_claim_sent_many", binary=True), params)
     return {row.id: _claimed(row, read_mono_s) for row in rows}
 
 
@@ -572,7 +572,9 @@ def succeed_answered(connection: Connection, row: dict[str, Any]) -> Answered:
         "response": Jsonb(row["response"], dumps=json_codec.dumps),
         **SUCCEED_ANSWERED.params(),
     }
-    (result,) = db.driver_rows(connection, driver_query("item_succeed_answered"), params)
+    (result,) = db.driver_rows(
+        connection, driver_query("item_succeed_answered", binary=True), params
+    )
     return Answered(
         recorded=result.recorded,
         waiting=result.waiting,
@@ -619,7 +621,9 @@ def succeed_answered_many(
     }
     params["response"] = [Jsonb(row["response"], dumps=json_codec.dumps) for row in rows]
     params.update(shard=shard, **SUCCEED_ANSWERED.params())
-    found = db.driver_rows(connection, driver_query("item_succeed_answered_many"), params)
+    found = db.driver_rows(
+        connection, driver_query("item_succeed_answered_many", binary=True), params
+    )
     return {
         row.item_id: Answered(recorded=row.recorded, waiting=row.waiting, running=False)
         for row in found

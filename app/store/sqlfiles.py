@@ -45,8 +45,11 @@ def query(name: str) -> TextClause:
 
 
 @functools.cache
-def driver_query(name: str) -> str:
+def driver_query(name: str, binary: bool = False) -> str:
     """The statement in ``app/store/sql/<name>.sql`` as psycopg itself takes it
     (``:name`` becomes ``%(name)s``, a ``%`` is doubled), for
-    :func:`batchgen.store.db.driver_rows`."""
-    return _BIND.sub(r"%(\1)s", source(name).replace("%", "%%"))
+    :func:`batchgen.store.db.driver_rows`. ``binary``: every parameter goes in
+    PostgreSQL's binary format (``%(name)b``): a pack's arrays of answers, whose JSON
+    the text format escapes element by element (quotes and backslashes, in Python),
+    go as they are."""
+    return _BIND.sub(r"%(\1)b" if binary else r"%(\1)s", source(name).replace("%", "%%"))

@@ -56,8 +56,38 @@ def test_a_killed_backend_invalidates_the_connection_and_the_next_checkout_works
     assert row.pid != victim.pid
 
 
+def test_arrays_in_the_binary_format_arrive_as_they_were_sent(clean_db):
+    """A pack's statements send their parameters in the binary format: numbers, text,
+    NULLs and JSON (quotes, backslashes, braces, non-ASCII) arrive unchanged."""
+    from decimal import Decimal
+
+    from psycopg.types.json import Jsonb
+
+    from batchgen import json_codec
+
+    answers = [{"content": 'say "hi" \\ {a,b} caf\u00e9 \U0001f642', "n": [1, None]}, {}]
+    params = {
+        "ids": [1, 2**40],
+        "costs": [Decimal("0.000123"), None],
+        "names": ['a "b", {c}', None],
+        "answers": [Jsonb(a, dumps=json_codec.dumps) for a in answers],
+        "flag": True,
+    }
+    statement = (
+        "SELECT CAST(%(ids)b AS bigint[]) AS ids, CAST(%(costs)b AS numeric[]) AS costs, "
+        "CAST(%(names)b AS text[]) AS names, CAST(%(answers)b AS jsonb[]) AS answers, "
+        "%(flag)b AS flag"
+    )
+    with db.autocommit() as connection:
+        (row,) = db.driver_rows(connection, statement, params)
+    assert row.ids == params["ids"] and row.costs == params["costs"]
+    assert row.names == params["names"] and row.answers == answers and row.flag is True
+
+
 def test_hot_statements_name_every_parameter_for_psycopg():
     for name in ("item_claim_sent", "item_succeed_answered"):
         statement = driver_query(name)
         assert "%(item_id)s" in statement and ":item_id" not in statement
         assert "%(attempt)s" in statement
+        binary = driver_query(name, binary=True)
+        assert "%(item_id)b" in binary and "%(item_id)s" not in binary

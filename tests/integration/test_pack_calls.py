@@ -106,7 +106,8 @@ class Trips:
         self.script_calls: list[tuple[str, int]] = []
         self.then: list[str] = []  # commands sent after a script call
         names = {
-            driver_query(n): n
+            driver_query(n, binary): n
+            for binary in (False, True)
             for n in (
                 "item_claim_sent",
                 "item_claim_sent_many",
