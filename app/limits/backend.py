@@ -23,7 +23,6 @@ as a single Redis, a multi-key read goes through :func:`mget` (keys of several s
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
 from redis.sentinel import Sentinel
 
+from batchgen import json_codec
 from batchgen.config import current_scope, get_settings, redact_url
 from batchgen.errors import ConfigError
 
@@ -263,6 +263,9 @@ def script_each(client: redis.Redis, name: str) -> Script:
     return client.register_script(each_source(name))
 
 
+_NUMBERS = frozenset({int, float})  # exactly: a bool is refused, a subclass checked
+
+
 def _arg_text(value: Any) -> str:
     """An argument as Redis receives it from redis-py (ints and floats as their repr)."""
     if isinstance(value, str):
@@ -274,7 +277,9 @@ def _arg_text(value: Any) -> str:
     return repr(value)
 
 
-def each_payload(calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> tuple[list[str], str]:
+def each_payload(
+    calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
+) -> tuple[list[str], bytes]:
     """The keys and the one argument of :func:`each_source`'s call for ``calls``: every
     key once, in order of first use (declared, as Redis Cluster wants), and a JSON list
     of each call's key indexes (1-based) and arguments as text."""
@@ -282,8 +287,12 @@ def each_payload(calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> tuple[
     entries = []
     for keys_, args in calls:
         own = [index.setdefault(k, len(index) + 1) for k in keys_]
-        entries.append((own, [a if a.__class__ is str else _arg_text(a) for a in args]))
-    return list(index), json.dumps(entries, ensure_ascii=False, separators=(",", ":"))
+        texts = [
+            a if a.__class__ is str else repr(a) if a.__class__ in _NUMBERS else _arg_text(a)
+            for a in args
+        ]
+        entries.append((own, texts))
+    return list(index), json_codec.dumps(entries)
 
 
 def scripts_at_once(
