@@ -27,8 +27,9 @@ _CHUNK_ONLY = frozenset({"object", "choices", "usage", "obfuscation"})
 
 def _merge_strings(into: dict[str, Any], delta: dict[str, Any]) -> None:
     for key, value in delta.items():
-        if isinstance(value, str) and isinstance(into.get(key), str):
-            into[key] += value
+        before = into.get(key)
+        if isinstance(value, str) and isinstance(before, str):
+            into[key] = before + value
         elif value is not None or key not in into:
             into[key] = value
 
@@ -68,18 +69,27 @@ class OpenAIMerge:
         self.usage: dict[str, Any] | None = None
 
     def add(self, chunk: dict[str, Any]) -> None:
+        head = self.head
         for key, value in chunk.items():
-            if key not in _CHUNK_ONLY and self.head.get(key) is None:
-                self.head[key] = value
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
+            if head.get(key) is None and key not in _CHUNK_ONLY:
+                head[key] = value
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = usage
         for part in chunk.get("choices") or ():
             index = int(part.get("index", 0))
-            choice = self.choices.setdefault(
-                index, {"index": index, "message": {}, "logprobs": None, "finish_reason": None}
-            )
-            delta = dict(part.get("delta") or {})
-            tool_calls = delta.pop("tool_calls", None)
+            choice = self.choices.get(index)
+            if choice is None:
+                choice = self.choices[index] = {
+                    "index": index,
+                    "message": {},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            delta = part.get("delta") or {}
+            tool_calls = delta.get("tool_calls")
+            if "tool_calls" in delta:  # merged on their own, not as a field
+                delta = {k: v for k, v in delta.items() if k != "tool_calls"}
             _merge_strings(choice["message"], delta)
             if tool_calls:
                 _merge_tool_calls(choice["message"].setdefault("tool_calls", []), tool_calls)
