@@ -309,8 +309,8 @@ class PackSettings(_Concern):
     max_items: int = Field(default=8, ge=1, le=64)
     target_s: float = Field(default=0.05, gt=0)
     max_s: float = Field(default=1.0, gt=0)
-    # A pack runs as a group (app/worker/pack_calls.py): one gate pipeline, one claim
-    # statement, one record statement and one settle pipeline for its items, whose calls
+    # A pack runs as a group (app/worker/pack_calls.py): one gate call, one claim
+    # statement, one record statement and one settle call for its items, whose calls
     # overlap when they are slow (then a message carries up to max_items items,
     # at most a quarter of the model's max_concurrency, however slow its calls).
     # False: a pack's items run one after another, each as a message of its own would.
@@ -318,9 +318,8 @@ class PackSettings(_Concern):
     # Run as a group, a pack of short calls (two fit in target_s) is sized by
     # count: as many as take half of max_s one after another, at most this many
     # (max_items=1 still turns packs off). Its calls go in rounds of as many as
-    # take a quarter of max_s, at most half of this (one gate pipeline, claim,
-    # record and settle pipeline a round); after max_s the rounds not begun are
-    # handed back.
+    # take a quarter of max_s, at most half of this (one gate call, claim, record
+    # and settle call a round); after max_s the rounds not begun are handed back.
     short_items: int = Field(default=64, ge=1, le=256)
     # Such a pack out of time with calls no longer short keeps its rest (runs its
     # rounds on) while the host's CPUs were all busy as it ran: its calls were slow

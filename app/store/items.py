@@ -561,6 +561,11 @@ class Answered:
     closed: bool = False  # the batch finished with it (a synchronous call's)
 
 
+def _answer_json(response: Any) -> Jsonb:
+    """An answer as a JSONB parameter, written by :mod:`batchgen.json_codec`."""
+    return Jsonb(response, dumps=json_codec.dumps)
+
+
 def succeed_answered(connection: Connection, row: dict[str, Any]) -> Answered:
     """``running → succeeded`` with the ledger row, the daily totals and the result, in
     one statement; ``recorded`` is False (and nothing written) unless this very attempt
@@ -569,7 +574,7 @@ def succeed_answered(connection: Connection, row: dict[str, Any]) -> Answered:
     (:func:`batchgen.store.ledger.record_answer` builds it)."""
     params = {
         **row,
-        "response": Jsonb(row["response"], dumps=json_codec.dumps),
+        "response": _answer_json(row["response"]),
         **SUCCEED_ANSWERED.params(),
     }
     (result,) = db.driver_rows(
@@ -619,7 +624,7 @@ def succeed_answered_many(
     params: dict[str, Any] = {
         column: [row[column] for row in rows] for column in ANSWER_COLUMNS if column != "response"
     }
-    params["response"] = [Jsonb(row["response"], dumps=json_codec.dumps) for row in rows]
+    params["response"] = [_answer_json(row["response"]) for row in rows]
     params.update(shard=shard, **SUCCEED_ANSWERED.params())
     found = db.driver_rows(
         connection, driver_query("item_succeed_answered_many", binary=True), params

@@ -1,7 +1,7 @@
 """Packs: one message carrying several items of one model.
 
 By default a pack runs as a group (:mod:`batchgen.worker.pack_calls`: one gate
-pipeline, one claim statement, one record statement and one settle pipeline for its
+script call, one claim statement, one record statement and one settle call for its
 items, whose calls overlap when they are slow). This module holds what both ways
 share (a pack read from its message, its outcome, the hold on its waiting items,
 the calls' pace) and the other way, ``BATCHGEN_PACK_CALLS_TOGETHER=false``: the

@@ -300,47 +300,31 @@ def _lease_left_s() -> dict[int, float]:
     return {i: float(left) for i, left in rows}
 
 
-def test_holding_a_packs_waiting_items_extends_only_their_queued_leases(sim):
+@pytest.mark.parametrize("kind", ["hold", "renew"])
+def test_leases_are_extended_only_for_items_in_the_state_and_attempt_named(sim, kind):
     """store.items.hold_queued: queued items of the named attempt get a lease of at
-    least lease_s from now, never a shorter one; another attempt's or a running item's
-    lease is left alone."""
+    least lease_s from now, never a shorter one. store.items.renew_leases (a
+    heartbeat): items running on the named attempt get a lease of lease_s from now,
+    shorter too. Either way another attempt's lease, or that of an item in the other
+    state, is left alone."""
     from batchgen.store import items
 
-    ids = _dispatched_with_one_running("hold", "one")
+    extend = items.hold_queued if kind == "hold" else items.renew_leases
+    ids = _dispatched_with_one_running(kind, "one" if kind == "hold" else "all but one")
     before = _lease_left_s()
     with db.autocommit() as connection:
-        held = items.hold_queued(
-            connection, [(ids[0], 1), (ids[1], 2), (ids[3], 1), (ids[2], 1)], 3600
-        )
+        extended = extend(connection, [(ids[2], 1), (ids[0], 1), (ids[1], 2), (ids[3], 1)], 3600)
     after = _lease_left_s()
-    assert held == 2  # ids[0] and ids[2]: queued for attempt 1
+    assert extended == 2  # ids[0] and ids[2]: in the state named, for attempt 1
     assert after[ids[0]] > 3500 and after[ids[2]] > 3500
     assert after[ids[1]] == pytest.approx(before[ids[1]], abs=5)  # another attempt's
-    assert after[ids[3]] == pytest.approx(before[ids[3]], abs=5)  # running
-    with db.autocommit() as connection:  # never shortened
-        assert items.hold_queued(connection, [(ids[0], 1)], 10) == 1
-    assert _lease_left_s()[ids[0]] > 3500
-
-
-def test_a_heartbeat_renews_only_the_running_leases_of_the_attempts_it_names(sim):
-    """store.items.renew_leases: items running on the named attempt get a lease of
-    lease_s from now; another attempt's or a queued item's lease is left alone."""
-    from batchgen.store import items
-
-    ids = _dispatched_with_one_running("renew", "all but one")
-    before = _lease_left_s()
+    assert after[ids[3]] == pytest.approx(before[ids[3]], abs=5)  # in the other state
     with db.autocommit() as connection:
-        renewed = items.renew_leases(
-            connection, [(ids[2], 1), (ids[0], 1), (ids[1], 2), (ids[3], 1)], 3600
-        )
-    after = _lease_left_s()
-    assert renewed == 2  # ids[0] and ids[2]: running on attempt 1
-    assert after[ids[0]] > 3500 and after[ids[2]] > 3500
-    assert after[ids[1]] == pytest.approx(before[ids[1]], abs=5)  # another attempt's
-    assert after[ids[3]] == pytest.approx(before[ids[3]], abs=5)  # queued
-    with db.autocommit() as connection:  # a renewal sets the lease, shorter too
-        assert items.renew_leases(connection, [(ids[0], 1)], 10) == 1
-    assert _lease_left_s()[ids[0]] < 100
+        assert extend(connection, [(ids[0], 1)], 10) == 1
+    if kind == "hold":  # never shortened
+        assert _lease_left_s()[ids[0]] > 3500
+    else:  # a renewal sets the lease
+        assert _lease_left_s()[ids[0]] < 100
 
 
 def test_a_packs_rest_handed_back_goes_out_in_packs_a_failed_over_item_alone(sim):
