@@ -85,11 +85,16 @@ WITH answer AS (
 -- one probe of ix_items_batch_id_status_line_no per waiting status, each by equality
 -- and in the index's order, so that any plan (a prepared statement's, for any batch
 -- id, expects a batch to hold most items) takes the index, never a scan of the table.
-, batch AS (
+-- Once a batch (MATERIALIZED: inlined, the probes ran again for every answer of it),
+-- and from the highest line: a batch is released and claimed in line order, so the
+-- entries its items left behind as they moved on (pending -> queued -> running, dead
+-- until a vacuum) lie below the live ones, which the probe meets first.
+, batch AS MATERIALIZED (
     SELECT d.batch_id, EXISTS (
         SELECT 1 FROM (VALUES ('queued'), ('pending'), ('offloaded')) AS v(status),
              LATERAL (SELECT 1 FROM items AS w WHERE w.batch_id = d.batch_id
-                      AND w.status = v.status ORDER BY w.line_no LIMIT 1) AS f) AS waiting
+                      AND w.status = v.status ORDER BY w.line_no DESC LIMIT 1) AS f)
+        AS waiting
     FROM (SELECT DISTINCT answer.batch_id FROM answer) AS d
 )
 SELECT a.item_id, EXISTS (SELECT 1 FROM succeeded AS s WHERE s.id = a.item_id) AS recorded,
