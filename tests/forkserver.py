@@ -76,6 +76,7 @@ PRELOAD = (
     "anyio",
     "h11",
     "urllib3",
+    "httptools",
     "click",
     "click_repl",
     "typer",

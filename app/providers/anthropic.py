@@ -12,7 +12,7 @@ The SDK raises raw ``json.JSONDecodeError`` for an unreadable body and raw
 ``httpx2`` errors (``RemoteProtocolError``, ``ReadTimeout``) when a stream is
 cut or stalls; both are mapped here like the SDK's own exceptions.
 
-A streamed call goes on urllib3 (:mod:`batchgen.providers.lean_http`) where that path
+A streamed call goes on the lean path (:mod:`batchgen.providers.lean_http`) where that path
 applies: the body and headers the SDK would send, its events read as the provider's
 JSON (no model object per event), an error status or an ``event: error`` raised as
 the SDK's own error. Otherwise, and with ``BATCHGEN_LEAN_HTTP=false``, the SDK's.
@@ -81,7 +81,7 @@ _MALFORMED = (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError
 _SDK_ERRORS: tuple[type[BaseException], ...] = (
     anthropic.AnthropicError,
     httpx2.HTTPError,
-    *lean_http.urllib3_errors,
+    *lean_http.transport_errors,
     *_MALFORMED,
 )
 # The Messages API's route under the client's base URL, as the SDK posts it.
@@ -391,7 +391,7 @@ class AnthropicProvider:
         client: anthropic.Anthropic, request: ProviderRequest, params: dict[str, Any]
     ) -> tuple[Mapping[str, str], Iterator[Any], Callable[[], None]]:
         """The streamed call up to its status line and headers: its headers, its events
-        (each the provider's JSON) and how to close it; on urllib3 where the lean path
+        (each the provider's JSON) and how to close it; on the lean path where it
         applies, else through the SDK."""
         lean = lean_http.endpoint(client, request.lean_http)
         if lean is not None:

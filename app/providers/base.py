@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 import httpcore2
 import httpx2
-import urllib3.exceptions
 
 from batchgen.domain.formats.endpoints import CHAT_COMPLETIONS
 from batchgen.domain.formats.tokens import count_text
@@ -53,9 +52,22 @@ _CONTEXT_HINTS = re.compile(
 FLEX_UNAVAILABLE_CODE = "resource_unavailable"
 _FLEX_UNAVAILABLE = re.compile(r"resource[ _]unavailable", re.IGNORECASE)
 _SAFE_CODE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+class TransportError(Exception):
+    """The lean path's exchange (:mod:`batchgen.providers.lean_http`) failed on the
+    wire: the connection was cut, stalled past its read time-out, or carried something
+    that is not an HTTP answer. The message names the kind of failure only."""
+
+
+class NotConnected(TransportError):
+    """No connection could be made on the lean path (refused, unreachable, connect
+    time-out, TLS handshake): nothing of the request was sent."""
+
+
 # Failures before any byte of the request was written, at the httpx layer and at
-# the httpcore layer under it (which the SDKs' chains end in), and urllib3's (the
-# lean path, providers.lean_http; a NewConnectionError is a ConnectTimeoutError).
+# the httpcore layer under it (which the SDKs' chains end in), and the lean path's
+# (providers.lean_http: no connection, or no TLS session).
 _NEVER_SENT: tuple[type[BaseException], ...] = (
     httpx2.ConnectError,
     httpx2.ConnectTimeout,
@@ -63,7 +75,7 @@ _NEVER_SENT: tuple[type[BaseException], ...] = (
     httpcore2.ConnectError,
     httpcore2.ConnectTimeout,
     httpcore2.PoolTimeout,
-    urllib3.exceptions.ConnectTimeoutError,
+    NotConnected,
 )
 
 # Failures of building or writing the request itself, before any byte left: a URL the
@@ -75,7 +87,6 @@ _UNSENDABLE: tuple[type[BaseException], ...] = (
     httpx2.LocalProtocolError,
     httpcore2.UnsupportedProtocol,
     httpcore2.LocalProtocolError,
-    urllib3.exceptions.LocationValueError,
 )
 UNSENDABLE_HINT = "check the deployment's base_url and API key"
 
@@ -107,9 +118,10 @@ class ProviderRequest:
     # The prompt's prefix is shared with other items (batchgen.domain.formats.prompt_cache): an
     # Anthropic call marks it for the provider's cache unless the request marks its own.
     cache_prefix: bool = False
-    # A streamed OpenAI-compatible call goes on urllib3 where it can
-    # (batchgen.providers.lean_http); False: through the SDK's httpx stack
-    # (BATCHGEN_LEAN_HTTP, settings.providers.lean_http, set by the worker).
+    # A streamed OpenAI-compatible or Anthropic call goes on the lean path where it
+    # can (batchgen.providers.lean_http: kept-alive sockets, httptools); False:
+    # through the SDK's httpx stack (BATCHGEN_LEAN_HTTP, settings.providers.lean_http,
+    # set by the worker).
     lean_http: bool = True
 
     def headers(self) -> dict[str, str]:

@@ -60,7 +60,7 @@ _MALFORMED = (json.JSONDecodeError, UnicodeDecodeError, pydantic.ValidationError
 _SDK_ERRORS: tuple[type[BaseException], ...] = (
     openai.OpenAIError,
     httpx2.HTTPError,
-    *lean_http.urllib3_errors,
+    *lean_http.transport_errors,
     *_MALFORMED,
 )
 
@@ -281,7 +281,7 @@ class OpenAIProvider:
 
     def _endpoint(self, client: openai.OpenAI, request: ProviderRequest) -> ProviderResponse:
         """A Responses or embeddings call, its body as the batch line has it (the model
-        mapped), its answer kept as the provider sent it; on urllib3 where the lean path
+        mapped), its answer kept as the provider sent it; on the lean path where it
         applies (the same POST, its whole answer read), else through the SDK."""
         body = {k: v for k, v in request.body.items() if k not in _ENDPOINT_OWN_FIELDS}
         body["model"] = request.spec.name
@@ -354,7 +354,7 @@ class OpenAIProvider:
 
     @staticmethod
     def _open_stream(client: openai.OpenAI, request: ProviderRequest) -> Any:
-        """The streamed call, up to its status line and headers: on urllib3
+        """The streamed call, up to its status line and headers: on the lean path
         (:mod:`batchgen.providers.lean_http`) where it applies, else the SDK's.
 
         Either way the body goes as the batch line has it. The SDK's ``client.post`` (as

@@ -424,7 +424,7 @@ def _sdk_client_of(spec: ModelSpec) -> Any:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("fault", LEAN_CASES)
 def test_lean_http_and_the_sdk_agree(base: str, fault: str | None, kind: str) -> None:
-    """A streamed OpenAI or Anthropic call on urllib3 (providers.lean_http) ends as it
+    """A streamed OpenAI or Anthropic call on the lean path (providers.lean_http) ends as it
     does through the SDK: the same answer and rate-limit headers, or the same error,
     status, billing."""
     if fault == "reset":
@@ -520,7 +520,7 @@ def test_lean_http_verifies_tls_as_the_sdk_does() -> None:
     client = sdk_client("https://provider.invalid/v1", "k")
     lean = lean_http.endpoint(client, True)
     assert lean is not None
-    context = lean._pool.conn_kw["ssl_context"]
+    context = lean._ssl_context
     assert isinstance(context, ssl.SSLContext)
     assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
     assert context.cert_store_stats()["x509_ca"] > 0  # the trust store is loaded
@@ -588,7 +588,7 @@ def _provider_answering(
 
 @pytest.mark.parametrize("native", [False, True], ids=["chat-line", "messages-line"])
 def test_lean_anthropic_stream_sends_the_sdks_request(native: bool) -> None:
-    """A streamed Anthropic call on urllib3 sends what the SDK sends (the same JSON body,
+    """A streamed Anthropic call on the lean path sends what the SDK sends (the same JSON body,
     the same headers but those the SDK sets per attempt) to the same path, and reads the
     same answer from the same events (a ping among them)."""
     from batchgen.domain.formats.message_batches import NATIVE_PARAMS
@@ -633,7 +633,7 @@ def test_lean_anthropic_stream_sends_the_sdks_request(native: bool) -> None:
 def test_lean_http_and_the_sdk_agree_on_whole_answers(
     base: str, endpoint: str, fault: str | None
 ) -> None:
-    """A Responses API or embeddings call (a whole answer) on urllib3 ends as it does
+    """A Responses API or embeddings call (a whole answer) on the lean path ends as it does
     through the SDK: the same answer, or the same error, status and billing."""
     spec = make_spec("openai", base)
     body: dict[str, Any] = {"model": spec.name, "input": "Describe a kettle."}
