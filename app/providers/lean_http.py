@@ -43,7 +43,9 @@ everywhere.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import os
 import re
 import select
 import socket
@@ -51,6 +53,7 @@ import ssl
 import sys
 import threading
 import urllib.request
+import weakref
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -78,9 +81,15 @@ _POOL_MAXSIZE = 64  # idle connections kept per endpoint; more in use are closed
 _RECV_BYTES = 65536
 # What http.client refuses in a header: a name that is not a token, a value with a
 # line break (an API key with a newline must not split the request).
-_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
+# Written by this module alone: the request's framing and target are its own, so a
+# client's or a call's header of one of these names is left out.
+_OWN_HEADERS = frozenset(
+    ("host", "content-length", "transfer-encoding", "connection", "accept-encoding")
+)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_PARSER_ERRORS = (httptools.HttpParserError, httptools.HttpParserUpgrade)
 
 
 class _Headers(dict[str, str]):
@@ -98,9 +107,24 @@ class _Headers(dict[str, str]):
 
 
 class _Answer:
-    """httptools' callbacks for one answer: the headers, then the body's pieces."""
+    """httptools' callbacks for one answer: the headers, then the body's pieces.
 
-    __slots__ = ("body", "complete", "framed", "headers", "headers_done", "keep_alive", "parser")
+    An interim answer (1xx: ``100 Continue``, ``103 Early Hints``) is skipped: the
+    final one follows on the same connection. Anything after the final answer (a
+    second one, stray bytes) is not read into it, and keeps the connection from being
+    used again."""
+
+    __slots__ = (
+        "body",
+        "complete",
+        "framed",
+        "headers",
+        "headers_done",
+        "interim",
+        "keep_alive",
+        "parser",
+        "trailing",
+    )
 
     def __init__(self) -> None:
         # Set once made; dropped when the answer is closed (a reference cycle otherwise).
@@ -108,11 +132,19 @@ class _Answer:
         self.keep_alive = False
         self.headers = _Headers()
         self.headers_done = False
+        self.interim = False  # the message being read is a 1xx
         self.body: collections.deque[bytes] = collections.deque()
         self.complete = False
+        self.trailing = False  # bytes came after the final answer
         self.framed = False  # a length or chunked encoding ends the body (else: EOF)
 
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.trailing = True
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.complete or self.headers_done:  # a trailer, or another message
+            return
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         if key in ("content-length", "transfer-encoding"):
@@ -121,16 +153,27 @@ class _Answer:
         dict.__setitem__(self.headers, key, text if previous is None else f"{previous}, {text}")
 
     def on_headers_complete(self) -> None:
+        parser = self.parser
+        if self.complete or parser is None:
+            return
+        if 100 <= parser.get_status_code() < 200:
+            self.interim = True  # its headers are not the answer's
+            self.headers.clear()
+            self.framed = False
+            return
         self.headers_done = True
         # Read now: the parser forgets the answer's version and headers once it ends.
-        if self.parser is not None:
-            self.keep_alive = self.parser.should_keep_alive()
+        self.keep_alive = parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
-        self.body.append(body)
+        if not self.complete:
+            self.body.append(body)
 
     def on_message_complete(self) -> None:
-        self.complete = True
+        if self.interim:
+            self.interim = False
+        elif self.headers_done:
+            self.complete = True
 
 
 class LeanResponse:
@@ -164,7 +207,13 @@ class LeanResponse:
         self._done = False
         self.status_code: int = parser.get_status_code()
         self.headers: Mapping[str, str] = answer.headers
-        self._decoder = _decoder(answer.headers.get("content-encoding"))
+        self._decoder: Any = None
+        encoding = answer.headers.get("content-encoding")
+        if self.status_code < 400:
+            self._decoder = _decoder(encoding)
+        elif encoding is not None:  # an error's body: raw if it cannot be decoded
+            with contextlib.suppress(TransportError):
+                self._decoder = _decoder(encoding)
 
     @property
     def request(self) -> httpx2.Request:
@@ -180,15 +229,22 @@ class LeanResponse:
             while body:
                 piece = body.popleft()
                 if decoder is not None:
-                    piece = decoder.decompress(piece)
+                    piece = _decompress(decoder, piece)
                 if piece:
                     yield piece
             if answer.complete:
                 break
             if not self._receive():  # the connection ended the body
                 break
-        if decoder is not None and (tail := decoder.flush()):
-            yield tail
+        if decoder is not None:
+            try:
+                tail = decoder.flush()
+            except zlib.error as exc:
+                raise TransportError("answer not decodable") from exc
+            if not decoder.eof:
+                raise TransportError("compressed answer cut short")
+            if tail:
+                yield tail
         self._done = True
 
     def _receive(self) -> bool:
@@ -210,21 +266,26 @@ class LeanResponse:
             return False
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except _PARSER_ERRORS as exc:
             raise TransportError(f"not an HTTP answer ({type(exc).__name__})") from exc
         return True
 
     def close(self) -> None:
         """A body read to its end gives the connection back to the pool; a stream cut
-        short (cancel, deadline, a bad chunk) closes it, so the provider sees it end."""
+        short (cancel, deadline, a bad chunk) closes it, so the provider sees it end
+        (shut down first: a child forked meanwhile may hold the socket too)."""
         sock, self._sock = self._sock, None
         if sock is None:
             return
         answer = self._answer
         answer.parser = None
         if self._done and answer.complete and answer.framed and answer.keep_alive:
-            self._endpoint._give_back(sock)
-            return
+            if not answer.trailing:
+                self._endpoint._give_back(sock)
+                return
+        elif not self._done:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         sock.close()
 
 
@@ -233,9 +294,43 @@ def _decoder(encoding: str | None) -> Any:
     ``identity``), None for a plain one."""
     if encoding is None or encoding.strip().lower() in ("", "identity"):
         return None
-    if encoding.strip().lower() in ("gzip", "x-gzip", "deflate"):
-        return zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by its header
+    if encoding.strip().lower() in ("gzip", "x-gzip"):
+        return zlib.decompressobj(zlib.MAX_WBITS | 16)
+    if encoding.strip().lower() == "deflate":
+        return _Deflate()
     raise TransportError("answer in an unsupported content encoding")
+
+
+def _decompress(decoder: Any, piece: bytes) -> bytes:
+    try:
+        return bytes(decoder.decompress(piece))
+    except zlib.error as exc:
+        raise TransportError("answer not decodable") from exc
+
+
+class _Deflate:
+    """``deflate`` as servers send it: zlib-wrapped as the standard says, or raw (as
+    some do; urllib3 reads both)."""
+
+    def __init__(self) -> None:
+        self._inner = zlib.decompressobj()
+        self._first = True
+
+    def decompress(self, data: bytes) -> bytes:
+        if self._first and data:
+            self._first = False
+            try:
+                return self._inner.decompress(data)
+            except zlib.error:
+                self._inner = zlib.decompressobj(-zlib.MAX_WBITS)
+        return self._inner.decompress(data)
+
+    def flush(self) -> bytes:
+        return self._inner.flush()
+
+    @property
+    def eof(self) -> bool:
+        return self._inner.eof
 
 
 class LeanEndpoint:
@@ -255,13 +350,13 @@ class LeanEndpoint:
         if parts.scheme == "https":  # the trust store the SDK's httpx uses
             self._ssl_context = httpcore2.default_ssl_context()
         host = f"[{self._host}]" if ":" in self._host else self._host
-        self._host_header = (
-            host if parts.port in (None, _DEFAULT_PORTS[parts.scheme]) else (f"{host}:{self._port}")
-        )
+        default_port = parts.port in (None, _DEFAULT_PORTS[parts.scheme])
+        self._host_header = host if default_port else f"{host}:{self._port}"
         self._idle: collections.deque[socket.socket] = collections.deque()
+        _ENDPOINTS.add(self)
         self._headers: dict[str, str] | None = None
         self._head: bytes | None = None  # the client's header lines, once encoded
-        self._names: frozenset[str] = frozenset()
+        self._names: frozenset[str] = _OWN_HEADERS
         self._lock = threading.Lock()
 
     def _base_headers(self) -> dict[str, str]:
@@ -271,10 +366,10 @@ class LeanEndpoint:
                     merged = {**self._client.default_headers, **self._client.auth_headers}
                     headers = {k: v for k, v in merged.items() if isinstance(v, str)}
                     try:
-                        self._head = _header_lines({"Host": self._host_header, **headers}, {})
+                        self._head = _header_lines(self._host_header, headers, {})
                     except ValueError:  # each request says so (post_stream), none is sent
                         self._head = None
-                    self._names = frozenset(k.lower() for k in headers)
+                    self._names = frozenset(k.lower() for k in headers) | _OWN_HEADERS
                     self._headers = headers
         return self._headers
 
@@ -289,27 +384,20 @@ class LeanEndpoint:
         An error status raises the SDK's typed error (its body read first)."""
         url = self._base + route
         data = json_codec.dumps(body)
-        base = self._base_headers()
-        try:
-            if self._head is None or any(k.lower() in self._names for k in headers):
-                # the call's own headers replace the client's of the same name
-                head = _header_lines({"Host": self._host_header, **base}, headers)
-            else:
-                head = self._head + _header_lines({}, headers)
-            path = (self._path + route).encode("ascii")
-        except ValueError as exc:
-            # A header this request cannot carry (an API key with a newline), before
-            # anything is sent: the message names the kind of failure only.
-            unsent = httpx2.LocalProtocolError(f"request not sendable ({type(exc).__name__})")
-            raise self._connection_error(request=httpx2.Request("POST", url)) from unsent
+        written = self._request_head(route, headers)
+        if isinstance(written, str):  # raised here, outside the handler: no context kept
+            raise self._unsendable(url, written)
+        path, head = written
+        if timeout_s <= 0:  # no time left: not sent (a zero time-out would not block)
+            cause = NotConnected("no time left to connect")
+            raise self._timeout_error(request=httpx2.Request("POST", url)) from cause
         message = b"".join(
             (
                 b"POST ",
                 path,
                 b" HTTP/1.1\r\n",
                 head,
-                b"Accept-Encoding: identity\r\n",
-                b"Content-Length: ",
+                b"Accept-Encoding: identity\r\nContent-Length: ",
                 str(len(data)).encode(),
                 b"\r\n\r\n",
                 data,
@@ -325,22 +413,21 @@ class LeanEndpoint:
                 if not received:
                     raise TransportError("connection closed before the status line")
                 parser.feed_data(received)
+            response = LeanResponse(self, sock, parser, answer, url)
         except TimeoutError as exc:
-            sock.close()
+            _drop(sock, answer)
             raise self._timeout_error(request=httpx2.Request("POST", url)) from exc
-        except (OSError, TransportError, httptools.HttpParserError) as exc:
-            sock.close()
-            cause = (
+        except (OSError, TransportError, *_PARSER_ERRORS) as exc:
+            _drop(sock, answer)
+            failure = (
                 exc
                 if isinstance(exc, TransportError)
                 else TransportError(f"connection lost ({type(exc).__name__})")
             )
-            raise self._connection_error(request=httpx2.Request("POST", url)) from cause
-        try:
-            response = LeanResponse(self, sock, parser, answer, url)
-        except TransportError as exc:
-            sock.close()
-            raise self._connection_error(request=httpx2.Request("POST", url)) from exc
+            raise self._connection_error(request=httpx2.Request("POST", url)) from failure
+        except BaseException:  # a time limit, an interrupt: the connection goes with it
+            _drop(sock, answer)
+            raise
         if response.status_code >= 400:
             try:
                 content = b"".join(response.iter_bytes())
@@ -350,13 +437,39 @@ class LeanEndpoint:
                 response.close()
             answer_read = httpx2.Response(
                 response.status_code,
-                # The body is decoded already: not again by the SDK's response.
-                headers=[(k, v) for k, v in answer.headers.items() if k != "content-encoding"],
+                # Decoded here if it could be: not again by the SDK's response.
+                headers=[
+                    (k, v)
+                    for k, v in answer.headers.items()
+                    if k != "content-encoding" or response._decoder is None
+                ],
                 content=content,
                 request=response.request,
             )
             raise self._client._make_status_error_from_response(answer_read)
         return response
+
+    def _request_head(self, route: str, headers: Mapping[str, str]) -> tuple[bytes, bytes] | str:
+        """The request's target and header lines, or the kind of error (its class's
+        name) that keeps them from being written: a header this request cannot carry
+        (an API key with a newline). Its text may quote the key: it goes no further."""
+        base = self._base_headers()
+        try:
+            if self._head is None or any(k.lower() in self._names for k in headers):
+                # the call's own headers replace the client's of the same name
+                head = _header_lines(self._host_header, base, headers)
+            else:
+                head = self._head + _header_lines(None, {}, headers)
+            return (self._path + route).encode("ascii"), head
+        except ValueError as exc:
+            return type(exc).__name__
+
+    def _unsendable(self, url: str, kind: str) -> Exception:
+        """The SDK's connection error for a request that cannot be written, its cause
+        naming the kind of failure only."""
+        error = self._connection_error(request=httpx2.Request("POST", url))
+        error.__cause__ = httpx2.LocalProtocolError(f"request not sendable ({kind})")
+        return error
 
     def _connection(self, url: str, timeout_s: float) -> socket.socket:
         """An idle kept-alive connection the provider has not closed, or a new one."""
@@ -372,19 +485,27 @@ class LeanEndpoint:
             sock.close()
         try:
             sock = socket.create_connection((self._host, self._port), timeout_s)
+        except UnicodeError as exc:  # a host name IDNA cannot encode: the configuration's
+            raise self._unsendable(url, type(exc).__name__)  # noqa: B904 (its cause set)
         except OSError as exc:  # refused, unreachable, unknown host, connect time-out
             cause = NotConnected(f"no connection ({type(exc).__name__})")
             cause.__cause__ = exc
             raise self._connection_error(request=httpx2.Request("POST", url)) from cause
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self._ssl_context is not None:
-            try:
-                sock = self._ssl_context.wrap_socket(sock, server_hostname=self._host)
-            except OSError as exc:  # the handshake (a certificate refused): nothing sent
-                sock.close()
-                cause = NotConnected(f"no TLS session ({type(exc).__name__})")
-                cause.__cause__ = exc
-                raise self._connection_error(request=httpx2.Request("POST", url)) from cause
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._ssl_context is not None:
+                # An unclean end of a TLS session is an error, not the end of a body.
+                sock = self._ssl_context.wrap_socket(
+                    sock, server_hostname=self._host, suppress_ragged_eofs=False
+                )
+        except OSError as exc:  # the handshake (a certificate refused): nothing sent
+            sock.close()
+            cause = NotConnected(f"no TLS session ({type(exc).__name__})")
+            cause.__cause__ = exc
+            raise self._connection_error(request=httpx2.Request("POST", url)) from cause
+        except BaseException:
+            sock.close()
+            raise
         return sock
 
     def _give_back(self, sock: socket.socket) -> None:
@@ -394,9 +515,30 @@ class LeanEndpoint:
             sock.close()
 
 
+def _drop(sock: socket.socket, answer: _Answer) -> None:
+    """Close a connection whose exchange failed before its answer was handed on."""
+    answer.parser = None
+    sock.close()
+
+
+# Every endpoint of the process: a child forked from it starts with no idle
+# connection of its parent's (two processes must never share one).
+_ENDPOINTS: weakref.WeakSet[LeanEndpoint] = weakref.WeakSet()
+
+
+def _forget_parents_connections() -> None:
+    for lean in list(_ENDPOINTS):
+        lean._idle = collections.deque()  # the parent's sockets stay open in the parent
+
+
+os.register_at_fork(after_in_child=_forget_parents_connections)
+
+
 def _still_open(sock: socket.socket) -> bool:
     """An idle connection can take a request: nothing to read on it (a readable idle
     socket is one the provider closed, or one with stray bytes: either is dropped)."""
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return False
     poller = select.poll()
     try:
         poller.register(sock, select.POLLIN)
@@ -405,18 +547,21 @@ def _still_open(sock: socket.socket) -> bool:
         return False
 
 
-def _header_lines(first: Mapping[str, str], then: Mapping[str, str]) -> bytes:
-    """``Name: value`` lines for ``first`` updated by ``then`` (latin-1, as http.client
-    writes them); ValueError for a name or value a request cannot carry."""
+def _header_lines(host: str | None, first: Mapping[str, str], then: Mapping[str, str]) -> bytes:
+    """``Name: value`` lines: ``Host`` (when given), then ``first`` updated by ``then``
+    (a name of ``then`` replaces ``first``'s whatever its case), the names this module
+    writes itself left out; latin-1, as http.client writes them. ValueError for a name
+    or value a request cannot carry."""
     merged = first
-    if then:  # a name of ``then`` replaces ``first``'s, whatever its case
+    if then:
         names = {name.lower() for name in then}
         merged = {k: v for k, v in first.items() if k.lower() not in names} | dict(then)
-    lines = []
+    lines = [f"Host: {host}\r\n"] if host is not None else []
     for name, value in merged.items():
-        if not _HEADER_NAME.match(name) or _BAD_VALUE.search(value):
+        if not _HEADER_NAME.fullmatch(name) or _BAD_VALUE.search(value):
             raise ValueError("header not allowed in a request")
-        lines.append(f"{name}: {value}\r\n")
+        if name.lower() not in _OWN_HEADERS:
+            lines.append(f"{name}: {value}\r\n")
     return "".join(lines).encode("latin-1")
 
 

@@ -9,8 +9,10 @@ here are the other ones a provider or a proxy in front of it may give.
 from __future__ import annotations
 
 import gzip
+import os
 import socket
 import threading
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -293,8 +295,13 @@ def test_a_call_header_replaces_the_clients_own(serve) -> None:
 
 @pytest.mark.parametrize(
     "headers",
-    [{"x-key": "a\r\nInjected: yes"}, {"bad name": "v"}, {"x-key": "naïve ☃"}],
-    ids=["line-break", "name", "not-latin-1"],
+    [
+        {"x-key": "a\r\nInjected: yes"},
+        {"bad name": "v"},
+        {"X-A\n": "v"},
+        {"x-key": "naïve ☃"},
+    ],
+    ids=["line-break", "name", "name-line-break", "not-latin-1"],
 )
 def test_a_header_a_request_cannot_carry_sends_nothing(serve, headers) -> None:
     server, lean = serve()
@@ -313,3 +320,120 @@ def test_a_stream_closed_early_ends_its_connection(serve) -> None:
     response.close()
     wait_until(lambda: server.closed_by_client == 1, 10, "the connection's end seen")
     assert not lean._idle
+
+
+def test_a_forked_child_starts_without_its_parents_connections(serve) -> None:
+    _, lean = serve(Exchange(OK_LENGTH))
+    assert _read(lean)[0] == STREAM
+    assert len(lean._idle) == 1
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: say how many idle connections it has, and go
+        os.write(write_end, str(len(lean._idle)).encode())
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as child:
+        assert child.read() == b"0"
+    assert len(lean._idle) == 1  # the parent's stays, usable
+    assert _read(lean)[0] == STREAM
+
+
+@pytest.mark.parametrize(
+    "interim",
+    [
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n",
+    ],
+    ids=["100", "103"],
+)
+def test_an_interim_answer_is_skipped_for_the_final_one(serve, interim: bytes) -> None:
+    _, lean = serve(Exchange(interim + OK_CHUNKED))
+    body, headers = _read(lean)
+    assert body == STREAM
+    assert "link" not in headers and headers["x-request-id"] == "r1"  # type: ignore[operator,index]
+    assert len(lean._idle) == 1  # the final answer's connection, kept
+
+
+def _gzip_answer(payload: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(payload),
+        payload,
+    )
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"\x1f\x8b\x08\x00garbage-not-deflate", gzip.compress(STREAM)[:-12]],
+    ids=["corrupt", "cut-short"],
+)
+def test_a_compressed_body_that_does_not_decode_raises(serve, payload: bytes) -> None:
+    _, lean = serve(Exchange(_gzip_answer(payload)))
+    response = lean.post_stream("/chat/completions", BODY, {}, 5.0)
+    with pytest.raises(lean_http.TransportError):
+        b"".join(response.iter_bytes())
+    response.close()
+    assert not lean._idle
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["zlib", "raw"])
+def test_deflate_is_read_wrapped_or_raw(serve, wrapped: bool) -> None:
+    packer = zlib.compressobj(wbits=zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+    payload = packer.compress(STREAM) + packer.flush()
+    answer = b"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(payload),
+        payload,
+    )
+    _, lean = serve(Exchange(answer))
+    assert _read(lean)[0] == STREAM
+
+
+def test_bytes_after_the_answer_are_not_read_into_it(serve) -> None:
+    """A second answer in the same read (a confused proxy): the first is the answer,
+    and the connection is not used again."""
+    server, lean = serve(Exchange(OK_LENGTH + b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL"))
+    body, headers = _read(lean)
+    assert body == STREAM and headers["content-length"] == str(len(STREAM))  # type: ignore[index]
+    assert not lean._idle
+    assert _read(lean)[0] == STREAM and server.connections == 2
+
+
+def test_no_time_left_sends_nothing(serve) -> None:
+    server, lean = serve(Exchange(OK_LENGTH), Exchange(OK_LENGTH))
+    assert _read(lean)[0] == STREAM  # an idle connection is ready
+    with pytest.raises(openai.APITimeoutError) as err:
+        _read(lean, timeout_s=0.0)
+    assert never_sent(err.value)
+    assert len(server.requests) == 1
+
+
+def test_an_upgrade_answer_is_a_connection_error(serve) -> None:
+    _, lean = serve(Exchange(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n", "close"))
+    with pytest.raises(openai.APIConnectionError) as err:
+        _read(lean)
+    assert isinstance(err.value.__cause__, lean_http.TransportError)
+
+
+def test_the_framing_headers_are_the_modules_own(serve) -> None:
+    server, lean = serve(Exchange(OK_LENGTH))
+    own = {"Content-Length": "1", "Host": "elsewhere", "Transfer-Encoding": "chunked"}
+    response = lean.post_stream("/chat/completions", BODY, own, 5.0)
+    b"".join(response.iter_bytes())
+    response.close()
+    head = server.requests[0].split(b"\r\n\r\n")[0].lower()
+    assert head.count(b"content-length:") == 1 and b"content-length: 1\r" not in head
+    assert head.count(b"host:") == 1 and b"elsewhere" not in head
+    assert b"transfer-encoding" not in head
+
+
+def test_an_error_in_an_unknown_encoding_keeps_its_status(serve) -> None:
+    """A 429 whose body came in an encoding this path does not read is still the SDK's
+    rate-limit error (its body left as it came)."""
+    answer = (
+        b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 3\r\nContent-Encoding: br\r\n"
+        b"Content-Length: 4\r\n\r\n\x0b\x01\x80{"
+    )
+    _, lean = serve(Exchange(answer))
+    with pytest.raises(openai.RateLimitError) as err:
+        _read(lean)
+    assert err.value.response.headers["retry-after"] == "3"
