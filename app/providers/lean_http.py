@@ -292,11 +292,12 @@ class LeanResponse:
 def _decoder(encoding: str | None) -> Any:
     """A decompressor for a gzip or deflate body (sent though the request asked for
     ``identity``), None for a plain one."""
-    if encoding is None or encoding.strip().lower() in ("", "identity"):
+    name = (encoding or "").strip().lower()
+    if name in ("", "identity"):
         return None
-    if encoding.strip().lower() in ("gzip", "x-gzip"):
+    if name in ("gzip", "x-gzip"):
         return zlib.decompressobj(zlib.MAX_WBITS | 16)
-    if encoding.strip().lower() == "deflate":
+    if name == "deflate":
         return _Deflate()
     raise TransportError("answer in an unsupported content encoding")
 
@@ -488,9 +489,7 @@ class LeanEndpoint:
         except UnicodeError as exc:  # a host name IDNA cannot encode: the configuration's
             raise self._unsendable(url, type(exc).__name__)  # noqa: B904 (its cause set)
         except OSError as exc:  # refused, unreachable, unknown host, connect time-out
-            cause = NotConnected(f"no connection ({type(exc).__name__})")
-            cause.__cause__ = exc
-            raise self._connection_error(request=httpx2.Request("POST", url)) from cause
+            raise self._not_connected(url, "no connection", exc)  # noqa: B904 (its cause set)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._ssl_context is not None:
@@ -500,13 +499,20 @@ class LeanEndpoint:
                 )
         except OSError as exc:  # the handshake (a certificate refused): nothing sent
             sock.close()
-            cause = NotConnected(f"no TLS session ({type(exc).__name__})")
-            cause.__cause__ = exc
-            raise self._connection_error(request=httpx2.Request("POST", url)) from cause
+            raise self._not_connected(url, "no TLS session", exc)  # noqa: B904 (its cause set)
         except BaseException:
             sock.close()
             raise
         return sock
+
+    def _not_connected(self, url: str, what: str, exc: OSError) -> Exception:
+        """The SDK's connection error for a connection never made (nothing sent), its
+        cause :class:`NotConnected` over the socket's error."""
+        cause = NotConnected(f"{what} ({type(exc).__name__})")
+        cause.__cause__ = exc
+        error = self._connection_error(request=httpx2.Request("POST", url))
+        error.__cause__ = cause
+        return error
 
     def _give_back(self, sock: socket.socket) -> None:
         if len(self._idle) < _POOL_MAXSIZE:
