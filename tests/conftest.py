@@ -319,8 +319,6 @@ def _environment(**values: str) -> Iterator[None]:
 # leave); TRUNCATE makes every table and index a new file (about 50 ms), so it is kept
 # for a history of more than this many items.
 LARGE_ROWS = 5000
-# Kept, not emptied: the totals' watermark row (reset by clean_db).
-KEPT_TABLES = {"totals_watermark"}
 
 
 def _empty_tables(conn: Any) -> None:
@@ -329,15 +327,15 @@ def _empty_tables(conn: Any) -> None:
     so that no process's row lands between two of the deletes."""
     from sqlalchemy import text
 
-    from batchgen.store.schema import Base
+    from tests.helpers import emptied_tables, truncate_tables
 
-    names = [t.name for t in reversed(Base.metadata.sorted_tables) if t.name not in KEPT_TABLES]
+    names = emptied_tables()
     tables = ", ".join(names)
     large = conn.execute(
         text(f"SELECT count(*) FROM (SELECT 1 FROM items LIMIT {LARGE_ROWS + 1}) AS head")
     ).scalar()
     if large > LARGE_ROWS:
-        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY"))
+        truncate_tables(conn)
         return
     conn.execute(text(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE"))
     for name in names:

@@ -9,11 +9,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from batchgen.store import db, tenants
 from tests import http_client
 from tests.waiting import wait_until
+
+# Kept, not emptied: the totals' watermark row (reset by clean_db).
+KEPT_TABLES = {"totals_watermark"}
+
+
+def emptied_tables() -> list[str]:
+    """The schema's tables a test empties, children before their parents."""
+    from batchgen.store.schema import Base
+
+    return [t.name for t in reversed(Base.metadata.sorted_tables) if t.name not in KEPT_TABLES]
+
+
+def truncate_tables(conn: Any) -> None:
+    """Empty the schema's tables into new files: no page or index entry of an earlier
+    test left behind, as in a fresh database."""
+    conn.execute(text(f"TRUNCATE {', '.join(emptied_tables())} RESTART IDENTITY"))
 
 
 def chat_line(
