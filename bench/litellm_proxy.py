@@ -12,6 +12,7 @@ docs say to run in production; embedded PostgreSQL and Redis). For each kind of 
 * CPU per request: every process of the side (LiteLLM: its proxy's process tree;
   batchgen: the API's process tree, PostgreSQL's and Redis's), read from
   ``/proc/<pid>/stat`` before and after; the simulator's CPU is left out of both;
+  a line per batchgen row after the table splits it by process (api, postgres, redis);
 * requests per second, and p50 / p99 of a whole request, and what each adds to the
   provider's own at the same concurrency;
 * for streams, the time to the first chunk (the first server-sent event read), p50
@@ -204,9 +205,15 @@ class Side:
     key: str
     # The processes whose CPU is the side's (their trees).
     pids: list[int] = field(default_factory=list)
+    # What each of them is, in the same order (the CPU split printed after the table).
+    parts: list[str] = field(default_factory=list)
 
     def cpu_s(self) -> float:
-        return sum(tree_cpu_s(pid) or 0.0 for pid in self.pids)
+        return sum(self.cpu_parts_s().values())
+
+    def cpu_parts_s(self) -> dict[str, float]:
+        names = self.parts or [f"pid {pid}" for pid in self.pids]
+        return {name: tree_cpu_s(pid) or 0.0 for name, pid in zip(names, self.pids, strict=True)}
 
 
 @dataclass
@@ -217,6 +224,8 @@ class Run:
     cpu_s: float
     latencies_s: list[float]
     first_s: list[float]
+    # The CPU seconds of each of the side's processes (Side.parts).
+    cpu_parts_s: dict[str, float] = field(default_factory=dict)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -278,12 +287,12 @@ async def _run(side: Side, kind: Kind, n: int, concurrency: int, max_tokens: int
                 if first is not None:
                     firsts.append(first)
 
-        cpu_before = side.cpu_s()
+        before = side.cpu_parts_s()
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall_s = time.perf_counter() - started
-        cpu_s = side.cpu_s() - cpu_before
-    return Run(len(latencies), errors, wall_s, cpu_s, latencies, firsts)
+        parts = {name: cpu_s - before[name] for name, cpu_s in side.cpu_parts_s().items()}
+    return Run(len(latencies), errors, wall_s, sum(parts.values()), latencies, firsts, parts)
 
 
 def _litellm_python(venv: Path, version: str) -> Path:
@@ -348,6 +357,9 @@ def _row(label: str, run: Run, direct: Run | None, stream: bool) -> dict[str, An
         "ok": run.ok,
         "errors": sum(run.errors.values()),
         "cpu_ms": run.cpu_s * 1000 / max(1, run.ok) if label != "provider" else None,
+        "cpu_ms_by_process": {
+            name: cpu_s * 1000 / max(1, run.ok) for name, cpu_s in run.cpu_parts_s.items()
+        },
         "req_s": run.ok / run.wall_s if run.wall_s else 0.0,
         "p50": _pct(lat, 0.5),
         "p99": _pct(lat, 0.99),
@@ -386,6 +398,17 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"{_fmt(r['first50']):>9}{_fmt(r['first99']):>9}"
             f"{_fmt(r.get('addfirst50')):>10}{_fmt(r.get('addfirst99')):>10}"
         )
+
+
+def cpu_split(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per row of a side of several processes: its CPU a request by process."""
+    lines = []
+    for r in rows:
+        split = r.get("cpu_ms_by_process") or {}
+        if len(split) > 1:
+            parts = ", ".join(f"{name} {ms:.1f}" for name, ms in split.items())
+            lines.append(f"{r['kind']:17} c={r['conc']:<3} {r['side']:9} cpu ms/req: {parts}")
+    return lines
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[str]:
@@ -458,11 +481,13 @@ def main() -> None:
                 sides.append(Side("provider", sim, "bench"))
             if python is not None:
                 url, pid = stack.enter_context(litellm_proxy(python, sim, workdir))
-                sides.append(Side("litellm", url, MASTER_KEY, [pid]))
+                sides.append(Side("litellm", url, MASTER_KEY, [pid], ["proxy"]))
             if "batchgen" in wanted:
                 url, pid = stack.enter_context(api_process(env, workdir / "api.log"))
-                pids = [pid] + [p for p in (pg_pid, redis_pid) if p]
-                sides.append(Side("batchgen", url, key, pids))
+                found = [("api", pid), ("postgres", pg_pid), ("redis", redis_pid)]
+                named = [(name, p) for name, p in found if p]
+                pids, parts = [p for _, p in named], [name for name, _ in named]
+                sides.append(Side("batchgen", url, key, pids, parts))
             for kind in kinds:
                 for side in sides:
                     asyncio.run(_run(side, kind, args.warmup, 4, args.max_tokens))
@@ -487,6 +512,9 @@ def main() -> None:
         f"LiteLLM {args.litellm_version}; load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
     print_table(rows)
+    print()
+    for line in cpu_split(rows):
+        print(line)
     print()
     lines = verdicts(rows)
     for line in lines:
