@@ -229,3 +229,57 @@ def test_0019_moves_each_tenants_key_so_it_keeps_working_and_back(empty_database
         assert kept == (hashlib.sha256(secret.encode()).hexdigest(), secret[:10])
     finally:
         engine.dispose()
+
+
+# The attributes of a column that ANALYZE gathered (none: it has no statistics).
+COLUMN_STATS = "SELECT count(*) FROM pg_stats WHERE tablename = :table AND attname = :column"
+
+
+def test_0022_leaves_the_payloads_out_of_the_statistics_and_back(empty_database):
+    """At head ANALYZE gathers nothing of a request's body or an answer's JSON (no
+    statement looks into them) and still gathers the columns the plans read; downgraded
+    to 0021, it gathers the payloads again."""
+    from sqlalchemy import text
+
+    from batchgen.config import Settings
+
+    url = Settings(DATABASE_URL=empty_database).sqlalchemy_url
+    cfg = db.alembic_config(url)
+    command.upgrade(cfg, "0016")
+    engine = create_engine(url)
+
+    def gathered() -> dict[tuple[str, str], int]:
+        with engine.begin() as conn:
+            conn.execute(text("ANALYZE items, results"))
+            columns = [("items", "body"), ("results", "response")]
+            columns += [("items", "status"), ("results", "item_id")]
+            return {
+                (table, column): conn.scalar(text(COLUMN_STATS), {"table": table, "column": column})
+                for table, column in columns
+            }
+
+    try:
+        with engine.begin() as conn:
+            for statement in HISTORY_0016.split(";"):
+                if statement.strip():
+                    conn.execute(text(statement))
+        command.upgrade(cfg, "head")
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO results (item_id, batch_id, tenant_id, attempt, response,"
+                    " prompt_tokens, completion_tokens, cost_usd, upstream_latency_ms,"
+                    " queue_wait_ms) SELECT id, batch_id, tenant_id, 1,"
+                    " jsonb_build_object('id', 'answer-' || id), 10, 20, 0.001, 5, 5 FROM items"
+                )
+            )
+        assert gathered() == {
+            ("items", "body"): 0,
+            ("results", "response"): 0,
+            ("items", "status"): 1,
+            ("results", "item_id"): 1,
+        }
+        command.downgrade(cfg, "0021g")
+        assert set(gathered().values()) == {1}
+    finally:
+        engine.dispose()
