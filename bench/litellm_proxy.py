@@ -203,17 +203,11 @@ class Side:
     name: str
     base_url: str
     key: str
-    # The processes whose CPU is the side's (their trees).
-    pids: list[int] = field(default_factory=list)
-    # What each of them is, in the same order (the CPU split printed after the table).
-    parts: list[str] = field(default_factory=list)
-
-    def cpu_s(self) -> float:
-        return sum(self.cpu_parts_s().values())
+    # The processes whose CPU is the side's (their trees), by what each is.
+    processes: dict[str, int] = field(default_factory=dict)
 
     def cpu_parts_s(self) -> dict[str, float]:
-        names = self.parts or [f"pid {pid}" for pid in self.pids]
-        return {name: tree_cpu_s(pid) or 0.0 for name, pid in zip(names, self.pids, strict=True)}
+        return {name: tree_cpu_s(pid) or 0.0 for name, pid in self.processes.items()}
 
 
 @dataclass
@@ -224,7 +218,7 @@ class Run:
     cpu_s: float
     latencies_s: list[float]
     first_s: list[float]
-    # The CPU seconds of each of the side's processes (Side.parts).
+    # The CPU seconds of each of the side's processes (Side.processes).
     cpu_parts_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -481,13 +475,12 @@ def main() -> None:
                 sides.append(Side("provider", sim, "bench"))
             if python is not None:
                 url, pid = stack.enter_context(litellm_proxy(python, sim, workdir))
-                sides.append(Side("litellm", url, MASTER_KEY, [pid], ["proxy"]))
+                sides.append(Side("litellm", url, MASTER_KEY, {"proxy": pid}))
             if "batchgen" in wanted:
                 url, pid = stack.enter_context(api_process(env, workdir / "api.log"))
-                found = [("api", pid), ("postgres", pg_pid), ("redis", redis_pid)]
-                named = [(name, p) for name, p in found if p]
-                pids, parts = [p for _, p in named], [name for name, _ in named]
-                sides.append(Side("batchgen", url, key, pids, parts))
+                found = {"api": pid, "postgres": pg_pid, "redis": redis_pid}
+                processes = {name: p for name, p in found.items() if p}
+                sides.append(Side("batchgen", url, key, processes))
             for kind in kinds:
                 for side in sides:
                     asyncio.run(_run(side, kind, args.warmup, 4, args.max_tokens))
