@@ -184,7 +184,6 @@ class LeanResponse:
         "_decoder",
         "_done",
         "_endpoint",
-        "_parser",
         "_sock",
         "_url",
         "headers",
@@ -201,8 +200,7 @@ class LeanResponse:
     ) -> None:
         self._endpoint = endpoint
         self._sock: socket.socket | None = sock
-        self._parser = parser
-        self._answer = answer
+        self._answer = answer  # it holds the parser until close()
         self._url = url
         self._done = False
         self.status_code: int = parser.get_status_code()
@@ -250,8 +248,8 @@ class LeanResponse:
     def _receive(self) -> bool:
         """One read fed to the parser; False at an end of the connection that ends an
         unframed body."""
-        sock = self._sock
-        if sock is None:
+        sock, parser = self._sock, self._answer.parser
+        if sock is None or parser is None:
             raise TransportError("connection already closed")
         try:
             data = sock.recv(_RECV_BYTES)
@@ -265,7 +263,7 @@ class LeanResponse:
             self._answer.complete = True
             return False
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except _PARSER_ERRORS as exc:
             raise TransportError(f"not an HTTP answer ({type(exc).__name__})") from exc
         return True
